@@ -1,0 +1,79 @@
+//! The `pure-serve` command line: flags and subcommands. Types from clap stop here; each subcommand turns its
+//! flags into validated settings and calls into the library.
+
+pub mod demo;
+pub mod node;
+pub mod records;
+pub mod send;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Default UDP port of a node's links.
+pub const DEFAULT_LINK_PORT: u16 = 7380;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "pure-serve",
+    version,
+    about = "A link node: devices deliver records over encrypted UDP; each is stored exactly once in SQLite before it is acknowledged.",
+    long_about = "A link node: devices (senders) deliver records over connectionless, encrypted UDP links; the node \
+stores each record exactly once in SQLite before it tells the sender \"stored\".\n\n\
+With no subcommand, runs the node. With no flags at all it makes ./pure-state, a node key in it, and listens on UDP \
+port 7380; it prints its public key, which senders need.\n\n\
+Getting started:\n  \
+pure-serve keygen --out device.key          # on a device: prints its public key\n  \
+echo \"dev1 DEVICE_PUBLIC_KEY\" > senders     # on the node: who may send\n  \
+pure-serve --senders senders                # run the node; note its public key\n  \
+seq 1 100 | pure-serve send --key device.key --node NODE_PUBLIC_KEY --to HOST:7380\n  \
+pure-serve records                          # what was stored\n\n\
+Try it all on one machine first: pure-serve demo"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub node: node::NodeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Make a new private key file (mode 0600) and print its public key.
+    Keygen(KeygenArgs),
+    /// Print the public key of a private key file.
+    Pubkey(PubkeyArgs),
+    /// Send records read from standard input (one line each) to a node, and wait until all are stored.
+    Send(send::SendArgs),
+    /// Print stored records.
+    Records(records::RecordsArgs),
+    /// Run a node and simulated senders on loopback in this process, and show what they stored and how fast.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct KeygenArgs {
+    /// Where to write the private key; refuses to overwrite an existing file.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct PubkeyArgs {
+    /// The private key file.
+    #[arg(long, value_name = "FILE")]
+    pub key: PathBuf,
+}
+
+pub fn keygen(args: &KeygenArgs) -> anyhow::Result<()> {
+    let identity = crate::proto::crypto::Identity::generate();
+    crate::keys::write_new_identity(&args.out, &identity)?;
+    println!("{}", crate::keys::encode_key(identity.public()));
+    Ok(())
+}
+
+pub fn pubkey(args: &PubkeyArgs) -> anyhow::Result<()> {
+    let identity = crate::keys::read_identity(&args.key)?;
+    println!("{}", crate::keys::encode_key(identity.public()));
+    Ok(())
+}

@@ -1,0 +1,122 @@
+//! `pure-serve` with no subcommand: run the node until SIGTERM or SIGINT.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::receive::{NodeSettings, ReadyNode};
+
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    /// The node's private key. Made (mode 0600) if missing. Default: node.key in the state directory.
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Allowed senders: one `NAME PUBLIC_KEY_BASE64` per line, `#` comments. Default: `senders` in the state
+    /// directory if it exists, else nobody may send.
+    #[arg(long, value_name = "FILE")]
+    pub senders: Option<PathBuf>,
+    /// Where stores, key and memo live; created if missing. Default: $STATE_DIRECTORY (set by systemd) or
+    /// ./pure-state.
+    #[arg(long, value_name = "DIR")]
+    pub state: Option<PathBuf>,
+    /// UDP port for links (0 picks a free one and prints it).
+    #[arg(long, value_name = "PORT", default_value_t = super::DEFAULT_LINK_PORT)]
+    pub link_port: u16,
+    /// Address to listen on.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
+    pub bind: IpAddr,
+    /// A run's session is forgotten after this long without packets (it costs nothing while idle).
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    pub link_idle_ms: u64,
+    /// Socket receive buffer to ask the kernel for, in bytes (capped by net.core.rmem_max).
+    #[arg(long, value_name = "BYTES", default_value_t = 2 << 20)]
+    pub recv_buffer: usize,
+}
+
+/// Default state directory: systemd's `StateDirectory=` if set, else `./pure-state`.
+pub fn default_state_dir() -> PathBuf {
+    std::env::var_os("STATE_DIRECTORY")
+        .map(|v| {
+            // systemd may list several directories separated by ':'; the first is ours.
+            let s = v.to_string_lossy().to_string();
+            PathBuf::from(s.split(':').next().unwrap_or("pure-state"))
+        })
+        .unwrap_or_else(|| PathBuf::from("pure-state"))
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn install_stop_handlers() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(
+            libc::SIGTERM,
+            on_stop_signal as *const () as libc::sighandler_t,
+        );
+        libc::signal(
+            libc::SIGINT,
+            on_stop_signal as *const () as libc::sighandler_t,
+        );
+    }
+}
+
+impl NodeArgs {
+    pub fn settings(&self) -> NodeSettings {
+        let state_dir = self.state.clone().unwrap_or_else(default_state_dir);
+        let senders_file = self.senders.clone().or_else(|| {
+            let p = state_dir.join("senders");
+            p.exists().then_some(p)
+        });
+        NodeSettings {
+            key_file: self
+                .key
+                .clone()
+                .unwrap_or_else(|| state_dir.join("node.key")),
+            senders_file,
+            link_addr: SocketAddr::new(self.bind, self.link_port),
+            idle: Duration::from_millis(self.link_idle_ms),
+            apps: vec!["main".to_string()],
+            recv_buffer: self.recv_buffer,
+            state_dir,
+        }
+    }
+}
+
+pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
+    let settings = args.settings();
+    let state = settings.state_dir.clone();
+    let key_file = settings.key_file.clone();
+    let no_senders = settings.senders_file.is_none();
+    let ready = ReadyNode::prepare(settings).context("the node did not start")?;
+    install_stop_handlers();
+    if ready.key_created {
+        println!("made a new node key: {}", key_file.display());
+    }
+    println!("public key: {}", ready.public_key());
+    println!("link:       udp {}", ready.local_addr());
+    println!("state:      {} (apps: main)", state.display());
+    println!("senders:    {}", ready.senders_source);
+    if no_senders {
+        println!(
+            "            add senders as `NAME PUBLIC_KEY` lines in {} and restart",
+            state.join("senders").display()
+        );
+    }
+    println!("ready");
+    tracing::info!(addr = %ready.local_addr(), "serving");
+    let counters = ready.run(&STOP)?;
+    tracing::info!(
+        stored = counters.stored_records,
+        datagrams = counters.datagrams,
+        "stopped"
+    );
+    Ok(())
+}

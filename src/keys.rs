@@ -1,0 +1,160 @@
+//! Key files and the base64 key text (WireGuard's convention: base64 of the 32 raw bytes, one line).
+//!
+//! A private key file must not be readable by anyone but its owner; like ssh, the node refuses one that is,
+//! because a leaked node key exposes every sender's traffic (docs/protocol.md 9).
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use thiserror::Error;
+
+use crate::proto::crypto::{Identity, PublicKeyBytes};
+
+#[derive(Debug, Error)]
+pub enum KeyError {
+    #[error("not valid base64")]
+    Base64,
+    #[error("decodes to {0} bytes, a key is 32 bytes")]
+    Length(usize),
+    #[error("cannot read key file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("key file {path}: {what}")]
+    Content { path: PathBuf, what: String },
+    #[error(
+        "key file {path} is readable by others (mode {mode:o}); a private key must be private: run `chmod 600 {path}`"
+    )]
+    TooOpen { path: PathBuf, mode: u32 },
+    #[error("cannot write key file {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "key file {path} already exists; refusing to overwrite a key (remove it first if you mean to)"
+    )]
+    Exists { path: PathBuf },
+}
+
+pub fn encode_key(key: &[u8; 32]) -> String {
+    STANDARD.encode(key)
+}
+
+pub fn decode_key(text: &str) -> Result<[u8; 32], KeyError> {
+    let bytes = STANDARD.decode(text.trim()).map_err(|_| KeyError::Base64)?;
+    bytes
+        .as_slice()
+        .try_into()
+        .map_err(|_| KeyError::Length(bytes.len()))
+}
+
+/// Reads a private key file, refusing one that group or others can read.
+pub fn read_identity(path: &Path) -> Result<Identity, KeyError> {
+    let meta = fs::metadata(path).map_err(|source| KeyError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(KeyError::TooOpen {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    let text = fs::read_to_string(path).map_err(|source| KeyError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let bytes = decode_key(&text).map_err(|e| KeyError::Content {
+        path: path.to_path_buf(),
+        what: format!(
+            "{e}; expected one line of base64 (make one with `pure-serve keygen --out FILE`)"
+        ),
+    })?;
+    Ok(Identity::from_secret_bytes(bytes))
+}
+
+/// Writes a new private key file with mode 0600; never overwrites.
+pub fn write_new_identity(path: &Path, identity: &Identity) -> Result<(), KeyError> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|source| {
+            if source.kind() == std::io::ErrorKind::AlreadyExists {
+                KeyError::Exists {
+                    path: path.to_path_buf(),
+                }
+            } else {
+                KeyError::Write {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            }
+        })?;
+    let line = format!("{}\n", encode_key(&identity.secret_bytes()));
+    file.write_all(line.as_bytes())
+        .and_then(|_| file.sync_all())
+        .map_err(|source| KeyError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Reads the key at `path`, or makes one there if there is none. Returns whether it was made.
+pub fn load_or_create_identity(path: &Path) -> Result<(Identity, bool), KeyError> {
+    if path.exists() {
+        return Ok((read_identity(path)?, false));
+    }
+    let identity = Identity::generate();
+    write_new_identity(path, &identity)?;
+    Ok((identity, true))
+}
+
+/// Parses a public key given on a command line.
+pub fn parse_public_key(text: &str) -> Result<PublicKeyBytes, KeyError> {
+    decode_key(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_files_are_private_and_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        let (id, made) = load_or_create_identity(&path).unwrap();
+        assert!(made);
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let (again, made) = load_or_create_identity(&path).unwrap();
+        assert!(!made);
+        assert_eq!(again.public(), id.public());
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        let err = read_identity(&path).unwrap_err().to_string();
+        assert!(err.contains("chmod 600"), "{err}");
+        assert!(matches!(
+            write_new_identity(&path, &id),
+            Err(KeyError::Exists { .. })
+        ));
+    }
+
+    #[test]
+    fn bad_key_text_says_why() {
+        assert!(matches!(decode_key("%%%"), Err(KeyError::Base64)));
+        assert!(matches!(
+            decode_key(&encode_key(&[0; 32])[..20]),
+            Err(KeyError::Base64) | Err(KeyError::Length(_))
+        ));
+    }
+}

@@ -1,0 +1,29 @@
+//! The `pure-serve` binary: parse flags, set up logging, run the chosen subcommand. Nothing else lives here.
+
+use std::io::IsTerminal;
+
+use clap::Parser;
+use pure_serve::cli::{self, Cli, Command};
+
+fn main() {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let result = match &cli.command {
+        None => cli::node::run(&cli.node),
+        Some(Command::Keygen(a)) => cli::keygen(a),
+        Some(Command::Pubkey(a)) => cli::pubkey(a),
+        Some(Command::Send(a)) => cli::send::run(a),
+        Some(Command::Records(a)) => cli::records::run(a),
+        Some(Command::Demo(a)) => cli::demo::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("pure-serve: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,573 @@
+//! The node's link state machine, sans-IO (docs/protocol.md 6, 5.2, 5.3).
+//!
+//! Inputs are `handle_*`, outputs `poll_*`/`take_*`; time comes in as `now`. The order of calls a driver makes:
+//!
+//! 1. for each received datagram, [`Node::handle_datagram`];
+//! 2. when the batch is done (or [`Node::turn_is_full`]), [`Node::take_turn`], apply it to the store in one
+//!    transaction, commit, then [`Node::handle_committed`];
+//! 3. [`Node::flush_acks`], then send everything [`Node::poll_transmit`] returns;
+//! 4. persist [`Node::take_new_secrets`] into the memo;
+//! 5. call [`Node::handle_timeout`] when [`Node::poll_timeout`] comes.
+//!
+//! The node never touches a socket, clock or database. The memo of derived secrets is passed in as a
+//! [`SecretMemo`] so tests can keep it in memory.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::allow_list::{AllowList, SenderIndex};
+use super::crypto::{self, Identity, PublicKeyBytes};
+use super::session_cache::SessionCache;
+use super::turn::{AppIndex, Apply, Committed, SessionId, Turn};
+use super::wire::{self, SenderFrame, SenderHeader};
+
+/// Records in one turn before the node stops adding to it (BRIEF.md: bound the work per round). Measured in
+/// research/001: big enough that the fsync of a commit is shared by many records.
+pub const TURN_RECORDS: u64 = 16_384;
+
+/// Where derived shared secrets are remembered so a known sender costs no X25519 after a restart.
+pub trait SecretMemo {
+    fn get(&mut self, sender: &PublicKeyBytes) -> Option<[u8; 32]>;
+}
+
+/// A memo that remembers nothing (tests, or a node told not to keep one).
+pub struct NoMemo;
+impl SecretMemo for NoMemo {
+    fn get(&mut self, _: &PublicKeyBytes) -> Option<[u8; 32]> {
+        None
+    }
+}
+
+impl SecretMemo for HashMap<PublicKeyBytes, [u8; 32]> {
+    fn get(&mut self, sender: &PublicKeyBytes) -> Option<[u8; 32]> {
+        HashMap::get(self, sender).copied()
+    }
+}
+
+/// Why the node dropped a datagram or part of one. Every drop is counted by the stage that made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// Shorter than the minimum sender datagram or longer than the maximum.
+    Size,
+    /// Unknown version or a packet type a node does not take.
+    Version,
+    /// No allowed sender has the key id.
+    UnknownKey,
+    /// No candidate key (or the session's key) authenticated it.
+    Auth,
+    /// Packet number already seen or below the replay window.
+    Replay,
+    /// Authenticated, but its frames are malformed.
+    Malformed,
+    /// The current turn is full and the store has not caught up: dropped before any crypto.
+    TurnFull,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 7] = [
+        DropReason::Size,
+        DropReason::Version,
+        DropReason::UnknownKey,
+        DropReason::Auth,
+        DropReason::Replay,
+        DropReason::Malformed,
+        DropReason::TurnFull,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::Size => "size",
+            DropReason::Version => "version",
+            DropReason::UnknownKey => "unknown_key",
+            DropReason::Auth => "auth",
+            DropReason::Replay => "replay",
+            DropReason::Malformed => "malformed",
+            DropReason::TurnFull => "turn_full",
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct NodeCounters {
+    pub datagrams: u64,
+    pub drops: [u64; DropReason::ALL.len()],
+    pub x25519: u64,
+    pub memo_hits: u64,
+    pub sessions_made: u64,
+    pub sessions_swept: u64,
+    pub acks_sent: u64,
+    pub ack_frames_deferred: u64,
+    pub refused_frames: u64,
+    pub stored_records: u64,
+    pub duplicate_records: u64,
+    pub gap_records: u64,
+}
+
+impl NodeCounters {
+    pub fn dropped(&self, reason: DropReason) -> u64 {
+        self.drops[reason as usize]
+    }
+    pub fn total_dropped(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+}
+
+/// A datagram to send.
+#[derive(Debug, Clone)]
+pub struct Transmit {
+    pub to: SocketAddr,
+    pub bytes: Vec<u8>,
+}
+
+pub struct NodeConfig {
+    pub identity: Identity,
+    /// Random per process start (docs/protocol.md 2).
+    pub epoch: u64,
+    pub idle: Duration,
+    /// App names, in app-index order.
+    pub apps: Vec<String>,
+}
+
+pub struct Node {
+    identity: Identity,
+    epoch: u64,
+    idle: Duration,
+    apps: Vec<String>,
+    senders: Arc<AllowList>,
+    sessions: SessionCache,
+    /// The turn being filled.
+    turn: Turn,
+    /// Sessions with items in `turn`.
+    turn_sessions: HashSet<SessionId>,
+    /// Sessions per taken, uncommitted turn.
+    in_flight: HashMap<u64, Vec<SessionId>>,
+    next_turn: u64,
+    /// Sessions that may owe an ack; checked by `flush_acks`.
+    ack_candidates: Vec<SessionId>,
+    outbox: Vec<Transmit>,
+    /// One packet-number counter for all node packets of this process (docs/protocol.md 3).
+    next_packet_number: u64,
+    new_secrets: Vec<(PublicKeyBytes, [u8; 32])>,
+    next_sweep: Option<Instant>,
+    scratch: Vec<u8>,
+    counters: NodeCounters,
+}
+
+impl Node {
+    pub fn new(config: NodeConfig, senders: Arc<AllowList>) -> Self {
+        Node {
+            identity: config.identity,
+            epoch: config.epoch,
+            idle: config.idle,
+            apps: config.apps,
+            senders,
+            sessions: SessionCache::default(),
+            turn: Turn::default(),
+            turn_sessions: HashSet::new(),
+            in_flight: HashMap::new(),
+            next_turn: 1,
+            ack_candidates: Vec::new(),
+            outbox: Vec::new(),
+            next_packet_number: 0,
+            new_secrets: Vec::new(),
+            next_sweep: None,
+            scratch: Vec::with_capacity(wire::MAX_DATAGRAM),
+            counters: NodeCounters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> &NodeCounters {
+        &self.counters
+    }
+    pub fn sessions_active(&self) -> usize {
+        self.sessions.len()
+    }
+    pub fn senders(&self) -> &Arc<AllowList> {
+        &self.senders
+    }
+    pub fn apps(&self) -> &[String] {
+        &self.apps
+    }
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    pub fn public_key(&self) -> &PublicKeyBytes {
+        self.identity.public()
+    }
+
+    fn drop_packet(&mut self, reason: DropReason) {
+        self.counters.drops[reason as usize] += 1;
+    }
+
+    /// Whether the turn being filled has reached its bound; the driver should take it.
+    pub fn turn_is_full(&self) -> bool {
+        self.turn.record_count >= TURN_RECORDS
+    }
+
+    /// Takes one received datagram. Anything worth storing goes into the current turn; nothing is sent here.
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        datagram: &[u8],
+        memo: &mut dyn SecretMemo,
+    ) {
+        self.counters.datagrams += 1;
+        // Cheap checks first, before any crypto (BRIEF.md: drop early).
+        if datagram.len() < wire::MIN_SENDER_DATAGRAM || datagram.len() > wire::MAX_DATAGRAM {
+            return self.drop_packet(DropReason::Size);
+        }
+        if datagram[0] != wire::TYPE_SENDER {
+            return self.drop_packet(DropReason::Version);
+        }
+        // A turn twice over its bound means the store is behind: stop investing work in new input.
+        if self.turn.record_count >= 2 * TURN_RECORDS {
+            return self.drop_packet(DropReason::TurnFull);
+        }
+        let Ok(header) = SenderHeader::parse(datagram) else {
+            return self.drop_packet(DropReason::Size);
+        };
+        let session_id = match self.sessions.find(header.key_id, header.run_id) {
+            Some(id) => {
+                let session = self.sessions.get(id).expect("index and map agree");
+                if !session.replay.check(header.packet_number) {
+                    return self.drop_packet(DropReason::Replay);
+                }
+                let key = session.k_s2n;
+                if crypto::open_copy(
+                    &key,
+                    header.packet_number,
+                    datagram,
+                    wire::SENDER_HEADER_LEN,
+                    &mut self.scratch,
+                )
+                .is_err()
+                {
+                    return self.drop_packet(DropReason::Auth);
+                }
+                id
+            }
+            None => match self.open_new_run(now, from, &header, datagram, memo) {
+                Some(id) => id,
+                None => return,
+            },
+        };
+        // `scratch` now holds the datagram with its plaintext at SENDER_HEADER_LEN.
+        let plain_len = datagram.len() - wire::SENDER_HEADER_LEN - wire::TAG_LEN;
+        let plain = std::mem::take(&mut self.scratch);
+        let result = self.apply_frames(
+            now,
+            from,
+            session_id,
+            &header,
+            datagram.len(),
+            &plain[wire::SENDER_HEADER_LEN..wire::SENDER_HEADER_LEN + plain_len],
+        );
+        self.scratch = plain;
+        if result.is_err() {
+            self.drop_packet(DropReason::Malformed);
+        }
+    }
+
+    /// Slow path: the first packet of a run (or of a run whose session was swept). Finds the sender among the
+    /// candidates of the key id, using the memo before paying for an X25519.
+    fn open_new_run(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        header: &SenderHeader,
+        datagram: &[u8],
+        memo: &mut dyn SecretMemo,
+    ) -> Option<SessionId> {
+        let candidates = self.senders.candidates(header.key_id);
+        if candidates.is_empty() {
+            self.drop_packet(DropReason::UnknownKey);
+            return None;
+        }
+        let node_public = *self.identity.public();
+        for sender in candidates {
+            let sender_public = *self.senders.key(sender);
+            let shared = match memo.get(&sender_public) {
+                Some(secret) => {
+                    self.counters.memo_hits += 1;
+                    secret
+                }
+                None => {
+                    self.counters.x25519 += 1;
+                    let Ok(secret) = self.identity.shared_secret(&sender_public) else {
+                        continue;
+                    };
+                    self.new_secrets.push((sender_public, secret));
+                    secret
+                }
+            };
+            let k_s2n =
+                crypto::sender_to_node_key(&shared, header.run_id, &sender_public, &node_public);
+            if crypto::open_copy(
+                &k_s2n,
+                header.packet_number,
+                datagram,
+                wire::SENDER_HEADER_LEN,
+                &mut self.scratch,
+            )
+            .is_ok()
+            {
+                let k_n2s = crypto::node_to_sender_key(
+                    &shared,
+                    header.run_id,
+                    self.epoch,
+                    &sender_public,
+                    &node_public,
+                );
+                self.counters.sessions_made += 1;
+                if self.next_sweep.is_none() {
+                    self.next_sweep = Some(now + self.sweep_interval());
+                }
+                return Some(self.sessions.insert(
+                    sender,
+                    header.key_id,
+                    header.run_id,
+                    k_s2n,
+                    k_n2s,
+                    from,
+                    now,
+                ));
+            }
+        }
+        self.drop_packet(DropReason::Auth);
+        None
+    }
+
+    fn sweep_interval(&self) -> Duration {
+        (self.idle / 4).max(Duration::from_millis(10))
+    }
+
+    fn app_index(&self, name: &[u8]) -> Option<AppIndex> {
+        self.apps
+            .iter()
+            .position(|a| a.as_bytes() == name)
+            .map(|i| i as AppIndex)
+    }
+
+    fn apply_frames(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        session_id: SessionId,
+        header: &SenderHeader,
+        datagram_len: usize,
+        plain: &[u8],
+    ) -> Result<(), wire::WireError> {
+        // Parse everything before changing anything: a malformed packet applies nothing (protocol.md 5).
+        let frames = wire::parse_sender_frames(plain)?;
+        let mut resolved: Vec<(Option<AppIndex>, &wire::DataFrame)> =
+            Vec::with_capacity(frames.len());
+        for SenderFrame::Data(d) in &frames {
+            resolved.push((self.app_index(d.app), d));
+        }
+        let session = self
+            .sessions
+            .get_mut(session_id)
+            .expect("session exists: found or made just now");
+        if session.replay.mark(header.packet_number) {
+            session.peer = from;
+        }
+        session.last_heard = now;
+        session.ack_budget = session.ack_budget.saturating_add(datagram_len);
+        let sender = session.sender;
+        let mut added = false;
+        for (app, d) in resolved {
+            let Some(app) = app else {
+                self.counters.refused_frames += 1;
+                if !session.refusals.iter().any(|(a, _)| &a[..] == d.app) {
+                    session.refusals.push((d.app.into(), wire::REFUSE_NO_APP));
+                }
+                continue;
+            };
+            let flow = session.flow_mut(app);
+            flow.ack_owed = true;
+            let needs_store = match flow.heard {
+                None => true,
+                // Known heard: a frame entirely at or below it is a duplicate and needs no turn.
+                Some(h) => d.count > 0 && d.first_seq + d.count - 1 > h,
+            };
+            if !needs_store {
+                if d.count > 0 {
+                    self.counters.duplicate_records += d.count;
+                }
+                continue;
+            }
+            let start = self.turn.arena.len();
+            self.turn.arena.extend_from_slice(d.records);
+            self.turn.items.push(Apply {
+                session: session_id,
+                sender,
+                app,
+                first_seq: d.first_seq,
+                count: d.count,
+                records: start..self.turn.arena.len(),
+            });
+            self.turn.record_count += d.count;
+            added = true;
+        }
+        if added && self.turn_sessions.insert(session_id) {
+            session.turns_waiting += 1;
+        }
+        if session.owes_ack() {
+            self.ack_candidates.push(session_id);
+        }
+        Ok(())
+    }
+
+    /// Hands the current turn to the driver to apply, or `None` if it is empty.
+    pub fn take_turn(&mut self) -> Option<Turn> {
+        if self.turn.is_empty() {
+            return None;
+        }
+        let mut turn = std::mem::take(&mut self.turn);
+        turn.id = self.next_turn;
+        self.next_turn += 1;
+        self.in_flight
+            .insert(turn.id, self.turn_sessions.drain().collect());
+        Some(turn)
+    }
+
+    /// The store committed a turn: learn the heard sequences and owe the acks.
+    pub fn handle_committed(&mut self, committed: &Committed) {
+        self.counters.stored_records += committed.stored_records;
+        self.counters.duplicate_records += committed.duplicate_records;
+        self.counters.gap_records += committed.gap_records;
+        let heard: HashMap<(SenderIndex, AppIndex), u64> = committed
+            .heard
+            .iter()
+            .map(|f| ((f.sender, f.app), f.heard))
+            .collect();
+        let sessions = self.in_flight.remove(&committed.turn).unwrap_or_default();
+        for id in sessions {
+            let Some(session) = self.sessions.get_mut(id) else {
+                continue;
+            };
+            session.turns_waiting = session.turns_waiting.saturating_sub(1);
+            let sender = session.sender;
+            for flow in &mut session.flows {
+                if let Some(&h) = heard.get(&(sender, flow.app)) {
+                    flow.heard = Some(flow.heard.map_or(h, |old| old.max(h)));
+                }
+            }
+            self.ack_candidates.push(id);
+        }
+    }
+
+    /// The store failed to apply a turn (it rolled back): nothing of it is stored and nothing is acked. The
+    /// senders will send again.
+    pub fn handle_turn_failed(&mut self, turn: u64) {
+        let sessions = self.in_flight.remove(&turn).unwrap_or_default();
+        for id in sessions {
+            if let Some(session) = self.sessions.get_mut(id) {
+                session.turns_waiting = session.turns_waiting.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Builds the acks owed by sessions with nothing waiting for a commit (docs/protocol.md 5.3).
+    pub fn flush_acks(&mut self) {
+        let mut candidates = std::mem::take(&mut self.ack_candidates);
+        candidates.sort_unstable();
+        candidates.dedup();
+        for id in candidates {
+            self.build_ack(id);
+        }
+    }
+
+    fn build_ack(&mut self, id: SessionId) {
+        let Some(session) = self.sessions.get_mut(id) else {
+            return;
+        };
+        if session.turns_waiting > 0 || !session.owes_ack() {
+            return;
+        }
+        let budget = session.ack_budget.min(wire::MAX_DATAGRAM);
+        let mut packet = Vec::with_capacity(budget);
+        let pn = self.next_packet_number;
+        wire::NodeHeader {
+            epoch: self.epoch,
+            packet_number: pn,
+        }
+        .emit(&mut packet);
+        wire::put_echo(&mut packet, session.replay.largest());
+        let mut deferred = 0;
+        let refusals = std::mem::take(&mut session.refusals);
+        for (app, reason) in refusals {
+            if packet.len() + 3 + app.len() + wire::TAG_LEN <= budget {
+                wire::put_refuse(&mut packet, &app, reason);
+            } else {
+                session.refusals.push((app, reason));
+                deferred += 1;
+            }
+        }
+        for flow in &mut session.flows {
+            if !flow.ack_owed {
+                continue;
+            }
+            let Some(heard) = flow.heard else {
+                // Not yet known: it is in a turn; the commit will bring it.
+                continue;
+            };
+            let app = self.apps[flow.app as usize].as_bytes();
+            if packet.len() + wire::ack_len(app, heard) + wire::TAG_LEN <= budget {
+                wire::put_ack(&mut packet, app, heard);
+                flow.ack_owed = false;
+            } else {
+                deferred += 1;
+            }
+        }
+        self.counters.ack_frames_deferred += deferred;
+        if packet.len() == wire::NODE_HEADER_LEN + 1 + wire::varint_len(session.replay.largest()) {
+            // Only the ECHO fitted: sending it would tell the sender nothing it can use.
+            return;
+        }
+        if packet.len() + wire::TAG_LEN > budget {
+            self.counters.ack_frames_deferred += 1;
+            return;
+        }
+        self.next_packet_number += 1;
+        crypto::seal(&session.k_n2s, pn, &mut packet, wire::NODE_HEADER_LEN);
+        session.ack_budget = 0;
+        self.counters.acks_sent += 1;
+        self.outbox.push(Transmit {
+            to: session.peer,
+            bytes: packet,
+        });
+    }
+
+    /// The next datagram to send, if any.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.outbox.pop()
+    }
+
+    /// Secrets derived since the last call, for the driver to remember in the memo.
+    pub fn take_new_secrets(&mut self) -> Vec<(PublicKeyBytes, [u8; 32])> {
+        std::mem::take(&mut self.new_secrets)
+    }
+
+    /// When the node next wants [`Node::handle_timeout`].
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.next_sweep
+    }
+
+    /// Sweeps idle sessions.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(at) = self.next_sweep
+            && now >= at
+        {
+            let swept = self.sessions.sweep(now, self.idle);
+            self.counters.sessions_swept += swept as u64;
+            self.next_sweep = if self.sessions.is_empty() {
+                None
+            } else {
+                Some(now + self.sweep_interval())
+            };
+        }
+    }
+}

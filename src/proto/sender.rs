@@ -1,0 +1,546 @@
+//! The sender's link state machine, sans-IO (docs/protocol.md 7).
+//!
+//! Order of calls for a driver: [`Sender::queue`] records; then loop: send every datagram
+//! [`Sender::poll_transmit`] yields; wait for a datagram or [`Sender::poll_timeout`]; feed it to
+//! [`Sender::handle_datagram`] or call [`Sender::handle_timeout`]; read [`Sender::poll_event`].
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use super::crypto::{self, Identity, PacketKey, PublicKeyBytes};
+use super::wire::{self, NodeFrame, NodeHeader};
+
+/// Sender packets are this large by default: fits nearly every path (docs/protocol.md 4).
+pub const DEFAULT_DATAGRAM: usize = 1200;
+/// Records in flight per flow before the sender waits for acks (docs/protocol.md 7).
+pub const DEFAULT_WINDOW: u64 = 16_384;
+/// RTO before any round-trip sample, and its bounds (docs/protocol.md 7).
+const INITIAL_RTO: Duration = Duration::from_millis(250);
+const MIN_RTO: Duration = Duration::from_millis(10);
+const MAX_RTO: Duration = Duration::from_secs(2);
+/// How many sent packets' times are kept for ECHO round-trip samples.
+const SENT_TIMES: usize = 4096;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SenderError {
+    #[error("app name {0:?} is not 1–32 characters of a-z 0-9 _ -")]
+    BadApp(String),
+    #[error("record of {len} bytes does not fit in one {max}-byte datagram")]
+    TooLarge { len: usize, max: usize },
+    #[error("the node's public key is a low-order point")]
+    BadNodeKey,
+    #[error("app {0} was refused by the node")]
+    Refused(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SenderEvent {
+    /// The node has stored every record of `app` up to and including `through`.
+    Stored { app: String, through: u64 },
+    /// The node refused the app (reason as in protocol.md 5); its records were dropped.
+    Refused { app: String, reason: u8 },
+    /// The node holds records of this flow past anything this sender numbered (it lost its counter).
+    NodeAhead { app: String, node: u64, ours: u64 },
+}
+
+/// Where a flow's numbering starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowStart {
+    /// Ask the node with a probe and number from its heard sequence + 1.
+    Probe,
+    /// The device knows: its next record is this sequence (≥ 1). Data goes in the first packet.
+    At(u64),
+}
+
+struct Flow {
+    app: String,
+    /// False until the node told us the heard sequence (FlowStart::Probe).
+    synced: bool,
+    probe_outstanding: bool,
+    /// Highest sequence the node has acknowledged.
+    acked: u64,
+    /// Records `acked + 1 ..= acked + records.len()`.
+    records: VecDeque<Vec<u8>>,
+    /// Next sequence to put in a packet.
+    cursor: u64,
+    refused: bool,
+}
+
+impl Flow {
+    fn in_flight(&self) -> u64 {
+        self.cursor - self.acked - 1
+    }
+    fn last_seq(&self) -> u64 {
+        self.acked + self.records.len() as u64
+    }
+    fn has_unsent(&self) -> bool {
+        self.synced && !self.refused && self.cursor <= self.last_seq()
+    }
+}
+
+/// Room a DATA frame header may take: the count is reserved at 3 varint bytes (up to 2^21 - 1 records, far more
+/// than a datagram holds), so the frame's size is known before its records are counted.
+fn frame_overhead(app: &[u8], first_seq: u64) -> usize {
+    wire::data_header_len(app, first_seq, 1 << 14)
+}
+
+/// RFC 6298's estimator.
+struct Rtt {
+    srtt: Option<Duration>,
+    rttvar: Duration,
+}
+
+impl Rtt {
+    fn sample(&mut self, rtt: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(rtt);
+                self.rttvar = rtt / 2;
+            }
+            Some(srtt) => {
+                let diff = srtt.abs_diff(rtt);
+                self.rttvar = (self.rttvar * 3 + diff) / 4;
+                self.srtt = Some((srtt * 7 + rtt) / 8);
+            }
+        }
+    }
+    fn rto(&self) -> Duration {
+        match self.srtt {
+            None => INITIAL_RTO,
+            Some(srtt) => {
+                (srtt + (self.rttvar * 4).max(Duration::from_millis(2))).clamp(MIN_RTO, MAX_RTO)
+            }
+        }
+    }
+}
+
+pub struct SenderConfig {
+    pub identity: Identity,
+    pub node_public: PublicKeyBytes,
+    /// Random per run (docs/protocol.md 2); draw it with [`crypto::random_array`].
+    pub run_id: u64,
+    pub max_datagram: usize,
+    pub window: u64,
+}
+
+impl SenderConfig {
+    pub fn new(identity: Identity, node_public: PublicKeyBytes) -> Self {
+        SenderConfig {
+            identity,
+            node_public,
+            run_id: u64::from_be_bytes(crypto::random_array()),
+            max_datagram: DEFAULT_DATAGRAM,
+            window: DEFAULT_WINDOW,
+        }
+    }
+}
+
+pub struct Sender {
+    shared: [u8; 32],
+    public: PublicKeyBytes,
+    node_public: PublicKeyBytes,
+    key_id: u32,
+    run_id: u64,
+    k_s2n: PacketKey,
+    /// Keys of the latest node epoch that authenticated.
+    n2s: Option<(u64, PacketKey)>,
+    next_pn: u64,
+    max_datagram: usize,
+    window: u64,
+    flows: Vec<Flow>,
+    sent_times: VecDeque<(u64, Instant)>,
+    rtt: Rtt,
+    rto_deadline: Option<Instant>,
+    backoff: u32,
+    last_progress: Option<Instant>,
+    events: VecDeque<SenderEvent>,
+    /// Round-robin start so one busy flow does not starve the others.
+    next_flow: usize,
+    stats: SenderStats,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct SenderStats {
+    pub packets_sent: u64,
+    pub retransmit_rounds: u64,
+    pub packets_received: u64,
+    pub packets_rejected: u64,
+}
+
+impl Sender {
+    /// Makes a sender for one run. Costs one X25519.
+    pub fn new(config: SenderConfig) -> Result<Self, SenderError> {
+        let shared = config
+            .identity
+            .shared_secret(&config.node_public)
+            .map_err(|_| SenderError::BadNodeKey)?;
+        let public = *config.identity.public();
+        Ok(Sender {
+            k_s2n: crypto::sender_to_node_key(&shared, config.run_id, &public, &config.node_public),
+            shared,
+            key_id: crypto::key_id(&public),
+            public,
+            node_public: config.node_public,
+            run_id: config.run_id,
+            n2s: None,
+            next_pn: 0,
+            max_datagram: config
+                .max_datagram
+                .clamp(wire::MIN_SENDER_DATAGRAM, wire::MAX_DATAGRAM),
+            window: config.window.max(1),
+            flows: Vec::new(),
+            sent_times: VecDeque::new(),
+            rtt: Rtt {
+                srtt: None,
+                rttvar: Duration::ZERO,
+            },
+            rto_deadline: None,
+            backoff: 0,
+            last_progress: None,
+            events: VecDeque::new(),
+            next_flow: 0,
+            stats: SenderStats::default(),
+        })
+    }
+
+    pub fn run_id(&self) -> u64 {
+        self.run_id
+    }
+    pub fn stats(&self) -> &SenderStats {
+        &self.stats
+    }
+    pub fn srtt(&self) -> Option<Duration> {
+        self.rtt.srtt
+    }
+    /// When an ack last released records (or answered a probe).
+    pub fn last_progress(&self) -> Option<Instant> {
+        self.last_progress
+    }
+
+    fn flow_index(&self, app: &str) -> Option<usize> {
+        self.flows.iter().position(|f| f.app == app)
+    }
+
+    /// Opens a flow explicitly; [`Sender::queue`] opens one with [`FlowStart::Probe`] if there is none.
+    pub fn open_flow(&mut self, app: &str, start: FlowStart) -> Result<(), SenderError> {
+        if !wire::valid_app_name(app.as_bytes()) {
+            return Err(SenderError::BadApp(app.to_string()));
+        }
+        if self.flow_index(app).is_some() {
+            return Ok(());
+        }
+        let (synced, acked) = match start {
+            FlowStart::Probe => (false, 0),
+            FlowStart::At(next) => (true, next.max(1) - 1),
+        };
+        self.flows.push(Flow {
+            app: app.to_string(),
+            synced,
+            probe_outstanding: false,
+            acked,
+            records: VecDeque::new(),
+            cursor: acked + 1,
+            refused: false,
+        });
+        Ok(())
+    }
+
+    /// Largest payload that fits in one datagram for `app`.
+    pub fn max_payload(&self, app: &str) -> usize {
+        let fixed =
+            wire::SENDER_HEADER_LEN + wire::TAG_LEN + frame_overhead(app.as_bytes(), u64::MAX);
+        let room = self.max_datagram - fixed;
+        // The record's own length varint takes up to 2 bytes at these sizes.
+        room.saturating_sub(2)
+    }
+
+    /// Queues one record for `app`.
+    pub fn queue(&mut self, app: &str, payload: Vec<u8>) -> Result<(), SenderError> {
+        let max = self.max_payload(app);
+        if payload.len() > max {
+            return Err(SenderError::TooLarge {
+                len: payload.len(),
+                max,
+            });
+        }
+        let i = match self.flow_index(app) {
+            Some(i) => i,
+            None => {
+                self.open_flow(app, FlowStart::Probe)?;
+                self.flows.len() - 1
+            }
+        };
+        if self.flows[i].refused {
+            return Err(SenderError::Refused(app.to_string()));
+        }
+        self.flows[i].records.push_back(payload);
+        Ok(())
+    }
+
+    /// Records of `app` queued and not yet acknowledged.
+    pub fn unacked(&self, app: &str) -> usize {
+        self.flow_index(app)
+            .map_or(0, |i| self.flows[i].records.len())
+    }
+
+    /// Records of all flows not yet acknowledged (refused flows hold none).
+    pub fn unacked_total(&self) -> usize {
+        self.flows.iter().map(|f| f.records.len()).sum()
+    }
+
+    /// The highest sequence of `app` the node acknowledged, once known.
+    pub fn stored_through(&self, app: &str) -> Option<u64> {
+        let f = &self.flows[self.flow_index(app)?];
+        f.synced.then_some(f.acked)
+    }
+
+    /// True when nothing waits for the node: every flow synced and acknowledged, or refused.
+    pub fn is_idle(&self) -> bool {
+        self.flows
+            .iter()
+            .all(|f| f.refused || (f.synced && f.records.is_empty()))
+    }
+
+    fn wants_probe(&self, f: &Flow) -> bool {
+        !f.synced && !f.refused && !f.probe_outstanding
+    }
+
+    /// Builds the next datagram into `out` (cleared first). Returns false when there is nothing to send now.
+    pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
+        let wants = self
+            .flows
+            .iter()
+            .any(|f| self.wants_probe(f) || (f.has_unsent() && f.in_flight() < self.window));
+        if !wants {
+            return false;
+        }
+        out.clear();
+        let pn = self.next_pn;
+        wire::SenderHeader {
+            key_id: self.key_id,
+            run_id: self.run_id,
+            packet_number: pn,
+        }
+        .emit(out);
+        let limit = self.max_datagram - wire::TAG_LEN;
+        let n = self.flows.len();
+        for k in 0..n {
+            let i = (self.next_flow + k) % n;
+            let window = self.window;
+            let f = &mut self.flows[i];
+            if !f.synced && !f.refused && !f.probe_outstanding {
+                let len = wire::data_header_len(f.app.as_bytes(), 0, 0);
+                if out.len() + len <= limit {
+                    wire::put_data_header(out, f.app.as_bytes(), 0, 0);
+                    f.probe_outstanding = true;
+                }
+                continue;
+            }
+            if !f.has_unsent() || f.in_flight() >= window {
+                continue;
+            }
+            // Count how many records fit from the cursor, then write them.
+            let first = f.cursor;
+            let start_idx = (first - f.acked - 1) as usize;
+            let room = limit.saturating_sub(out.len() + frame_overhead(f.app.as_bytes(), first));
+            let mut used = 0;
+            let mut count = 0usize;
+            while start_idx + count < f.records.len() && f.in_flight() + (count as u64) < window {
+                let len = wire::record_len(&f.records[start_idx + count]);
+                if used + len > room {
+                    break;
+                }
+                used += len;
+                count += 1;
+            }
+            if count == 0 {
+                continue;
+            }
+            wire::put_data_header(out, f.app.as_bytes(), first, count as u64);
+            for r in f.records.range(start_idx..start_idx + count) {
+                wire::put_record(out, r);
+            }
+            f.cursor += count as u64;
+        }
+        self.next_flow = (self.next_flow + 1) % n.max(1);
+        if out.len() == wire::SENDER_HEADER_LEN {
+            return false;
+        }
+        while out.len() + wire::TAG_LEN < wire::MIN_SENDER_DATAGRAM {
+            out.push(wire::FRAME_PADDING);
+        }
+        crypto::seal(&self.k_s2n, pn, out, wire::SENDER_HEADER_LEN);
+        self.next_pn += 1;
+        self.stats.packets_sent += 1;
+        if self.sent_times.len() == SENT_TIMES {
+            self.sent_times.pop_front();
+        }
+        self.sent_times.push_back((pn, now));
+        if self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now + self.current_rto());
+        }
+        true
+    }
+
+    fn current_rto(&self) -> Duration {
+        (self.rtt.rto() * 2u32.pow(self.backoff.min(8))).min(MAX_RTO)
+    }
+
+    fn outstanding(&self) -> bool {
+        self.flows
+            .iter()
+            .any(|f| !f.refused && (f.probe_outstanding || (f.synced && f.in_flight() > 0)))
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.outstanding() {
+            self.rto_deadline
+        } else {
+            None
+        }
+    }
+
+    /// The RTO passed: send everything unacknowledged again (go-back-N) with a doubled RTO.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let Some(deadline) = self.rto_deadline else {
+            return;
+        };
+        if now < deadline {
+            return;
+        }
+        if !self.outstanding() {
+            self.rto_deadline = None;
+            return;
+        }
+        self.stats.retransmit_rounds += 1;
+        for f in &mut self.flows {
+            f.cursor = f.acked + 1;
+            f.probe_outstanding = false;
+        }
+        self.backoff = (self.backoff + 1).min(8);
+        self.rto_deadline = None;
+    }
+
+    fn n2s_key(&self, epoch: u64) -> PacketKey {
+        match self.n2s {
+            Some((e, k)) if e == epoch => k,
+            _ => crypto::node_to_sender_key(
+                &self.shared,
+                self.run_id,
+                epoch,
+                &self.public,
+                &self.node_public,
+            ),
+        }
+    }
+
+    /// Takes a datagram from the node. Anything that does not authenticate is ignored and counted.
+    pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+        if datagram.len() < wire::NODE_HEADER_LEN + wire::TAG_LEN || datagram[0] != wire::TYPE_NODE
+        {
+            self.stats.packets_rejected += 1;
+            return;
+        }
+        let Ok(header) = NodeHeader::parse(datagram) else {
+            self.stats.packets_rejected += 1;
+            return;
+        };
+        let key = self.n2s_key(header.epoch);
+        let mut buf = datagram.to_vec();
+        let Ok(len) = crypto::open(&key, header.packet_number, &mut buf, wire::NODE_HEADER_LEN)
+        else {
+            self.stats.packets_rejected += 1;
+            return;
+        };
+        let plain = &buf[wire::NODE_HEADER_LEN..wire::NODE_HEADER_LEN + len];
+        let Ok(frames) = wire::parse_node_frames(plain) else {
+            self.stats.packets_rejected += 1;
+            return;
+        };
+        self.n2s = Some((header.epoch, key));
+        self.stats.packets_received += 1;
+        let mut progress = false;
+        for frame in frames {
+            match frame {
+                NodeFrame::Echo { packet_number } => {
+                    if let Some(&(_, sent)) =
+                        self.sent_times.iter().find(|(pn, _)| *pn == packet_number)
+                    {
+                        self.rtt.sample(now.saturating_duration_since(sent));
+                    }
+                }
+                NodeFrame::Ack {
+                    app,
+                    stored_through,
+                } => {
+                    let Some(i) = self.flows.iter().position(|f| f.app.as_bytes() == app) else {
+                        continue;
+                    };
+                    let f = &mut self.flows[i];
+                    if !f.synced {
+                        f.synced = true;
+                        f.probe_outstanding = false;
+                        f.acked = stored_through;
+                        f.cursor = stored_through + 1;
+                        progress = true;
+                        self.events.push_back(SenderEvent::Stored {
+                            app: f.app.clone(),
+                            through: stored_through,
+                        });
+                        continue;
+                    }
+                    if stored_through <= f.acked {
+                        continue;
+                    }
+                    progress = true;
+                    let last = f.last_seq();
+                    if stored_through > last {
+                        self.events.push_back(SenderEvent::NodeAhead {
+                            app: f.app.clone(),
+                            node: stored_through,
+                            ours: last,
+                        });
+                        f.records.clear();
+                    } else {
+                        f.records.drain(..(stored_through - f.acked) as usize);
+                    }
+                    f.acked = stored_through;
+                    f.cursor = f.cursor.max(stored_through + 1);
+                    self.events.push_back(SenderEvent::Stored {
+                        app: f.app.clone(),
+                        through: stored_through,
+                    });
+                }
+                NodeFrame::Refuse { app, reason } => {
+                    let Some(i) = self.flows.iter().position(|f| f.app.as_bytes() == app) else {
+                        continue;
+                    };
+                    let f = &mut self.flows[i];
+                    if !f.refused {
+                        f.refused = true;
+                        f.records.clear();
+                        self.events.push_back(SenderEvent::Refused {
+                            app: f.app.clone(),
+                            reason,
+                        });
+                    }
+                }
+            }
+        }
+        if progress {
+            self.backoff = 0;
+            self.last_progress = Some(now);
+            self.rto_deadline = if self.outstanding() {
+                Some(now + self.current_rto())
+            } else {
+                None
+            };
+        }
+    }
+
+    pub fn poll_event(&mut self) -> Option<SenderEvent> {
+        self.events.pop_front()
+    }
+}

@@ -1,0 +1,460 @@
+//! The byte layout of link packets (docs/protocol.md sections 4 and 5): headers, frames and varints.
+//!
+//! Parsing is total: every function here returns an error instead of panicking, whatever the bytes, because all
+//! of it runs on network input. Emitting writes into a caller-owned `Vec` so the caller decides where the bytes
+//! live.
+
+use thiserror::Error;
+
+/// Protocol version carried in the high 4 bits of byte 0 (protocol.md 4.3).
+pub const VERSION: u8 = 1;
+/// Byte 0 of a sender → node packet: version 1, type 1.
+pub const TYPE_SENDER: u8 = (VERSION << 4) | 1;
+/// Byte 0 of a node → sender packet: version 1, type 2.
+pub const TYPE_NODE: u8 = (VERSION << 4) | 2;
+/// Sender header: type, key id, run id, packet number (protocol.md 4.1).
+pub const SENDER_HEADER_LEN: usize = 1 + 4 + 8 + 8;
+/// Node header: type, epoch, packet number (protocol.md 4.2).
+pub const NODE_HEADER_LEN: usize = 1 + 8 + 8;
+/// AES-GCM tag length.
+pub const TAG_LEN: usize = 16;
+/// Largest datagram either side sends or accepts (protocol.md 4).
+pub const MAX_DATAGRAM: usize = 1472;
+/// Smallest sender datagram; senders pad up to it so one ACK always fits (protocol.md 4, 9).
+pub const MIN_SENDER_DATAGRAM: usize = 96;
+/// Longest app name (protocol.md 5).
+pub const MAX_APP_LEN: usize = 32;
+
+pub const FRAME_PADDING: u8 = 0x00;
+pub const FRAME_DATA: u8 = 0x01;
+pub const FRAME_ACK: u8 = 0x02;
+pub const FRAME_ECHO: u8 = 0x03;
+pub const FRAME_REFUSE: u8 = 0x04;
+
+/// REFUSE reason: the node has no app of that name.
+pub const REFUSE_NO_APP: u8 = 1;
+/// REFUSE reason: the app does not accept this sender.
+pub const REFUSE_NOT_ACCEPTED: u8 = 2;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum WireError {
+    #[error("packet ends inside a field")]
+    Truncated,
+    #[error("varint longer than 10 bytes or above 2^64-1")]
+    BadVarint,
+    #[error("unknown frame type {0:#04x}")]
+    UnknownFrame(u8),
+    #[error("frame type {0:#04x} is not allowed in this direction")]
+    WrongDirection(u8),
+    #[error("bad app name")]
+    BadAppName,
+    #[error("a probe (count 0) must have first_seq 0")]
+    BadProbe,
+    #[error("sequence numbers overflow")]
+    SequenceOverflow,
+}
+
+/// Whether `name` is a valid app name: 1–32 bytes of `[a-z0-9_-]`.
+pub fn valid_app_name(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_APP_LEN
+        && name
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-')
+}
+
+pub fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+pub fn varint_len(mut value: u64) -> usize {
+    let mut n = 1;
+    while value >= 0x80 {
+        value >>= 7;
+        n += 1;
+    }
+    n
+}
+
+/// A cursor over untrusted bytes.
+pub struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(bytes: &'a [u8]) -> Self {
+        Reader { bytes, pos: 0 }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.pos >= self.bytes.len()
+    }
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+    pub fn u8(&mut self) -> Result<u8, WireError> {
+        let b = *self.bytes.get(self.pos).ok_or(WireError::Truncated)?;
+        self.pos += 1;
+        Ok(b)
+    }
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        let end = self.pos.checked_add(n).ok_or(WireError::Truncated)?;
+        let s = self.bytes.get(self.pos..end).ok_or(WireError::Truncated)?;
+        self.pos = end;
+        Ok(s)
+    }
+    pub fn varint(&mut self) -> Result<u64, WireError> {
+        let mut value: u64 = 0;
+        for i in 0..10 {
+            let b = self.u8()?;
+            let part = u64::from(b & 0x7f);
+            if i == 9 && part > 1 {
+                return Err(WireError::BadVarint);
+            }
+            value |= part << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(WireError::BadVarint)
+    }
+    fn app(&mut self) -> Result<&'a [u8], WireError> {
+        let len = self.u8()? as usize;
+        let name = self.take(len)?;
+        if !valid_app_name(name) {
+            return Err(WireError::BadAppName);
+        }
+        Ok(name)
+    }
+}
+
+/// The cleartext header of a sender → node packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SenderHeader {
+    pub key_id: u32,
+    pub run_id: u64,
+    pub packet_number: u64,
+}
+
+impl SenderHeader {
+    /// Reads the header of a datagram whose byte 0 was already checked to be `TYPE_SENDER`.
+    pub fn parse(datagram: &[u8]) -> Result<Self, WireError> {
+        let h = datagram
+            .get(..SENDER_HEADER_LEN)
+            .ok_or(WireError::Truncated)?;
+        Ok(SenderHeader {
+            key_id: u32::from_be_bytes([h[1], h[2], h[3], h[4]]),
+            run_id: u64::from_be_bytes(h[5..13].try_into().map_err(|_| WireError::Truncated)?),
+            packet_number: u64::from_be_bytes(
+                h[13..21].try_into().map_err(|_| WireError::Truncated)?,
+            ),
+        })
+    }
+    pub fn emit(&self, out: &mut Vec<u8>) {
+        out.push(TYPE_SENDER);
+        out.extend_from_slice(&self.key_id.to_be_bytes());
+        out.extend_from_slice(&self.run_id.to_be_bytes());
+        out.extend_from_slice(&self.packet_number.to_be_bytes());
+    }
+}
+
+/// The cleartext header of a node → sender packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeHeader {
+    pub epoch: u64,
+    pub packet_number: u64,
+}
+
+impl NodeHeader {
+    pub fn parse(datagram: &[u8]) -> Result<Self, WireError> {
+        let h = datagram
+            .get(..NODE_HEADER_LEN)
+            .ok_or(WireError::Truncated)?;
+        Ok(NodeHeader {
+            epoch: u64::from_be_bytes(h[1..9].try_into().map_err(|_| WireError::Truncated)?),
+            packet_number: u64::from_be_bytes(
+                h[9..17].try_into().map_err(|_| WireError::Truncated)?,
+            ),
+        })
+    }
+    pub fn emit(&self, out: &mut Vec<u8>) {
+        out.push(TYPE_NODE);
+        out.extend_from_slice(&self.epoch.to_be_bytes());
+        out.extend_from_slice(&self.packet_number.to_be_bytes());
+    }
+}
+
+/// One DATA frame as read from a packet: the records stay in their wire encoding (`len`, bytes)*, which is also
+/// the store's chunk encoding, so they are copied once and never re-encoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataFrame<'a> {
+    pub app: &'a [u8],
+    pub first_seq: u64,
+    pub count: u64,
+    /// `count` records, each a varint length and that many bytes.
+    pub records: &'a [u8],
+}
+
+/// Frames a node accepts in a sender packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SenderFrame<'a> {
+    Data(DataFrame<'a>),
+}
+
+/// Frames a sender accepts in a node packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeFrame<'a> {
+    Ack { app: &'a [u8], stored_through: u64 },
+    Echo { packet_number: u64 },
+    Refuse { app: &'a [u8], reason: u8 },
+}
+
+/// Walks `count` records from the reader and returns the bytes they span.
+fn skip_records<'a>(r: &mut Reader<'a>, count: u64) -> Result<&'a [u8], WireError> {
+    let start = r.pos;
+    for _ in 0..count {
+        let len = r.varint()?;
+        let len = usize::try_from(len).map_err(|_| WireError::Truncated)?;
+        r.take(len)?;
+    }
+    Ok(&r.bytes[start..r.pos])
+}
+
+/// Parses the plaintext of a sender packet. PADDING is skipped.
+pub fn parse_sender_frames(plain: &[u8]) -> Result<Vec<SenderFrame<'_>>, WireError> {
+    let mut r = Reader::new(plain);
+    let mut frames = Vec::new();
+    while !r.is_empty() {
+        match r.u8()? {
+            FRAME_PADDING => {}
+            FRAME_DATA => {
+                let app = r.app()?;
+                let first_seq = r.varint()?;
+                let count = r.varint()?;
+                if count == 0 && first_seq != 0 {
+                    return Err(WireError::BadProbe);
+                }
+                if count > 0 && first_seq == 0 {
+                    return Err(WireError::SequenceOverflow);
+                }
+                if first_seq.checked_add(count).is_none() {
+                    return Err(WireError::SequenceOverflow);
+                }
+                let records = skip_records(&mut r, count)?;
+                frames.push(SenderFrame::Data(DataFrame {
+                    app,
+                    first_seq,
+                    count,
+                    records,
+                }));
+            }
+            t @ (FRAME_ACK | FRAME_ECHO | FRAME_REFUSE) => {
+                return Err(WireError::WrongDirection(t));
+            }
+            t => return Err(WireError::UnknownFrame(t)),
+        }
+    }
+    Ok(frames)
+}
+
+/// Parses the plaintext of a node packet. PADDING is skipped.
+pub fn parse_node_frames(plain: &[u8]) -> Result<Vec<NodeFrame<'_>>, WireError> {
+    let mut r = Reader::new(plain);
+    let mut frames = Vec::new();
+    while !r.is_empty() {
+        match r.u8()? {
+            FRAME_PADDING => {}
+            FRAME_ACK => {
+                let app = r.app()?;
+                let stored_through = r.varint()?;
+                frames.push(NodeFrame::Ack {
+                    app,
+                    stored_through,
+                });
+            }
+            FRAME_ECHO => frames.push(NodeFrame::Echo {
+                packet_number: r.varint()?,
+            }),
+            FRAME_REFUSE => {
+                let app = r.app()?;
+                let reason = r.u8()?;
+                frames.push(NodeFrame::Refuse { app, reason });
+            }
+            FRAME_DATA => return Err(WireError::WrongDirection(FRAME_DATA)),
+            t => return Err(WireError::UnknownFrame(t)),
+        }
+    }
+    Ok(frames)
+}
+
+/// Appends a DATA frame header; the caller appends `count` records after it with [`put_record`].
+pub fn put_data_header(out: &mut Vec<u8>, app: &[u8], first_seq: u64, count: u64) {
+    out.push(FRAME_DATA);
+    out.push(app.len() as u8);
+    out.extend_from_slice(app);
+    put_varint(out, first_seq);
+    put_varint(out, count);
+}
+
+/// Bytes a DATA frame header takes.
+pub fn data_header_len(app: &[u8], first_seq: u64, count: u64) -> usize {
+    2 + app.len() + varint_len(first_seq) + varint_len(count)
+}
+
+pub fn put_record(out: &mut Vec<u8>, payload: &[u8]) {
+    put_varint(out, payload.len() as u64);
+    out.extend_from_slice(payload);
+}
+
+pub fn record_len(payload: &[u8]) -> usize {
+    varint_len(payload.len() as u64) + payload.len()
+}
+
+pub fn put_ack(out: &mut Vec<u8>, app: &[u8], stored_through: u64) {
+    out.push(FRAME_ACK);
+    out.push(app.len() as u8);
+    out.extend_from_slice(app);
+    put_varint(out, stored_through);
+}
+
+pub fn ack_len(app: &[u8], stored_through: u64) -> usize {
+    2 + app.len() + varint_len(stored_through)
+}
+
+pub fn put_echo(out: &mut Vec<u8>, packet_number: u64) {
+    out.push(FRAME_ECHO);
+    put_varint(out, packet_number);
+}
+
+pub fn put_refuse(out: &mut Vec<u8>, app: &[u8], reason: u8) {
+    out.push(FRAME_REFUSE);
+    out.push(app.len() as u8);
+    out.extend_from_slice(app);
+    out.push(reason);
+}
+
+/// Iterates the records of a chunk body, `(len, bytes)*`, as stored and as sent. Stops (returns `None`) at the
+/// end or at the first malformed record; callers that need to tell the two apart check [`RecordIter::is_clean`].
+pub struct RecordIter<'a> {
+    reader: Reader<'a>,
+    broken: bool,
+}
+
+impl<'a> RecordIter<'a> {
+    pub fn new(body: &'a [u8]) -> Self {
+        RecordIter {
+            reader: Reader::new(body),
+            broken: false,
+        }
+    }
+    /// Whether iteration ended at the end of the body rather than at a malformed record.
+    pub fn is_clean(&self) -> bool {
+        !self.broken
+    }
+    /// Byte offset of the next record.
+    pub fn position(&self) -> usize {
+        self.reader.position()
+    }
+}
+
+impl<'a> Iterator for RecordIter<'a> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.broken || self.reader.is_empty() {
+            return None;
+        }
+        let item = self
+            .reader
+            .varint()
+            .and_then(|len| usize::try_from(len).map_err(|_| WireError::Truncated))
+            .and_then(|len| self.reader.take(len));
+        match item {
+            Ok(bytes) => Some(bytes),
+            Err(_) => {
+                self.broken = true;
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn varint_round_trips_at_the_edges() {
+        for v in [0, 1, 127, 128, 16383, 16384, u64::MAX / 2, u64::MAX] {
+            let mut b = Vec::new();
+            put_varint(&mut b, v);
+            assert_eq!(b.len(), varint_len(v));
+            assert_eq!(Reader::new(&b).varint(), Ok(v));
+        }
+    }
+
+    #[test]
+    fn overlong_varint_is_refused() {
+        let b = [0xffu8; 11];
+        assert_eq!(Reader::new(&b).varint(), Err(WireError::BadVarint));
+        let mut b = vec![0xffu8; 9];
+        b.push(0x02); // bit 64 set
+        assert_eq!(Reader::new(&b).varint(), Err(WireError::BadVarint));
+    }
+
+    #[test]
+    fn data_frame_round_trips() {
+        let mut p = Vec::new();
+        put_data_header(&mut p, b"main", 7, 2);
+        put_record(&mut p, b"hello");
+        put_record(&mut p, b"");
+        p.push(FRAME_PADDING);
+        let frames = parse_sender_frames(&p).unwrap();
+        assert_eq!(frames.len(), 1);
+        let SenderFrame::Data(d) = &frames[0];
+        assert_eq!((d.app, d.first_seq, d.count), (&b"main"[..], 7, 2));
+        let recs: Vec<_> = RecordIter::new(d.records).collect();
+        assert_eq!(recs, vec![&b"hello"[..], &b""[..]]);
+    }
+
+    #[test]
+    fn frames_from_the_wrong_direction_are_malformed() {
+        let mut p = Vec::new();
+        put_ack(&mut p, b"main", 3);
+        assert_eq!(
+            parse_sender_frames(&p),
+            Err(WireError::WrongDirection(FRAME_ACK))
+        );
+        let mut p = Vec::new();
+        put_data_header(&mut p, b"main", 0, 0);
+        assert_eq!(
+            parse_node_frames(&p),
+            Err(WireError::WrongDirection(FRAME_DATA))
+        );
+    }
+
+    #[test]
+    fn bad_app_names_are_refused() {
+        assert!(valid_app_name(b"main"));
+        assert!(valid_app_name(b"a-b_9"));
+        assert!(!valid_app_name(b""));
+        assert!(!valid_app_name(b"Main"));
+        assert!(!valid_app_name(&[b'a'; 33]));
+    }
+
+    proptest! {
+        #[test]
+        fn parsers_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = parse_sender_frames(&bytes);
+            let _ = parse_node_frames(&bytes);
+            let _ = SenderHeader::parse(&bytes);
+            let _ = NodeHeader::parse(&bytes);
+            let mut it = RecordIter::new(&bytes);
+            while it.next().is_some() {}
+        }
+    }
+}

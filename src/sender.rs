@@ -1,0 +1,166 @@
+//! The device side of a link: [`UdpLink`] drives a [`Sender`] state machine over a real UDP socket.
+//!
+//! A program on a device makes a link with its key and the node's public key and address, queues records, and
+//! calls [`UdpLink::deliver`] (or [`UdpLink::drive`] in its own loop). A device that persists its next sequence per
+//! app opens its flows with [`FlowStart::At`] and puts data in the first packet; otherwise the first packet is a
+//! probe (docs/protocol.md 7).
+
+use std::io::{self, ErrorKind};
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use crate::proto::crypto::{Identity, PublicKeyBytes};
+pub use crate::proto::sender::{FlowStart, Sender, SenderConfig, SenderError, SenderEvent};
+
+/// How a [`UdpLink::deliver`] ended.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Records still not acknowledged (0 on success).
+    pub unacked: usize,
+    pub refused: Vec<(String, u8)>,
+    pub elapsed: Duration,
+}
+
+pub struct UdpLink {
+    socket: UdpSocket,
+    sender: Sender,
+    out: Vec<u8>,
+    inbuf: Vec<u8>,
+    events: Vec<SenderEvent>,
+}
+
+impl UdpLink {
+    /// Starts a new run towards the node at `to`. Costs one X25519.
+    pub fn connect(
+        identity: Identity,
+        node_public: PublicKeyBytes,
+        to: SocketAddr,
+    ) -> io::Result<Self> {
+        Self::with_config(SenderConfig::new(identity, node_public), to)
+    }
+
+    pub fn with_config(config: SenderConfig, to: SocketAddr) -> io::Result<Self> {
+        let local: SocketAddr = if to.is_ipv4() {
+            "0.0.0.0:0".parse().expect("literal address")
+        } else {
+            "[::]:0".parse().expect("literal address")
+        };
+        let socket = UdpSocket::bind(local)?;
+        socket.connect(to)?;
+        let sender = Sender::new(config).map_err(|e| io::Error::new(ErrorKind::InvalidInput, e))?;
+        Ok(UdpLink {
+            socket,
+            sender,
+            out: Vec::with_capacity(1500),
+            inbuf: vec![0u8; 2048],
+            events: Vec::new(),
+        })
+    }
+
+    /// The state machine, to queue records and read progress.
+    pub fn sender(&mut self) -> &mut Sender {
+        &mut self.sender
+    }
+
+    /// Events seen by [`UdpLink::drive`] since the last call.
+    pub fn take_events(&mut self) -> Vec<SenderEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// One round: send what is due, wait for an answer until `until` at the latest, handle what came.
+    pub fn drive(&mut self, until: Instant) -> io::Result<()> {
+        let now = Instant::now();
+        self.sender.handle_timeout(now);
+        while self.sender.poll_transmit(now, &mut self.out) {
+            match self.socket.send(&self.out) {
+                Ok(_) => {}
+                // Nobody listening yet (ICMP port unreachable) or a full buffer: the RTO resends.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::ConnectionRefused | ErrorKind::WouldBlock
+                    ) =>
+                {
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let wake = self.sender.poll_timeout().map_or(until, |t| t.min(until));
+        let wait = wake
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_micros(100));
+        self.socket.set_read_timeout(Some(wait))?;
+        let mut got_one = false;
+        loop {
+            match self.socket.recv(&mut self.inbuf) {
+                Ok(n) => {
+                    self.sender
+                        .handle_datagram(Instant::now(), &self.inbuf[..n]);
+                    if !got_one {
+                        got_one = true;
+                        // Drain whatever else already arrived without waiting again.
+                        self.socket.set_nonblocking(true)?;
+                    }
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::ConnectionRefused | ErrorKind::Interrupted
+                    ) =>
+                {
+                    if got_one {
+                        continue;
+                    }
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if got_one {
+            self.socket.set_nonblocking(false)?;
+        }
+        while let Some(e) = self.sender.poll_event() {
+            self.events.push(e);
+        }
+        Ok(())
+    }
+
+    /// Drives until every queued record is acknowledged (or refused), or `timeout` passes.
+    pub fn deliver(&mut self, timeout: Option<Duration>) -> io::Result<Outcome> {
+        self.deliver_with(timeout, |_| {})
+    }
+
+    /// Like [`UdpLink::deliver`], calling `on_event` for each event as it happens.
+    pub fn deliver_with(
+        &mut self,
+        timeout: Option<Duration>,
+        mut on_event: impl FnMut(&SenderEvent),
+    ) -> io::Result<Outcome> {
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        let mut refused = Vec::new();
+        while !self.sender.is_idle() {
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                break;
+            }
+            let until = deadline
+                .unwrap_or(now + Duration::from_secs(1))
+                .min(now + Duration::from_secs(1));
+            self.drive(until)?;
+            for e in self.take_events() {
+                if let SenderEvent::Refused { app, reason } = &e {
+                    refused.push((app.clone(), *reason));
+                }
+                on_event(&e);
+            }
+        }
+        Ok(Outcome {
+            unacked: self.sender.unacked_total(),
+            refused,
+            elapsed: start.elapsed(),
+        })
+    }
+}
