@@ -115,6 +115,20 @@ impl AppStore {
         })
     }
 
+    /// An app store in memory: the same schema and code path, for the simulated-network tests.
+    pub fn open_in_memory(label: &str) -> Result<Self, StoreError> {
+        let path = PathBuf::from(format!(":memory:{label}"));
+        let conn = Connection::open_in_memory().map_err(|source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        })?;
+        conn.execute_batch(SCHEMA).map_err(|source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(AppStore { conn, path })
+    }
+
     /// Opens an existing store to read (the node may be writing it at the same time; WAL allows that).
     pub fn open_read(path: &Path) -> Result<Self, StoreError> {
         let conn = Connection::open_with_flags(
@@ -312,6 +326,20 @@ impl Stores {
             .map(|a| AppStore::open(&app_store_path(state_dir, a)))
             .collect::<Result<_, _>>()?;
         Ok(Stores { apps })
+    }
+
+    /// In-memory stores for `apps` (tests).
+    pub fn open_in_memory(apps: &[String]) -> Result<Self, StoreError> {
+        let apps = apps
+            .iter()
+            .map(|a| AppStore::open_in_memory(a))
+            .collect::<Result<_, _>>()?;
+        Ok(Stores { apps })
+    }
+
+    /// The store of one app.
+    pub fn app(&self, app: AppIndex) -> Option<&AppStore> {
+        self.apps.get(app as usize)
     }
 
     /// Applies a turn: one transaction per app it touches. On error the failing app's transaction is rolled back;
