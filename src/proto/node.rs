@@ -113,6 +113,23 @@ impl NodeCounters {
     }
 }
 
+/// What [`Node::replace_senders`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendersReplaced {
+    /// Senders on the list now in force.
+    pub senders: usize,
+    /// Active runs of senders still listed, carried over untouched.
+    pub sessions_kept: usize,
+    /// Active runs of senders no longer listed, forgotten.
+    pub sessions_dropped: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReplaceError {
+    #[error("a turn is being stored; replace the senders after its commit")]
+    TurnInFlight,
+}
+
 /// A datagram to send.
 #[derive(Debug, Clone)]
 pub struct Transmit {
@@ -541,6 +558,61 @@ impl Node {
         });
     }
 
+    /// Puts a new allow-list in force (a reload of the senders file) without interrupting the runs of senders
+    /// still on it: sessions hold a [`SenderIndex`] into the list, so each is remapped by its sender's public key
+    /// (and name, since records are stored under the name: a renamed sender starts afresh). Sessions of senders
+    /// no longer listed are dropped with whatever they owed, so their later packets find no session, no
+    /// candidate key, and are refused (`unknown_key`).
+    ///
+    /// Must be called between turns: a taken turn that is not yet committed holds indices into the old list,
+    /// which its store needs to name its senders. Then nothing changes and [`ReplaceError::TurnInFlight`] says to
+    /// try again after [`Node::handle_committed`].
+    pub fn replace_senders(
+        &mut self,
+        senders: Arc<AllowList>,
+    ) -> Result<SendersReplaced, ReplaceError> {
+        if !self.in_flight.is_empty() {
+            return Err(ReplaceError::TurnInFlight);
+        }
+        let old = std::mem::replace(&mut self.senders, senders);
+        let new = &self.senders;
+        let remap = |i: SenderIndex| -> Option<SenderIndex> {
+            let key = old.key(i);
+            let key_id = u32::from_be_bytes([key[0], key[1], key[2], key[3]]);
+            new.candidates(key_id)
+                .find(|&j| new.key(j) == key && new.name(j) == old.name(i))
+        };
+        let sessions_before = self.sessions.len();
+        let removed = self.sessions.remap_senders(remap);
+        // The turn being filled holds sender indices too; frames of removed senders are dropped from it, as
+        // their sessions are.
+        let mut kept_items = Vec::with_capacity(self.turn.items.len());
+        let mut record_count = 0;
+        for mut item in std::mem::take(&mut self.turn.items) {
+            if let Some(j) = remap(item.sender) {
+                item.sender = j;
+                record_count += item.count;
+                kept_items.push(item);
+            }
+        }
+        self.turn.items = kept_items;
+        self.turn.record_count = record_count;
+        if self.turn.items.is_empty() {
+            self.turn.arena.clear();
+        }
+        for id in &removed {
+            self.turn_sessions.remove(id);
+        }
+        let removed_set: HashSet<SessionId> = removed.iter().copied().collect();
+        self.ack_candidates.retain(|id| !removed_set.contains(id));
+        let new_len = self.senders.len();
+        Ok(SendersReplaced {
+            senders: new_len,
+            sessions_kept: sessions_before - removed.len(),
+            sessions_dropped: removed.len(),
+        })
+    }
+
     /// The next datagram to send, if any.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.outbox.pop()
@@ -569,5 +641,179 @@ impl Node {
                 Some(now + self.sweep_interval())
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::sender::{Sender, SenderConfig};
+    use crate::proto::turn::FlowHeard;
+
+    /// A store in memory that applies the next records of each flow in order, by sender name as the real one.
+    #[derive(Default)]
+    struct MemStore {
+        heard: HashMap<(String, AppIndex), u64>,
+    }
+
+    impl MemStore {
+        fn apply(&mut self, turn: &Turn, senders: &AllowList) -> Committed {
+            let mut items: Vec<&crate::proto::turn::Apply> = turn.items.iter().collect();
+            items.sort_by_key(|i| (i.sender, i.app, i.first_seq));
+            let mut c = Committed {
+                turn: turn.id,
+                ..Committed::default()
+            };
+            for item in items {
+                let h = self
+                    .heard
+                    .entry((senders.name(item.sender).to_string(), item.app))
+                    .or_default();
+                if item.count > 0
+                    && item.first_seq <= *h + 1
+                    && item.first_seq + item.count - 1 > *h
+                {
+                    c.stored_records += item.first_seq + item.count - 1 - *h;
+                    *h = item.first_seq + item.count - 1;
+                }
+                c.heard.push(FlowHeard {
+                    sender: item.sender,
+                    app: item.app,
+                    heard: *h,
+                });
+            }
+            c
+        }
+    }
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// Runs rounds between `sender` and the node until the sender has nothing unacked (or 20 rounds pass).
+    fn deliver(
+        node: &mut Node,
+        store: &mut MemStore,
+        sender: &mut Sender,
+        port: u16,
+        now: &mut Instant,
+    ) {
+        let mut out = Vec::new();
+        for _ in 0..20 {
+            *now += Duration::from_millis(1);
+            sender.handle_timeout(*now);
+            while sender.poll_transmit(*now, &mut out) {
+                node.handle_datagram(*now, addr(port), &out, &mut NoMemo);
+            }
+            if let Some(turn) = node.take_turn() {
+                let committed = store.apply(&turn, &node.senders().clone());
+                node.handle_committed(&committed);
+            }
+            node.flush_acks();
+            while let Some(t) = node.poll_transmit() {
+                if t.to == addr(port) {
+                    sender.handle_datagram(*now, &t.bytes);
+                }
+            }
+            if sender.unacked_total() == 0 {
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn reload_keeps_listed_runs_and_refuses_removed_senders() {
+        let node_id = Identity::generate();
+        let (a, b) = (Identity::generate(), Identity::generate());
+        let list = |extra: bool, with_b: bool| {
+            let mut v = vec![("a".to_string(), *a.public())];
+            if with_b {
+                v.push(("b".to_string(), *b.public()));
+            }
+            if extra {
+                // Two keys that sort before any real one: a's index in the new list differs from the old.
+                v.push(("z0".to_string(), [0u8; 32]));
+                let mut k = [0u8; 32];
+                k[31] = 1;
+                v.push(("z1".to_string(), k));
+            }
+            Arc::new(AllowList::from_unique(v))
+        };
+        let mut node = Node::new(
+            NodeConfig {
+                identity: node_id.clone(),
+                epoch: 1,
+                idle: Duration::from_secs(30),
+                apps: vec!["main".into()],
+            },
+            list(false, true),
+        );
+        let mut store = MemStore::default();
+        let mut now = Instant::now();
+        let mut sa = Sender::new(SenderConfig::new(a.clone(), *node_id.public())).unwrap();
+        let mut sb = Sender::new(SenderConfig::new(b.clone(), *node_id.public())).unwrap();
+        for i in 0..3 {
+            sa.queue("main", vec![i]).unwrap();
+            sb.queue("main", vec![i]).unwrap();
+        }
+        deliver(&mut node, &mut store, &mut sa, 1, &mut now);
+        deliver(&mut node, &mut store, &mut sb, 2, &mut now);
+        assert_eq!((sa.unacked_total(), sb.unacked_total()), (0, 0));
+        assert_eq!(node.sessions_active(), 2);
+        let x25519 = node.counters().x25519;
+
+        let done = node.replace_senders(list(true, false)).unwrap();
+        assert_eq!(
+            done,
+            SendersReplaced {
+                senders: 3,
+                sessions_kept: 1,
+                sessions_dropped: 1
+            }
+        );
+        // a's run goes on in the same session, under the same name, with no new X25519.
+        for i in 3..6 {
+            sa.queue("main", vec![i]).unwrap();
+        }
+        deliver(&mut node, &mut store, &mut sa, 1, &mut now);
+        assert_eq!(sa.unacked_total(), 0);
+        assert_eq!(store.heard[&("a".to_string(), 0)], 6);
+        assert_eq!(node.counters().x25519, x25519);
+        // b is refused before any crypto, and nothing more of it is stored.
+        sb.queue("main", vec![9]).unwrap();
+        deliver(&mut node, &mut store, &mut sb, 2, &mut now);
+        assert_eq!(sb.unacked_total(), 1);
+        assert!(node.counters().dropped(DropReason::UnknownKey) > 0);
+        assert_eq!(store.heard[&("b".to_string(), 0)], 3);
+        assert_eq!(node.counters().x25519, x25519);
+    }
+
+    #[test]
+    fn reload_waits_for_a_turn_in_flight() {
+        let node_id = Identity::generate();
+        let a = Identity::generate();
+        let mut node = Node::new(
+            NodeConfig {
+                identity: node_id.clone(),
+                epoch: 1,
+                idle: Duration::from_secs(30),
+                apps: vec!["main".into()],
+            },
+            Arc::new(AllowList::from_unique(vec![("a".into(), *a.public())])),
+        );
+        let mut sa = Sender::new(SenderConfig::new(a, *node_id.public())).unwrap();
+        sa.queue("main", vec![1]).unwrap();
+        let mut out = Vec::new();
+        let now = Instant::now();
+        assert!(sa.poll_transmit(now, &mut out));
+        node.handle_datagram(now, addr(1), &out, &mut NoMemo);
+        let turn = node.take_turn().unwrap();
+        assert_eq!(
+            node.replace_senders(Arc::new(AllowList::default())),
+            Err(ReplaceError::TurnInFlight)
+        );
+        node.handle_turn_failed(turn.id);
+        assert!(node.replace_senders(Arc::new(AllowList::default())).is_ok());
+        assert_eq!(node.sessions_active(), 0);
     }
 }

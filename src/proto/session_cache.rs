@@ -185,6 +185,29 @@ impl SessionCache {
         self.by_run.shrink_to(self.by_run.len() * 2);
         before - self.sessions.len()
     }
+    /// Points every session at its sender's index in a new allow-list (a reload), or removes it when `remap`
+    /// says its sender is gone. Returns the ids of the sessions removed.
+    pub fn remap_senders(
+        &mut self,
+        mut remap: impl FnMut(SenderIndex) -> Option<SenderIndex>,
+    ) -> Vec<SessionId> {
+        let mut removed = Vec::new();
+        let by_run = &mut self.by_run;
+        self.sessions.retain(|_, s| match remap(s.sender) {
+            Some(index) => {
+                s.sender = index;
+                true
+            }
+            None => {
+                if by_run.get(&(s.key_id, s.run_id)) == Some(&s.id) {
+                    by_run.remove(&(s.key_id, s.run_id));
+                }
+                removed.push(s.id);
+                false
+            }
+        });
+        removed
+    }
     pub fn ids(&self) -> Vec<SessionId> {
         self.sessions.keys().copied().collect()
     }
