@@ -10,6 +10,7 @@
 //! - [`store`] — SQLite: per-app records and heard sequences, the memo of derived secrets.
 //! - [`sender`] — the device side: a blocking UDP driver around [`proto::sender`].
 //! - [`senders`], [`keys`] — the senders file and key files.
+//! - [`ops`] — running as a service: systemd notify and watchdog, signals, reload, metrics and health, `check`.
 //! - [`cli`] — the subcommands of the `pure-serve` binary.
 //!
 //! Sending from a device:
@@ -29,6 +30,7 @@
 
 pub mod cli;
 pub mod keys;
+pub mod ops;
 pub mod proto;
 pub mod receive;
 pub mod sender;

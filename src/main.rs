@@ -21,6 +21,7 @@ fn main() {
         Some(Command::Send(a)) => cli::send::run(a),
         Some(Command::Records(a)) => cli::records::run(a),
         Some(Command::Demo(a)) => cli::demo::run(a),
+        Some(Command::Check(a)) => cli::check(a),
     };
     if let Err(e) = result {
         eprintln!("pure-serve: {e:#}");

@@ -12,6 +12,8 @@ use clap::{Args, Parser, Subcommand};
 
 /// Default UDP port of a node's links.
 pub const DEFAULT_LINK_PORT: u16 = 7380;
+/// Default TCP port of `/metrics` and `/healthz` (and later of wires between nodes): the one after the links'.
+pub const DEFAULT_HTTP_PORT: u16 = 7381;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -49,6 +51,53 @@ pub enum Command {
     Records(records::RecordsArgs),
     /// Run a node and simulated senders on loopback in this process, and show what they stored and how fast.
     Demo(demo::DemoArgs),
+    /// Check the node's configuration without serving: list every problem, exit non-zero if there is one.
+    Check(CheckArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// The senders file to check. Default: `senders` in the state directory, as the node.
+    #[arg(long, value_name = "FILE")]
+    pub senders: Option<PathBuf>,
+    /// The node key to check. Default: node.key in the state directory, as the node.
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// The state directory. Default: $STATE_DIRECTORY or ./pure-state, as the node.
+    #[arg(long, value_name = "DIR")]
+    pub state: Option<PathBuf>,
+}
+
+pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
+    let state_dir = args.state.clone().unwrap_or_else(node::default_state_dir);
+    let input = crate::ops::check::CheckInput {
+        key_file: args
+            .key
+            .clone()
+            .unwrap_or_else(|| state_dir.join("node.key")),
+        senders_file: args.senders.clone().or_else(|| {
+            let p = state_dir.join("senders");
+            p.exists().then_some(p)
+        }),
+        state_dir,
+    };
+    let report = crate::ops::check::check(&input);
+    for f in &report.fine {
+        println!("ok: {f}");
+    }
+    for p in &report.problems {
+        println!("problem: {p}");
+    }
+    match report.problems.len() {
+        0 => {
+            println!("configuration is fine");
+            Ok(())
+        }
+        n => anyhow::bail!(
+            "{n} problem{} found; the node would not start with this configuration",
+            if n == 1 { "" } else { "s" }
+        ),
+    }
 }
 
 #[derive(Args, Debug)]

@@ -1,14 +1,16 @@
-//! `pure-serve` with no subcommand: run the node until SIGTERM or SIGINT.
+//! `pure-serve` with no subcommand: run the node until SIGTERM or SIGINT; SIGHUP reloads the senders file.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 
-use crate::receive::{NodeSettings, ReadyNode};
+use crate::ops::metrics::HttpServer;
+use crate::ops::notify::Notifier;
+use crate::ops::signals;
+use crate::receive::{Control, NodeSettings, ReadyNode};
 
 #[derive(Args, Debug)]
 pub struct NodeArgs {
@@ -26,6 +28,9 @@ pub struct NodeArgs {
     /// UDP port for links (0 picks a free one and prints it).
     #[arg(long, value_name = "PORT", default_value_t = super::DEFAULT_LINK_PORT)]
     pub link_port: u16,
+    /// TCP port for `/metrics` (Prometheus) and `/healthz` (0 picks a free one and prints it).
+    #[arg(long, value_name = "PORT", default_value_t = super::DEFAULT_HTTP_PORT)]
+    pub http_port: u16,
     /// Address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
     pub bind: IpAddr,
@@ -46,26 +51,6 @@ pub fn default_state_dir() -> PathBuf {
             PathBuf::from(s.split(':').next().unwrap_or("pure-state"))
         })
         .unwrap_or_else(|| PathBuf::from("pure-state"))
-}
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
-fn install_stop_handlers() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(
-            libc::SIGTERM,
-            on_stop_signal as *const () as libc::sighandler_t,
-        );
-        libc::signal(
-            libc::SIGINT,
-            on_stop_signal as *const () as libc::sighandler_t,
-        );
-    }
 }
 
 impl NodeArgs {
@@ -95,24 +80,43 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     let state = settings.state_dir.clone();
     let key_file = settings.key_file.clone();
     let no_senders = settings.senders_file.is_none();
+    // Before loading anything: a stop asked for while a big senders file loads is honoured as soon as the loop
+    // starts, and a SIGHUP then is not fatal (its default action would end the process).
+    let signals = signals::install();
+    let notifier = match Notifier::from_env() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!("not notifying the supervisor: {e}");
+            None
+        }
+    };
+    let http_addr = SocketAddr::new(args.bind, args.http_port);
     let ready = ReadyNode::prepare(settings).context("the node did not start")?;
-    install_stop_handlers();
+    let http = HttpServer::bind(http_addr).context("the node did not start")?;
+    let http_addr = http.local_addr().unwrap_or(http_addr);
+    http.spawn(ready.stats.clone())
+        .context("the node did not start")?;
     if ready.key_created {
         println!("made a new node key: {}", key_file.display());
     }
     println!("public key: {}", ready.public_key());
     println!("link:       udp {}", ready.local_addr());
+    println!("metrics:    http://{http_addr}/metrics and /healthz");
     println!("state:      {} (apps: main)", state.display());
     println!("senders:    {}", ready.senders_source);
     if no_senders {
         println!(
-            "            add senders as `NAME PUBLIC_KEY` lines in {} and restart",
+            "            add senders as `NAME PUBLIC_KEY` lines in {} and reload (SIGHUP)",
             state.join("senders").display()
         );
     }
     println!("ready");
     tracing::info!(addr = %ready.local_addr(), "serving");
-    let counters = ready.run(&STOP)?;
+    let counters = ready.run_with(Control {
+        stop: signals.stop,
+        reload: Some(signals.reload),
+        notifier: notifier.as_ref(),
+    })?;
     tracing::info!(
         stored = counters.stored_records,
         datagrams = counters.datagrams,

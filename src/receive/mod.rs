@@ -5,19 +5,28 @@
 //! send the acks. Acks leave only after the commit returns: "stored" means on disk (docs/protocol.md 5.3).
 //! Under a flood the batch bound keeps the loop turning (BRIEF.md, receive livelock): input beyond it waits in the
 //! socket buffer, whose overflow the kernel counts.
+//!
+//! The loop is also where the node tells the outside it is alive and what it is doing ([`crate::ops`]): READY=1
+//! once it turns, WATCHDOG=1 and the `/healthz` heartbeat from its own rounds (a stuck loop stops both), STATUS=
+//! lines, and a reload of the senders file on SIGHUP — read on a helper thread so a million lines do not stall
+//! the socket, then swapped in between two turns, where no turn holds indices into the old list.
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 use thiserror::Error;
 
 use crate::keys::{self, KeyError};
+use crate::ops::metrics::{Heartbeat, Snapshot};
+use crate::ops::notify::{Notifier, WatchdogTimer};
 use crate::proto::allow_list::AllowList;
 use crate::proto::crypto;
 use crate::proto::node::{DropReason, Node, NodeConfig, NodeCounters};
@@ -31,6 +40,9 @@ const BATCH: usize = 1024;
 const MAX_WAIT: Duration = Duration::from_millis(100);
 /// How often a summary line is logged while traffic flows.
 const SUMMARY_EVERY: Duration = Duration::from_secs(10);
+/// How often STATUS= is refreshed for `systemctl status` (only when something changed): often enough to be
+/// current when a person looks, rare enough to cost nothing.
+const STATUS_EVERY: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Error)]
 pub enum NodeError {
@@ -77,6 +89,27 @@ pub struct LiveStats {
     pub dropped: AtomicU64,
     pub sessions: AtomicU64,
     pub x25519: AtomicU64,
+    /// Everything `/metrics` shows, copied once per round.
+    pub snapshot: Mutex<Snapshot>,
+    /// Bumped each round; `/healthz` fails when it goes stale.
+    pub heartbeat: Heartbeat,
+}
+
+/// What the process around the receive loop gives it: when to stop, when to reload, whom to tell.
+#[derive(Clone, Copy)]
+pub struct Control<'a> {
+    /// Set (SIGTERM, SIGINT, a test) to stop: the loop stops reading, stores and acks the turn in hand, returns.
+    pub stop: &'a AtomicBool,
+    /// Set (SIGHUP) to re-read the senders file; the loop clears it when it takes the reload.
+    pub reload: Option<&'a AtomicBool>,
+    /// The supervisor's notify socket, if there is one.
+    pub notifier: Option<&'a Notifier>,
+}
+
+/// A reload being read on its helper thread.
+struct PendingReload {
+    path: PathBuf,
+    result: Receiver<Result<AllowList, SendersError>>,
 }
 
 /// A node that has its key, stores and socket, ready to [`ReadyNode::run`].
@@ -89,6 +122,10 @@ pub struct ReadyNode {
     pub senders_source: String,
     pub stats: Arc<LiveStats>,
     settings: NodeSettings,
+    reloads_ok: u64,
+    reloads_failed: u64,
+    /// Said in every STATUS= line until the next good reload: a refused reload must stay visible.
+    status_note: Option<String>,
 }
 
 fn create_private_dir(path: &Path) -> Result<(), NodeError> {
@@ -152,6 +189,9 @@ impl ReadyNode {
             senders_source,
             stats: Arc::new(LiveStats::default()),
             settings,
+            reloads_ok: 0,
+            reloads_failed: 0,
+            status_note: None,
         })
     }
 
@@ -168,12 +208,43 @@ impl ReadyNode {
     }
 
     /// Serves until `stop` is set, then finishes the turn in hand (commit and acks) and returns the counters.
-    pub fn run(mut self, stop: &AtomicBool) -> Result<NodeCounters, NodeError> {
+    pub fn run(self, stop: &AtomicBool) -> Result<NodeCounters, NodeError> {
+        self.run_with(Control {
+            stop,
+            reload: None,
+            notifier: None,
+        })
+    }
+
+    /// [`ReadyNode::run`] as a service: also reloads on `control.reload` and keeps the supervisor informed.
+    pub fn run_with(mut self, control: Control<'_>) -> Result<NodeCounters, NodeError> {
         let mut buf = vec![0u8; 2048];
         let mut last_summary = Instant::now();
         let mut summarized = NodeCounters::default();
+        let notifier = control.notifier;
+        let mut watchdog = notifier
+            .and_then(Notifier::watchdog)
+            .map(|interval| WatchdogTimer::new(interval, Instant::now()));
+        let mut pending: Option<PendingReload> = None;
+        let mut next_status = Instant::now() + STATUS_EVERY;
+        let mut last_status = String::new();
+        let mut told_stopping = false;
+        // The socket is bound (prepare did it) and the loop is about to turn: from here a datagram is served.
+        self.stats.heartbeat.beat(Instant::now());
+        self.publish();
+        if let Some(n) = notifier {
+            last_status = self.status_line();
+            n.ready(&last_status);
+        }
         loop {
-            let stopping = stop.load(Ordering::Relaxed);
+            let stopping = control.stop.load(Ordering::Relaxed);
+            if stopping && !told_stopping {
+                told_stopping = true;
+                tracing::info!("stopping: storing and acknowledging the turn in hand");
+                if let Some(n) = notifier {
+                    n.stopping("stopping: storing and acknowledging the turn in hand");
+                }
+            }
             let now = Instant::now();
             let wait = self
                 .node
@@ -203,6 +274,53 @@ impl ReadyNode {
             self.turn()?;
             self.node.handle_timeout(now);
             self.publish();
+            let now = Instant::now();
+            self.stats.heartbeat.beat(now);
+            if let (Some(w), Some(n)) = (watchdog.as_mut(), notifier)
+                && w.due(now)
+            {
+                n.watchdog_ping();
+            }
+            if !stopping {
+                // Between two turns: nothing taken is uncommitted, so the allow-list may change here.
+                if pending.is_none()
+                    && control
+                        .reload
+                        .is_some_and(|f| f.swap(false, Ordering::SeqCst))
+                {
+                    pending = self.start_reload(notifier);
+                }
+                if let Some(p) = &pending {
+                    match p.result.try_recv() {
+                        Ok(result) => {
+                            let path = p.path.clone();
+                            pending = None;
+                            self.finish_reload(&path, result, notifier);
+                        }
+                        Err(TryRecvError::Empty) => {}
+                        Err(TryRecvError::Disconnected) => {
+                            let path = p.path.clone();
+                            pending = None;
+                            self.reload_failed(
+                                &path,
+                                "the reading thread died".to_string(),
+                                notifier,
+                            );
+                        }
+                    }
+                }
+                if let Some(n) = notifier
+                    && pending.is_none()
+                    && now >= next_status
+                {
+                    next_status = now + STATUS_EVERY;
+                    let line = self.status_line();
+                    if line != last_status {
+                        n.status(&line);
+                        last_status = line;
+                    }
+                }
+            }
             if last_summary.elapsed() >= SUMMARY_EVERY {
                 log_summary(
                     &summarized,
@@ -251,8 +369,133 @@ impl ReadyNode {
         Ok(())
     }
 
+    /// The senders file a reload reads: the one given, else `senders` in the state directory if it exists now
+    /// (so a node started without one can be given one without a restart).
+    fn senders_path(&self) -> Option<PathBuf> {
+        self.settings.senders_file.clone().or_else(|| {
+            let p = self.settings.state_dir.join("senders");
+            p.exists().then_some(p)
+        })
+    }
+
+    /// Starts reading the senders file on a helper thread. RELOADING=1 now; READY=1 when it is done either way.
+    fn start_reload(&mut self, notifier: Option<&Notifier>) -> Option<PendingReload> {
+        let Some(path) = self.senders_path() else {
+            let what = format!(
+                "reload: no senders file to read (give --senders, or write {})",
+                self.settings.state_dir.join("senders").display()
+            );
+            tracing::warn!("{what}");
+            if let Some(n) = notifier {
+                n.reloading("reloading");
+                self.status_note = Some(what);
+                n.ready(&self.status_line());
+            }
+            return None;
+        };
+        tracing::info!("reload: reading senders file {}", path.display());
+        if let Some(n) = notifier {
+            n.reloading(&format!("reloading senders from {}", path.display()));
+        }
+        let (tx, rx) = mpsc::channel();
+        let thread_path = path.clone();
+        let spawned = std::thread::Builder::new()
+            .name("pure-reload".into())
+            .spawn(move || {
+                // The receiver may be gone if the loop stopped meanwhile; then the result is not wanted.
+                let _ = tx.send(senders::load(&thread_path));
+            });
+        if let Err(e) = spawned {
+            self.reload_failed(&path, format!("cannot start a thread: {e}"), notifier);
+            return None;
+        }
+        Some(PendingReload { path, result: rx })
+    }
+
+    fn finish_reload(
+        &mut self,
+        path: &Path,
+        result: Result<AllowList, SendersError>,
+        notifier: Option<&Notifier>,
+    ) {
+        let list = match result {
+            Ok(list) => list,
+            Err(e) => return self.reload_failed(path, e.to_string(), notifier),
+        };
+        let before = self.node.senders().len();
+        match self.node.replace_senders(Arc::new(list)) {
+            Ok(done) => {
+                self.reloads_ok += 1;
+                self.status_note = None;
+                tracing::info!(
+                    senders = done.senders,
+                    before,
+                    sessions_kept = done.sessions_kept,
+                    sessions_dropped = done.sessions_dropped,
+                    "reloaded senders from {}",
+                    path.display()
+                );
+                self.senders_source = format!("{} from {}", done.senders, path.display());
+                self.publish();
+                if let Some(n) = notifier {
+                    n.ready(&self.status_line());
+                }
+            }
+            // The loop reloads only between turns, so this does not happen; if it did, the old list stays.
+            Err(e) => self.reload_failed(path, e.to_string(), notifier),
+        }
+    }
+
+    fn reload_failed(&mut self, path: &Path, why: String, notifier: Option<&Notifier>) {
+        self.reloads_failed += 1;
+        let kept = self.node.senders().len();
+        tracing::error!(
+            "reload of {} refused, the old list of {kept} senders stays in force: {why}",
+            path.display()
+        );
+        // STATUS= is one line: the headline and the first problem, which names the file and line.
+        let mut lines = why.lines().map(str::trim);
+        let first = [lines.next(), lines.next()]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(": ");
+        self.status_note = Some(format!("last reload refused ({first})"));
+        self.publish();
+        if let Some(n) = notifier {
+            n.ready(&self.status_line());
+        }
+    }
+
+    /// The one line `systemctl status` shows.
+    fn status_line(&self) -> String {
+        let c = self.node.counters();
+        let mut line = format!(
+            "serving udp {}: {} senders, {} records stored, {} active runs",
+            self.local_addr(),
+            self.node.senders().len(),
+            c.stored_records,
+            self.node.sessions_active()
+        );
+        if let Some(note) = &self.status_note {
+            line.push_str("; ");
+            line.push_str(note);
+        }
+        line
+    }
+
     fn publish(&self) {
         let c = self.node.counters();
+        if let Ok(mut s) = self.stats.snapshot.lock() {
+            s.counters.clone_from(c);
+            if s.apps.len() != self.node.apps().len() {
+                s.apps = self.node.apps().to_vec();
+            }
+            s.senders = self.node.senders().len();
+            s.sessions = self.node.sessions_active();
+            s.reloads_ok = self.reloads_ok;
+            s.reloads_failed = self.reloads_failed;
+        }
         self.stats
             .stored_records
             .store(c.stored_records, Ordering::Relaxed);

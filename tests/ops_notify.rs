@@ -1,0 +1,138 @@
+//! systemd readiness and watchdog, end to end: the real binary with `$NOTIFY_SOCKET` pointed at a socket this test
+//! reads (issue 3: "READY=1 arrives only after the port answers").
+
+mod ops_util;
+
+use std::net::UdpSocket;
+use std::time::Instant;
+
+use ops_util::*;
+use pure_serve::proto::sender::{Sender, SenderConfig};
+
+/// Sends exactly one datagram (a probe of a listed sender) and waits for the node's answer. A single packet with
+/// no retransmission proves the port was serving when it was sent.
+fn one_packet_is_answered(
+    link: std::net::SocketAddr,
+    key: &std::path::Path,
+    node_key: &str,
+) -> bool {
+    let identity = pure_serve::keys::read_identity(key).unwrap();
+    let node = pure_serve::keys::parse_public_key(node_key).unwrap();
+    let mut sender = Sender::new(SenderConfig::new(identity, node)).unwrap();
+    sender.queue("main", b"hello".to_vec()).unwrap();
+    let mut out = Vec::new();
+    assert!(sender.poll_transmit(Instant::now(), &mut out));
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.send_to(&out, link).unwrap();
+    socket.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut buf = [0u8; 2048];
+    socket.recv_from(&mut buf).is_ok()
+}
+
+fn ready_after_port_answers(notify: NotifySocket) {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    write_atomic(&senders, &format!("dev {public}\n"));
+    let state = dir.path().join("state");
+    let child = spawn_node(
+        &state,
+        &["--senders", senders.to_str().unwrap()],
+        Some(&notify),
+        &[],
+    );
+    // Wait for READY=1 before reading anything else from the node.
+    let seen = notify.until("READY=1");
+    let ready = seen.last().unwrap();
+    let status = field(ready, "STATUS").expect("READY=1 comes with a STATUS");
+    assert!(status.starts_with("serving udp 127.0.0.1:"), "{status}");
+    assert!(status.contains("1 senders"), "{status}");
+    let link: std::net::SocketAddr = status
+        .trim_start_matches("serving udp ")
+        .split(':')
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(":")
+        .parse()
+        .unwrap();
+    let node_key = pure_serve::keys::encode_key(
+        pure_serve::keys::read_identity(&state.join("node.key"))
+            .unwrap()
+            .public(),
+    );
+    assert!(one_packet_is_answered(link, &key, &node_key));
+    let mut node = NodeProcess::attach(child, &state);
+    assert_eq!(node.link, link);
+    node.signal(libc::SIGTERM);
+    let stopping = notify.until("STOPPING=1");
+    assert!(
+        field(stopping.last().unwrap(), "STATUS").is_some_and(|s| s.starts_with("stopping")),
+        "{stopping:?}"
+    );
+    assert_eq!(node.wait_exit(), Some(0));
+}
+
+#[test]
+fn ready_after_the_port_answers_on_a_path_socket() {
+    ready_after_port_answers(NotifySocket::path());
+}
+
+#[test]
+fn ready_after_the_port_answers_on_an_abstract_socket() {
+    ready_after_port_answers(NotifySocket::abstract_name("ready"));
+}
+
+#[test]
+fn no_ready_when_the_node_cannot_start() {
+    let notify = NotifySocket::path();
+    let dir = tempfile::tempdir().unwrap();
+    let senders = dir.path().join("senders");
+    write_atomic(&senders, "dev not-a-key\n");
+    let child = spawn_node(
+        &dir.path().join("state"),
+        &["--senders", senders.to_str().unwrap()],
+        Some(&notify),
+        &[],
+    );
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("senders:1:"), "{stderr}");
+    let sent = notify.drain();
+    assert!(
+        !sent.iter().any(|m| m.lines().any(|l| l == "READY=1")),
+        "{sent:?}"
+    );
+}
+
+#[test]
+fn watchdog_pings_come_from_the_running_loop() {
+    let notify = NotifySocket::path();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    // A 200 ms watchdog: pings every 100 ms at most, so a few arrive quickly.
+    let child = spawn_node(&state, &[], Some(&notify), &[("WATCHDOG_USEC", "200000")]);
+    notify.until("READY=1");
+    for _ in 0..3 {
+        notify.until("WATCHDOG=1");
+    }
+    // A watchdog meant for another process (WATCHDOG_PID) is not ours: no pings.
+    let mut node = NodeProcess::attach(child, &state);
+    node.signal(libc::SIGTERM);
+    assert_eq!(node.wait_exit(), Some(0));
+    let notify2 = NotifySocket::path();
+    let state2 = dir.path().join("state2");
+    let child = spawn_node(
+        &state2,
+        &[],
+        Some(&notify2),
+        &[("WATCHDOG_USEC", "200000"), ("WATCHDOG_PID", "1")],
+    );
+    notify2.until("READY=1");
+    let mut node = NodeProcess::attach(child, &state2);
+    node.signal(libc::SIGTERM);
+    let rest = notify2.until("STOPPING=1");
+    assert_eq!(node.wait_exit(), Some(0));
+    let all: Vec<String> = rest.into_iter().chain(notify2.drain()).collect();
+    assert!(!all.iter().any(|m| m.contains("WATCHDOG=1")), "{all:?}");
+}

@@ -1,0 +1,348 @@
+//! Helpers for the end-to-end tests of running the node as a service (tests/ops_*.rs): the real binary, a notify
+//! socket the test reads, keys and senders files, and plain HTTP. Every wait polls with a generous deadline; no
+//! test asserts on how long something took.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long any one wait may take before the test fails: generous, so a loaded CI machine does not flake.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_pure-serve")
+}
+
+/// Makes a private key with `pure-serve keygen`; returns its path and public key.
+pub fn keygen(dir: &Path, name: &str) -> (PathBuf, String) {
+    let path = dir.join(format!("{name}.key"));
+    let out = Command::new(bin())
+        .args(["keygen", "--out"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "keygen: {out:?}");
+    (
+        path,
+        String::from_utf8(out.stdout).unwrap().trim().to_string(),
+    )
+}
+
+/// Writes a file whole and renames it into place, as an operator's tooling should (and as a reload expects).
+pub fn write_atomic(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A notify socket the test reads, as systemd would.
+pub struct NotifySocket {
+    pub socket: UnixDatagram,
+    /// The value for `$NOTIFY_SOCKET`.
+    pub env: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl NotifySocket {
+    pub fn path() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let socket = UnixDatagram::bind(&path).unwrap();
+        NotifySocket {
+            socket,
+            env: path.to_string_lossy().to_string(),
+            _dir: Some(dir),
+        }
+    }
+
+    pub fn abstract_name(tag: &str) -> Self {
+        use std::os::linux::net::SocketAddrExt;
+        let name = format!("pure-serve-test-{tag}-{}", std::process::id());
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let socket = UnixDatagram::bind_addr(&addr).unwrap();
+        NotifySocket {
+            socket,
+            env: format!("@{name}"),
+            _dir: None,
+        }
+    }
+
+    /// Next notification, or `None` at the deadline.
+    pub fn recv(&self, deadline: Instant) -> Option<String> {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            self.socket.set_read_timeout(Some(left)).unwrap();
+            match self.socket.recv(&mut buf) {
+                Ok(n) => return Some(String::from_utf8_lossy(&buf[..n]).to_string()),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    continue;
+                }
+                Err(e) => panic!("notify socket: {e}"),
+            }
+        }
+    }
+
+    /// Reads notifications until one has `key` (e.g. "READY=1"); returns every one read, that one last.
+    pub fn until(&self, key: &str) -> Vec<String> {
+        let deadline = Instant::now() + DEADLINE;
+        let mut seen = Vec::new();
+        loop {
+            match self.recv(deadline) {
+                Some(m) => {
+                    let hit = m.lines().any(|l| l == key);
+                    seen.push(m);
+                    if hit {
+                        return seen;
+                    }
+                }
+                None => panic!("no {key} within {DEADLINE:?}; got {seen:?}"),
+            }
+        }
+    }
+
+    /// Everything already waiting, without blocking.
+    pub fn drain(&self) -> Vec<String> {
+        self.socket.set_nonblocking(true).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut out = Vec::new();
+        while let Ok(n) = self.socket.recv(&mut buf) {
+            out.push(String::from_utf8_lossy(&buf[..n]).to_string());
+        }
+        self.socket.set_nonblocking(false).unwrap();
+        out
+    }
+}
+
+/// The value of `KEY=` in a notification.
+pub fn field<'a>(message: &'a str, key: &str) -> Option<&'a str> {
+    message
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// A running node process; killed when dropped.
+pub struct NodeProcess {
+    pub child: Child,
+    pub state: PathBuf,
+    lines: Receiver<String>,
+    pub stderr: Arc<Mutex<String>>,
+    pub public_key: String,
+    pub link: SocketAddr,
+    pub http: SocketAddr,
+}
+
+/// Starts `pure-serve` with `args` (state directory and ports 0 are added), `$NOTIFY_SOCKET` if given, and
+/// extra environment. Does not wait for it to be ready.
+pub fn spawn_node(
+    state: &Path,
+    args: &[&str],
+    notify: Option<&NotifySocket>,
+    env: &[(&str, &str)],
+) -> Child {
+    let mut cmd = Command::new(bin());
+    cmd.arg("--state")
+        .arg(state)
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--link-port",
+            "0",
+            "--http-port",
+            "0",
+        ])
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(n) = notify {
+        cmd.env("NOTIFY_SOCKET", &n.env);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+impl NodeProcess {
+    /// Takes over a spawned node and reads its banner up to "ready".
+    pub fn attach(mut child: Child, state: &Path) -> Self {
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut err_pipe = child.stderr.take().unwrap();
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err_pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let mut node = NodeProcess {
+            child,
+            state: state.to_path_buf(),
+            lines,
+            stderr,
+            public_key: String::new(),
+            link: "0.0.0.0:0".parse().unwrap(),
+            http: "0.0.0.0:0".parse().unwrap(),
+        };
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = node.lines.recv_timeout(left).unwrap_or_else(|_| {
+                panic!(
+                    "node banner incomplete; stderr: {}",
+                    node.stderr.lock().unwrap()
+                )
+            });
+            if let Some(v) = line.strip_prefix("public key:") {
+                node.public_key = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("link:") {
+                node.link = v.trim().trim_start_matches("udp").trim().parse().unwrap();
+            } else if let Some(v) = line.strip_prefix("metrics:") {
+                let url = v.trim().trim_start_matches("http://");
+                node.http = url.split('/').next().unwrap().parse().unwrap();
+            } else if line == "ready" {
+                return node;
+            }
+        }
+    }
+
+    pub fn start(state: &Path, args: &[&str], notify: Option<&NotifySocket>) -> Self {
+        let child = spawn_node(state, args, notify, &[]);
+        Self::attach(child, state)
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        let r = unsafe { libc::kill(self.child.id() as i32, signal) };
+        assert_eq!(r, 0, "kill {signal}");
+    }
+
+    /// Waits for the process to exit (within the deadline) and returns its exit code.
+    pub fn wait_exit(&mut self) -> Option<i32> {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "node did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stderr_text(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// `pure-serve send` from `key` of `records` (one per line); returns whether it exited 0, and its output.
+    pub fn send(&self, key: &Path, records: &[String], timeout_s: &str) -> (bool, String) {
+        let mut child = Command::new(bin())
+            .arg("send")
+            .arg("--key")
+            .arg(key)
+            .args(["--node", &self.public_key, "--to", &self.link.to_string()])
+            .args(["--timeout", timeout_s])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        for r in records {
+            writeln!(stdin, "{r}").unwrap();
+        }
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
+    /// One HTTP GET on the node's metrics port: (status code, body).
+    pub fn http_get(&self, path: &str) -> (u16, String) {
+        http_get(self.http, path)
+    }
+
+    /// The value of a sample line of `/metrics` (`name{labels}` as written).
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let (code, body) = self.http_get("/metrics");
+        assert_eq!(code, 200);
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, body.to_string())
+}
+
+/// `pure-serve records --json` of a state directory: (source, seq, payload) per record.
+pub fn records(state: &Path) -> Vec<(String, u64, String)> {
+    let out = Command::new(bin())
+        .args(["records", "--json", "--state"])
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "records: {out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["source"].as_str().unwrap().to_string(),
+                v["seq"].as_u64().unwrap(),
+                v["payload"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
