@@ -1,0 +1,533 @@
+//! Deterministic simulated-network tests of the link protocol: the sans-IO node and senders, a real (in-memory)
+//! SQLite store, a simulated clock, and a network that loses, duplicates, reorders and delays datagrams.
+//!
+//! Every scenario ends by reading the store back and checking that each sender's records 1..=N are there exactly
+//! once with the right payloads, and that every sender saw them all acknowledged.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pure_serve::proto::allow_list::AllowList;
+use pure_serve::proto::crypto::{Identity, PublicKeyBytes};
+use pure_serve::proto::node::{DropReason, Node, NodeConfig};
+use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
+use pure_serve::store::Stores;
+
+/// A small deterministic generator (xorshift64*), so every run of a seed is the same run.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 > 1.0 - p
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+#[derive(Clone, Copy)]
+struct NetConfig {
+    loss: f64,
+    duplicate: f64,
+    /// Each datagram is delayed base + uniform(0..jitter): jitter larger than the gap between packets reorders.
+    base_delay: Duration,
+    jitter: Duration,
+}
+
+const CLEAN: NetConfig = NetConfig {
+    loss: 0.0,
+    duplicate: 0.0,
+    base_delay: Duration::from_micros(200),
+    jitter: Duration::ZERO,
+};
+
+enum Dest {
+    Node,
+    Sender(usize),
+}
+
+struct InFlight {
+    at: Instant,
+    order: u64,
+    from: usize,
+    dest: Dest,
+    bytes: Vec<u8>,
+}
+
+struct Device {
+    identity: Identity,
+    sender: Sender,
+    addr: SocketAddr,
+    /// Records this device has queued so far, in order: the payload of sequence i+1 is `queued[i]`.
+    queued: Vec<Vec<u8>>,
+    events: Vec<SenderEvent>,
+    /// Bytes the node received from this device since it last sent to it (the amplification budget).
+    received_since_answer: usize,
+}
+
+struct Sim {
+    rng: Rng,
+    net: NetConfig,
+    start: Instant,
+    now: Instant,
+    node: Node,
+    node_identity: Identity,
+    senders: Arc<AllowList>,
+    stores: Stores,
+    memo: HashMap<PublicKeyBytes, [u8; 32]>,
+    devices: Vec<Device>,
+    wire: Vec<InFlight>,
+    order: u64,
+    /// Total node datagrams; and the largest ratio of an ack to its budget, which must never exceed 1.
+    node_datagrams: u64,
+    idle: Duration,
+}
+
+fn apps() -> Vec<String> {
+    vec!["main".into(), "second".into()]
+}
+
+impl Sim {
+    fn new(seed: u64, net: NetConfig, devices: usize, start: FlowStart) -> Sim {
+        let node_identity = Identity::generate();
+        let identities: Vec<Identity> = (0..devices).map(|_| Identity::generate()).collect();
+        let senders = Arc::new(AllowList::from_unique(
+            identities
+                .iter()
+                .enumerate()
+                .map(|(i, id)| (format!("dev{i}"), *id.public()))
+                .collect(),
+        ));
+        let now = Instant::now();
+        let idle = Duration::from_secs(30);
+        let node = Self::make_node(&node_identity, &senders, seed, idle);
+        let devices = identities
+            .into_iter()
+            .enumerate()
+            .map(|(i, identity)| Device {
+                sender: Self::make_sender(
+                    &identity,
+                    node_identity.public(),
+                    seed * 1000 + i as u64,
+                    start,
+                ),
+                identity,
+                addr: SocketAddr::from(([127, 0, 1, (i % 250) as u8 + 1], 4000 + i as u16)),
+                queued: Vec::new(),
+                events: Vec::new(),
+                received_since_answer: 0,
+            })
+            .collect();
+        Sim {
+            rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+            net,
+            start: now,
+            now,
+            node,
+            node_identity,
+            senders,
+            stores: Stores::open_in_memory(&apps()).unwrap(),
+            memo: HashMap::new(),
+            devices,
+            wire: Vec::new(),
+            order: 0,
+            node_datagrams: 0,
+            idle,
+        }
+    }
+
+    fn make_node(
+        identity: &Identity,
+        senders: &Arc<AllowList>,
+        epoch: u64,
+        idle: Duration,
+    ) -> Node {
+        Node::new(
+            NodeConfig {
+                identity: identity.clone(),
+                epoch,
+                idle,
+                apps: apps(),
+            },
+            senders.clone(),
+        )
+    }
+
+    fn make_sender(
+        identity: &Identity,
+        node: &PublicKeyBytes,
+        run_id: u64,
+        start: FlowStart,
+    ) -> Sender {
+        let mut config = SenderConfig::new(identity.clone(), *node);
+        config.run_id = run_id;
+        let mut s = Sender::new(config).unwrap();
+        s.open_flow("main", start).unwrap();
+        s
+    }
+
+    fn queue(&mut self, device: usize, n: usize) {
+        let d = &mut self.devices[device];
+        for _ in 0..n {
+            let seq = d.queued.len() + 1;
+            let payload = format!("dev{device}/{seq}/{}", "x".repeat(seq % 37)).into_bytes();
+            d.sender.queue("main", payload.clone()).unwrap();
+            d.queued.push(payload);
+        }
+    }
+
+    fn send(&mut self, from: usize, dest: Dest, bytes: Vec<u8>) {
+        if self.rng.chance(self.net.loss) {
+            return;
+        }
+        let copies = if self.rng.chance(self.net.duplicate) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let jitter = self.rng.below(self.net.jitter.as_micros() as u64 + 1);
+            self.order += 1;
+            self.wire.push(InFlight {
+                at: self.now + self.net.base_delay + Duration::from_micros(jitter),
+                order: self.order,
+                from,
+                dest: match dest {
+                    Dest::Node => Dest::Node,
+                    Dest::Sender(i) => Dest::Sender(i),
+                },
+                bytes: bytes.clone(),
+            });
+        }
+    }
+
+    /// One step: due datagrams arrive, the node runs a turn, timers fire, senders transmit; then the clock jumps
+    /// to the next thing that will happen.
+    fn step(&mut self) {
+        // Deliver everything due, in arrival order.
+        self.wire.sort_by_key(|d| (d.at, d.order));
+        let due = self.wire.partition_point(|d| d.at <= self.now);
+        let arrived: Vec<InFlight> = self.wire.drain(..due).collect();
+        for d in arrived {
+            match d.dest {
+                Dest::Node => {
+                    let from = self.devices[d.from].addr;
+                    self.devices[d.from].received_since_answer += d.bytes.len();
+                    self.node
+                        .handle_datagram(self.now, from, &d.bytes, &mut self.memo);
+                }
+                Dest::Sender(i) => self.devices[i].sender.handle_datagram(self.now, &d.bytes),
+            }
+        }
+        if let Some(turn) = self.node.take_turn() {
+            let committed = self.stores.apply_turn(&turn, &self.senders).unwrap();
+            self.node.handle_committed(&committed);
+        }
+        self.node.flush_acks();
+        while let Some(t) = self.node.poll_transmit() {
+            let i = self
+                .devices
+                .iter()
+                .position(|d| d.addr == t.to)
+                .expect("acks go to a device's address");
+            assert!(
+                t.bytes.len() <= self.devices[i].received_since_answer,
+                "an ack of {} bytes after only {} bytes received: amplification",
+                t.bytes.len(),
+                self.devices[i].received_since_answer
+            );
+            self.devices[i].received_since_answer = 0;
+            self.node_datagrams += 1;
+            self.send(usize::MAX, Dest::Sender(i), t.bytes);
+        }
+        for (public, secret) in self.node.take_new_secrets() {
+            self.memo.insert(public, secret);
+        }
+        for d in &mut self.devices {
+            d.sender.handle_timeout(self.now);
+            while let Some(e) = d.sender.poll_event() {
+                d.events.push(e);
+            }
+        }
+        self.node.handle_timeout(self.now);
+        // Senders send what the answers and timers made due, before the clock moves.
+        let mut buf = Vec::new();
+        for i in 0..self.devices.len() {
+            while self.devices[i].sender.poll_transmit(self.now, &mut buf) {
+                let bytes = buf.clone();
+                self.send(i, Dest::Node, bytes);
+            }
+        }
+        // Jump to the next event.
+        let mut next = self.wire.iter().map(|d| d.at).min();
+        for d in &self.devices {
+            if let Some(t) = d.sender.poll_timeout() {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        if let Some(t) = self.node.poll_timeout() {
+            next = Some(next.map_or(t, |n| n.min(t)));
+        }
+        self.now = next
+            .unwrap_or(self.now)
+            .max(self.now + Duration::from_micros(1));
+    }
+
+    fn all_idle(&self) -> bool {
+        self.devices.iter().all(|d| d.sender.is_idle())
+    }
+
+    /// Steps until every sender is idle, or panics after `limit` of simulated time.
+    fn run_until_idle(&mut self, limit: Duration) {
+        let until = self.now + limit;
+        while !self.all_idle() {
+            assert!(
+                self.now < until,
+                "{:?} {:?} not delivered after {:?} simulated: unacked {:?}",
+                self.node.counters(),
+                self.devices[0].sender.stats(),
+                limit,
+                self.devices
+                    .iter()
+                    .map(|d| d.sender.unacked("main"))
+                    .collect::<Vec<_>>()
+            );
+            self.step();
+        }
+    }
+
+    /// Steps for `span` of simulated time.
+    fn run_for(&mut self, span: Duration) {
+        let until = self.now + span;
+        while self.now < until {
+            self.step();
+        }
+    }
+
+    /// Reads the store and checks each device's records 1..=queued are there once, in order, with their payloads.
+    fn assert_exactly_once(&self) {
+        let mut by_source: BTreeMap<String, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+        self.stores
+            .app(0)
+            .unwrap()
+            .for_each_record(None, |source, seq, payload| {
+                by_source
+                    .entry(source.to_string())
+                    .or_default()
+                    .push((seq, payload.to_vec()));
+                true
+            })
+            .unwrap();
+        for (i, d) in self.devices.iter().enumerate() {
+            let got = by_source.remove(&format!("dev{i}")).unwrap_or_default();
+            assert_eq!(got.len(), d.queued.len(), "dev{i}: stored count");
+            for (k, (seq, payload)) in got.iter().enumerate() {
+                assert_eq!(*seq, k as u64 + 1, "dev{i}: sequence order");
+                assert_eq!(payload, &d.queued[k], "dev{i}: payload of {seq}");
+            }
+            assert_eq!(d.sender.unacked("main"), 0, "dev{i}: unacked");
+            assert_eq!(d.sender.stored_through("main"), Some(d.queued.len() as u64));
+        }
+        assert!(
+            by_source.is_empty(),
+            "records of unknown sources: {:?}",
+            by_source.keys()
+        );
+    }
+}
+
+#[test]
+fn clean_network_delivers_everything_once() {
+    let mut sim = Sim::new(1, CLEAN, 3, FlowStart::Probe);
+    for i in 0..3 {
+        sim.queue(i, 500);
+    }
+    sim.run_until_idle(Duration::from_secs(5));
+    sim.assert_exactly_once();
+    let c = sim.node.counters();
+    assert_eq!(c.stored_records, 1500);
+    assert_eq!(c.total_dropped(), 0);
+    assert_eq!(c.x25519, 3, "one X25519 per new sender");
+    assert_eq!(c.gap_records, 0);
+}
+
+#[test]
+fn loss_duplication_and_reordering_still_store_each_record_exactly_once() {
+    let net = NetConfig {
+        loss: 0.2,
+        duplicate: 0.1,
+        base_delay: Duration::from_millis(2),
+        jitter: Duration::from_millis(15),
+    };
+    for seed in 1..=12 {
+        let mut sim = Sim::new(seed, net, 3, FlowStart::Probe);
+        for i in 0..3 {
+            sim.queue(i, 300);
+        }
+        sim.run_until_idle(Duration::from_secs(600));
+        // More records after the first burst, on the same runs.
+        sim.queue(0, 100);
+        sim.queue(2, 1);
+        sim.run_until_idle(Duration::from_secs(600));
+        sim.assert_exactly_once();
+        let c = sim.node.counters();
+        assert!(
+            c.dropped(DropReason::Replay) > 0 || c.duplicate_records > 0,
+            "seed {seed}: duplicates seen"
+        );
+    }
+}
+
+#[test]
+fn records_queued_with_a_known_start_go_in_the_first_packet() {
+    let mut sim = Sim::new(7, CLEAN, 1, FlowStart::At(1));
+    sim.queue(0, 3);
+    while sim.node.counters().stored_records == 0 {
+        sim.step();
+    }
+    // The first datagram the node ever got from this device carried the records: no probe round trip.
+    assert_eq!(sim.node.counters().stored_records, 3);
+    assert_eq!(sim.node.counters().datagrams, 1);
+    sim.run_until_idle(Duration::from_secs(1));
+    sim.assert_exactly_once();
+}
+
+#[test]
+fn a_node_restart_loses_nothing_and_costs_no_x25519_for_known_senders() {
+    let net = NetConfig {
+        loss: 0.05,
+        duplicate: 0.0,
+        base_delay: Duration::from_millis(1),
+        jitter: Duration::from_millis(3),
+    };
+    let mut sim = Sim::new(3, net, 4, FlowStart::Probe);
+    for i in 0..4 {
+        sim.queue(i, 2000);
+    }
+    sim.run_for(Duration::from_millis(30));
+    let stored_before = sim.node.counters().stored_records;
+    assert!(
+        stored_before > 0 && stored_before < 8000,
+        "restart lands mid-delivery ({stored_before})"
+    );
+    // The process dies: sessions, turn and epoch are gone; the store and the memo are on disk and stay.
+    sim.node = Sim::make_node(&sim.node_identity, &sim.senders, 99, sim.idle);
+    sim.run_until_idle(Duration::from_secs(600));
+    sim.assert_exactly_once();
+    assert_eq!(
+        sim.node.counters().x25519,
+        0,
+        "the memo answers for known senders"
+    );
+    assert_eq!(sim.node.counters().memo_hits, 4);
+}
+
+#[test]
+fn a_sender_restart_continues_from_its_persisted_sequence_or_a_probe() {
+    let mut sim = Sim::new(5, CLEAN, 2, FlowStart::Probe);
+    sim.queue(0, 50);
+    sim.queue(1, 50);
+    sim.run_until_idle(Duration::from_secs(5));
+    // Device 0 rebooted and remembered its next sequence; device 1 remembers nothing and probes.
+    let node_public = *sim.node_identity.public();
+    for (i, start) in [(0, FlowStart::At(51)), (1, FlowStart::Probe)] {
+        let identity = sim.devices[i].identity.clone();
+        sim.devices[i].sender = Sim::make_sender(&identity, &node_public, 777 + i as u64, start);
+    }
+    sim.queue(0, 25);
+    sim.queue(1, 25);
+    sim.run_until_idle(Duration::from_secs(5));
+    sim.assert_exactly_once();
+}
+
+#[test]
+fn idle_sessions_are_swept_and_wake_with_their_next_packet() {
+    let mut sim = Sim::new(11, CLEAN, 2, FlowStart::Probe);
+    sim.queue(0, 10);
+    sim.queue(1, 10);
+    sim.run_until_idle(Duration::from_secs(5));
+    assert_eq!(sim.node.sessions_active(), 2);
+    sim.run_for(sim.idle + Duration::from_secs(10));
+    assert_eq!(sim.node.sessions_active(), 0, "idle links hold no session");
+    let x_before = sim.node.counters().x25519;
+    sim.queue(1, 5);
+    sim.run_until_idle(Duration::from_secs(5));
+    sim.assert_exactly_once();
+    assert_eq!(
+        sim.node.counters().x25519,
+        x_before,
+        "the memo spares the X25519 on wake"
+    );
+    assert_eq!(sim.node.sessions_active(), 1);
+}
+
+#[test]
+fn unknown_senders_and_tampered_packets_are_dropped_and_counted() {
+    let mut sim = Sim::new(13, CLEAN, 1, FlowStart::At(1));
+    // A sender not on the list.
+    let stranger = Identity::generate();
+    let mut other = Sim::make_sender(&stranger, sim.node_identity.public(), 1, FlowStart::At(1));
+    other.queue("main", b"let me in".to_vec()).unwrap();
+    let mut buf = Vec::new();
+    assert!(other.poll_transmit(sim.now, &mut buf));
+    let from: SocketAddr = "127.0.9.9:9".parse().unwrap();
+    sim.node.handle_datagram(sim.now, from, &buf, &mut sim.memo);
+    // A listed sender's packet with one ciphertext bit flipped.
+    sim.queue(0, 1);
+    assert!(sim.devices[0].sender.poll_transmit(sim.now, &mut buf));
+    let mut bad = buf.clone();
+    let last = bad.len() - 20;
+    bad[last] ^= 0x01;
+    sim.node
+        .handle_datagram(sim.now, sim.devices[0].addr, &bad, &mut sim.memo);
+    // Garbage of every kind the cheap checks catch.
+    sim.node
+        .handle_datagram(sim.now, from, &[0x11; 10], &mut sim.memo);
+    sim.node
+        .handle_datagram(sim.now, from, &[0x21; 100], &mut sim.memo);
+    assert!(sim.node.take_turn().is_none(), "nothing to store");
+    sim.node.flush_acks();
+    assert!(sim.node.poll_transmit().is_none(), "nothing answered");
+    let c = sim.node.counters();
+    assert!(
+        c.dropped(DropReason::Auth) >= 1,
+        "the tampered packet failed authentication"
+    );
+    assert_eq!(c.dropped(DropReason::Size), 1);
+    assert_eq!(c.dropped(DropReason::Version), 1);
+    // The stranger's key id matches nobody, or by a 2^-32 chance somebody: either way it is dropped.
+    assert_eq!(
+        c.dropped(DropReason::UnknownKey) + c.dropped(DropReason::Auth),
+        2
+    );
+    // The real packet still gets through afterwards.
+    sim.node
+        .handle_datagram(sim.now, sim.devices[0].addr, &buf, &mut sim.memo);
+    sim.devices[0].received_since_answer += buf.len();
+    sim.run_until_idle(Duration::from_secs(5));
+    sim.assert_exactly_once();
+}
+
+#[test]
+fn refused_apps_are_reported_to_the_sender() {
+    let mut sim = Sim::new(17, CLEAN, 1, FlowStart::Probe);
+    sim.devices[0]
+        .sender
+        .queue("nosuchapp", b"x".to_vec())
+        .unwrap();
+    sim.run_until_idle(Duration::from_secs(5));
+    assert!(
+        sim.devices[0]
+            .events
+            .iter()
+            .any(|e| matches!(e, SenderEvent::Refused { app, reason: 1 } if app == "nosuchapp"))
+    );
+    let _ = sim.start;
+}
