@@ -1,14 +1,23 @@
 //! `pure-serve send`: deliver standard input, one record per line, and exit 0 only when every record is stored.
+//!
+//! The flow starts with a probe (docs/protocol.md 7): the command keeps no state between runs, so it asks the node
+//! where the flow is and numbers its records from there.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::sender::{SenderEvent, UdpLink};
+
+/// Lines read ahead of the link, and records queued in the sender at most.
+const LINE_QUEUE: usize = 65_536;
+/// How long one round waits for the node before looking at the input again.
+const INPUT_POLL: Duration = Duration::from_millis(5);
 
 #[derive(Args, Debug)]
 pub struct SendArgs {
@@ -24,7 +33,8 @@ pub struct SendArgs {
     /// The app to deliver to.
     #[arg(long, value_name = "NAME", default_value = "main")]
     pub app: String,
-    /// Give up after this many seconds with records unacknowledged (exit 1). 0 waits for ever.
+    /// Give up (exit 1, saying how many records were not acknowledged) when the node acknowledges nothing for
+    /// this many seconds while records wait. 0 waits for ever.
     #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
     pub timeout: f64,
 }
@@ -45,78 +55,130 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
     let to = resolve(&args.to)?;
     let mut link = UdpLink::connect(identity, node, to)
         .with_context(|| format!("cannot open a UDP socket to {to}"))?;
-    let stdin = std::io::stdin();
-    let mut lines = 0usize;
-    for line in stdin.lock().split(b'\n') {
-        let line = line.context("reading standard input")?;
-        link.sender()
-            .queue(&args.app, line)
-            .with_context(|| format!("line {}", lines + 1))?;
-        lines += 1;
+    if !crate::proto::wire::valid_app_name(args.app.as_bytes()) {
+        bail!("--app {:?} is not 1–32 characters of a-z 0-9 _ -", args.app);
     }
+    // Standard input is read on its own thread so records stream: `tail -f log | pure-serve send …` works, and
+    // sending starts before the input ends. The channel is bounded so a fast producer waits for the link.
+    let (lines_tx, lines_rx) = mpsc::sync_channel::<std::io::Result<Vec<u8>>>(LINE_QUEUE);
+    std::thread::Builder::new()
+        .name("send-stdin".into())
+        .spawn(move || {
+            for line in std::io::stdin().lock().split(b'\n') {
+                if lines_tx.send(line).is_err() {
+                    return;
+                }
+            }
+        })
+        .context("starting the input reader")?;
+    let no_progress_limit = (args.timeout > 0.0).then(|| Duration::from_secs_f64(args.timeout));
+    let progress = std::io::stderr().is_terminal();
+    let start = Instant::now();
+    let mut last_shown = Instant::now();
+    let mut last_progress = Instant::now();
+    let mut lines = 0u64;
+    let mut input_open = true;
+    let mut first_seq: Option<u64> = None;
+    let mut through = 0;
+    let mut refused = false;
+    loop {
+        // Take what input there is, up to the sender's window, without waiting for it.
+        while input_open && link.sender().unacked_total() < LINE_QUEUE {
+            match lines_rx.try_recv() {
+                Ok(line) => {
+                    let line = line.context("reading standard input")?;
+                    link.sender()
+                        .queue(&args.app, line)
+                        .with_context(|| format!("line {} of standard input", lines + 1))?;
+                    lines += 1;
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => input_open = false,
+            }
+        }
+        if !input_open && (lines == 0 || link.sender().is_idle()) {
+            break;
+        }
+        let waiting = link.sender().unacked_total() > 0 || first_seq.is_none() && lines > 0;
+        if !waiting {
+            // Nothing in flight: the clock of the give-up timeout only runs while records wait.
+            last_progress = Instant::now();
+        }
+        if let Some(limit) = no_progress_limit
+            && waiting
+            && last_progress.elapsed() >= limit
+        {
+            break;
+        }
+        link.drive(Instant::now() + INPUT_POLL)?;
+        for event in link.take_events() {
+            match event {
+                SenderEvent::Stored { through: t, .. } => {
+                    if first_seq.is_none() {
+                        // The first Stored answers the probe: our records start after it.
+                        first_seq = Some(t + 1);
+                    }
+                    through = t;
+                    last_progress = Instant::now();
+                }
+                SenderEvent::Refused { app, reason } => {
+                    eprintln!(
+                        "the node refused app {app} (reason {reason}: {})",
+                        refuse_reason(reason)
+                    );
+                    refused = true;
+                }
+                SenderEvent::NodeAhead { app, node, ours } => {
+                    eprintln!(
+                        "warning: the node holds {app} records up to {node}, past ours ({ours})"
+                    );
+                }
+            }
+        }
+        if refused {
+            break;
+        }
+        if progress && last_shown.elapsed() > Duration::from_millis(200) {
+            let done = first_seq.map_or(0, |f| (through + 1).saturating_sub(f));
+            eprint!(
+                "\rstored {done} of {lines}{}",
+                if input_open { " (reading input)" } else { "" }
+            );
+            let _ = std::io::stderr().flush();
+            last_shown = Instant::now();
+        }
+    }
+    if progress {
+        eprint!("\r\x1b[K");
+    }
+    let secs = start.elapsed().as_secs_f64();
     if lines == 0 {
         println!("nothing to send: standard input was empty");
         return Ok(());
     }
-    let timeout = (args.timeout > 0.0).then(|| Duration::from_secs_f64(args.timeout));
-    let progress = std::io::stderr().is_terminal();
-    let mut last_shown = Instant::now();
-    let mut first_seq: Option<u64> = None;
-    let mut through = 0;
-    let outcome = link.deliver_with(timeout, |event| match event {
-        SenderEvent::Stored { through: t, .. } => {
-            if first_seq.is_none() {
-                // The first Stored answers the probe: our records start after it.
-                first_seq = Some(*t + 1);
-            }
-            through = *t;
-            if progress && last_shown.elapsed() > Duration::from_millis(200) {
-                let done = through + 1 - first_seq.unwrap_or(1);
-                eprint!("\rstored {done} of {lines}");
-                let _ = std::io::stderr().flush();
-                last_shown = Instant::now();
-            }
-        }
-        SenderEvent::Refused { app, reason } => {
-            eprintln!(
-                "the node refused app {app} (reason {reason}: {})",
-                refuse_reason(*reason)
-            );
-        }
-        SenderEvent::NodeAhead { app, node, ours } => {
-            eprintln!("warning: the node holds {app} records up to {node}, past ours ({ours})");
-        }
-    })?;
-    if progress {
-        eprint!("\r");
-    }
-    let secs = outcome.elapsed.as_secs_f64();
-    if !outcome.refused.is_empty() {
+    let stored = first_seq.map_or(0, |f| (through + 1).saturating_sub(f));
+    let unacked = lines.saturating_sub(stored);
+    if refused {
         bail!(
-            "{} records not stored: the node refused app {}",
-            outcome.unacked.max(lines),
+            "{unacked} of {lines} records not stored: the node refused app {}",
             args.app
         );
     }
-    if outcome.unacked > 0 || first_seq.is_none() {
-        let unacked = if first_seq.is_none() {
-            lines
-        } else {
-            outcome.unacked
-        };
+    if unacked > 0 {
         bail!(
-            "gave up after {secs:.1} s: {unacked} of {lines} records not acknowledged by {to}{}",
+            "gave up: {unacked} of {lines} records not acknowledged by {to}; nothing was acknowledged for {:.1} s{}",
+            args.timeout,
             if first_seq.is_none() {
-                " (no answer at all: is the node running there, with this key in its senders file and this node key?)"
+                " and the node never answered (is it running there, with this key in its senders file, and is --node its public key?)"
             } else {
                 ""
             }
         );
     }
-    let first = first_seq.unwrap_or(1);
     println!(
-        "stored {lines} records for app {} (seq {first}–{through}) in {secs:.2} s ({:.0} records/s)",
+        "stored {lines} records for app {} (seq {}–{through}) in {secs:.2} s ({:.0} records/s)",
         args.app,
+        first_seq.unwrap_or(1),
         lines as f64 / secs.max(1e-9)
     );
     Ok(())
