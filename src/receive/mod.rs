@@ -449,8 +449,15 @@ impl ReadyNode {
     fn reload_failed(&mut self, path: &Path, why: String, notifier: Option<&Notifier>) {
         self.reloads_failed += 1;
         let kept = self.node.senders().len();
+        // One line, so the journal keeps it as one entry: every problem with its file:line, then the fix.
+        let flat = why
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ");
         tracing::error!(
-            "reload of {} refused, the old list of {kept} senders stays in force: {why}",
+            "reload of {} refused, the old list of {kept} senders stays in force: {flat}",
             path.display()
         );
         // STATUS= is one line: the headline and the first problem, which names the file and line.
