@@ -1,16 +1,25 @@
 //! The senders file: `NAME PUBLIC_KEY_BASE64` per line, `#` comments and blank lines (BRIEF.md, the interface).
 //!
 //! Parsing collects every problem rather than stopping at the first, so one run of the node (or of `check`) shows
-//! the user all that is wrong with the file, each with its line number and a fix.
+//! the user all that is wrong with the file, each with its line number and a fix. It makes no allocation per line:
+//! a million senders are parsed into a few flat arrays and encoded into the allow-list layout
+//! ([`crate::proto::allow_list`]).
+//!
+//! The node keeps the encoded list in `STATE/senders.idx` and maps it ([`load_indexed`]): a restart with an
+//! unchanged senders file reads nothing but the index's header, and idle senders cost page cache, not anonymous
+//! memory (research/002).
 
-use std::collections::HashMap;
 use std::fmt;
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use thiserror::Error;
 
-use crate::keys::decode_key;
-use crate::proto::allow_list::AllowList;
+use crate::proto::allow_list::{AllowList, SourceStamp};
 use crate::proto::crypto::PublicKeyBytes;
 
 /// Longest sender name; names are stored as the `source` of every record.
@@ -18,6 +27,9 @@ pub const MAX_NAME_LEN: usize = 64;
 
 /// Problems beyond this many are summarised, so a wholly wrong file does not flood the terminal.
 const MAX_REPORTED: usize = 20;
+
+/// File name of the mapped allow-list under the state directory.
+pub const INDEX_FILE: &str = "senders.idx";
 
 #[derive(Debug)]
 pub struct LineProblem {
@@ -37,6 +49,12 @@ pub enum SendersError {
         path: PathBuf,
         problems: Vec<LineProblem>,
         more: usize,
+    },
+    #[error("senders file {path} has {count} senders; at most {max} fit in one list")]
+    TooMany {
+        path: PathBuf,
+        count: usize,
+        max: usize,
     },
 }
 
@@ -72,7 +90,7 @@ fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"._:@-".contains(&b))
 }
 
-/// Reads and checks a senders file.
+/// Reads and checks a senders file into an in-memory list (for `check`, tests, and when no index can be kept).
 pub fn load(path: &Path) -> Result<AllowList, SendersError> {
     let text = std::fs::read(path).map_err(|source| SendersError::Read {
         path: path.to_path_buf(),
@@ -83,35 +101,55 @@ pub fn load(path: &Path) -> Result<AllowList, SendersError> {
 
 /// Parses the text of a senders file; `path` is only used in messages.
 pub fn parse(path: &Path, text: &[u8]) -> Result<AllowList, SendersError> {
+    let bytes = encode(path, text, SourceStamp::default())?;
+    Ok(AllowList::from_backing(Box::new(bytes)).expect("a freshly encoded list is well formed"))
+}
+
+/// FNV-1a: a fast hash to bring equal names next to each other when sorting; equality is then checked in full.
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Parses a senders file and encodes it in the allow-list layout, or reports every bad line.
+pub fn encode(path: &Path, text: &[u8], stamp: SourceStamp) -> Result<Vec<u8>, SendersError> {
     let mut problems: Vec<LineProblem> = Vec::new();
-    let mut entries: Vec<(String, PublicKeyBytes)> = Vec::new();
-    let mut lines_of: Vec<usize> = Vec::new();
+    // A line is at least ~46 bytes; reserving for that avoids regrowing the arrays of a big file.
+    let guess = text.len() / 46 + 1;
+    let mut keys: Vec<PublicKeyBytes> = Vec::with_capacity(guess);
+    let mut names: Vec<&str> = Vec::with_capacity(guess);
+    let mut lines: Vec<u32> = Vec::with_capacity(guess);
+    let mut key_buf = [0u8; 48];
     for (i, raw) in text.split(|&b| b == b'\n').enumerate() {
         let line = i + 1;
-        let Ok(raw) = std::str::from_utf8(raw) else {
+        let content = match raw.iter().position(|&b| b == b'#') {
+            Some(at) => &raw[..at],
+            None => raw,
+        };
+        let content = content.trim_ascii();
+        if content.is_empty() {
+            continue;
+        }
+        let Ok(content) = std::str::from_utf8(content) else {
             problems.push(LineProblem {
                 line,
                 what: "is not UTF-8 text".into(),
             });
             continue;
         };
-        let content = raw.split('#').next().unwrap_or("").trim();
-        if content.is_empty() {
-            continue;
-        }
-        let fields: Vec<&str> = content.split_whitespace().collect();
-        if fields.len() != 2 {
+        let mut fields = content.split_ascii_whitespace();
+        let (Some(name), Some(key), None) = (fields.next(), fields.next(), fields.next()) else {
+            let n = content.split_ascii_whitespace().count();
             problems.push(LineProblem {
                 line,
                 what: format!(
-                    "has {} field{}, expected 2: a name and a base64 public key",
-                    fields.len(),
-                    if fields.len() == 1 { "" } else { "s" }
+                    "has {n} field{}, expected 2: a name and a base64 public key",
+                    if n == 1 { "" } else { "s" }
                 ),
             });
             continue;
-        }
-        let (name, key) = (fields[0], fields[1]);
+        };
         if !valid_name(name) {
             problems.push(LineProblem {
                 line,
@@ -121,44 +159,95 @@ pub fn parse(path: &Path, text: &[u8]) -> Result<AllowList, SendersError> {
             });
             continue;
         }
-        match decode_key(key) {
-            Ok(key) => {
-                entries.push((name.to_string(), key));
-                lines_of.push(line);
+        match STANDARD.decode_slice(key, &mut key_buf) {
+            Ok(32) => {
+                let mut k = [0u8; 32];
+                k.copy_from_slice(&key_buf[..32]);
+                keys.push(k);
+                names.push(name);
+                lines.push(line as u32);
             }
-            Err(e) => problems.push(LineProblem {
+            Ok(n) => problems.push(LineProblem {
                 line,
-                what: format!("public key of {name}: {e}"),
+                what: format!("public key of {name} decodes to {n} bytes, a key is 32 bytes"),
+            }),
+            Err(base64::DecodeSliceError::OutputSliceTooSmall) => problems.push(LineProblem {
+                line,
+                what: format!("public key of {name} is too long: a key is 44 characters of base64"),
+            }),
+            Err(_) => problems.push(LineProblem {
+                line,
+                what: format!("public key of {name} is not valid base64"),
             }),
         }
     }
-    let mut by_name: HashMap<&str, usize> = HashMap::with_capacity(entries.len());
-    let mut by_key: HashMap<&PublicKeyBytes, usize> = HashMap::with_capacity(entries.len());
-    for (idx, (name, key)) in entries.iter().enumerate() {
-        if let Some(&first) = by_name.get(name.as_str()) {
-            problems.push(LineProblem {
-                line: lines_of[idx],
-                what: format!(
-                    "duplicate name {name}: line {} already has it; each sender needs its own name",
-                    lines_of[first]
-                ),
-            });
-        } else {
-            by_name.insert(name, idx);
+    if keys.len() > u32::MAX as usize {
+        return Err(SendersError::TooMany {
+            path: path.to_path_buf(),
+            count: keys.len(),
+            max: u32::MAX as usize,
+        });
+    }
+    // Sort by key through a compact (prefix, index) array: contiguous, so a million entries sort in tens of ms.
+    let mut by_key: Vec<(u64, u32)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            (
+                u64::from_be_bytes(k[..8].try_into().expect("8 bytes")),
+                i as u32,
+            )
+        })
+        .collect();
+    by_key.sort_unstable();
+    // Equal 64-bit prefixes (in practice only duplicate keys) are ordered by the whole key.
+    let mut at = 0;
+    while at < by_key.len() {
+        let mut end = at + 1;
+        while end < by_key.len() && by_key[end].0 == by_key[at].0 {
+            end += 1;
         }
-        if let Some(&first) = by_key.get(key) {
+        if end - at > 1 {
+            by_key[at..end].sort_unstable_by(|a, b| {
+                keys[a.1 as usize]
+                    .cmp(&keys[b.1 as usize])
+                    .then(a.1.cmp(&b.1))
+            });
+            for w in at + 1..end {
+                let (first, dup) = (by_key[w - 1].1 as usize, by_key[w].1 as usize);
+                if keys[first] == keys[dup] {
+                    let (first, dup) = (first.min(dup), first.max(dup));
+                    problems.push(LineProblem {
+                        line: lines[dup] as usize,
+                        what: format!(
+                            "duplicate key: line {} ({}) has the same public key; each sender needs its own key pair",
+                            lines[first], names[first]
+                        ),
+                    });
+                }
+            }
+        }
+        at = end;
+    }
+    let mut by_name: Vec<(u64, u32)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (name_hash(n), i as u32))
+        .collect();
+    by_name.sort_unstable();
+    for w in by_name.windows(2) {
+        if w[0].0 == w[1].0 && names[w[0].1 as usize] == names[w[1].1 as usize] {
+            let (first, dup) = (w[0].1 as usize, w[1].1 as usize);
             problems.push(LineProblem {
-                line: lines_of[idx],
+                line: lines[dup] as usize,
                 what: format!(
-                    "duplicate key: line {} ({}) has the same public key; each sender needs its own key pair",
-                    lines_of[first], entries[first].0
+                    "duplicate name {}: line {} already has it; each sender needs its own name",
+                    names[dup], lines[first]
                 ),
             });
-        } else {
-            by_key.insert(key, idx);
         }
     }
-    drop((by_name, by_key));
+    drop(by_name);
     if !problems.is_empty() {
         problems.sort_by_key(|p| p.line);
         let more = problems.len().saturating_sub(MAX_REPORTED);
@@ -169,7 +258,95 @@ pub fn parse(path: &Path, text: &[u8]) -> Result<AllowList, SendersError> {
             more,
         });
     }
-    Ok(AllowList::from_unique(entries))
+    let names_len = names.iter().map(|n| n.len()).sum();
+    Ok(AllowList::encode_sorted(
+        keys.len(),
+        names_len,
+        stamp,
+        by_key
+            .iter()
+            .map(|&(_, i)| (names[i as usize], &keys[i as usize])),
+    ))
+}
+
+/// The stamp of a file as it is now.
+pub fn stamp_of(meta: &std::fs::Metadata) -> SourceStamp {
+    SourceStamp {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        size: meta.size(),
+        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+        ctime_ns: meta.ctime() * 1_000_000_000 + meta.ctime_nsec(),
+    }
+}
+
+/// Maps `STATE/senders.idx` read-only. The file is only ever replaced whole by rename (never written in place), so
+/// a mapping stays valid for as long as it is held, even across a reload that replaces the file.
+fn map_index(path: &Path) -> Option<AllowList> {
+    let file = File::open(path).ok()?;
+    // SAFETY: the file belongs to the node's state directory and is replaced only by rename, never truncated or
+    // written in place, so the mapped bytes do not change under us. Its contents are checked by `from_backing`.
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    AllowList::from_backing(Box::new(map)).ok()
+}
+
+/// How [`load_indexed`] got its list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexUse {
+    /// The index matched the senders file and was mapped: nothing was parsed.
+    Mapped,
+    /// The senders file changed (or there was no index): it was parsed and a new index written and mapped.
+    Rebuilt,
+    /// The index could not be written (see the log); the list is in memory.
+    InMemory,
+}
+
+/// Loads the senders file through the mapped index under `state_dir`, rebuilding the index when the file changed.
+pub fn load_indexed(path: &Path, state_dir: &Path) -> Result<(AllowList, IndexUse), SendersError> {
+    let read_err = |source| SendersError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    // The stamp is taken before the read: a write during the read changes ctime, so the next start re-parses.
+    let stamp = stamp_of(&std::fs::metadata(path).map_err(read_err)?);
+    let index = state_dir.join(INDEX_FILE);
+    if let Some(list) = map_index(&index)
+        && list.stamp() == stamp
+    {
+        return Ok((list, IndexUse::Mapped));
+    }
+    let text = std::fs::read(path).map_err(read_err)?;
+    let bytes = encode(path, &text, stamp)?;
+    drop(text);
+    match write_index(&index, &bytes) {
+        Ok(()) => {
+            if let Some(list) = map_index(&index) {
+                return Ok((list, IndexUse::Rebuilt));
+            }
+            tracing::warn!(
+                "{} was written but cannot be mapped; keeping the senders in memory",
+                index.display()
+            );
+        }
+        Err(e) => tracing::warn!(
+            "cannot write {} ({e}); keeping the senders in memory, and the next start parses the file again",
+            index.display()
+        ),
+    }
+    let list =
+        AllowList::from_backing(Box::new(bytes)).expect("a freshly encoded list is well formed");
+    Ok((list, IndexUse::InMemory))
+}
+
+/// Writes the index beside its final name, syncs it, and renames it into place, so a crash leaves either the old
+/// index or the whole new one.
+fn write_index(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("idx.tmp");
+    let mut file = File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]
@@ -186,23 +363,31 @@ mod tests {
         let text = format!("# devices\n\nalpha {}  # kitchen\nbeta\t{}\n", k(1), k(2));
         let list = parse(Path::new("s.txt"), text.as_bytes()).unwrap();
         assert_eq!(list.len(), 2);
+        assert_eq!(list.find(&[2; 32]).map(|i| list.name(i)), Some("beta"));
     }
 
     #[test]
     fn every_bad_line_is_named() {
         let text = format!(
-            "alpha {}\nbeta\ngamma notbase64!\ndelta {}\nalpha {}\nepsilon {}\n",
+            "alpha {}\nbeta\ngamma notbase64!\ndelta {}\nalpha {}\nepsilon {}\nzeta {}\n",
             k(1),
-            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [3u8; 16]),
+            STANDARD.encode([3u8; 16]),
             k(4),
-            k(1)
+            k(1),
+            STANDARD.encode([5u8; 60]),
         );
         let err = parse(Path::new("s.txt"), text.as_bytes())
             .unwrap_err()
             .to_string();
         assert!(err.contains("s.txt:2: has 1 field"), "{err}");
-        assert!(err.contains("s.txt:3: public key of gamma"), "{err}");
-        assert!(err.contains("s.txt:4: public key of delta"), "{err}");
+        assert!(
+            err.contains("s.txt:3: public key of gamma is not valid base64"),
+            "{err}"
+        );
+        assert!(
+            err.contains("s.txt:4: public key of delta decodes to 16 bytes"),
+            "{err}"
+        );
         assert!(
             err.contains("s.txt:5: duplicate name alpha: line 1"),
             "{err}"
@@ -211,6 +396,33 @@ mod tests {
             err.contains("s.txt:6: duplicate key: line 1 (alpha)"),
             "{err}"
         );
-        assert!(err.contains("5 bad lines"), "{err}");
+        assert!(
+            err.contains("s.txt:7: public key of zeta is too long"),
+            "{err}"
+        );
+        assert!(err.contains("6 bad lines"), "{err}");
+    }
+
+    #[test]
+    fn the_index_is_reused_while_the_file_is_unchanged_and_rebuilt_when_it_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("senders");
+        std::fs::write(&file, format!("a {}\n", k(1))).unwrap();
+        let (list, how) = load_indexed(&file, dir.path()).unwrap();
+        assert_eq!((list.len(), how), (1, IndexUse::Rebuilt));
+        let (list, how) = load_indexed(&file, dir.path()).unwrap();
+        assert_eq!((list.len(), how), (1, IndexUse::Mapped));
+        // Same size, new content: the stamp (ctime) still tells.
+        std::fs::write(&file, format!("b {}\n", k(2))).unwrap();
+        let (list, how) = load_indexed(&file, dir.path()).unwrap();
+        assert_eq!(how, IndexUse::Rebuilt);
+        assert_eq!(list.find(&[2; 32]).map(|i| list.name(i)), Some("b"));
+        // A damaged index is rebuilt, not trusted.
+        std::fs::write(dir.path().join(INDEX_FILE), b"PSALLOW1 garbage").unwrap();
+        let (_, how) = load_indexed(&file, dir.path()).unwrap();
+        assert_eq!(how, IndexUse::Rebuilt);
+        // A bad file is an error and the index is left as it was.
+        std::fs::write(&file, "c not-a-key\n").unwrap();
+        assert!(load_indexed(&file, dir.path()).is_err());
     }
 }

@@ -1,76 +1,282 @@
-//! The allow-list: every sender the node accepts, in one compact immutable table.
+//! The allow-list: every sender the node accepts, in one flat, immutable byte layout.
 //!
-//! This is all the node holds in memory for an idle link (docs/protocol.md 6). Keys are kept sorted by their raw
-//! bytes, which also sorts them by key id (the key id is the key's first four bytes), so finding the candidates
-//! for a key id is a binary search over the key array itself with no separate index. Names live in one byte arena
-//! with an end offset per sender. Per sender that is 32 + 4 bytes plus the name's bytes, in three allocations for
-//! the whole list — no allocation per sender, so a million senders do not fragment the heap.
+//! This is all the node holds for an idle link (docs/protocol.md 6). The layout is the same in memory and on disk
+//! (`STATE/senders.idx`, made from the senders file by [`crate::senders`]), so the node can map the file instead of
+//! copying it: a million idle senders then cost page cache, which the kernel may drop and read back, rather than
+//! anonymous memory (research/002). Keys are sorted by their bytes, which also sorts them by key id (the key id is
+//! the key's first four bytes), so the candidates for a key id are found by binary search over the keys with no
+//! separate index. No allocation per sender, so a million senders do not fragment the heap.
+//!
+//! Layout, all integers little-endian:
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 8 | magic `PSALLOW1` |
+//! | 8 | 8 | `count`: senders |
+//! | 16 | 8 | `names_len`: bytes of the name arena |
+//! | 24 | 40 | the source the list was made from (see [`SourceStamp`]); zeros when made in memory |
+//! | 64 | 32 × count | public keys, sorted |
+//! | … | 4 × count | end offset of each sender's name in the arena |
+//! | … | names_len | the names, concatenated |
+
+use std::ops::Range;
+
+use thiserror::Error;
 
 use super::crypto::PublicKeyBytes;
 
 /// Position of a sender in an [`AllowList`]. Only meaningful for the list it came from.
 pub type SenderIndex = u32;
 
-#[derive(Debug, Default)]
+pub const MAGIC: &[u8; 8] = b"PSALLOW1";
+pub const HEADER_LEN: usize = 64;
+
+/// Identifies the file a list was made from: if all of it matches the file now, the list is still that file's.
+/// `ctime` cannot be set by users, so an edit that restores the size and mtime is still noticed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SourceStamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl SourceStamp {
+    fn write(&self, out: &mut [u8]) {
+        out[0..8].copy_from_slice(&self.dev.to_le_bytes());
+        out[8..16].copy_from_slice(&self.ino.to_le_bytes());
+        out[16..24].copy_from_slice(&self.size.to_le_bytes());
+        out[24..32].copy_from_slice(&self.mtime_ns.to_le_bytes());
+        out[32..40].copy_from_slice(&self.ctime_ns.to_le_bytes());
+    }
+    fn read(b: &[u8]) -> Self {
+        SourceStamp {
+            dev: le_u64(&b[0..8]),
+            ino: le_u64(&b[8..16]),
+            size: le_u64(&b[16..24]),
+            mtime_ns: le_u64(&b[24..32]) as i64,
+            ctime_ns: le_u64(&b[32..40]) as i64,
+        }
+    }
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum AllowListError {
+    #[error("not an allow-list (bad magic)")]
+    Magic,
+    #[error("length {actual} does not match the header (expected {expected})")]
+    Length { expected: u64, actual: u64 },
+    #[error("keys are not sorted and unique at entry {0}")]
+    Unsorted(u64),
+    #[error("name offsets are not increasing at entry {0}")]
+    Names(u64),
+}
+
+/// The bytes behind a list: a `Vec` made in memory, or a read-only mapping of `senders.idx`.
+pub type Backing = Box<dyn AsRef<[u8]> + Send + Sync>;
+
 pub struct AllowList {
-    keys: Vec<PublicKeyBytes>,
-    name_ends: Vec<u32>,
-    names: Vec<u8>,
+    backing: Backing,
+    count: usize,
+    keys: Range<usize>,
+    ends: Range<usize>,
+    names: Range<usize>,
+    stamp: SourceStamp,
+}
+
+impl std::fmt::Debug for AllowList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AllowList")
+            .field("count", &self.count)
+            .finish()
+    }
+}
+
+impl Default for AllowList {
+    fn default() -> Self {
+        Self::from_unique(Vec::new())
+    }
 }
 
 impl AllowList {
-    /// Builds the list from (name, key) pairs that are already known to have unique names and keys.
-    pub fn from_unique(mut entries: Vec<(String, PublicKeyBytes)>) -> Self {
+    /// Encodes (name, key) pairs already known to have unique names and unique keys into the list's layout.
+    pub fn encode(mut entries: Vec<(&str, PublicKeyBytes)>, stamp: SourceStamp) -> Vec<u8> {
         entries.sort_unstable_by_key(|e| e.1);
-        let total: usize = entries.iter().map(|(n, _)| n.len()).sum();
-        let mut list = AllowList {
-            keys: Vec::with_capacity(entries.len()),
-            name_ends: Vec::with_capacity(entries.len()),
-            names: Vec::with_capacity(total),
-        };
-        for (name, key) in entries {
-            list.names.extend_from_slice(name.as_bytes());
-            list.name_ends.push(list.names.len() as u32);
-            list.keys.push(key);
+        let names_len = entries.iter().map(|(n, _)| n.len()).sum();
+        Self::encode_sorted(
+            entries.len(),
+            names_len,
+            stamp,
+            entries.iter().map(|(n, k)| (*n, k)),
+        )
+    }
+
+    /// Encodes `count` entries given in key order, whose names add up to `names_len` bytes.
+    pub fn encode_sorted<'a>(
+        count: usize,
+        names_len: usize,
+        stamp: SourceStamp,
+        sorted: impl Iterator<Item = (&'a str, &'a PublicKeyBytes)>,
+    ) -> Vec<u8> {
+        let n = count;
+        let mut out = vec![0u8; HEADER_LEN + 36 * n + names_len];
+        out[0..8].copy_from_slice(MAGIC);
+        out[8..16].copy_from_slice(&(n as u64).to_le_bytes());
+        out[16..24].copy_from_slice(&(names_len as u64).to_le_bytes());
+        stamp.write(&mut out[24..64]);
+        let (keys_at, ends_at, names_at) = (HEADER_LEN, HEADER_LEN + 32 * n, HEADER_LEN + 36 * n);
+        let mut end = 0usize;
+        for (i, (name, key)) in sorted.take(n).enumerate() {
+            out[keys_at + 32 * i..keys_at + 32 * (i + 1)].copy_from_slice(key);
+            out[names_at + end..names_at + end + name.len()].copy_from_slice(name.as_bytes());
+            end += name.len();
+            out[ends_at + 4 * i..ends_at + 4 * (i + 1)]
+                .copy_from_slice(&(end as u32).to_le_bytes());
         }
-        list
+        out
+    }
+
+    /// Builds a list in memory from (name, key) pairs with unique names and keys.
+    pub fn from_unique(entries: Vec<(String, PublicKeyBytes)>) -> Self {
+        let bytes = Self::encode(
+            entries.iter().map(|(n, k)| (n.as_str(), *k)).collect(),
+            SourceStamp::default(),
+        );
+        // Just encoded by `encode`, so it is well formed.
+        Self::from_backing(Box::new(bytes)).expect("an encoded list is well formed")
+    }
+
+    /// Checks and adopts bytes in the list's layout (from memory or a mapped file). O(n) checks, no copies: a
+    /// damaged file is refused here rather than trusted later.
+    pub fn from_backing(backing: Backing) -> Result<Self, AllowListError> {
+        let b = (*backing).as_ref();
+        if b.len() < HEADER_LEN || &b[0..8] != MAGIC {
+            return Err(AllowListError::Magic);
+        }
+        let count = le_u64(&b[8..16]);
+        let names_len = le_u64(&b[16..24]);
+        let expected = count
+            .checked_mul(36)
+            .and_then(|x| x.checked_add(names_len))
+            .and_then(|x| x.checked_add(HEADER_LEN as u64));
+        if expected != Some(b.len() as u64) || names_len > u32::MAX as u64 {
+            return Err(AllowListError::Length {
+                expected: expected.unwrap_or(u64::MAX),
+                actual: b.len() as u64,
+            });
+        }
+        let n = count as usize;
+        let keys = HEADER_LEN..HEADER_LEN + 32 * n;
+        let ends = keys.end..keys.end + 4 * n;
+        let names = ends.end..b.len();
+        let key_bytes = &b[keys.clone()];
+        for i in 1..n {
+            if key_bytes[32 * (i - 1)..32 * i] >= key_bytes[32 * i..32 * (i + 1)] {
+                return Err(AllowListError::Unsorted(i as u64));
+            }
+        }
+        let mut prev = 0u32;
+        for i in 0..n {
+            let at = ends.start + 4 * i;
+            let end = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+            if end < prev || end as u64 > names_len {
+                return Err(AllowListError::Names(i as u64));
+            }
+            prev = end;
+        }
+        let stamp = SourceStamp::read(&b[24..64]);
+        Ok(AllowList {
+            backing,
+            count: n,
+            keys,
+            ends,
+            names,
+            stamp,
+        })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        (*self.backing).as_ref()
     }
 
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.count
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.count == 0
+    }
+
+    /// The file this list was made from, as it was then.
+    pub fn stamp(&self) -> SourceStamp {
+        self.stamp
+    }
+
+    fn key_id_at(&self, i: usize) -> u32 {
+        let at = self.keys.start + 32 * i;
+        let b = self.bytes();
+        u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
     }
 
     /// Senders whose key id is `key_id`, as a range of indices (empty when none).
-    pub fn candidates(&self, key_id: u32) -> std::ops::Range<SenderIndex> {
-        let prefix = key_id.to_be_bytes();
-        let start = self.keys.partition_point(|k| k[..4] < prefix[..]);
-        let end = start + self.keys[start..].partition_point(|k| k[..4] == prefix[..]);
+    pub fn candidates(&self, key_id: u32) -> Range<SenderIndex> {
+        // Lower bound, then upper bound, over the sorted key ids.
+        let (mut lo, mut hi) = (0usize, self.count);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.key_id_at(mid) < key_id {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let start = lo;
+        let mut end = start;
+        while end < self.count && self.key_id_at(end) == key_id {
+            end += 1;
+        }
         start as SenderIndex..end as SenderIndex
     }
 
+    /// The key of sender `index` (which must come from this list).
     pub fn key(&self, index: SenderIndex) -> &PublicKeyBytes {
-        &self.keys[index as usize]
+        let at = self.keys.start + 32 * index as usize;
+        self.bytes()[at..at + 32]
+            .try_into()
+            .expect("a 32-byte slice is a key")
     }
 
+    fn name_end(&self, i: usize) -> usize {
+        let at = self.ends.start + 4 * i;
+        let b = self.bytes();
+        u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]) as usize
+    }
+
+    /// The name of sender `index`. A name that is not UTF-8 (only possible in a damaged file) reads as "".
     pub fn name(&self, index: SenderIndex) -> &str {
         let i = index as usize;
-        let start = if i == 0 {
-            0
-        } else {
-            self.name_ends[i - 1] as usize
-        };
-        let end = self.name_ends[i] as usize;
-        // Names are pushed whole from `String`s, so every range between two ends is valid UTF-8.
-        std::str::from_utf8(&self.names[start..end]).unwrap_or("")
+        let start = if i == 0 { 0 } else { self.name_end(i - 1) };
+        let end = self.name_end(i);
+        std::str::from_utf8(&self.bytes()[self.names.start + start..self.names.start + end])
+            .unwrap_or("")
     }
 
-    /// Bytes of heap this list holds (capacity, not length), for memory reports.
-    pub fn heap_bytes(&self) -> usize {
-        self.keys.capacity() * 32 + self.name_ends.capacity() * 4 + self.names.capacity()
+    /// Finds a sender by its key.
+    pub fn find(&self, key: &PublicKeyBytes) -> Option<SenderIndex> {
+        self.candidates(super::crypto::key_id(key))
+            .find(|&i| self.key(i) == key)
+    }
+
+    /// Bytes of the list (mapped or in memory).
+    pub fn byte_len(&self) -> usize {
+        self.bytes().len()
     }
 }
 
@@ -97,6 +303,39 @@ mod tests {
         assert!(names.contains(&"b") && names.contains(&"one"));
         assert_eq!(list.candidates(u32::from_be_bytes([0, 1, 1, 1])).len(), 1);
         assert_eq!(list.candidates(7).len(), 0);
+        assert_eq!(list.candidates(u32::MAX).len(), 0);
         assert_eq!(list.name(list.candidates(0x02020202).start), "c");
+        assert_eq!(list.find(&c).map(|i| list.name(i)), Some("c"));
+        assert_eq!(list.find(&[9; 32]), None);
+    }
+
+    #[test]
+    fn damaged_bytes_are_refused_not_trusted() {
+        let good = AllowList::encode(vec![("a", [1; 32]), ("b", [2; 32])], SourceStamp::default());
+        assert!(AllowList::from_backing(Box::new(good.clone())).is_ok());
+        let mut bad = good.clone();
+        bad[0] = b'X';
+        assert_eq!(
+            AllowList::from_backing(Box::new(bad)).unwrap_err(),
+            AllowListError::Magic
+        );
+        let short = good[..good.len() - 1].to_vec();
+        assert!(matches!(
+            AllowList::from_backing(Box::new(short)),
+            Err(AllowListError::Length { .. })
+        ));
+        let mut unsorted = good.clone();
+        unsorted[HEADER_LEN..HEADER_LEN + 32].copy_from_slice(&[3; 32]);
+        assert_eq!(
+            AllowList::from_backing(Box::new(unsorted)).unwrap_err(),
+            AllowListError::Unsorted(1)
+        );
+        let mut ends = good;
+        let at = HEADER_LEN + 64;
+        ends[at..at + 4].copy_from_slice(&99u32.to_le_bytes());
+        assert_eq!(
+            AllowList::from_backing(Box::new(ends)).unwrap_err(),
+            AllowListError::Names(0)
+        );
     }
 }

@@ -159,9 +159,14 @@ impl ReadyNode {
         let (identity, key_created) = keys::load_or_create_identity(&settings.key_file)?;
         let (senders, senders_source) = match &settings.senders_file {
             Some(path) => {
-                let list = senders::load(path)?;
+                let (list, how) = senders::load_indexed(path, &settings.state_dir)?;
                 let n = list.len();
-                (list, format!("{n} from {}", path.display()))
+                let how = match how {
+                    senders::IndexUse::Mapped => "index unchanged",
+                    senders::IndexUse::Rebuilt => "index rebuilt",
+                    senders::IndexUse::InMemory => "in memory",
+                };
+                (list, format!("{n} from {} ({how})", path.display()))
             }
             None => (
                 AllowList::default(),
@@ -399,11 +404,13 @@ impl ReadyNode {
         }
         let (tx, rx) = mpsc::channel();
         let thread_path = path.clone();
+        let state_dir = self.settings.state_dir.clone();
         let spawned = std::thread::Builder::new()
             .name("pure-reload".into())
             .spawn(move || {
                 // The receiver may be gone if the loop stopped meanwhile; then the result is not wanted.
-                let _ = tx.send(senders::load(&thread_path));
+                let _ =
+                    tx.send(senders::load_indexed(&thread_path, &state_dir).map(|(list, _)| list));
             });
         if let Err(e) = spawned {
             self.reload_failed(&path, format!("cannot start a thread: {e}"), notifier);
