@@ -122,9 +122,12 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         ));
     }
     let show = std::io::stderr().is_terminal();
+    let mut shown = Instant::now();
+    // Poll often so the end time is exact; show progress a few times a second.
     while workers.iter().any(|w| !w.is_finished()) {
-        std::thread::sleep(Duration::from_millis(200));
-        if show {
+        std::thread::sleep(Duration::from_millis(2));
+        if show && shown.elapsed() >= Duration::from_millis(200) {
+            shown = Instant::now();
             let stored = stats.stored_records.load(Ordering::Relaxed);
             eprint!(
                 "\rstored {stored} of {total} ({:.0}%), {} sessions",

@@ -1,0 +1,320 @@
+//! research/002-idle-links: what an idle link costs the node, measured on the real binary.
+//!
+//! For each run it writes a senders file of N senders, starts `pure-serve` on it, and reads the node's memory from
+//! /proc when it is ready (no sender has sent: "listed" phase). With `--send`, every sender then delivers one record
+//! (a new run each, so one X25519 per sender on the node) and the tool waits until the node has swept every session
+//! ("after_idle" phase) and reads the memory again. Prints one JSON object per measurement.
+//!
+//! Usage: cargo bench --bench idle_links -- [--senders N]... [--runs R] [--send] [--bin PATH] [--label L]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pure_serve::keys::{encode_key, parse_public_key};
+use pure_serve::proto::crypto::Identity;
+use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig};
+
+struct Args {
+    senders: Vec<usize>,
+    runs: usize,
+    send: bool,
+    bin: String,
+    label: String,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        senders: Vec::new(),
+        runs: 1,
+        send: false,
+        bin: env!("CARGO_BIN_EXE_pure-serve").to_string(),
+        label: "current".into(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--senders" => a.senders.push(it.next().unwrap().parse().unwrap()),
+            "--runs" => a.runs = it.next().unwrap().parse().unwrap(),
+            "--send" => a.send = true,
+            "--bin" => a.bin = it.next().unwrap(),
+            "--label" => a.label = it.next().unwrap(),
+            "--bench" => {}
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    if a.senders.is_empty() {
+        a.senders = vec![0, 100_000, 1_000_000];
+    }
+    a
+}
+
+fn proc_kb(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+fn metric(http: SocketAddr, name: &str) -> f64 {
+    let mut s = TcpStream::connect(http).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+struct Node {
+    child: Child,
+    link: SocketAddr,
+    http: SocketAddr,
+    public: [u8; 32],
+    ready: Duration,
+}
+
+fn start_node(bin: &str, dir: &Path, idle_ms: u64) -> Node {
+    let start = Instant::now();
+    let mut child = Command::new(bin)
+        .arg("--state")
+        .arg(dir.join("state"))
+        .arg("--senders")
+        .arg(dir.join("senders"))
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--link-port",
+            "0",
+            "--http-port",
+            "0",
+        ])
+        .args([
+            "--link-idle-ms",
+            &idle_ms.to_string(),
+            "--recv-buffer",
+            "4194304",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut link, mut http, mut public) = (None, None, None);
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(v) = line.strip_prefix("public key:") {
+            public = Some(parse_public_key(v.trim()).unwrap());
+        } else if let Some(v) = line.strip_prefix("link:") {
+            link = Some(v.trim().trim_start_matches("udp").trim().parse().unwrap());
+        } else if let Some(v) = line.strip_prefix("metrics:") {
+            let url = v.trim().trim_start_matches("http://");
+            http = Some(url.split('/').next().unwrap().parse().unwrap());
+        } else if line == "ready" {
+            break;
+        }
+    }
+    let ready = start.elapsed();
+    // Keep draining stdout so the node never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Node {
+        child,
+        link: link.unwrap(),
+        http: http.unwrap(),
+        public: public.unwrap(),
+        ready,
+    }
+}
+
+/// Makes `n` identities on all cores.
+fn identities(n: usize) -> Vec<Identity> {
+    let threads = std::thread::available_parallelism().map_or(1, |p| p.get());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    (t..n)
+                        .step_by(threads)
+                        .map(|_| Identity::generate())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
+}
+
+/// A sender with its first packet (one record, data in the first packet of a new run), made ahead of time on all
+/// cores so the delivery measures the node, not the generator's X25519.
+fn first_packets(ids: &[Identity], node: &[u8; 32]) -> Vec<(Sender, Vec<u8>)> {
+    let threads = std::thread::available_parallelism().map_or(1, |p| p.get());
+    let chunk = ids.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ids
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|id| {
+                            let mut sender =
+                                Sender::new(SenderConfig::new(id.clone(), *node)).unwrap();
+                            sender.open_flow("main", FlowStart::At(1)).unwrap();
+                            sender
+                                .queue("main", b"hello from an idle link".to_vec())
+                                .unwrap();
+                            let mut p = Vec::new();
+                            assert!(sender.poll_transmit(Instant::now(), &mut p));
+                            (sender, p)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
+}
+
+/// Each sender sends its first packet; 1024 sockets each carry one sender at a time. An answer counts only if it
+/// authenticates for the sender in flight on that socket and says its record is stored (a late duplicate answer
+/// for the previous sender fails authentication under the new sender's keys). Returns when all are stored.
+fn deliver_one_each(mut senders: Vec<(Sender, Vec<u8>)>, node: &Node) -> Duration {
+    let start = Instant::now();
+    let total = senders.len();
+    let sockets: Vec<UdpSocket> = (0..1024)
+        .map(|_| {
+            let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.connect(node.link).unwrap();
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    let mut in_flight: Vec<Option<(Sender, Vec<u8>, Instant)>> =
+        (0..sockets.len()).map(|_| None).collect();
+    let mut done = 0;
+    let mut buf = [0u8; 2048];
+    let mut fds: Vec<libc::pollfd> = sockets
+        .iter()
+        .map(|s| libc::pollfd {
+            fd: s.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    while done < total {
+        for (k, slot) in in_flight.iter_mut().enumerate() {
+            match slot {
+                None => {
+                    if let Some((sender, p)) = senders.pop() {
+                        let _ = sockets[k].send(&p);
+                        *slot = Some((sender, p, Instant::now()));
+                    }
+                }
+                Some((_, p, at)) if at.elapsed() > Duration::from_secs(2) => {
+                    let _ = sockets[k].send(p);
+                    *at = Instant::now();
+                }
+                _ => {}
+            }
+        }
+        // SAFETY: a valid array of pollfds for the call's duration.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 10) };
+        for (k, fd) in fds.iter_mut().enumerate() {
+            if fd.revents & libc::POLLIN == 0 {
+                continue;
+            }
+            fd.revents = 0;
+            while let Ok(n) = sockets[k].recv(&mut buf) {
+                let stored = match &mut in_flight[k] {
+                    Some((sender, _, _)) => {
+                        sender.handle_datagram(Instant::now(), &buf[..n]);
+                        sender.stored_through("main") == Some(1)
+                    }
+                    None => false,
+                };
+                if stored {
+                    in_flight[k] = None;
+                    done += 1;
+                }
+            }
+        }
+    }
+    start.elapsed()
+}
+
+fn main() {
+    let a = args();
+    for run in 0..a.runs {
+        for &n in &a.senders {
+            let dir = tempfile::tempdir().unwrap();
+            let ids = if a.send { identities(n) } else { Vec::new() };
+            let mut text = String::with_capacity(n * 56);
+            for i in 0..n {
+                let key = match ids.get(i) {
+                    Some(id) => *id.public(),
+                    // Idle senders that never send need no private key: any 32 bytes make a listed key.
+                    None => pure_serve::proto::crypto::random_array(),
+                };
+                text.push_str(&format!("dev{i:07} {}\n", encode_key(&key)));
+            }
+            std::fs::write(dir.path().join("senders"), text).unwrap();
+            // First start builds the index (if the build keeps one); the measured start is the second.
+            let first = start_node(&a.bin, dir.path(), 1000);
+            let first_ready = first.ready;
+            let mut first = first;
+            first.child.kill().unwrap();
+            first.child.wait().unwrap();
+            let mut node = start_node(&a.bin, dir.path(), 1000);
+            let pid = node.child.id();
+            std::thread::sleep(Duration::from_millis(200));
+            println!(
+                "{{\"bench\":\"idle_links\",\"label\":\"{}\",\"run\":{run},\"senders\":{n},\"phase\":\"listed\",\"first_ready_ms\":{:.1},\"ready_ms\":{:.1},\"rss_anon_kb\":{},\"rss_file_kb\":{}}}",
+                a.label,
+                first_ready.as_secs_f64() * 1e3,
+                node.ready.as_secs_f64() * 1e3,
+                proc_kb(pid, "RssAnon:"),
+                proc_kb(pid, "RssFile:")
+            );
+            if a.send && n > 0 {
+                let took = deliver_one_each(first_packets(&ids, &node.public), &node);
+                let peak_anon = proc_kb(pid, "RssAnon:");
+                let deadline = Instant::now() + Duration::from_secs(120);
+                while metric(node.http, "pure_sessions_active") > 0.0 && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                std::thread::sleep(Duration::from_millis(500));
+                // Read after the sweep: the metrics snapshot is published after each turn's acks are sent.
+                let stored = metric(node.http, "pure_records_stored_total{app=\"main\"}");
+                println!(
+                    "{{\"bench\":\"idle_links\",\"label\":\"{}\",\"run\":{run},\"senders\":{n},\"phase\":\"after_idle\",\"deliver_s\":{:.2},\"stored\":{stored},\"x25519\":{},\"sessions\":{},\"rss_anon_after_send_kb\":{peak_anon},\"rss_anon_kb\":{},\"rss_file_kb\":{}}}",
+                    a.label,
+                    took.as_secs_f64(),
+                    metric(node.http, "pure_x25519_total"),
+                    metric(node.http, "pure_sessions_active"),
+                    proc_kb(pid, "RssAnon:"),
+                    proc_kb(pid, "RssFile:")
+                );
+            }
+            node.child.kill().unwrap();
+            node.child.wait().unwrap();
+            std::io::stdout().flush().unwrap();
+        }
+    }
+}
