@@ -1,0 +1,840 @@
+#!/usr/bin/env python3
+"""A pure-serve sender (link protocol version 1), written from docs/protocol.md alone.
+
+Single run:
+    python3 interop/sender.py --key FILE --node PUBKEY --to HOST:PORT [--app main] [--start N] < lines
+
+Load (many senders, few sockets):
+    python3 interop/sender.py --load N --records M --senders-out SENDERS --keys-out KEYS      # make keys only
+    python3 interop/sender.py --load N --records M --keys-in KEYS --node PUBKEY --to HOST:PORT  # deliver
+
+Section numbers in comments ("§5.2") refer to docs/protocol.md.
+"""
+
+import argparse
+import base64
+import collections
+import json
+import os
+import selectors
+import socket
+import sys
+import time
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, hmac
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
+from cryptography.hazmat.primitives.serialization import Encoding, PrivateFormat, PublicFormat, NoEncryption
+
+# ---------------------------------------------------------------- constants (§2, §3, §4, §5)
+
+SALT = b"pure-serve link v1"
+TYPE_S2N = 0x11  # version 1, type 1 (§4.1)
+TYPE_N2S = 0x12  # version 1, type 2 (§4.2)
+S2N_HEADER = 21
+N2S_HEADER = 17
+TAG = 16
+MIN_DATAGRAM = 96
+MAX_DATAGRAM = 1472
+DEFAULT_DATAGRAM = 1200
+PN_LIMIT = 1 << 62  # §3: packet numbers stop at 2^62
+
+F_PADDING, F_DATA, F_ACK, F_ECHO, F_REFUSE = 0x00, 0x01, 0x02, 0x03, 0x04
+REFUSE_REASONS = {1: "no such app on this node", 2: "this app does not accept this sender"}
+APP_CHARS = set(b"abcdefghijklmnopqrstuvwxyz0123456789_-")
+
+DEFAULT_WINDOW = 16384  # §7
+RTO_INITIAL, RTO_MIN, RTO_MAX, RTO_G = 0.250, 0.010, 2.0, 0.002  # §7
+
+
+class Malformed(Exception):
+    pass
+
+
+class ProtocolFailure(Exception):
+    """The node said something that makes delivery impossible (REFUSE, a gap we cannot fill)."""
+
+
+# ---------------------------------------------------------------- varint (conventions)
+
+def varint(n):
+    if n < 0 or n >= 1 << 64:
+        raise ValueError("varint out of range")
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def read_varint(buf, i):
+    """Returns (value, next index). At most 10 bytes, value at most 2^64-1."""
+    value = 0
+    for k in range(10):
+        if i + k >= len(buf):
+            raise Malformed("varint runs past the end")
+        b = buf[i + k]
+        value |= (b & 0x7F) << (7 * k)
+        if not b & 0x80:
+            if value >= 1 << 64:
+                raise Malformed("varint overflows 64 bits")
+            return value, i + k + 1
+    raise Malformed("varint longer than 10 bytes")
+
+
+# ---------------------------------------------------------------- keys (§1, §2)
+
+def b64key(text):
+    raw = base64.b64decode(text.strip(), validate=True)
+    if len(raw) != 32:
+        raise ValueError("a key is 32 bytes, this one is %d" % len(raw))
+    return raw
+
+
+def load_private_key(path):
+    with open(path, "r", encoding="ascii") as f:
+        return X25519PrivateKey.from_private_bytes(b64key(f.readline()))
+
+
+def raw_public(priv):
+    return priv.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def raw_private(priv):
+    return priv.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+
+
+def b64(raw):
+    return base64.b64encode(raw).decode("ascii")
+
+
+def hkdf_extract(salt, ikm):
+    h = hmac.HMAC(salt, hashes.SHA256())
+    h.update(ikm)
+    return h.finalize()
+
+
+def hkdf_expand(prk, info, length=16):
+    return HKDFExpand(algorithm=hashes.SHA256(), length=length, info=info).derive(prk)
+
+
+def shared_secret(priv, node_pub):
+    try:
+        ss = priv.exchange(X25519PublicKey.from_public_bytes(node_pub))
+    except ValueError:  # cryptography refuses an all-zero result itself
+        raise ValueError("X25519 result is all zeros: the node key is a low-order point (§2)")
+    if ss == bytes(32):
+        raise ValueError("X25519 result is all zeros: the node key is a low-order point (§2)")
+    return ss
+
+
+def check_app(app):
+    raw = app.encode("ascii") if isinstance(app, str) else bytes(app)
+    if not 1 <= len(raw) <= 32 or not set(raw) <= APP_CHARS:
+        raise ValueError("an app name is 1-32 bytes of [a-z0-9_-] (§5): %r" % app)
+    return raw
+
+
+# ---------------------------------------------------------------- frames (§5)
+
+def data_frame(app, first_seq, payloads):
+    out = bytearray((F_DATA, len(app)))
+    out += app
+    out += varint(first_seq)
+    out += varint(len(payloads))
+    for p in payloads:
+        out += varint(len(p))
+        out += p
+    return bytes(out)
+
+
+def probe_frame(app):
+    return data_frame(app, 0, [])  # §5.1: count 0, first_seq 0
+
+
+def parse_node_frames(pt):
+    """Frames of a node packet: a list of ("ack", app, stored_through), ("echo", pn), ("refuse", app, reason).
+
+    §5: a frame running past the end, an unknown type, or one not allowed node -> sender makes it malformed."""
+    frames = []
+    i, n = 0, len(pt)
+    while i < n:
+        t = pt[i]
+        i += 1
+        if t == F_PADDING:
+            continue
+        if t == F_ECHO:
+            pn, i = read_varint(pt, i)
+            frames.append(("echo", pn))
+        elif t in (F_ACK, F_REFUSE):
+            if i >= n:
+                raise Malformed("frame runs past the end")
+            app_len = pt[i]
+            i += 1
+            if not 1 <= app_len <= 32 or i + app_len > n:
+                raise Malformed("bad app length")
+            app = bytes(pt[i:i + app_len])
+            i += app_len
+            if t == F_ACK:
+                st, i = read_varint(pt, i)
+                frames.append(("ack", app, st))
+            else:
+                if i >= n:
+                    raise Malformed("frame runs past the end")
+                frames.append(("refuse", app, pt[i]))
+                i += 1
+        elif t == F_DATA:
+            raise Malformed("DATA frame from the node")
+        else:
+            raise Malformed("unknown frame type 0x%02x" % t)
+    return frames
+
+
+# ---------------------------------------------------------------- the run (§2, §3, §4)
+
+class Run:
+    """One run of one sender towards one node: run id, keys, packet numbers."""
+
+    def __init__(self, priv, node_pub, run_id=None):
+        self.s_pub = raw_public(priv)
+        self.n_pub = bytes(node_pub)
+        self.key_id = self.s_pub[:4]
+        self.run_id = run_id if run_id is not None else os.urandom(8)
+        self.prk = hkdf_extract(SALT, shared_secret(priv, self.n_pub))
+        self.k_s2n = AESGCM(hkdf_expand(self.prk, b"s2n" + self.run_id + self.s_pub + self.n_pub))
+        self.n2s = collections.OrderedDict()  # epoch -> AESGCM, a few most recent
+        self.epoch = None  # latest epoch that authenticated (§7 "Node epochs")
+        self.epochs_seen = 0
+        self.next_pn = 0
+
+    def k_n2s(self, epoch):
+        k = self.n2s.get(epoch)
+        if k is None:
+            k = AESGCM(hkdf_expand(self.prk, b"n2s" + self.run_id + epoch + self.s_pub + self.n_pub))
+            self.n2s[epoch] = k
+            while len(self.n2s) > 4:
+                self.n2s.popitem(last=False)
+        return k
+
+    def seal(self, frames, min_size=MIN_DATAGRAM):
+        """One sender datagram: header || AES-128-GCM(frames padded so the datagram is >= 96 bytes)."""
+        pn = self.next_pn
+        if pn >= PN_LIMIT:
+            raise OverflowError("packet numbers exhausted: start a new run (§3)")
+        self.next_pn += 1
+        pad = min_size - (S2N_HEADER + len(frames) + TAG)
+        if pad > 0:
+            frames += bytes(pad)  # PADDING frames are single 0x00 bytes
+        header = bytes((TYPE_S2N,)) + self.key_id + self.run_id + pn.to_bytes(8, "big")
+        nonce = bytes(4) + pn.to_bytes(8, "big")
+        return pn, header + self.k_s2n.encrypt(nonce, frames, header)
+
+    def open(self, dgram):
+        """Opens a node datagram: (epoch, packet number, frames), or None if it is not for this run."""
+        if len(dgram) < N2S_HEADER + TAG or dgram[0] != TYPE_N2S:
+            return None
+        header = bytes(dgram[:N2S_HEADER])
+        epoch = header[1:9]
+        nonce = bytes(4) + header[9:17]
+        try:
+            pt = self.k_n2s(epoch).decrypt(nonce, bytes(dgram[N2S_HEADER:]), header)
+        except InvalidTag:
+            if epoch != self.epoch:
+                self.n2s.pop(epoch, None)  # don't let forged epochs push out the real one
+            return None
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.epochs_seen += 1
+        return epoch, int.from_bytes(header[9:17], "big"), parse_node_frames(pt)
+
+
+# ---------------------------------------------------------------- one sender's delivery of one flow (§7)
+
+class Delivery:
+    """Delivers a list of payloads for one app over one run: probe or known start, go-back-N, RTO, give-up.
+
+    Driven from outside: packets(now) gives datagrams to send, receive(dgram, now) takes node datagrams,
+    tick(now) runs the timers. State: done / failed (with .error)."""
+
+    def __init__(self, run, app, payloads, start=None, window=DEFAULT_WINDOW, datagram=DEFAULT_DATAGRAM,
+                 timeout=60.0, log=None, now=None):
+        now = time.monotonic() if now is None else now
+        self.run = run
+        self.app = check_app(app)
+        self.queue = collections.deque(payloads)  # not yet numbered
+        self.total = len(self.queue)
+        self.unacked = collections.deque()  # (seq, payload), numbered and sent at least once
+        self.resend_from = 0  # index in unacked of the next record to (re)send (go-back-N)
+        self.window = window
+        self.datagram = datagram
+        self.timeout = timeout
+        self.log = log or (lambda msg: None)
+        self.start = start
+        if start is None:
+            self.next_seq = None  # unknown until the probe is answered
+            self.acked = None
+            self.probe_pending = True  # a probe must be (re)sent
+        else:
+            if start < 1:
+                raise ValueError("sequences start at 1 (§5.1)")
+            self.next_seq = start
+            self.acked = start - 1
+            self.probe_pending = False
+        self.probe_in_flight = False
+        self.first_seq = None  # sequence of the first record we numbered
+        self.last_seq = None
+        self.sent_at = {}  # packet number -> send time, for ECHO samples
+        self.srtt = None
+        self.rttvar = None
+        self.rto = RTO_INITIAL
+        self.deadline = None  # RTO timer
+        self.last_progress = now
+        self.started = now
+        self.finished = None
+        self.packets_sent = 0
+        self.retransmits = 0  # go-back-N rounds
+        self.acks_received = 0
+        self.error = None
+        self.failed = False
+        self.refused = None
+        self.counter_behind = False  # the node held sequences we had numbered: those records were duplicates
+        for p in self.queue:
+            if 21 + TAG + 1 + 1 + len(self.app) + 10 + 3 + len(varint(len(p))) + len(p) > MAX_DATAGRAM:
+                raise ValueError("a record of %d bytes does not fit in one datagram (§5)" % len(p))
+
+    # -- state
+
+    @property
+    def done(self):
+        return (not self.failed and self.next_seq is not None and not self.probe_pending
+                and not self.probe_in_flight and not self.queue and not self.unacked)
+
+    @property
+    def active(self):
+        return not self.done and not self.failed
+
+    def in_flight(self):
+        return self.probe_in_flight or bool(self.unacked)
+
+    def fail(self, msg):
+        if not self.failed:
+            self.failed = True
+            self.error = msg
+            self.finished = time.monotonic()
+
+    # -- sending
+
+    def _seal(self, frames, now):
+        pn, dgram = self.run.seal(frames)
+        self.sent_at[pn] = now
+        self.packets_sent += 1
+        if self.deadline is None:
+            self.deadline = now + self.rto
+        return dgram
+
+    def _fill(self, budget):
+        """A DATA frame of as many records as fit in budget plaintext bytes, from resend_from then new records."""
+        recs = []
+        first = None
+        size = 1 + 1 + len(self.app)  # type, app_len, app
+        while True:
+            if self.resend_from + len(recs) < len(self.unacked):
+                seq, payload = self.unacked[self.resend_from + len(recs)]
+                fresh = False
+            elif self.queue and len(self.unacked) < self.window:
+                seq, payload = self.next_seq, self.queue[0]
+                fresh = True
+            else:
+                break
+            if first is None:
+                first = seq
+            add = len(varint(len(payload))) + len(payload)
+            head = len(varint(first)) + len(varint(len(recs) + 1))
+            if size + head + add > budget and recs:
+                break
+            if size + head + add > budget:  # a single record larger than the usual budget
+                if size + head + add > MAX_DATAGRAM - S2N_HEADER - TAG:
+                    raise ValueError("record too large")
+            if fresh:
+                self.queue.popleft()
+                self.unacked.append((seq, payload))
+                if self.first_seq is None:
+                    self.first_seq = seq
+                self.last_seq = seq
+                self.next_seq += 1
+            recs.append(payload)
+            size += add
+        if not recs:
+            return None, 0
+        self.resend_from += len(recs)
+        return data_frame(self.app, first, recs), len(recs)
+
+    def packets(self, now, limit=64):
+        """Datagrams to send now (at most limit)."""
+        out = []
+        if self.failed or self.done:
+            return out
+        if self.probe_pending:
+            self.probe_pending = False
+            self.probe_in_flight = True
+            out.append(self._seal(probe_frame(self.app), now))
+            return out
+        if self.next_seq is None:
+            return out
+        budget = self.datagram - S2N_HEADER - TAG
+        while len(out) < limit:
+            frame, n = self._fill(budget)
+            if frame is None:
+                break
+            out.append(self._seal(frame, now))
+        return out
+
+    # -- timers
+
+    def next_timer(self):
+        if not self.active:
+            return None
+        t = self.last_progress + self.timeout if self.timeout else None
+        if self.deadline is not None:
+            t = self.deadline if t is None else min(t, self.deadline)
+        return t
+
+    def tick(self, now):
+        if not self.active:
+            return
+        if self.timeout and now - self.last_progress > self.timeout:
+            self.fail("gave up: nothing acknowledged for %.1f s; %d of %d records not acknowledged"
+                      % (self.timeout, len(self.queue) + len(self.unacked), self.total))
+            return
+        if self.deadline is not None and now >= self.deadline:
+            if self.in_flight():
+                # §7 Retransmission: go back to the first unacknowledged record, double the RTO.
+                self.retransmits += 1
+                self.resend_from = 0
+                if self.probe_in_flight:
+                    self.probe_in_flight = False
+                    self.probe_pending = True
+                self.rto = min(self.rto * 2, RTO_MAX)
+                self.deadline = now + self.rto
+            else:
+                self.deadline = None
+
+    # -- receiving
+
+    def _rtt_sample(self, r):
+        if self.srtt is None:
+            self.srtt, self.rttvar = r, r / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - r)
+            self.srtt = 0.875 * self.srtt + 0.125 * r
+        self.rto = min(max(self.srtt + max(4 * self.rttvar, RTO_G), RTO_MIN), RTO_MAX)
+
+    def receive(self, dgram, now):
+        """Takes one datagram; returns True if it authenticated for this run."""
+        opened = self.run.open(dgram)
+        if opened is None:
+            return False
+        self.handle(opened, now)
+        return True
+
+    def handle(self, opened, now):
+        epoch, pn, frames = opened
+        if not self.active:
+            return
+        for f in frames:
+            if f[0] == "echo":
+                sent = self.sent_at.pop(f[1], None)
+                if sent is not None:
+                    self._rtt_sample(now - sent)
+                for old in [k for k in self.sent_at if k < f[1]]:
+                    del self.sent_at[old]
+            elif f[0] == "refuse":
+                if f[1] == self.app:
+                    self.refused = f[2]
+                    self.fail("node refused app %s: reason %d (%s)" % (
+                        self.app.decode(), f[2], REFUSE_REASONS.get(f[2], "unknown reason")))
+            elif f[0] == "ack":
+                if f[1] == self.app:
+                    self.acks_received += 1
+                    self._ack(f[2], now)
+
+    def _ack(self, a, now):
+        if self.next_seq is None:
+            # The probe's answer (§7 Sequences): number from stored_through + 1.
+            self.probe_in_flight = False
+            self.next_seq = a + 1
+            self.acked = a
+            self.start = a + 1
+            self.last_progress = now
+            self.deadline = None
+            self.log("probe: node holds %s through %d; numbering from %d" % (self.app.decode(), a, a + 1))
+            return
+        if self.probe_in_flight:
+            self.probe_in_flight = False
+        if a <= self.acked:
+            # An ACK never lowers what the sender knows (§7). An ACK below our first record, answering a
+            # packet that carried it, means a gap only records we do not have could fill.
+            if self.first_seq is not None and a + 1 < self.first_seq:
+                self.fail("node holds %s through %d but our records start at %d: the gap %d-%d cannot be "
+                          "filled by this sender" % (self.app.decode(), a, self.first_seq, a + 1,
+                                                     self.first_seq - 1))
+            return
+        released = 0
+        while self.unacked and self.unacked[0][0] <= a:
+            self.unacked.popleft()
+            released += 1
+        self.resend_from = max(0, self.resend_from - released)
+        self.acked = a
+        highest = self.next_seq - 1
+        if a > highest:
+            # §7 Acks: the node holds records the sender does not know; continue from a + 1.
+            self.log("node holds %s through %d, above the highest sequence we numbered (%d): continuing from %d"
+                     % (self.app.decode(), a, highest, a + 1))
+            self.next_seq = a + 1
+            self.resend_from = 0
+            self.counter_behind = True
+        if released or a > highest:
+            self.last_progress = now
+            self.deadline = (now + self.rto) if self.in_flight() else None
+        if self.done:
+            self.finished = now
+
+
+# ---------------------------------------------------------------- I/O
+
+def resolve(to):
+    host, _, port = to.rpartition(":")
+    host = host.strip("[]")
+    infos = socket.getaddrinfo(host, int(port), 0, socket.SOCK_DGRAM)
+    return infos[0][0], infos[0][4]
+
+
+def make_socket(family, addr):
+    s = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    except OSError:
+        pass
+    s.connect(addr)  # only the node's address is heard (§4.2: a sender knows its run by the address it sends to)
+    s.setblocking(False)
+    return s
+
+
+def send_all(sock, dgrams):
+    for d in dgrams:
+        try:
+            sock.send(d)
+        except (BlockingIOError, InterruptedError):
+            return False  # like a loss: go-back-N resends
+        except ConnectionRefusedError:
+            pass  # ICMP port unreachable from an earlier datagram (node down): keep trying
+    return True
+
+
+def recv_all(sock):
+    out = []
+    while True:
+        try:
+            out.append(sock.recv(2048))
+        except (BlockingIOError, InterruptedError):
+            return out
+        except ConnectionRefusedError:
+            continue
+
+
+def deliver_one(args):
+    priv = load_private_key(args.key)
+    node_pub = b64key(args.node)
+    family, addr = resolve(args.to)
+    payloads = sys.stdin.buffer.read().split(b"\n")
+    if payloads and payloads[-1] == b"":
+        payloads.pop()  # the text after the last newline, when empty, is not a line
+    progress = args.progress
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    run = Run(priv, node_pub)
+    d = Delivery(run, args.app, payloads, start=args.start, window=args.window, datagram=args.datagram_size,
+                 timeout=args.timeout, log=log)
+    sock = make_socket(family, addr)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    last_reported = None
+    epochs = 0
+    while d.active:
+        now = time.monotonic()
+        d.tick(now)
+        if not d.active:
+            break
+        send_all(sock, d.packets(now))
+        t = d.next_timer()
+        wait = 0.05 if t is None else max(0.0, min(t - now, 0.05))
+        if d.unacked and d.resend_from < len(d.unacked):
+            wait = 0
+        if d.queue and len(d.unacked) < d.window:
+            wait = 0
+        if sel.select(wait):
+            now = time.monotonic()
+            for dgram in recv_all(sock):
+                d.receive(dgram, now)
+        if run.epochs_seen != epochs:
+            if epochs:
+                log("node epoch changed to %s (node restarted)" % run.epoch.hex())
+            epochs = run.epochs_seen
+        if progress and d.acked is not None and d.acked != last_reported:
+            last_reported = d.acked
+            log("acked %d" % d.acked)
+    sock.close()
+    elapsed = time.monotonic() - d.started
+    if d.failed:
+        print(d.error, file=sys.stderr)
+        return 3 if d.refused is not None or "gap" in d.error else 1
+    app = d.app.decode()
+    if d.counter_behind:
+        # §7 says to continue from a + 1; it does not say what became of the records we had numbered <= a.
+        # The node dropped them as duplicates of records it already held, so they are NOT stored.
+        print("not all stored: we numbered from %d but the node already held %s through %d; our records numbered "
+              "at or below %d were dropped as duplicates (our counter was behind the node)"
+              % (d.first_seq, app, d.acked, d.acked), file=sys.stderr)
+        return 4
+    if d.total:
+        print("stored %d records for app %s (seq %d-%d) in %.2f s" % (d.total, app, d.first_seq, d.last_seq, elapsed))
+    else:
+        print("stored 0 records for app %s (node holds through %d) in %.2f s" % (app, d.acked, elapsed))
+    return 0
+
+
+# ---------------------------------------------------------------- load mode
+
+def make_load_keys(n, senders_out, keys_out, prefix):
+    keys = []
+    with open(senders_out, "w") as sf, open(os.open(keys_out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                                           "w") as kf:
+        for i in range(n):
+            priv = X25519PrivateKey.generate()
+            name = "%s%07d" % (prefix, i)
+            sf.write("%s %s\n" % (name, b64(raw_public(priv))))
+            kf.write("%s %s\n" % (name, b64(raw_private(priv))))
+            keys.append((name, priv))
+    return keys
+
+
+def read_load_keys(path):
+    keys = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("#"):
+                name, k = line.split()
+                keys.append((name, X25519PrivateKey.from_private_bytes(b64key(k))))
+    return keys
+
+
+def load_payload(name, i):
+    return ("%s record %d" % (name, i)).encode()
+
+
+class SocketGroup:
+    """One UDP socket carrying many runs. A node packet names no run (§4.2), so a reply is matched by trying
+    the runs' k_n2s: first those that sent most long ago and are still waiting, then the rest."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.waiting = collections.OrderedDict()  # delivery -> None, oldest sender first
+        self.members = []
+        self.trials = 0
+        self.unmatched = 0
+
+    def sent(self, d):
+        self.waiting.pop(d, None)
+        self.waiting[d] = None
+
+    def dispatch(self, dgram, now):
+        for d in list(self.waiting):
+            self.trials += 1
+            opened = d.run.open(dgram)
+            if opened is not None:
+                d.handle(opened, now)
+                self.waiting.pop(d, None)
+                if d.in_flight():
+                    self.waiting[d] = None
+                return d
+        for d in self.members:
+            if d in self.waiting:
+                continue
+            self.trials += 1
+            opened = d.run.open(dgram)
+            if opened is not None:
+                d.handle(opened, now)
+                return d
+        self.unmatched += 1
+        return None
+
+
+def node_metrics(url):
+    """A few gauges of the node's /metrics (not part of the wire protocol), or None."""
+    if not url:
+        return None
+    import urllib.request
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError as e:
+        return {"error": str(e)}
+    want = ("process_resident_memory_bytes", "pure_sessions_active", "pure_senders", "pure_x25519_total")
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in want:
+            out[parts[0]] = float(parts[1])
+    return out
+
+
+def run_load(args):
+    if args.keys_in:
+        keys = read_load_keys(args.keys_in)[:args.load]
+        if len(keys) < args.load:
+            raise SystemExit("%s holds %d keys, fewer than --load %d" % (args.keys_in, len(keys), args.load))
+    else:
+        if not args.senders_out:
+            raise SystemExit("--load needs --senders-out FILE (to make keys) or --keys-in FILE (to use them)")
+        keys_out = args.keys_out or args.senders_out + ".keys"
+        t0 = time.monotonic()
+        keys = make_load_keys(args.load, args.senders_out, keys_out, args.name_prefix)
+        print("wrote %d senders to %s and their private keys to %s in %.1f s"
+              % (len(keys), args.senders_out, keys_out, time.monotonic() - t0), file=sys.stderr)
+        if not args.to:
+            return 0
+    if not (args.to and args.node):
+        raise SystemExit("delivering needs --node and --to")
+    node_pub = b64key(args.node)
+    family, addr = resolve(args.to)
+    before = node_metrics(args.metrics_url)
+    nsock = max(1, min(args.sockets, len(keys)))
+    groups = [SocketGroup(make_socket(family, addr)) for _ in range(nsock)]
+    sel = selectors.DefaultSelector()
+    for g in groups:
+        sel.register(g.sock, selectors.EVENT_READ, g)
+    t0 = time.monotonic()
+    pending = collections.deque()
+    for i, (name, priv) in enumerate(keys):
+        pending.append((i, name, priv))
+    active = []
+    finished = []
+    latencies = []
+    while pending or active:
+        now = time.monotonic()
+        while pending and len(active) < args.concurrency:
+            i, name, priv = pending.popleft()
+            payloads = [load_payload(name, k) for k in range(1, args.records + 1)]
+            d = Delivery(Run(priv, node_pub), args.app, payloads, start=args.start, window=args.window,
+                         datagram=args.datagram_size, timeout=args.timeout, now=now)
+            d.name = name
+            g = groups[i % nsock]
+            g.members.append(d)
+            d.group = g
+            active.append(d)
+        for d in active:
+            d.tick(now)
+            if d.active:
+                dg = d.packets(now, limit=8)
+                if dg:
+                    send_all(d.group.sock, dg)
+                    d.group.sent(d)
+        still = []
+        for d in active:
+            if d.active:
+                still.append(d)
+            else:
+                finished.append(d)
+                d.group.members.remove(d)
+                d.group.waiting.pop(d, None)
+                if d.done:
+                    latencies.append((d.finished or now) - d.started)
+        active = still
+        if not active and not pending:
+            break
+        timers = [t for t in (d.next_timer() for d in active) if t is not None]
+        wait = max(0.0, min(min(timers) - now, 0.05)) if timers else 0.05
+        for key, _ in sel.select(wait):
+            g = key.data
+            now = time.monotonic()
+            for dgram in recv_all(g.sock):
+                g.dispatch(dgram, now)
+    elapsed = time.monotonic() - t0
+    ok = [d for d in finished if d.done]
+    bad = [d for d in finished if not d.done]
+    latencies.sort()
+    summary = {
+        "senders": len(keys), "records_per_sender": args.records, "sockets": nsock,
+        "delivered_senders": len(ok), "failed_senders": len(bad),
+        "records_stored": sum(d.total for d in ok), "seconds": round(elapsed, 3),
+        "records_per_second": round(sum(d.total for d in ok) / elapsed, 1) if elapsed else None,
+        "packets_sent": sum(d.packets_sent for d in finished),
+        "go_back_rounds": sum(d.retransmits for d in finished),
+        "decrypt_trials": sum(g.trials for g in groups), "unmatched_replies": sum(g.unmatched for g in groups),
+        "delivery_seconds_p50": round(latencies[len(latencies) // 2], 4) if latencies else None,
+        "delivery_seconds_p99": round(latencies[int(len(latencies) * 0.99)], 4) if latencies else None,
+    }
+    if args.metrics_url:
+        after = node_metrics(args.metrics_url)
+        summary["node_before"], summary["node_after"] = before, after
+    print(json.dumps(summary))
+    for d in bad[:10]:
+        print("%s: %s" % (d.name, d.error), file=sys.stderr)
+    return 0 if not bad else 1
+
+
+# ---------------------------------------------------------------- CLI
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="A pure-serve sender (link protocol v1) written from docs/protocol.md. "
+                                "Each line of standard input is one record; exits 0 only when the node has "
+                                "stored every record.")
+    p.add_argument("--key", help="this sender's private key file (base64 of 32 bytes, one line)")
+    p.add_argument("--node", help="the node's public key (base64)")
+    p.add_argument("--to", help="the node's link address HOST:PORT")
+    p.add_argument("--app", default="main", help="the app to deliver to (default main)")
+    p.add_argument("--start", type=int, default=None,
+                   help="known start sequence: data in the first packet, no probe (default: probe first)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="give up after this many seconds without progress (0 = never; default 60)")
+    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, help="records in flight at most (default 16384)")
+    p.add_argument("--datagram-size", type=int, default=DEFAULT_DATAGRAM,
+                   help="datagram size to fill to (96-1472, default 1200)")
+    p.add_argument("--progress", action="store_true", help="print 'acked N' on stderr whenever the ack moves")
+    g = p.add_argument_group("load mode")
+    g.add_argument("--load", type=int, metavar="N_SENDERS", help="use N senders with fresh (or --keys-in) keys")
+    g.add_argument("--records", type=int, default=10, metavar="M", help="records per sender in load mode")
+    g.add_argument("--senders-out", help="write the senders-file lines of the new keys here")
+    g.add_argument("--keys-out", help="write the new private keys here (NAME KEY per line; default SENDERS_OUT.keys)")
+    g.add_argument("--keys-in", help="use the keys of this file (written by --keys-out) instead of new ones")
+    g.add_argument("--name-prefix", default="load-", help="sender names are PREFIX + a 7-digit number")
+    g.add_argument("--sockets", type=int, default=1, help="UDP sockets to spread the senders over (default 1)")
+    g.add_argument("--concurrency", type=int, default=64,
+                   help="senders delivering at once (default 64); a reply costs about concurrency/sockets/2 "
+                        "trial decryptions, since a node packet names no run")
+    g.add_argument("--metrics-url", help="the node's /metrics URL: report its resident memory and active sessions "
+                   "before and after")
+    args = p.parse_args(argv)
+    if not MIN_DATAGRAM <= args.datagram_size <= MAX_DATAGRAM:
+        p.error("--datagram-size must be 96-1472 (§4)")
+    try:
+        if args.load is not None:
+            return run_load(args)
+        if not (args.key and args.node and args.to):
+            p.error("--key, --node and --to are needed (or --load)")
+        return deliver_one(args)
+    except (ValueError, OSError) as e:
+        print("error: %s" % e, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
