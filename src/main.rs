@@ -7,8 +7,17 @@ use pure_serve::cli::{self, Cli, Command};
 
 fn main() {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = match &cli.log {
+        Some(level) => match tracing_subscriber::EnvFilter::try_new(level) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("pure-serve: --log {level:?} is not a log level or filter ({e}); try --log debug");
+                std::process::exit(2);
+            }
+        },
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -35,6 +35,10 @@ Try it all on one machine first: pure-serve demo"
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
+    /// Log level or filter (error, warn, info, debug, trace, or e.g. `pure_serve::receive=debug`). Overrides
+    /// RUST_LOG. Logs go to standard error; under systemd, to the journal.
+    #[arg(long, global = true, value_name = "LEVEL")]
+    pub log: Option<String>,
     #[command(flatten)]
     pub node: node::NodeArgs,
 }
