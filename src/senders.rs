@@ -160,6 +160,12 @@ pub fn encode(path: &Path, text: &[u8], stamp: SourceStamp) -> Result<Vec<u8>, S
             continue;
         }
         match STANDARD.decode_slice(key, &mut key_buf) {
+            Ok(32) if key_buf[..32] == [0u8; 32] => problems.push(LineProblem {
+                line,
+                what: format!(
+                    "public key of {name} is all zeros, which no key pair has; copy the key again"
+                ),
+            }),
             Ok(32) => {
                 let mut k = [0u8; 32];
                 k.copy_from_slice(&key_buf[..32]);
@@ -401,6 +407,14 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("6 bad lines"), "{err}");
+        let zero = format!("nil {}\n", k(0));
+        let err = parse(Path::new("s.txt"), zero.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("s.txt:1: public key of nil is all zeros"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -487,6 +487,12 @@ fn unknown_senders_and_tampered_packets_are_dropped_and_counted() {
     bad[last] ^= 0x01;
     sim.node
         .handle_datagram(sim.now, sim.devices[0].addr, &bad, &mut sim.memo);
+    // A packet number at or above 2^62 is refused before any crypto.
+    let mut high = buf.clone();
+    high[13..21].copy_from_slice(&(1u64 << 62).to_be_bytes());
+    sim.node
+        .handle_datagram(sim.now, sim.devices[0].addr, &high, &mut sim.memo);
+    assert_eq!(sim.node.counters().dropped(DropReason::Malformed), 1);
     // Garbage of every kind the cheap checks catch.
     sim.node
         .handle_datagram(sim.now, from, &[0x11; 10], &mut sim.memo);
@@ -530,4 +536,22 @@ fn refused_apps_are_reported_to_the_sender() {
             .any(|e| matches!(e, SenderEvent::Refused { app, reason: 1 } if app == "nosuchapp"))
     );
     let _ = sim.start;
+}
+
+#[test]
+fn a_sender_that_starts_past_the_node_renumbers_after_the_nodes_heard_sequence() {
+    // The device believes 50 records are stored (it starts at 51), but this node's store has none of them.
+    let mut sim = Sim::new(19, CLEAN, 1, FlowStart::At(51));
+    sim.queue(0, 10);
+    sim.run_until_idle(Duration::from_secs(5));
+    assert!(sim.devices[0].events.iter().any(|e| matches!(
+        e,
+        SenderEvent::NodeBehind {
+            node: 0,
+            ours: 50,
+            ..
+        }
+    )));
+    // Renumbered from 1: the store now holds exactly what the device queued, in order.
+    sim.assert_exactly_once();
 }

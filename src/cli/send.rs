@@ -133,6 +133,12 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
                         "warning: the node holds {app} records up to {node}, past ours ({ours})"
                     );
                 }
+                SenderEvent::NodeBehind { app, node, ours } => {
+                    eprintln!(
+                        "warning: the node has {app} records only up to {node}, not {ours}; continuing from {}",
+                        node + 1
+                    );
+                }
             }
         }
         if refused {

@@ -245,6 +245,10 @@ impl Node {
         let Ok(header) = SenderHeader::parse(datagram) else {
             return self.drop_packet(DropReason::Size);
         };
+        // Packet numbers stay below 2^62 (protocol.md 3): anything above is malformed, refused before crypto.
+        if header.packet_number >= 1 << 62 {
+            return self.drop_packet(DropReason::Malformed);
+        }
         let session_id = match self.sessions.find(header.key_id, header.run_id) {
             Some(id) => {
                 let session = self.sessions.get(id).expect("index and map agree");

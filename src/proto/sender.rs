@@ -41,8 +41,12 @@ pub enum SenderEvent {
     Stored { app: String, through: u64 },
     /// The node refused the app (reason as in protocol.md 5); its records were dropped.
     Refused { app: String, reason: u8 },
-    /// The node holds records of this flow past anything this sender numbered (it lost its counter).
+    /// The node holds records of this flow past anything this sender numbered (it lost its counter). What was
+    /// queued is released (the node counted it as duplicates) and numbering continues after `node`.
     NodeAhead { app: String, node: u64, ours: u64 },
+    /// The node's heard sequence is below where this sender started (e.g. the node lost its store): the
+    /// unacknowledged records are renumbered from `node + 1` and sent again (docs/protocol.md 7, Acks).
+    NodeBehind { app: String, node: u64, ours: u64 },
 }
 
 /// Where a flow's numbering starts.
@@ -65,6 +69,10 @@ struct Flow {
     records: VecDeque<Vec<u8>>,
     /// Next sequence to put in a packet.
     cursor: u64,
+    /// Packet number of the first packet that carried record `acked + 1` since `acked` last changed. An ACK
+    /// below `acked` is only believed if its ECHO shows the node had received that packet: an older ACK that
+    /// arrives late is not mistaken for a node that went back.
+    base_sent_pn: Option<u64>,
     refused: bool,
 }
 
@@ -242,6 +250,7 @@ impl Sender {
             acked,
             records: VecDeque::new(),
             cursor: acked + 1,
+            base_sent_pn: None,
             refused: false,
         });
         Ok(())
@@ -358,6 +367,9 @@ impl Sender {
             if count == 0 {
                 continue;
             }
+            if first == f.acked + 1 && f.base_sent_pn.is_none() {
+                f.base_sent_pn = Some(pn);
+            }
             wire::put_data_header(out, f.app.as_bytes(), first, count as u64);
             for r in f.records.range(start_idx..start_idx + count) {
                 wire::put_record(out, r);
@@ -419,6 +431,8 @@ impl Sender {
             f.cursor = f.acked + 1;
             f.probe_outstanding = false;
         }
+        // Retransmitted records travel in new packets; `base_sent_pn` keeps the first one, which is the oldest
+        // the node could have answered about.
         self.backoff = (self.backoff + 1).min(8);
         self.rto_deadline = None;
     }
@@ -462,9 +476,11 @@ impl Sender {
         self.n2s = Some((header.epoch, key));
         self.stats.packets_received += 1;
         let mut progress = false;
+        let mut echoed: Option<u64> = None;
         for frame in frames {
             match frame {
                 NodeFrame::Echo { packet_number } => {
+                    echoed = Some(packet_number);
                     if let Some(&(_, sent)) =
                         self.sent_times.iter().find(|(pn, _)| *pn == packet_number)
                     {
@@ -491,6 +507,23 @@ impl Sender {
                         });
                         continue;
                     }
+                    if stored_through < f.acked
+                        && f.base_sent_pn.is_some()
+                        && echoed >= f.base_sent_pn
+                    {
+                        // The node saw our first unacknowledged record and is still below it: a gap it can
+                        // never fill. Renumber what we hold so it follows the node's heard sequence.
+                        self.events.push_back(SenderEvent::NodeBehind {
+                            app: f.app.clone(),
+                            node: stored_through,
+                            ours: f.acked,
+                        });
+                        f.acked = stored_through;
+                        f.cursor = stored_through + 1;
+                        f.base_sent_pn = None;
+                        progress = true;
+                        continue;
+                    }
                     if stored_through <= f.acked {
                         continue;
                     }
@@ -508,6 +541,7 @@ impl Sender {
                     }
                     f.acked = stored_through;
                     f.cursor = f.cursor.max(stored_through + 1);
+                    f.base_sent_pn = None;
                     self.events.push_back(SenderEvent::Stored {
                         app: f.app.clone(),
                         through: stored_through,
