@@ -1,5 +1,6 @@
 //! `pure-serve` with no subcommand: run the node until SIGTERM or SIGINT; SIGHUP reloads the senders file.
 
+use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -91,7 +92,20 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         }
     };
     let http_addr = SocketAddr::new(args.bind, args.http_port);
-    let ready = ReadyNode::prepare(settings).context("the node did not start")?;
+    // Reading a big senders file for the first time takes a moment (about 0.7 s per million lines here); say so
+    // on a terminal, and only there: the journal gets the one line that follows.
+    let big_senders = settings.senders_file.as_ref().and_then(|p| {
+        let size = std::fs::metadata(p).ok()?.len();
+        (size >= 8 << 20 && std::io::stderr().is_terminal()).then_some((p.clone(), size))
+    });
+    if let Some((path, size)) = &big_senders {
+        eprint!("reading {} ({} MB)…", path.display(), size >> 20);
+    }
+    let ready = ReadyNode::prepare(settings);
+    if big_senders.is_some() {
+        eprint!("\r\x1b[K");
+    }
+    let ready = ready.context("the node did not start")?;
     let http = HttpServer::bind(http_addr).context("the node did not start")?;
     let http_addr = http.local_addr().unwrap_or(http_addr);
     http.spawn(ready.stats.clone())
