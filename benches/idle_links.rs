@@ -138,18 +138,16 @@ fn start_node(bin: &str, dir: &Path, idle_ms: u64) -> Node {
     }
 }
 
-/// Makes `n` identities on all cores.
-fn identities(n: usize) -> Vec<Identity> {
+/// Maps `0..n` through `f` on all cores, keeping the order.
+fn par_map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism().map_or(1, |p| p.get());
+    let chunk = n.div_ceil(threads).max(1);
+    let f = &f;
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                s.spawn(move || {
-                    (t..n)
-                        .step_by(threads)
-                        .map(|_| Identity::generate())
-                        .collect::<Vec<_>>()
-                })
+        let handles: Vec<_> = (0..n)
+            .step_by(chunk)
+            .map(|start| {
+                s.spawn(move || (start..(start + chunk).min(n)).map(f).collect::<Vec<_>>())
             })
             .collect();
         handles
@@ -159,36 +157,23 @@ fn identities(n: usize) -> Vec<Identity> {
     })
 }
 
+/// Makes `n` identities on all cores.
+fn identities(n: usize) -> Vec<Identity> {
+    par_map(n, |_| Identity::generate())
+}
+
 /// A sender with its first packet (one record, data in the first packet of a new run), made ahead of time on all
 /// cores so the delivery measures the node, not the generator's X25519.
 fn first_packets(ids: &[Identity], node: &[u8; 32]) -> Vec<(Sender, Vec<u8>)> {
-    let threads = std::thread::available_parallelism().map_or(1, |p| p.get());
-    let chunk = ids.len().div_ceil(threads).max(1);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = ids
-            .chunks(chunk)
-            .map(|part| {
-                s.spawn(move || {
-                    part.iter()
-                        .map(|id| {
-                            let mut sender =
-                                Sender::new(SenderConfig::new(id.clone(), *node)).unwrap();
-                            sender.open_flow("main", FlowStart::At(1)).unwrap();
-                            sender
-                                .queue("main", b"hello from an idle link".to_vec())
-                                .unwrap();
-                            let mut p = Vec::new();
-                            assert!(sender.poll_transmit(Instant::now(), &mut p));
-                            (sender, p)
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
+    par_map(ids.len(), |i| {
+        let mut sender = Sender::new(SenderConfig::new(ids[i].clone(), *node)).unwrap();
+        sender.open_flow("main", FlowStart::At(1)).unwrap();
+        sender
+            .queue("main", b"hello from an idle link".to_vec())
+            .unwrap();
+        let mut p = Vec::new();
+        assert!(sender.poll_transmit(Instant::now(), &mut p));
+        (sender, p)
     })
 }
 
