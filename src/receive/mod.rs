@@ -143,13 +143,43 @@ fn create_private_dir(path: &Path) -> Result<(), NodeError> {
 fn bind_udp(addr: SocketAddr, recv_buffer: usize) -> Result<UdpSocket, NodeError> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
         .map_err(NodeError::Socket)?;
-    // Best effort: the kernel caps it at net.core.rmem_max; what we got is logged.
-    let _ = socket.set_recv_buffer_size(recv_buffer);
+    set_recv_buffer(&socket, recv_buffer);
     socket
         .bind(&addr.into())
         .map_err(|source| NodeError::Bind { addr, source })?;
     socket.set_nonblocking(true).map_err(NodeError::Socket)?;
     Ok(socket.into())
+}
+
+/// Asks for `wanted` bytes of receive buffer. SO_RCVBUF is capped by net.core.rmem_max (212,992 bytes on a stock
+/// kernel, less than one sender's burst); SO_RCVBUFFORCE passes the cap where the process may (root or
+/// CAP_NET_ADMIN). What the kernel granted is logged, with the fix when it is short: a full buffer drops datagrams
+/// the senders must then resend (research/001).
+fn set_recv_buffer(socket: &Socket, wanted: usize) {
+    let value = wanted.min(i32::MAX as usize / 2) as libc::c_int;
+    // SAFETY: setsockopt with a valid fd and a pointer to a c_int of the size passed.
+    let forced = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    } == 0;
+    if !forced {
+        let _ = socket.set_recv_buffer_size(wanted);
+    }
+    // Linux reports twice the size asked for (it counts its bookkeeping); half of it is comparable to `wanted`.
+    let granted = socket.recv_buffer_size().map(|b| b / 2).unwrap_or(0);
+    if granted < wanted {
+        tracing::warn!(
+            "UDP receive buffer is {granted} bytes, not the {wanted} asked for: bursts beyond it are dropped; \
+             raise the cap with `sysctl -w net.core.rmem_max={wanted}` (or --recv-buffer to ask for less)"
+        );
+    } else {
+        tracing::debug!(granted, "UDP receive buffer");
+    }
 }
 
 impl ReadyNode {
