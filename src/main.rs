@@ -11,7 +11,9 @@ fn main() {
         Some(level) => match tracing_subscriber::EnvFilter::try_new(level) {
             Ok(f) => f,
             Err(e) => {
-                eprintln!("pure-serve: --log {level:?} is not a log level or filter ({e}); try --log debug");
+                eprintln!(
+                    "pure-serve: --log {level:?} is not a log level or filter ({e}); try --log debug"
+                );
                 std::process::exit(2);
             }
         },

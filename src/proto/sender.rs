@@ -14,7 +14,7 @@ use super::wire::{self, NodeFrame, NodeHeader};
 
 /// Sender packets are this large by default: fits nearly every path (docs/protocol.md 4).
 pub const DEFAULT_DATAGRAM: usize = 1200;
-/// Records in flight per flow at most, whatever the congestion window (docs/protocol.md 7).
+/// Records in flight per flow before the sender waits for acks (docs/protocol.md 7).
 pub const DEFAULT_WINDOW: u64 = 16_384;
 /// RTO before any round-trip sample, and its bounds (docs/protocol.md 7).
 const INITIAL_RTO: Duration = Duration::from_millis(250);
@@ -24,73 +24,6 @@ const MIN_RTO: Duration = Duration::from_millis(50);
 const MAX_RTO: Duration = Duration::from_secs(2);
 /// How many sent packets' times are kept for ECHO round-trip samples.
 const SENT_TIMES: usize = 4096;
-/// Congestion window, in packets (docs/protocol.md 7): where it starts, its floor, and its ceiling.
-const INITIAL_CWND: u64 = 32;
-const MIN_CWND: u64 = 4;
-const MAX_CWND: u64 = 4096;
-/// Packets the node must have received past the one that carried a flow's first unacknowledged record, with that
-/// flow's ACK not moving, before the sender calls it lost and resends without waiting for the RTO.
-const GAP_PACKETS: u64 = 3;
-
-/// AIMD over packets in flight. The node's ECHO says which packets arrived; a loss (a gap seen through ECHO, or
-/// an RTO) halves the window once per round trip. This keeps many senders from overflowing the node's socket
-/// buffer, where a fixed window made every overflow cost a whole window resent (research/001).
-struct Congestion {
-    cwnd: u64,
-    ssthresh: u64,
-    /// Growth in congestion avoidance accumulates here until it makes a whole packet.
-    growth: u64,
-    /// Packets below this number are no longer in flight (echoed, or given up at an RTO).
-    flight_base: u64,
-    /// No second decrease until the node has echoed a packet sent after the last one.
-    recovery_until: u64,
-}
-
-impl Congestion {
-    fn new() -> Self {
-        Congestion {
-            cwnd: INITIAL_CWND,
-            ssthresh: u64::MAX,
-            growth: 0,
-            flight_base: 0,
-            recovery_until: 0,
-        }
-    }
-    fn in_flight(&self, next_pn: u64) -> u64 {
-        next_pn.saturating_sub(self.flight_base)
-    }
-    fn on_echo(&mut self, packet_number: u64) {
-        let arrived = (packet_number + 1).saturating_sub(self.flight_base);
-        if arrived == 0 {
-            return;
-        }
-        self.flight_base = packet_number + 1;
-        if self.cwnd < self.ssthresh {
-            self.cwnd = (self.cwnd + arrived).min(MAX_CWND);
-        } else {
-            self.growth += arrived;
-            while self.growth >= self.cwnd {
-                self.growth -= self.cwnd;
-                self.cwnd = (self.cwnd + 1).min(MAX_CWND);
-            }
-        }
-    }
-    fn on_loss(&mut self, next_pn: u64) {
-        if self.flight_base < self.recovery_until {
-            return;
-        }
-        self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
-        self.cwnd = self.ssthresh;
-        self.growth = 0;
-        self.recovery_until = next_pn;
-    }
-    fn on_timeout(&mut self, next_pn: u64) {
-        self.on_loss(next_pn);
-        // Everything sent before the RTO is written off; the resend starts a new flight.
-        self.flight_base = next_pn;
-    }
-}
-
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SenderError {
     #[error("app name {0:?} is not 1–32 characters of a-z 0-9 _ -")]
@@ -228,7 +161,6 @@ pub struct Sender {
     flows: Vec<Flow>,
     sent_times: VecDeque<(u64, Instant)>,
     rtt: Rtt,
-    congestion: Congestion,
     rto_deadline: Option<Instant>,
     backoff: u32,
     last_progress: Option<Instant>,
@@ -244,8 +176,6 @@ pub struct SenderStats {
     pub retransmit_rounds: u64,
     pub packets_received: u64,
     pub packets_rejected: u64,
-    /// Losses found through ECHO and resent before the RTO.
-    pub fast_retransmits: u64,
 }
 
 impl Sender {
@@ -275,7 +205,6 @@ impl Sender {
                 srtt: None,
                 rttvar: Duration::ZERO,
             },
-            congestion: Congestion::new(),
             rto_deadline: None,
             backoff: 0,
             last_progress: None,
@@ -394,7 +323,7 @@ impl Sender {
             .flows
             .iter()
             .any(|f| self.wants_probe(f) || (f.has_unsent() && f.in_flight() < self.window));
-        if !wants || self.congestion.in_flight(self.next_pn) >= self.congestion.cwnd {
+        if !wants {
             return false;
         }
         out.clear();
@@ -499,7 +428,6 @@ impl Sender {
             return;
         }
         self.stats.retransmit_rounds += 1;
-        self.congestion.on_timeout(self.next_pn);
         for f in &mut self.flows {
             f.cursor = f.acked + 1;
             f.probe_outstanding = false;
@@ -554,7 +482,6 @@ impl Sender {
             match frame {
                 NodeFrame::Echo { packet_number } => {
                     echoed = Some(packet_number);
-                    self.congestion.on_echo(packet_number);
                     if let Some(&(_, sent)) =
                         self.sent_times.iter().find(|(pn, _)| *pn == packet_number)
                     {
@@ -596,19 +523,6 @@ impl Sender {
                         f.cursor = stored_through + 1;
                         f.base_sent_pn = None;
                         progress = true;
-                        continue;
-                    }
-                    if stored_through == f.acked
-                        && f.in_flight() > 0
-                        && let (Some(base), Some(echo)) = (f.base_sent_pn, echoed)
-                        && echo >= base + GAP_PACKETS
-                    {
-                        // The node received later packets but not the one with our first unacknowledged
-                        // record: it is lost. Resend from there now rather than after the RTO.
-                        f.cursor = f.acked + 1;
-                        f.base_sent_pn = None;
-                        self.stats.fast_retransmits += 1;
-                        self.congestion.on_loss(self.next_pn);
                         continue;
                     }
                     if stored_through <= f.acked {
