@@ -181,7 +181,7 @@ impl AppStore {
                 .prepare_cached("SELECT id, heard FROM sources WHERE name = ?1")
                 .map_err(sql)?;
             let mut add = tx
-                .prepare_cached("INSERT INTO sources (name, heard) VALUES (?1, 0)")
+                .prepare_cached("INSERT INTO sources (name, heard) VALUES (?1, ?2)")
                 .map_err(sql)?;
             let mut put = tx
                 .prepare_cached(
@@ -204,12 +204,11 @@ impl AppStore {
                     .query_row([name], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()
                     .map_err(sql)?;
+                // A new source gets its row only when it has something stored, written once with its heard
+                // sequence: a new sender costs one insert here, not an insert and an update (research/001).
                 let (id, heard_before) = match found {
-                    Some((id, heard)) => (id, heard as u64),
-                    None => {
-                        add.execute([name]).map_err(sql)?;
-                        (tx.last_insert_rowid(), 0)
-                    }
+                    Some((id, heard)) => (Some(id), heard as u64),
+                    None => (None, 0),
                 };
                 let mut heard = heard_before;
                 let mut out = FlowOutcome::default();
@@ -240,6 +239,16 @@ impl AppStore {
                     heard = last;
                 }
                 if heard > heard_before {
+                    let id = match id {
+                        Some(id) => {
+                            set_heard.execute(params![id, heard as i64]).map_err(sql)?;
+                            id
+                        }
+                        None => {
+                            add.execute(params![name, heard as i64]).map_err(sql)?;
+                            tx.last_insert_rowid()
+                        }
+                    };
                     put.execute(params![
                         id,
                         (heard_before + 1) as i64,
@@ -247,7 +256,6 @@ impl AppStore {
                         &body
                     ])
                     .map_err(sql)?;
-                    set_heard.execute(params![id, heard as i64]).map_err(sql)?;
                 }
                 heard_out.push(FlowHeard { sender, app, heard });
                 totals.stored += out.stored;
