@@ -5,7 +5,10 @@
 //! (a new run each, so one X25519 per sender on the node) and the tool waits until the node has swept every session
 //! ("after_idle" phase) and reads the memory again. Prints one JSON object per measurement.
 //!
-//! Usage: cargo bench --bench idle_links -- [--senders N]... [--runs R] [--send] [--bin PATH] [--label L]
+//! With `--reload`, the senders file gets one more line and the node a SIGHUP; the time until the node counts the
+//! reload done ("reload" phase) is the whole parse-and-index path.
+//!
+//! Usage: cargo bench --bench idle_links -- [--senders N]... [--runs R] [--send] [--reload] [--bin PATH] [--label L]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -22,6 +25,7 @@ struct Args {
     senders: Vec<usize>,
     runs: usize,
     send: bool,
+    reload: bool,
     bin: String,
     label: String,
 }
@@ -31,6 +35,7 @@ fn args() -> Args {
         senders: Vec::new(),
         runs: 1,
         send: false,
+        reload: false,
         bin: env!("CARGO_BIN_EXE_pure-serve").to_string(),
         label: "current".into(),
     };
@@ -40,6 +45,7 @@ fn args() -> Args {
             "--senders" => a.senders.push(it.next().unwrap().parse().unwrap()),
             "--runs" => a.runs = it.next().unwrap().parse().unwrap(),
             "--send" => a.send = true,
+            "--reload" => a.reload = true,
             "--bin" => a.bin = it.next().unwrap(),
             "--label" => a.label = it.next().unwrap(),
             "--bench" => {}
@@ -277,6 +283,32 @@ fn main() {
                 proc_kb(pid, "RssAnon:"),
                 proc_kb(pid, "RssFile:")
             );
+            if a.reload {
+                // A reload of a changed file (one sender more): the full parse-and-index path a SIGHUP takes.
+                let mut text = std::fs::read_to_string(dir.path().join("senders")).unwrap();
+                text.push_str(&format!(
+                    "added-by-reload {}\n",
+                    encode_key(&pure_serve::proto::crypto::random_array())
+                ));
+                std::fs::write(dir.path().join("senders"), text).unwrap();
+                let before = metric(node.http, "pure_reloads_total");
+                let t = Instant::now();
+                // SAFETY: kill(2) on our own child.
+                unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+                while metric(node.http, "pure_reloads_total") <= before {
+                    assert!(
+                        t.elapsed() < Duration::from_secs(60),
+                        "reload did not finish"
+                    );
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                println!(
+                    "{{\"bench\":\"idle_links\",\"label\":\"{}\",\"run\":{run},\"senders\":{n},\"phase\":\"reload\",\"reload_ms\":{:.1},\"senders_after\":{}}}",
+                    a.label,
+                    t.elapsed().as_secs_f64() * 1e3,
+                    metric(node.http, "pure_senders")
+                );
+            }
             if a.send && n > 0 {
                 let took = deliver_one_each(first_packets(&ids, &node.public), &node);
                 let peak_anon = proc_kb(pid, "RssAnon:");
