@@ -599,7 +599,9 @@ fn wait_readable(socket: &UdpSocket, timeout: Duration) {
         events: libc::POLLIN,
         revents: 0,
     };
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // Rounded up: rounding down turns the last partial millisecond before a deadline into a busy loop of
+    // zero-timeout polls (research/003 saw 14 in a row).
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
     // SAFETY: one valid pollfd for the duration of the call; a failure (EINTR) just ends the wait early.
     unsafe {
         libc::poll(&mut fds, 1, ms);
