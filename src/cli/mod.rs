@@ -50,8 +50,19 @@ pub enum Command {
     /// Print the public key of a private key file.
     Pubkey(PubkeyArgs),
     /// Send records read from standard input (one line each) to a node, and wait until all are stored.
+    #[command(after_help = "Examples:\n  \
+        seq 1 1000 | pure-serve send --key device.key --node NODE_PUBLIC_KEY --to 192.0.2.1:7380\n  \
+        tail -f readings.log | pure-serve send --key device.key --node NODE_PUBLIC_KEY --to node.lan:7380 --timeout 0\n\n\
+        The first packet asks the node where this sender's records of the app stand, so records continue after\n\
+        what an earlier run stored. Exit status: 0 when every record is stored, 1 otherwise (the message says\n\
+        how many were not acknowledged and why).")]
     Send(send::SendArgs),
     /// Print stored records.
+    #[command(after_help = "Examples:\n  \
+        pure-serve records --state /var/lib/private/pure-serve --source kitchen-1 | tail\n  \
+        pure-serve records --json | jq -r 'select(.seq > 100) | .payload'\n\n\
+        Plain output is one record per line: app, source, sequence, payload (tab-separated; bytes that are not\n\
+        UTF-8 are shown replaced). --json gives payload as text when it is UTF-8, else payload_b64.")]
     Records(records::RecordsArgs),
     /// Run a node and simulated senders on loopback in this process, and show what they stored and how fast.
     Demo(demo::DemoArgs),
