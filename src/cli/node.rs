@@ -132,6 +132,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         stop: signals.stop,
         reload: Some(signals.reload),
         notifier: notifier.as_ref(),
+        wake: signals.wake,
     })?;
     tracing::info!(
         stored = counters.stored_records,

@@ -13,7 +13,7 @@
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -104,6 +104,9 @@ pub struct Control<'a> {
     pub reload: Option<&'a AtomicBool>,
     /// The supervisor's notify socket, if there is one.
     pub notifier: Option<&'a Notifier>,
+    /// A descriptor that becomes readable when `stop` or `reload` is set (the signal handlers' eventfd), so the
+    /// loop wakes at once instead of at its next timeout.
+    pub wake: Option<RawFd>,
 }
 
 /// A reload being read on its helper thread.
@@ -248,6 +251,7 @@ impl ReadyNode {
             stop,
             reload: None,
             notifier: None,
+            wake: None,
         })
     }
 
@@ -287,8 +291,14 @@ impl ReadyNode {
                 .map(|t| t.saturating_duration_since(now))
                 .unwrap_or(MAX_WAIT)
                 .min(MAX_WAIT);
+            // While a reload is being read on its thread, look for its result often; reloads are rare.
+            let wait = if pending.is_some() {
+                wait.min(RELOAD_POLL)
+            } else {
+                wait
+            };
             if !stopping {
-                wait_readable(&self.socket, wait);
+                wait_readable(&self.socket, control.wake, wait);
             }
             let now = Instant::now();
             let mut read = 0;
@@ -578,6 +588,9 @@ fn log_summary(before: &NodeCounters, now: &NodeCounters, sessions: usize) {
     );
 }
 
+/// How often the loop looks for a reload's result while the senders file is being read.
+const RELOAD_POLL: Duration = Duration::from_millis(2);
+
 /// Sessions swept in one sweep that make it worth giving freed heap back to the kernel.
 const TRIM_AFTER_SWEPT: u64 = 1024;
 
@@ -592,18 +605,30 @@ fn release_freed_memory() {
     }
 }
 
-/// Waits until the socket is readable or `timeout` passes.
-fn wait_readable(socket: &UdpSocket, timeout: Duration) {
-    let mut fds = libc::pollfd {
-        fd: socket.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
+/// Waits until the socket is readable, a signal woke the loop, or `timeout` passes.
+fn wait_readable(socket: &UdpSocket, wake: Option<RawFd>, timeout: Duration) {
+    let mut fds = [
+        libc::pollfd {
+            fd: socket.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            // A negative fd is ignored by poll(2).
+            fd: wake.unwrap_or(-1),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
     // Rounded up: rounding down turns the last partial millisecond before a deadline into a busy loop of
     // zero-timeout polls (research/003 saw 14 in a row).
     let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-    // SAFETY: one valid pollfd for the duration of the call; a failure (EINTR) just ends the wait early.
-    unsafe {
-        libc::poll(&mut fds, 1, ms);
+    // SAFETY: two valid pollfds for the duration of the call; a failure (EINTR) just ends the wait early.
+    let woken =
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) } > 0 && fds[1].revents & libc::POLLIN != 0;
+    if woken && let Some(fd) = wake {
+        let mut count = 0u64;
+        // SAFETY: reading 8 bytes from the non-blocking eventfd into a u64 clears it.
+        unsafe { libc::read(fd, (&mut count as *mut u64).cast(), 8) };
     }
 }
