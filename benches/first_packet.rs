@@ -38,14 +38,14 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+
 use std::time::{Duration, Instant};
 
 use pure_serve::proto::allow_list::AllowList;
 use pure_serve::proto::crypto::Identity;
-use pure_serve::proto::node::{Node, NodeConfig, NodeCounters};
+use pure_serve::proto::node::{Node, NodeConfig};
 use pure_serve::proto::sender::{Sender, SenderConfig};
-use pure_serve::receive::{NodeError, NodeSettings, ReadyNode};
+use pure_serve::receive::LocalNode;
 use pure_serve::sender::{FlowStart, SenderEvent, UdpLink};
 use pure_serve::store::Stores;
 use pure_serve::store::memo::Memo;
@@ -99,50 +99,16 @@ fn record(tag: u64) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------------------------------
 // Our node, in process
 
-struct RunningNode {
-    addr: SocketAddr,
-    public: [u8; 32],
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Result<NodeCounters, NodeError>>,
-}
-
-fn start_node(dir: &Path, listed: &[&Identity], idle: Duration) -> RunningNode {
-    let senders_file = dir.join("senders");
-    let text: String = listed
+fn start_node(dir: &Path, listed: &[&Identity], idle: Duration) -> LocalNode {
+    let listed: Vec<(String, [u8; 32])> = listed
         .iter()
         .enumerate()
-        .map(|(i, id)| format!("dev-{i} {}\n", pure_serve::keys::encode_key(id.public())))
+        .map(|(i, id)| (format!("dev-{i}"), *id.public()))
         .collect();
-    std::fs::write(&senders_file, text).expect("senders file");
-    let ready = ReadyNode::prepare(NodeSettings {
-        state_dir: dir.join("state"),
-        key_file: dir.join("node.key"),
-        senders_file: Some(senders_file),
-        link_addr: "127.0.0.1:0".parse().expect("literal"),
-        idle,
-        apps: vec![APP.to_string()],
-        recv_buffer: 2 << 20,
-    })
-    .expect("node");
-    let addr = ready.local_addr();
-    let public = ready.identity_public();
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let thread = std::thread::Builder::new()
-        .name("pure-receive".into())
-        .spawn(move || ready.run(&stop2))
-        .expect("thread");
-    RunningNode {
-        addr,
-        public,
-        stop,
-        thread,
-    }
+    LocalNode::start(dir, &listed, idle, 2 << 20).expect("node")
 }
 
-/// One wake of an idle link: a new run sends one record at `seq`. Returns (first send → Stored, setup → Stored):
-/// setup is the new `UdpLink` (socket, the sender's X25519, HKDF) and queuing the record.
-fn ours_sample(id: &Identity, node: &RunningNode, seq: u64) -> (Duration, Duration) {
+fn ours_sample(id: &Identity, node: &LocalNode, seq: u64) -> (Duration, Duration) {
     let id = id.clone();
     let payload = record(seq);
     let setup = Instant::now();
@@ -569,8 +535,7 @@ fn main() {
     }
     // Let the last turn's memo write and counters settle, then stop the node.
     std::thread::sleep(Duration::from_millis(50));
-    node.stop.store(true, Ordering::Relaxed);
-    let c = node.thread.join().expect("node thread").expect("node run");
+    let c = node.stop().expect("node run");
 
     for (idx, v) in ALL.iter().enumerate() {
         let extra = match v {

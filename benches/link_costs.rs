@@ -32,7 +32,7 @@ use pure_serve::proto::node::{DropReason, NoMemo, Node, NodeConfig};
 use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
 use pure_serve::proto::turn::{Apply, Committed, FlowHeard, Turn};
 use pure_serve::proto::wire;
-use pure_serve::receive::{NodeSettings, ReadyNode};
+use pure_serve::receive::LocalNode;
 use pure_serve::sender::UdpLink;
 use pure_serve::store::memo::Memo;
 use pure_serve::store::{self, Stores};
@@ -693,60 +693,19 @@ fn fsync_floor(out: &Out, name: &str) {
     );
 }
 
-struct RunningNode {
-    addr: SocketAddr,
-    node_public: [u8; 32],
-    stats: Arc<pure_serve::receive::LiveStats>,
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<
-        Result<pure_serve::proto::node::NodeCounters, pure_serve::receive::NodeError>,
-    >,
-    state: std::path::PathBuf,
-}
-
-fn start_node(dir: &Path, ids: &[Identity], idle: Duration, recv_buffer: usize) -> RunningNode {
-    let senders_file = dir.join("senders");
-    let text: String = ids
+fn start_node(dir: &Path, ids: &[Identity], idle: Duration, recv_buffer: usize) -> LocalNode {
+    let listed: Vec<(String, [u8; 32])> = ids
         .iter()
         .enumerate()
-        .map(|(i, id)| format!("dev-{i} {}\n", pure_serve::keys::encode_key(id.public())))
+        .map(|(i, id)| (format!("dev-{i}"), *id.public()))
         .collect();
-    std::fs::write(&senders_file, text).expect("senders file");
-    let ready = ReadyNode::prepare(NodeSettings {
-        state_dir: dir.join("state"),
-        key_file: dir.join("node.key"),
-        senders_file: Some(senders_file),
-        link_addr: "127.0.0.1:0".parse().expect("literal"),
-        idle,
-        apps: vec![APP.to_string()],
-        recv_buffer,
-    })
-    .expect("node");
-    let addr = ready.local_addr();
-    let node_public = ready.identity_public();
-    let stats = ready.stats.clone();
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let thread = std::thread::Builder::new()
-        .name("pure-receive".into())
-        .spawn(move || ready.run(&stop2))
-        .expect("thread");
-    RunningNode {
-        addr,
-        node_public,
-        stats,
-        stop,
-        thread,
-        state: dir.join("state"),
-    }
+    LocalNode::start(dir, &listed, idle, recv_buffer).expect("node")
 }
 
-impl RunningNode {
-    fn stop(self) -> (pure_serve::proto::node::NodeCounters, std::path::PathBuf) {
-        self.stop.store(true, Ordering::Relaxed);
-        let c = self.thread.join().expect("node thread").expect("node run");
-        (c, self.state)
-    }
+/// Stops the node; its counters and its state directory.
+fn stop_node(node: LocalNode) -> (pure_serve::proto::node::NodeCounters, std::path::PathBuf) {
+    let state = node.state_dir.clone();
+    (node.stop().expect("node run"), state)
 }
 
 /// Counts stored records per source and checks each source holds 1..=n exactly once, in order.
@@ -775,7 +734,7 @@ fn links_over_udp(out: &Out, links: usize, per_link: u64, recv_buffer: usize) ->
     // Queue everything before the clock starts: the figure is the link's, not the payload formatting's.
     let mut prepared = Vec::new();
     for id in &ids {
-        let mut link = UdpLink::connect(id.clone(), node.node_public, node.addr).expect("link");
+        let mut link = UdpLink::connect(id.clone(), node.public, node.addr).expect("link");
         link.sender()
             .open_flow(APP, FlowStart::At(1))
             .expect("flow");
@@ -841,7 +800,7 @@ fn links_over_udp(out: &Out, links: usize, per_link: u64, recv_buffer: usize) ->
     let longest_quiet = monitor.join().expect("monitor");
     let rcvbuf_errors = udp_rcvbuf_errors().saturating_sub(rcvbuf0);
     let datagrams = node.stats.datagrams.load(Ordering::Relaxed) - d0;
-    let (c, state) = node.stop();
+    let (c, state) = stop_node(node);
     let (stored, in_order) = check_store(&state);
     let total = links as u64 * per_link;
     let name = if recv_buffer == DEFAULT_RECV_BUFFER {
@@ -952,7 +911,7 @@ fn part_wake(out: &Out) {
         if since < quiet {
             std::thread::sleep(quiet - since);
         }
-        let mut link = UdpLink::connect(ids[i].clone(), node.node_public, node.addr).expect("link");
+        let mut link = UdpLink::connect(ids[i].clone(), node.public, node.addr).expect("link");
         link.sender()
             .open_flow(APP, FlowStart::At(next_seq[i]))
             .expect("flow");
@@ -989,7 +948,7 @@ fn part_wake(out: &Out) {
     }
     // The same with the session kept: one link stays up and sends one record at the same pace. The difference
     // from the wakes is what waking costs (memo lookup, HKDF, a new session); the rest is the round trip and commit.
-    let mut link = UdpLink::connect(ids[0].clone(), node.node_public, node.addr).expect("link");
+    let mut link = UdpLink::connect(ids[0].clone(), node.public, node.addr).expect("link");
     link.sender()
         .open_flow(APP, FlowStart::At(next_seq[0]))
         .expect("flow");
@@ -1018,7 +977,7 @@ fn part_wake(out: &Out) {
     active.sort();
     std::thread::sleep(Duration::from_millis(20));
     let x1 = node.stats.x25519.load(Ordering::Relaxed);
-    let (c, _) = node.stop();
+    let (c, _) = stop_node(node);
     first.sort();
     wakes.sort();
     let pct = |v: &[Duration], p: f64| {

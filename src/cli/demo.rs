@@ -3,16 +3,14 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::proto::allow_list::AllowList;
 use crate::proto::crypto::Identity;
-use crate::receive::{NodeSettings, ReadyNode};
+use crate::receive::LocalNode;
 use crate::sender::UdpLink;
 use crate::store;
 
@@ -30,7 +28,8 @@ pub struct DemoArgs {
     /// Bytes per record payload.
     #[arg(long, default_value_t = 40)]
     pub payload: usize,
-    /// Keep the state directory here instead of a temporary one (then inspect it with `pure-serve records`).
+    /// Keep the demo's files here instead of in a temporary directory (the node's state is DIR/state: inspect it
+    /// with `pure-serve records --state DIR/state`).
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
 }
@@ -56,32 +55,15 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         }
     };
     let identities: Vec<Identity> = (0..args.senders).map(|_| Identity::generate()).collect();
-    let senders_file = state_dir.join("senders");
     std::fs::create_dir_all(&state_dir)?;
-    let text: String = identities
+    let listed: Vec<(String, [u8; 32])> = identities
         .iter()
         .enumerate()
-        .map(|(i, id)| format!("device-{i} {}\n", crate::keys::encode_key(id.public())))
+        .map(|(i, id)| (format!("device-{i}"), *id.public()))
         .collect();
-    std::fs::write(&senders_file, text)?;
-    let _: AllowList = crate::senders::load(&senders_file)?;
-    let ready = ReadyNode::prepare(NodeSettings {
-        state_dir: state_dir.clone(),
-        key_file: state_dir.join("node.key"),
-        senders_file: Some(senders_file),
-        link_addr: "127.0.0.1:0".parse().expect("literal address"),
-        idle: Duration::from_secs(30),
-        apps: vec!["main".into()],
-        recv_buffer: 4 << 20,
-    })?;
-    let addr = ready.local_addr();
-    let node_key = ready.identity_public();
-    let stats = ready.stats.clone();
-    let stop = Arc::new(AtomicBool::new(false));
-    let node_stop = stop.clone();
-    let node = std::thread::Builder::new()
-        .name("pure-receive".into())
-        .spawn(move || ready.run(&node_stop))?;
+    let node = LocalNode::start(&state_dir, &listed, Duration::from_secs(30), 4 << 20)?;
+    let (addr, node_key, stats) = (node.addr, node.public, node.stats.clone());
+    let state_dir = node.state_dir.clone();
     let total = (args.senders * args.records) as u64;
     println!(
         "demo: {} senders × {} records of {} bytes → node at udp {addr} (state {})",
@@ -148,10 +130,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
             .map_err(|_| anyhow::anyhow!("a sender thread panicked"))??;
         latencies.extend(l);
     }
-    stop.store(true, Ordering::Relaxed);
-    let counters = node
-        .join()
-        .map_err(|_| anyhow::anyhow!("the node thread panicked"))??;
+    let counters = node.stop()?;
     // Check exactly-once in the store itself, not in the node's counters.
     let s = store::open_app_for_reading(&state_dir, "main").context("opening the demo's store")?;
     let mut seen = std::collections::HashMap::<String, u64>::new();

@@ -34,6 +34,9 @@ use crate::senders::{self, SendersError};
 use crate::store::memo::Memo;
 use crate::store::{StoreError, Stores};
 
+mod local;
+pub use local::LocalNode;
+
 /// Datagrams read per round before the turn is applied (BRIEF.md: bound the work per round).
 const BATCH: usize = 1024;
 /// Longest the loop sleeps without looking at the stop flag.
