@@ -233,6 +233,16 @@ fn a_tampered_packet_is_dropped_and_counted() {
         records(&state),
         vec![("dev".to_string(), 1, "genuine".to_string())]
     );
+    // The turn that stored it shows in the metrics (published right after the ack left).
+    let deadline = Instant::now() + DEADLINE;
+    while node.metric("pure_turns_total{outcome=\"committed\"}") != Some(1.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the committed turn was not counted"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(node.metric("pure_commit_seconds_total").unwrap() > 0.0);
 }
 
 #[test]

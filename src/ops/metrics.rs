@@ -54,6 +54,8 @@ pub struct Snapshot {
     pub sessions: usize,
     pub reloads_ok: u64,
     pub reloads_failed: u64,
+    /// Time spent applying and committing turns, in total.
+    pub commit_seconds: f64,
 }
 
 /// When the receive loop last turned, as microseconds since `base` (0: never).
@@ -238,6 +240,29 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
         "Reloads of the senders file that took effect.",
     );
     let _ = writeln!(out, "pure_reloads_total {}", s.reloads_ok);
+    family(
+        &mut out,
+        "pure_turns_total",
+        "counter",
+        "Turns applied to the stores: committed, or failed and rolled back (nothing of them acked).",
+    );
+    let _ = writeln!(
+        out,
+        "pure_turns_total{{outcome=\"committed\"}} {}",
+        c.turns_committed
+    );
+    let _ = writeln!(
+        out,
+        "pure_turns_total{{outcome=\"failed\"}} {}",
+        c.turns_failed
+    );
+    family(
+        &mut out,
+        "pure_commit_seconds_total",
+        "counter",
+        "Time spent applying and committing turns; divided by the turns, the mean time to stored.",
+    );
+    let _ = writeln!(out, "pure_commit_seconds_total {}", s.commit_seconds);
     family(
         &mut out,
         "pure_drops_total",

@@ -102,6 +102,9 @@ pub struct NodeCounters {
     pub stored_records: u64,
     pub duplicate_records: u64,
     pub gap_records: u64,
+    /// Turns the store committed, and turns it failed to apply (rolled back, nothing acked).
+    pub turns_committed: u64,
+    pub turns_failed: u64,
 }
 
 impl NodeCounters {
@@ -456,6 +459,7 @@ impl Node {
 
     /// The store committed a turn: learn the heard sequences and owe the acks.
     pub fn handle_committed(&mut self, committed: &Committed) {
+        self.counters.turns_committed += 1;
         self.counters.stored_records += committed.stored_records;
         self.counters.duplicate_records += committed.duplicate_records;
         self.counters.gap_records += committed.gap_records;
@@ -483,6 +487,7 @@ impl Node {
     /// The store failed to apply a turn (it rolled back): nothing of it is stored and nothing is acked. The
     /// senders will send again.
     pub fn handle_turn_failed(&mut self, turn: u64) {
+        self.counters.turns_failed += 1;
         let sessions = self.in_flight.remove(&turn).unwrap_or_default();
         for id in sessions {
             if let Some(session) = self.sessions.get_mut(id) {

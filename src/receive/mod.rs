@@ -130,6 +130,8 @@ pub struct ReadyNode {
     settings: NodeSettings,
     reloads_ok: u64,
     reloads_failed: u64,
+    /// Time spent in `apply_turn` (apply and commit), for `pure_commit_seconds_total`.
+    commit_time: Duration,
     /// Said in every STATUS= line until the next good reload: a refused reload must stay visible.
     status_note: Option<String>,
 }
@@ -232,6 +234,7 @@ impl ReadyNode {
             settings,
             reloads_ok: 0,
             reloads_failed: 0,
+            commit_time: Duration::ZERO,
             status_note: None,
         })
     }
@@ -396,7 +399,10 @@ impl ReadyNode {
     /// Applies the current turn, commits, and sends the acks it earned.
     fn turn(&mut self) -> Result<(), NodeError> {
         if let Some(turn) = self.node.take_turn() {
-            match self.stores.apply_turn(&turn, self.node.senders()) {
+            let started = Instant::now();
+            let applied = self.stores.apply_turn(&turn, self.node.senders());
+            self.commit_time += started.elapsed();
+            match applied {
                 Ok(committed) => self.node.handle_committed(&committed),
                 Err(e) => {
                     // Nothing of the turn is acked; senders resend. A store that keeps failing shows in the log.
@@ -556,6 +562,7 @@ impl ReadyNode {
             s.sessions = self.node.sessions_active();
             s.reloads_ok = self.reloads_ok;
             s.reloads_failed = self.reloads_failed;
+            s.commit_seconds = self.commit_time.as_secs_f64();
         }
         self.stats
             .stored_records
