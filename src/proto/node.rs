@@ -657,42 +657,27 @@ impl Node {
 mod tests {
     use super::*;
     use crate::proto::sender::{Sender, SenderConfig};
-    use crate::proto::turn::FlowHeard;
+    use crate::store::Stores;
 
-    /// A store in memory that applies the next records of each flow in order, by sender name as the real one.
-    #[derive(Default)]
-    struct MemStore {
-        heard: HashMap<(String, AppIndex), u64>,
+    /// The real store in memory: the exactly-once rule lives in one place (src/store), not again here.
+    fn memory_store() -> Stores {
+        Stores::open_in_memory(&["main".to_string()]).unwrap()
     }
 
-    impl MemStore {
-        fn apply(&mut self, turn: &Turn, senders: &AllowList) -> Committed {
-            let mut items: Vec<&crate::proto::turn::Apply> = turn.items.iter().collect();
-            items.sort_by_key(|i| (i.sender, i.app, i.first_seq));
-            let mut c = Committed {
-                turn: turn.id,
-                ..Committed::default()
-            };
-            for item in items {
-                let h = self
-                    .heard
-                    .entry((senders.name(item.sender).to_string(), item.app))
-                    .or_default();
-                if item.count > 0
-                    && item.first_seq <= *h + 1
-                    && item.first_seq + item.count - 1 > *h
-                {
-                    c.stored_records += item.first_seq + item.count - 1 - *h;
-                    *h = item.first_seq + item.count - 1;
-                }
-                c.heard.push(FlowHeard {
-                    sender: item.sender,
-                    app: item.app,
-                    heard: *h,
-                });
-            }
-            c
-        }
+    fn heard(stores: &Stores, source: &str) -> u64 {
+        stores.app(0).unwrap().heard().unwrap()[source]
+    }
+
+    fn test_node(identity: &Identity, senders: Arc<AllowList>) -> Node {
+        Node::new(
+            NodeConfig {
+                identity: identity.clone(),
+                epoch: 1,
+                idle: Duration::from_secs(30),
+                apps: vec!["main".into()],
+            },
+            senders,
+        )
     }
 
     fn addr(port: u16) -> SocketAddr {
@@ -702,7 +687,7 @@ mod tests {
     /// Runs rounds between `sender` and the node until the sender has nothing unacked (or 20 rounds pass).
     fn deliver(
         node: &mut Node,
-        store: &mut MemStore,
+        store: &mut Stores,
         sender: &mut Sender,
         port: u16,
         now: &mut Instant,
@@ -715,7 +700,7 @@ mod tests {
                 node.handle_datagram(*now, addr(port), &out, &mut NoMemo);
             }
             if let Some(turn) = node.take_turn() {
-                let committed = store.apply(&turn, &node.senders().clone());
+                let committed = store.apply_turn(&turn, &node.senders().clone()).unwrap();
                 node.handle_committed(&committed);
             }
             node.flush_acks();
@@ -748,16 +733,8 @@ mod tests {
             }
             Arc::new(AllowList::from_unique(v))
         };
-        let mut node = Node::new(
-            NodeConfig {
-                identity: node_id.clone(),
-                epoch: 1,
-                idle: Duration::from_secs(30),
-                apps: vec!["main".into()],
-            },
-            list(false, true),
-        );
-        let mut store = MemStore::default();
+        let mut node = test_node(&node_id, list(false, true));
+        let mut store = memory_store();
         let mut now = Instant::now();
         let mut sa = Sender::new(SenderConfig::new(a.clone(), *node_id.public())).unwrap();
         let mut sb = Sender::new(SenderConfig::new(b.clone(), *node_id.public())).unwrap();
@@ -786,14 +763,14 @@ mod tests {
         }
         deliver(&mut node, &mut store, &mut sa, 1, &mut now);
         assert_eq!(sa.unacked_total(), 0);
-        assert_eq!(store.heard[&("a".to_string(), 0)], 6);
+        assert_eq!(heard(&store, "a"), 6);
         assert_eq!(node.counters().x25519, x25519);
         // b is refused before any crypto, and nothing more of it is stored.
         sb.queue("main", vec![9]).unwrap();
         deliver(&mut node, &mut store, &mut sb, 2, &mut now);
         assert_eq!(sb.unacked_total(), 1);
         assert!(node.counters().dropped(DropReason::UnknownKey) > 0);
-        assert_eq!(store.heard[&("b".to_string(), 0)], 3);
+        assert_eq!(heard(&store, "b"), 3);
         assert_eq!(node.counters().x25519, x25519);
     }
 
@@ -801,13 +778,8 @@ mod tests {
     fn reload_waits_for_a_turn_in_flight() {
         let node_id = Identity::generate();
         let a = Identity::generate();
-        let mut node = Node::new(
-            NodeConfig {
-                identity: node_id.clone(),
-                epoch: 1,
-                idle: Duration::from_secs(30),
-                apps: vec!["main".into()],
-            },
+        let mut node = test_node(
+            &node_id,
             Arc::new(AllowList::from_unique(vec![("a".into(), *a.public())])),
         );
         let mut sa = Sender::new(SenderConfig::new(a, *node_id.public())).unwrap();
