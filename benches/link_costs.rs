@@ -586,6 +586,7 @@ fn store_chunks(out: &Out, per_commit: u64, budget: Duration) {
                 app: 0,
                 first_seq: seq + 1,
                 count,
+                format: wire::RecordFormat::Plain,
                 records: start..turn.arena.len(),
             });
             seq += count;

@@ -105,6 +105,10 @@ pub struct NodeCounters {
     /// Turns the store committed, and turns it failed to apply (rolled back, nothing acked).
     pub turns_committed: u64,
     pub turns_failed: u64,
+    /// Records not taken because their app was paused (backpressure or a store that cannot commit).
+    pub paused_records: u64,
+    /// Records not taken because their app had its share of the turn.
+    pub busy_records: u64,
 }
 
 impl NodeCounters {
@@ -149,11 +153,54 @@ pub struct NodeConfig {
     pub apps: Vec<String>,
 }
 
+/// Which senders an app takes records from directly (docs/apps.md, `accept`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppAccept {
+    All,
+    /// Only these sender names; empty: none (the app is fed by inner outlets only).
+    Only(HashSet<Box<str>>),
+}
+
+impl AppAccept {
+    pub fn allows(&self, sender: &str) -> bool {
+        match self {
+            AppAccept::All => true,
+            AppAccept::Only(names) => names.contains(sender),
+        }
+    }
+}
+
+/// An app as the node core sees it: its name, who may send to it, and its share of a turn.
+#[derive(Debug, Clone)]
+pub struct HostedApp {
+    pub name: String,
+    pub accept: AppAccept,
+    /// Most records of this app in one turn (docs/apps.md, `turn_records`): a busy app cannot fill every turn.
+    pub turn_records: u64,
+    /// Set by the host when the app must not take input (its store cannot commit, or an outlet is past its lag
+    /// budget): its frames are dropped unacknowledged, so its senders retry later and nothing is lost.
+    pub paused: bool,
+}
+
+impl HostedApp {
+    /// An app that takes every listed sender, with the default share of a turn.
+    pub fn open(name: &str) -> Self {
+        HostedApp {
+            name: name.to_string(),
+            accept: AppAccept::All,
+            turn_records: TURN_RECORDS,
+            paused: false,
+        }
+    }
+}
+
 pub struct Node {
     identity: Identity,
     epoch: u64,
     idle: Duration,
-    apps: Vec<String>,
+    apps: Vec<HostedApp>,
+    /// Records of each app in the turn being filled.
+    turn_app_records: Vec<u64>,
     senders: Arc<AllowList>,
     sessions: SessionCache,
     /// The turn being filled.
@@ -180,7 +227,8 @@ impl Node {
             identity: config.identity,
             epoch: config.epoch,
             idle: config.idle,
-            apps: config.apps,
+            turn_app_records: vec![0; config.apps.len()],
+            apps: config.apps.iter().map(|a| HostedApp::open(a)).collect(),
             senders,
             sessions: SessionCache::default(),
             turn: Turn::default(),
@@ -206,8 +254,34 @@ impl Node {
     pub fn senders(&self) -> &Arc<AllowList> {
         &self.senders
     }
-    pub fn apps(&self) -> &[String] {
+    /// The hosted apps' names, in app-index order.
+    pub fn app_names(&self) -> Vec<String> {
+        self.apps.iter().map(|a| a.name.clone()).collect()
+    }
+    pub fn apps(&self) -> &[HostedApp] {
         &self.apps
+    }
+
+    /// Puts a new app table in force (a reload of the apps file). Apps keep their index: the new table must start
+    /// with the current apps in order (their rules may change), and may add apps after them.
+    pub fn set_apps(&mut self, apps: Vec<HostedApp>) {
+        debug_assert!(
+            self.apps
+                .iter()
+                .zip(&apps)
+                .all(|(old, new)| old.name == new.name)
+                && apps.len() >= self.apps.len(),
+            "apps keep their index"
+        );
+        self.turn_app_records.resize(apps.len(), 0);
+        self.apps = apps;
+    }
+
+    /// Stops or resumes taking input for one app (see [`HostedApp::paused`]).
+    pub fn set_app_paused(&mut self, app: AppIndex, paused: bool) {
+        if let Some(a) = self.apps.get_mut(app as usize) {
+            a.paused = paused;
+        }
     }
     pub fn epoch(&self) -> u64 {
         self.epoch
@@ -235,7 +309,9 @@ impl Node {
     ) {
         self.counters.datagrams += 1;
         // Cheap checks first, before any crypto (BRIEF.md: drop early).
-        if datagram.len() < wire::MIN_SENDER_DATAGRAM || datagram.len() > wire::MAX_DATAGRAM {
+        if datagram.len() < wire::MIN_SENDER_DATAGRAM
+            || datagram.len() > wire::MAX_ACCEPTED_DATAGRAM
+        {
             return self.drop_packet(DropReason::Size);
         }
         if datagram[0] != wire::TYPE_SENDER {
@@ -370,7 +446,7 @@ impl Node {
     fn app_index(&self, name: &[u8]) -> Option<AppIndex> {
         self.apps
             .iter()
-            .position(|a| a.as_bytes() == name)
+            .position(|a| a.name.as_bytes() == name)
             .map(|i| i as AppIndex)
     }
 
@@ -402,13 +478,38 @@ impl Node {
         let sender = session.sender;
         let mut added = false;
         for (app, d) in resolved {
-            let Some(app) = app else {
+            let refusal = match app {
+                None => Some(wire::REFUSE_NO_APP),
+                Some(i)
+                    if !self.apps[i as usize]
+                        .accept
+                        .allows(self.senders.name(sender)) =>
+                {
+                    Some(wire::REFUSE_NOT_ACCEPTED)
+                }
+                Some(_) => None,
+            };
+            if let Some(reason) = refusal {
                 self.counters.refused_frames += 1;
                 if !session.refusals.iter().any(|(a, _)| &a[..] == d.app) {
-                    session.refusals.push((d.app.into(), wire::REFUSE_NO_APP));
+                    session.refusals.push((d.app.into(), reason));
                 }
                 continue;
-            };
+            }
+            let Some(app) = app else { continue };
+            let hosted = &self.apps[app as usize];
+            if hosted.paused {
+                // No ack: the sender keeps the records and sends them again (docs/protocol.md 6, backpressure).
+                self.counters.paused_records += d.count;
+                continue;
+            }
+            let in_turn = self.turn_app_records[app as usize];
+            if in_turn > 0 && in_turn + d.count > hosted.turn_records {
+                // The app has its share of this turn; the rest waits for the sender's resend, so one busy app
+                // cannot crowd out the others (docs/apps.md, turn_records).
+                self.counters.busy_records += d.count;
+                continue;
+            }
             let flow = session.flow_mut(app);
             flow.ack_owed = true;
             let needs_store = match flow.heard {
@@ -430,9 +531,11 @@ impl Node {
                 app,
                 first_seq: d.first_seq,
                 count: d.count,
+                format: d.format,
                 records: start..self.turn.arena.len(),
             });
             self.turn.record_count += d.count;
+            self.turn_app_records[app as usize] += d.count;
             added = true;
         }
         if added && self.turn_sessions.insert(session_id) {
@@ -450,6 +553,7 @@ impl Node {
             return None;
         }
         let mut turn = std::mem::take(&mut self.turn);
+        self.turn_app_records.iter_mut().for_each(|n| *n = 0);
         turn.id = self.next_turn;
         self.next_turn += 1;
         self.in_flight
@@ -540,7 +644,7 @@ impl Node {
                 // Not yet known: it is in a turn; the commit will bring it.
                 continue;
             };
-            let app = self.apps[flow.app as usize].as_bytes();
+            let app = self.apps[flow.app as usize].name.as_bytes();
             if packet.len() + wire::ack_len(app, heard) + wire::TAG_LEN <= budget {
                 wire::put_ack(&mut packet, app, heard);
                 flow.ack_owed = false;

@@ -7,6 +7,7 @@
 use std::ops::Range;
 
 use super::allow_list::SenderIndex;
+use super::wire::RecordFormat;
 
 /// Index of an app in the node's app table.
 pub type AppIndex = u16;
@@ -23,6 +24,8 @@ pub struct Apply {
     pub app: AppIndex,
     pub first_seq: u64,
     pub count: u64,
+    /// DATA (payloads) or FORWARD (forwarded records, protocol.md 5.4).
+    pub format: RecordFormat,
     /// The records, in the turn's arena.
     pub records: Range<usize>,
 }

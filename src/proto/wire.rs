@@ -30,6 +30,15 @@ pub const FRAME_DATA: u8 = 0x01;
 pub const FRAME_ACK: u8 = 0x02;
 pub const FRAME_ECHO: u8 = 0x03;
 pub const FRAME_REFUSE: u8 = 0x04;
+/// A DATA frame whose records are forwarded records (protocol.md 5.4): sent by a node's outlets.
+pub const FRAME_FORWARD: u8 = 0x05;
+
+/// Largest sender datagram a node accepts. Devices send at most [`MAX_DATAGRAM`]; a node forwarding a record adds
+/// its origin (up to 75 bytes), so the one datagram that carries a record too large for [`MAX_DATAGRAM`] with its
+/// origin may be this large (protocol.md 4 and 5.4).
+pub const MAX_ACCEPTED_DATAGRAM: usize = 1600;
+/// Longest origin name in a forwarded record (protocol.md 5.4): a sender name is at most 64 bytes.
+pub const MAX_ORIGIN_LEN: usize = 64;
 
 /// REFUSE reason: the node has no app of that name.
 pub const REFUSE_NO_APP: u8 = 1;
@@ -52,6 +61,8 @@ pub enum WireError {
     BadProbe,
     #[error("sequence numbers overflow")]
     SequenceOverflow,
+    #[error("a forwarded record's origin is not 1–64 printable bytes with a sequence ≥ 1")]
+    BadOrigin,
 }
 
 /// Whether `name` is a valid app name: 1–32 bytes of `[a-z0-9_-]`.
@@ -188,10 +199,21 @@ impl NodeHeader {
     }
 }
 
-/// One DATA frame as read from a packet: the records stay in their wire encoding (`len`, bytes)*, which is also
-/// the store's chunk encoding, so they are copied once and never re-encoded.
+/// What a DATA-shaped frame's records are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum RecordFormat {
+    /// DATA (0x01): each record is its payload.
+    #[default]
+    Plain = 0,
+    /// FORWARD (0x05): each record is a forwarded record, its origin and origin sequence before the payload.
+    Forwarded = 1,
+}
+
+/// One DATA or FORWARD frame as read from a packet: the records stay in their wire encoding (`len`, bytes)*, which
+/// is also the store's chunk encoding, so they are copied once and never re-encoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataFrame<'a> {
+    pub format: RecordFormat,
     pub app: &'a [u8],
     pub first_seq: u64,
     pub count: u64,
@@ -213,15 +235,75 @@ pub enum NodeFrame<'a> {
     Refuse { app: &'a [u8], reason: u8 },
 }
 
-/// Walks `count` records from the reader and returns the bytes they span.
-fn skip_records<'a>(r: &mut Reader<'a>, count: u64) -> Result<&'a [u8], WireError> {
+/// Walks `count` records from the reader and returns the bytes they span; forwarded records are checked to be
+/// well formed on the way.
+fn skip_records<'a>(
+    r: &mut Reader<'a>,
+    count: u64,
+    format: RecordFormat,
+) -> Result<&'a [u8], WireError> {
     let start = r.pos;
     for _ in 0..count {
         let len = r.varint()?;
         let len = usize::try_from(len).map_err(|_| WireError::Truncated)?;
-        r.take(len)?;
+        let record = r.take(len)?;
+        if format == RecordFormat::Forwarded {
+            Forwarded::parse(record)?;
+        }
     }
     Ok(&r.bytes[start..r.pos])
+}
+
+/// A forwarded record (protocol.md 5.4): where a record first entered a node (the origin: the name of the sender
+/// or inner inlet it came from there, and its sequence in that flow), then its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forwarded<'a> {
+    pub origin: &'a [u8],
+    pub origin_seq: u64,
+    pub payload: &'a [u8],
+}
+
+/// Whether `origin` is a valid origin name: 1–64 bytes of printable ASCII without space.
+pub fn valid_origin(origin: &[u8]) -> bool {
+    !origin.is_empty()
+        && origin.len() <= MAX_ORIGIN_LEN
+        && origin.iter().all(|b| (0x21..=0x7e).contains(b))
+}
+
+impl<'a> Forwarded<'a> {
+    pub fn parse(record: &'a [u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(record);
+        let len = r.u8()? as usize;
+        let origin = r.take(len)?;
+        if !valid_origin(origin) {
+            return Err(WireError::BadOrigin);
+        }
+        let origin_seq = r.varint()?;
+        if origin_seq == 0 {
+            return Err(WireError::BadOrigin);
+        }
+        Ok(Forwarded {
+            origin,
+            origin_seq,
+            payload: &record[r.position()..],
+        })
+    }
+    /// Bytes the record takes (without its length varint).
+    pub fn len(origin: &[u8], origin_seq: u64, payload_len: usize) -> usize {
+        1 + origin.len() + varint_len(origin_seq) + payload_len
+    }
+    /// Appends the forwarded record, with its length varint in front, as it goes in a FORWARD frame or a chunk.
+    pub fn put(out: &mut Vec<u8>, origin: &[u8], origin_seq: u64, payload: &[u8]) {
+        put_varint(out, Self::len(origin, origin_seq, payload.len()) as u64);
+        Self::put_bare(out, origin, origin_seq, payload);
+    }
+    /// Appends the forwarded record without a length in front.
+    pub fn put_bare(out: &mut Vec<u8>, origin: &[u8], origin_seq: u64, payload: &[u8]) {
+        out.push(origin.len() as u8);
+        out.extend_from_slice(origin);
+        put_varint(out, origin_seq);
+        out.extend_from_slice(payload);
+    }
 }
 
 /// Parses the plaintext of a sender packet. PADDING is skipped.
@@ -231,7 +313,12 @@ pub fn parse_sender_frames(plain: &[u8]) -> Result<Vec<SenderFrame<'_>>, WireErr
     while !r.is_empty() {
         match r.u8()? {
             FRAME_PADDING => {}
-            FRAME_DATA => {
+            t @ (FRAME_DATA | FRAME_FORWARD) => {
+                let format = if t == FRAME_DATA {
+                    RecordFormat::Plain
+                } else {
+                    RecordFormat::Forwarded
+                };
                 let app = r.app()?;
                 let first_seq = r.varint()?;
                 let count = r.varint()?;
@@ -244,8 +331,9 @@ pub fn parse_sender_frames(plain: &[u8]) -> Result<Vec<SenderFrame<'_>>, WireErr
                 if first_seq.checked_add(count).is_none() {
                     return Err(WireError::SequenceOverflow);
                 }
-                let records = skip_records(&mut r, count)?;
+                let records = skip_records(&mut r, count, format)?;
                 frames.push(SenderFrame::Data(DataFrame {
+                    format,
                     app,
                     first_seq,
                     count,
@@ -284,7 +372,7 @@ pub fn parse_node_frames(plain: &[u8]) -> Result<Vec<NodeFrame<'_>>, WireError> 
                 let reason = r.u8()?;
                 frames.push(NodeFrame::Refuse { app, reason });
             }
-            FRAME_DATA => return Err(WireError::WrongDirection(FRAME_DATA)),
+            t @ (FRAME_DATA | FRAME_FORWARD) => return Err(WireError::WrongDirection(t)),
             t => return Err(WireError::UnknownFrame(t)),
         }
     }
@@ -293,7 +381,21 @@ pub fn parse_node_frames(plain: &[u8]) -> Result<Vec<NodeFrame<'_>>, WireError> 
 
 /// Appends a DATA frame header; the caller appends `count` records after it with [`put_record`].
 pub fn put_data_header(out: &mut Vec<u8>, app: &[u8], first_seq: u64, count: u64) {
-    out.push(FRAME_DATA);
+    put_frame_header(out, RecordFormat::Plain, app, first_seq, count);
+}
+
+/// Appends a DATA (plain) or FORWARD (forwarded) frame header.
+pub fn put_frame_header(
+    out: &mut Vec<u8>,
+    format: RecordFormat,
+    app: &[u8],
+    first_seq: u64,
+    count: u64,
+) {
+    out.push(match format {
+        RecordFormat::Plain => FRAME_DATA,
+        RecordFormat::Forwarded => FRAME_FORWARD,
+    });
     out.push(app.len() as u8);
     out.extend_from_slice(app);
     put_varint(out, first_seq);

@@ -556,7 +556,7 @@ impl ReadyNode {
         if let Ok(mut s) = self.stats.snapshot.lock() {
             s.counters.clone_from(c);
             if s.apps.len() != self.node.apps().len() {
-                s.apps = self.node.apps().to_vec();
+                s.apps = self.node.app_names();
             }
             s.senders = self.node.senders().len();
             s.sessions = self.node.sessions_active();

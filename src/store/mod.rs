@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OptionalExtension, params};
 use thiserror::Error;
 
-use crate::proto::allow_list::{AllowList, SenderIndex};
+use crate::proto::allow_list::AllowList;
 use crate::proto::turn::{AppIndex, Committed, FlowHeard, Turn};
-use crate::proto::wire::RecordIter;
+use crate::proto::wire::{Forwarded, RecordFormat, RecordIter};
 
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -36,6 +36,15 @@ pub enum StoreError {
         source_name: String,
         seq: u64,
     },
+    #[error(
+        "store {path} has layout {found}, this pure-serve knows layouts up to {known}: it was written by a newer \
+         pure-serve; run that one, or move the file away to start this app afresh"
+    )]
+    Layout {
+        path: PathBuf,
+        found: i64,
+        known: i64,
+    },
     #[error("no store for app {app} in {dir} (stores there: {known})")]
     NoSuchApp {
         app: String,
@@ -46,6 +55,9 @@ pub enum StoreError {
 
 /// Sequences are SQLite integers (signed 64-bit); above this a flow can go no further.
 const MAX_SEQ: u64 = i64::MAX as u64;
+
+/// The layout's version in `PRAGMA user_version` (docs/store.md).
+pub const LAYOUT_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sources (
@@ -58,9 +70,34 @@ CREATE TABLE IF NOT EXISTS chunks (
     first_seq INTEGER NOT NULL,
     count     INTEGER NOT NULL,
     body      BLOB NOT NULL,
+    pos       INTEGER,
+    stored_at INTEGER NOT NULL DEFAULT 0,
+    format    INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (source, first_seq)
 );
-PRAGMA user_version = 1;
+CREATE UNIQUE INDEX IF NOT EXISTS chunks_pos ON chunks(pos);
+CREATE TABLE IF NOT EXISTS outlets (
+    name  TEXT PRIMARY KEY,
+    acked INTEGER NOT NULL
+);
+PRAGMA user_version = 2;
+";
+
+/// Layout 1 → 2: positions (the app's log order) for every chunk in the order they were written (rowid), the
+/// commit time unknown (0), every record plain; and the outlets table. One transaction: all or nothing.
+const MIGRATE_1_TO_2: &str = "
+BEGIN;
+ALTER TABLE chunks ADD COLUMN pos INTEGER;
+ALTER TABLE chunks ADD COLUMN stored_at INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE chunks ADD COLUMN format INTEGER NOT NULL DEFAULT 0;
+WITH ordered AS (
+    SELECT rowid AS r, SUM(count) OVER (ORDER BY rowid) - count + 1 AS p FROM chunks
+)
+UPDATE chunks SET pos = (SELECT p FROM ordered WHERE ordered.r = chunks.rowid);
+CREATE UNIQUE INDEX chunks_pos ON chunks(pos);
+CREATE TABLE outlets (name TEXT PRIMARY KEY, acked INTEGER NOT NULL);
+PRAGMA user_version = 2;
+COMMIT;
 ";
 
 /// Path of an app's store under the state directory.
@@ -72,6 +109,8 @@ pub fn app_store_path(state_dir: &Path, app: &str) -> PathBuf {
 pub struct AppStore {
     conn: Connection,
     path: PathBuf,
+    /// The position the next stored record gets: records `1 .. head` are stored (docs/store.md, positions).
+    head: u64,
 }
 
 /// One stored record, as read back.
@@ -82,16 +121,73 @@ pub struct StoredRecord {
     pub payload: Vec<u8>,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
-struct FlowOutcome {
-    stored: u64,
-    duplicate: u64,
-    gap: u64,
+/// One stored record with everything the store knows of it, borrowed from the row being read.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordView<'a> {
+    /// The flow it came in on: a sender's name, or `app/NAME` for an inner inlet.
+    pub source: &'a str,
+    pub seq: u64,
+    /// Its place in the app's log (1, 2, 3, … in commit order, over all sources).
+    pub pos: u64,
+    /// When its turn committed, milliseconds since the Unix epoch (0: stored before layout 2 kept it).
+    pub stored_at_ms: i64,
+    /// For a forwarded record: where it first entered a node, and its sequence there.
+    pub origin: Option<(&'a str, u64)>,
+    pub payload: &'a [u8],
+}
+
+/// Records of one source, consecutive in sequence and in position, as one stored chunk (or the tail of one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    pub pos: u64,
+    pub source: String,
+    pub first_seq: u64,
+    pub count: u64,
+    pub format: RecordFormat,
+    pub stored_at_ms: i64,
+    /// `count` records in their wire encoding (forwarded records when `format` is `Forwarded`).
+    pub body: Vec<u8>,
+}
+
+impl Chunk {
+    pub fn records(&self) -> RecordIter<'_> {
+        RecordIter::new(&self.body)
+    }
+}
+
+/// Records of one flow to apply, in their wire encoding: a DATA or FORWARD frame's, or an inner outlet's.
+#[derive(Debug, Clone, Copy)]
+pub struct Piece<'a> {
+    pub source: &'a str,
+    pub first_seq: u64,
+    pub count: u64,
+    pub format: RecordFormat,
+    pub records: &'a [u8],
+}
+
+/// What one app's transaction did.
+#[derive(Debug, Default, Clone)]
+pub struct Applied {
+    /// Heard sequence after the commit of every source the pieces named, in the pieces' sorted order.
+    pub heard: Vec<(String, u64)>,
+    pub stored: u64,
+    pub duplicate: u64,
+    pub gap: u64,
+    /// The chunks this commit wrote, in position order (only when asked for: an app with outlets feeds them from
+    /// here without reading the store back).
+    pub new_chunks: Vec<Chunk>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 impl AppStore {
     /// Opens (creating if needed) an app's store for writing: WAL, and `synchronous=FULL` so a commit is on disk
-    /// before the node acks it.
+    /// before the node acks it. A store of layout 1 is migrated to layout 2 in one transaction.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
@@ -108,10 +204,46 @@ impl AppStore {
             .map_err(sql)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(sql)?;
-        conn.execute_batch(SCHEMA).map_err(sql)?;
+        Self::prepare_layout(conn, path.to_path_buf())
+    }
+
+    fn prepare_layout(conn: Connection, path: PathBuf) -> Result<Self, StoreError> {
+        let sql = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(sql)?;
+        match version {
+            0 => conn.execute_batch(SCHEMA).map_err(sql)?,
+            1 => {
+                tracing::info!("store {}: migrating layout 1 to 2", path.display());
+                if let Err(e) = conn.execute_batch(MIGRATE_1_TO_2) {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    return Err(sql(e));
+                }
+            }
+            LAYOUT_VERSION => {}
+            other => {
+                return Err(StoreError::Layout {
+                    path,
+                    found: other,
+                    known: LAYOUT_VERSION,
+                });
+            }
+        }
+        let head: i64 = conn
+            .query_row(
+                "SELECT COALESCE((SELECT pos + count FROM chunks ORDER BY pos DESC LIMIT 1), 1)",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(sql)?;
         Ok(AppStore {
             conn,
-            path: path.to_path_buf(),
+            path,
+            head: head.max(1) as u64,
         })
     }
 
@@ -122,12 +254,7 @@ impl AppStore {
             path: path.clone(),
             source,
         })?;
-        conn.execute_batch(SCHEMA)
-            .map_err(|source| StoreError::Sqlite {
-                path: path.clone(),
-                source,
-            })?;
-        Ok(AppStore { conn, path })
+        Self::prepare_layout(conn, path)
     }
 
     /// Opens an existing store to read (the node may be writing it at the same time; WAL allows that).
@@ -140,10 +267,48 @@ impl AppStore {
             path: path.to_path_buf(),
             source,
         })?;
-        Ok(AppStore {
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(|source| StoreError::Sqlite {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if version != LAYOUT_VERSION {
+            return Err(StoreError::Layout {
+                path: path.to_path_buf(),
+                found: version,
+                known: LAYOUT_VERSION,
+            });
+        }
+        let mut store = AppStore {
             conn,
             path: path.to_path_buf(),
-        })
+            head: 1,
+        };
+        store.head = store.read_head()?;
+        Ok(store)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The position the next stored record will get; `head() - 1` records are stored.
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// Reads the head from the file (for a reader, whose view moves as the writer commits).
+    pub fn read_head(&self) -> Result<u64, StoreError> {
+        let head: i64 = self
+            .conn
+            .query_row(
+                "SELECT COALESCE((SELECT pos + count FROM chunks ORDER BY pos DESC LIMIT 1), 1)",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(self.err())?;
+        Ok(head.max(1) as u64)
     }
 
     fn err(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
@@ -153,28 +318,29 @@ impl AppStore {
         }
     }
 
-    /// Applies the items of `app` in `turn` in one transaction and commits (docs/protocol.md 5.2).
-    fn apply(
+    /// Applies pieces in one transaction and commits (docs/protocol.md 5.2): each flow's records after its heard
+    /// sequence, in order, become chunks at the next positions, and the heard sequences move with them. Outlet
+    /// progress (`outlets`: name, far side's stored position) is written in the same transaction. Nothing is
+    /// changed in memory unless the commit succeeds.
+    pub fn apply(
         &mut self,
-        turn: &Turn,
-        app: AppIndex,
-        senders: &AllowList,
-        heard_out: &mut Vec<FlowHeard>,
-        totals: &mut FlowOutcome,
-    ) -> Result<(), StoreError> {
-        let mut items: Vec<usize> = (0..turn.items.len())
-            .filter(|&i| turn.items[i].app == app)
-            .collect();
-        if items.is_empty() {
-            return Ok(());
+        pieces: &mut [Piece<'_>],
+        outlets: &[(&str, u64)],
+        keep_new: bool,
+    ) -> Result<Applied, StoreError> {
+        let mut applied = Applied::default();
+        if pieces.is_empty() && outlets.is_empty() {
+            return Ok(applied);
         }
         // Sorting a flow's frames by first_seq makes reordering within a turn free (protocol.md 5.2, 3).
-        items.sort_by_key(|&i| (turn.items[i].sender, turn.items[i].first_seq));
+        pieces.sort_by(|a, b| (a.source, a.first_seq).cmp(&(b.source, b.first_seq)));
         let path = self.path.clone();
         let sql = |source| StoreError::Sqlite {
             path: path.clone(),
             source,
         };
+        let stored_at = now_ms();
+        let mut head = self.head;
         let tx = self.conn.transaction().map_err(sql)?;
         {
             let mut find = tx
@@ -185,7 +351,8 @@ impl AppStore {
                 .map_err(sql)?;
             let mut put = tx
                 .prepare_cached(
-                    "INSERT INTO chunks (source, first_seq, count, body) VALUES (?1, ?2, ?3, ?4)",
+                    "INSERT INTO chunks (source, first_seq, count, body, pos, stored_at, format)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 )
                 .map_err(sql)?;
             let mut set_heard = tx
@@ -193,79 +360,155 @@ impl AppStore {
                 .map_err(sql)?;
             let mut body: Vec<u8> = Vec::new();
             let mut start = 0;
-            while start < items.len() {
-                let sender: SenderIndex = turn.items[items[start]].sender;
+            while start < pieces.len() {
+                let name = pieces[start].source;
                 let mut end = start;
-                while end < items.len() && turn.items[items[end]].sender == sender {
+                while end < pieces.len() && pieces[end].source == name {
                     end += 1;
                 }
-                let name = senders.name(sender);
                 let found: Option<(i64, i64)> = find
                     .query_row([name], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()
                     .map_err(sql)?;
                 // A new source gets its row only when it has something stored, written once with its heard
                 // sequence: a new sender costs one insert here, not an insert and an update (research/001).
-                let (id, heard_before) = match found {
+                let (mut id, heard_before) = match found {
                     Some((id, heard)) => (Some(id), heard as u64),
                     None => (None, 0),
                 };
+                // The heard sequence the source's row holds, once it has a row.
+                let mut row_heard = found.map(|_| heard_before);
                 let mut heard = heard_before;
-                let mut out = FlowOutcome::default();
+                // The chunk being built: its first sequence and format. A change of format starts a new chunk.
+                let mut chunk: Option<(u64, RecordFormat)> = None;
                 body.clear();
-                for &i in &items[start..end] {
-                    let item = &turn.items[i];
-                    if item.count == 0 {
+                for piece in &pieces[start..end] {
+                    if piece.count == 0 {
                         continue;
                     }
-                    let last = item.first_seq + item.count - 1;
+                    let last = piece.first_seq + piece.count - 1;
                     if last <= heard {
-                        out.duplicate += item.count;
+                        applied.duplicate += piece.count;
                         continue;
                     }
-                    if item.first_seq > heard + 1 || last > MAX_SEQ {
-                        out.gap += item.count;
+                    if piece.first_seq > heard + 1 || last > MAX_SEQ {
+                        applied.gap += piece.count;
                         continue;
                     }
-                    let skip = heard + 1 - item.first_seq;
-                    out.duplicate += skip;
-                    let records = turn.records_of(item);
-                    let mut it = RecordIter::new(records);
+                    if let Some((first, format)) = chunk
+                        && format != piece.format
+                    {
+                        let count = heard + 1 - first;
+                        let chunk_id = Self::source_id(&mut id, &mut add, &tx, name, heard, &sql)?;
+                        row_heard.get_or_insert(heard);
+                        put.execute(params![
+                            chunk_id,
+                            first as i64,
+                            count as i64,
+                            &body,
+                            head as i64,
+                            stored_at,
+                            format as i64
+                        ])
+                        .map_err(sql)?;
+                        if keep_new {
+                            applied.new_chunks.push(Chunk {
+                                pos: head,
+                                source: name.to_string(),
+                                first_seq: first,
+                                count,
+                                format,
+                                stored_at_ms: stored_at,
+                                body: body.clone(),
+                            });
+                        }
+                        head += count;
+                        body.clear();
+                        chunk = None;
+                    }
+                    let skip = heard + 1 - piece.first_seq;
+                    applied.duplicate += skip;
+                    let mut it = RecordIter::new(piece.records);
                     for _ in 0..skip {
                         it.next();
                     }
-                    body.extend_from_slice(&records[it.position()..]);
-                    out.stored += last - heard;
+                    body.extend_from_slice(&piece.records[it.position()..]);
+                    if chunk.is_none() {
+                        chunk = Some((heard + 1, piece.format));
+                    }
+                    applied.stored += last - heard;
                     heard = last;
                 }
-                if heard > heard_before {
-                    let id = match id {
-                        Some(id) => {
-                            set_heard.execute(params![id, heard as i64]).map_err(sql)?;
-                            id
-                        }
-                        None => {
-                            add.execute(params![name, heard as i64]).map_err(sql)?;
-                            tx.last_insert_rowid()
-                        }
-                    };
+                if let Some((first, format)) = chunk {
+                    let count = heard + 1 - first;
+                    let chunk_id = Self::source_id(&mut id, &mut add, &tx, name, heard, &sql)?;
+                    row_heard.get_or_insert(heard);
                     put.execute(params![
-                        id,
-                        (heard_before + 1) as i64,
-                        (heard - heard_before) as i64,
-                        &body
+                        chunk_id,
+                        first as i64,
+                        count as i64,
+                        &body,
+                        head as i64,
+                        stored_at,
+                        format as i64
                     ])
                     .map_err(sql)?;
+                    if keep_new {
+                        applied.new_chunks.push(Chunk {
+                            pos: head,
+                            source: name.to_string(),
+                            first_seq: first,
+                            count,
+                            format,
+                            stored_at_ms: stored_at,
+                            body: std::mem::take(&mut body),
+                        });
+                    }
+                    head += count;
                 }
-                heard_out.push(FlowHeard { sender, app, heard });
-                totals.stored += out.stored;
-                totals.duplicate += out.duplicate;
-                totals.gap += out.gap;
+                if let (Some(id), Some(row)) = (id, row_heard)
+                    && heard > row
+                {
+                    set_heard.execute(params![id, heard as i64]).map_err(sql)?;
+                }
+                applied.heard.push((name.to_string(), heard));
                 start = end;
+            }
+            if !outlets.is_empty() {
+                let mut set_outlet = tx
+                    .prepare_cached(
+                        "INSERT INTO outlets (name, acked) VALUES (?1, ?2)
+                         ON CONFLICT (name) DO UPDATE SET acked = MAX(acked, excluded.acked)",
+                    )
+                    .map_err(sql)?;
+                for (name, acked) in outlets {
+                    set_outlet
+                        .execute(params![name, *acked as i64])
+                        .map_err(sql)?;
+                }
             }
         }
         tx.commit().map_err(sql)?;
-        Ok(())
+        self.head = head;
+        Ok(applied)
+    }
+
+    /// The id of `name` in `sources`, inserting its row (with its heard sequence so far) the first time.
+    fn source_id(
+        id: &mut Option<i64>,
+        add: &mut rusqlite::CachedStatement<'_>,
+        tx: &rusqlite::Transaction<'_>,
+        name: &str,
+        heard: u64,
+        sql: &impl Fn(rusqlite::Error) -> StoreError,
+    ) -> Result<i64, StoreError> {
+        if let Some(id) = *id {
+            return Ok(id);
+        }
+        add.execute(params![name, heard as i64]).map_err(sql)?;
+        let new = tx.last_insert_rowid();
+        *id = Some(new);
+        Ok(new)
     }
 
     /// Heard sequence of every source, by name.
@@ -282,41 +525,173 @@ impl AppStore {
         rows.collect::<Result<_, _>>().map_err(self.err())
     }
 
-    /// Calls `each` for every stored record (of one source, if given), ordered by source then sequence.
+    /// The heard sequence of one source (0 if it has stored nothing).
+    pub fn heard_of(&self, source: &str) -> Result<u64, StoreError> {
+        let heard: Option<i64> = self
+            .conn
+            .query_row("SELECT heard FROM sources WHERE name = ?1", [source], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(self.err())?;
+        Ok(heard.unwrap_or(0) as u64)
+    }
+
+    /// What each outlet's far side has stored, as last written (position; 0: nothing yet).
+    pub fn outlets_acked(&self) -> Result<HashMap<String, u64>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT name, acked FROM outlets")
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+            })
+            .map_err(self.err())?;
+        rows.collect::<Result<_, _>>().map_err(self.err())
+    }
+
+    /// Reads records from position `from` on, in position order, as chunks (the first one cut to start at
+    /// `from`), until about `max_records` records or `max_bytes` bytes have been read (at least one chunk).
+    pub fn read_from(
+        &self,
+        from: u64,
+        max_records: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Chunk>, StoreError> {
+        let mut out = Vec::new();
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT c.pos, s.name, c.first_seq, c.count, c.format, c.stored_at, c.body
+                 FROM chunks c JOIN sources s ON s.id = c.source
+                 WHERE c.pos >= COALESCE((SELECT MAX(pos) FROM chunks WHERE pos <= ?1), 0)
+                 ORDER BY c.pos",
+            )
+            .map_err(self.err())?;
+        let mut rows = stmt.query([from as i64]).map_err(self.err())?;
+        let (mut records, mut bytes) = (0u64, 0usize);
+        while let Some(row) = rows.next().map_err(self.err())? {
+            let pos = row.get::<_, i64>(0).map_err(self.err())? as u64;
+            let source: String = row.get(1).map_err(self.err())?;
+            let first_seq = row.get::<_, i64>(2).map_err(self.err())? as u64;
+            let count = row.get::<_, i64>(3).map_err(self.err())? as u64;
+            let format = match row.get::<_, i64>(4).map_err(self.err())? {
+                1 => RecordFormat::Forwarded,
+                _ => RecordFormat::Plain,
+            };
+            let stored_at_ms: i64 = row.get(5).map_err(self.err())?;
+            let body = row.get_ref(6).map_err(self.err())?.as_blob().unwrap_or(&[]);
+            if pos + count <= from {
+                continue;
+            }
+            let skip = from.saturating_sub(pos);
+            let mut it = RecordIter::new(body);
+            for _ in 0..skip {
+                if it.next().is_none() {
+                    return Err(StoreError::Corrupt {
+                        path: self.path.clone(),
+                        source_name: source,
+                        seq: first_seq,
+                    });
+                }
+            }
+            let tail = &body[it.position()..];
+            records += count - skip;
+            bytes += tail.len();
+            out.push(Chunk {
+                pos: pos + skip,
+                source,
+                first_seq: first_seq + skip,
+                count: count - skip,
+                format,
+                stored_at_ms,
+                body: tail.to_vec(),
+            });
+            if records >= max_records || bytes >= max_bytes {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Calls `each` for every stored record (of one source, if given), ordered by source then sequence. A
+    /// forwarded record is shown with its payload only; [`AppStore::for_each_record_view`] shows its origin too.
     pub fn for_each_record(
         &self,
         source: Option<&str>,
         mut each: impl FnMut(&str, u64, &[u8]) -> bool,
     ) -> Result<(), StoreError> {
+        self.for_each_record_view(source, 0, |r| each(r.source, r.seq, r.payload))
+    }
+
+    /// Calls `each` for every stored record at position ≥ `from_pos` (of one source, if given) with all the
+    /// store knows of it: ordered by source then sequence when `from_pos` is 0, else by position (a follower).
+    pub fn for_each_record_view(
+        &self,
+        source: Option<&str>,
+        from_pos: u64,
+        mut each: impl FnMut(&RecordView<'_>) -> bool,
+    ) -> Result<(), StoreError> {
+        let order = if from_pos == 0 {
+            "ORDER BY s.name, c.first_seq"
+        } else {
+            "ORDER BY c.pos"
+        };
         let mut stmt = self
             .conn
-            .prepare(
-                "SELECT s.name, c.first_seq, c.count, c.body FROM chunks c JOIN sources s ON s.id = c.source
-                 WHERE ?1 IS NULL OR s.name = ?1 ORDER BY s.name, c.first_seq",
-            )
+            .prepare(&format!(
+                "SELECT s.name, c.first_seq, c.count, c.body, c.pos, c.stored_at, c.format
+                 FROM chunks c JOIN sources s ON s.id = c.source
+                 WHERE (?1 IS NULL OR s.name = ?1)
+                   AND c.pos >= COALESCE((SELECT MAX(pos) FROM chunks WHERE pos <= ?2), 0)
+                 {order}"
+            ))
             .map_err(self.err())?;
-        let mut rows = stmt.query([source]).map_err(self.err())?;
+        let mut rows = stmt
+            .query(params![source, from_pos as i64])
+            .map_err(self.err())?;
         while let Some(row) = rows.next().map_err(self.err())? {
             let name: String = row.get(0).map_err(self.err())?;
             let first: i64 = row.get(1).map_err(self.err())?;
             let count: i64 = row.get(2).map_err(self.err())?;
             let body = row.get_ref(3).map_err(self.err())?.as_blob().unwrap_or(&[]);
+            let pos: Option<i64> = row.get(4).map_err(self.err())?;
+            let stored_at_ms: i64 = row.get(5).map_err(self.err())?;
+            let forwarded = row.get::<_, i64>(6).map_err(self.err())? == 1;
+            let corrupt = |seq| StoreError::Corrupt {
+                path: self.path.clone(),
+                source_name: name.clone(),
+                seq,
+            };
             let mut it = RecordIter::new(body);
             let mut seq = first as u64;
             let mut n = 0;
-            for payload in it.by_ref() {
-                if !each(&name, seq, payload) {
+            for (pos, record) in (pos.unwrap_or(0) as u64..).zip(it.by_ref()) {
+                let (origin, payload) = if forwarded {
+                    let f = Forwarded::parse(record).map_err(|_| corrupt(seq))?;
+                    let origin = std::str::from_utf8(f.origin).map_err(|_| corrupt(seq))?;
+                    (Some((origin, f.origin_seq)), f.payload)
+                } else {
+                    (None, record)
+                };
+                if pos >= from_pos
+                    && !each(&RecordView {
+                        source: &name,
+                        seq,
+                        pos,
+                        stored_at_ms,
+                        origin,
+                        payload,
+                    })
+                {
                     return Ok(());
                 }
                 seq += 1;
                 n += 1;
             }
             if !it.is_clean() || n != count {
-                return Err(StoreError::Corrupt {
-                    path: self.path.clone(),
-                    source_name: name,
-                    seq,
-                });
+                return Err(corrupt(seq));
             }
         }
         Ok(())
@@ -351,8 +726,28 @@ impl Stores {
         self.apps.get(app as usize)
     }
 
-    /// Applies a turn: one transaction per app it touches. On error the failing app's transaction is rolled back;
-    /// the caller must treat the whole turn as not acknowledged.
+    /// The store of one app, to write.
+    pub fn app_mut(&mut self, app: AppIndex) -> Option<&mut AppStore> {
+        self.apps.get_mut(app as usize)
+    }
+
+    pub fn len(&self) -> usize {
+        self.apps.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.apps.is_empty()
+    }
+
+    /// Adds the store of a new app (a reload that added one); it gets the next app index.
+    pub fn push(&mut self, store: AppStore) -> AppIndex {
+        self.apps.push(store);
+        (self.apps.len() - 1) as AppIndex
+    }
+
+    /// Applies a turn: one transaction per app it touches, in app order. On error the failing app's transaction
+    /// is rolled back and the error returned; apps before it have committed. The node's host
+    /// ([`crate::apps`]) applies apps one by one instead, so one failing store stops only its app.
     pub fn apply_turn(
         &mut self,
         turn: &Turn,
@@ -362,20 +757,64 @@ impl Stores {
             turn: turn.id,
             ..Committed::default()
         };
-        let mut totals = FlowOutcome::default();
+        let mut per_app = pieces_of_turn(turn, senders, self.apps.len());
         for (i, store) in self.apps.iter_mut().enumerate() {
-            store.apply(
-                turn,
-                i as AppIndex,
-                senders,
-                &mut committed.heard,
-                &mut totals,
-            )?;
+            let pieces = &mut per_app[i];
+            if pieces.is_empty() {
+                continue;
+            }
+            let applied = store.apply(pieces, &[], false)?;
+            committed.add(i as AppIndex, &applied, turn, senders);
         }
-        committed.stored_records = totals.stored;
-        committed.duplicate_records = totals.duplicate;
-        committed.gap_records = totals.gap;
         Ok(committed)
+    }
+}
+
+/// The turn's items as pieces to apply, per app index (`apps` of them); source names from the allow-list.
+pub fn pieces_of_turn<'a>(
+    turn: &'a Turn,
+    senders: &'a AllowList,
+    apps: usize,
+) -> Vec<Vec<Piece<'a>>> {
+    let mut per_app: Vec<Vec<Piece<'a>>> = (0..apps).map(|_| Vec::new()).collect();
+    for item in &turn.items {
+        if let Some(pieces) = per_app.get_mut(item.app as usize) {
+            pieces.push(Piece {
+                source: senders.name(item.sender),
+                first_seq: item.first_seq,
+                count: item.count,
+                format: item.format,
+                records: turn.records_of(item),
+            });
+        }
+    }
+    per_app
+}
+
+impl Committed {
+    /// Adds one app's commit to the turn's outcome, naming its flows by sender index again.
+    pub fn add(&mut self, app: AppIndex, applied: &Applied, turn: &Turn, senders: &AllowList) {
+        self.stored_records += applied.stored;
+        self.duplicate_records += applied.duplicate;
+        self.gap_records += applied.gap;
+        let by_name: HashMap<&str, u64> = applied
+            .heard
+            .iter()
+            .map(|(n, h)| (n.as_str(), *h))
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        for item in turn.items.iter().filter(|i| i.app == app) {
+            if !seen.insert(item.sender) {
+                continue;
+            }
+            if let Some(&heard) = by_name.get(senders.name(item.sender)) {
+                self.heard.push(FlowHeard {
+                    sender: item.sender,
+                    app,
+                    heard,
+                });
+            }
+        }
     }
 }
 
@@ -413,6 +852,7 @@ pub fn list_apps(state_dir: &Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::allow_list::SenderIndex;
     use crate::proto::turn::Apply;
     use crate::proto::wire::put_record;
 
@@ -437,6 +877,7 @@ mod tests {
                 app: 0,
                 first_seq,
                 count,
+                format: RecordFormat::Plain,
                 records: start..t.arena.len(),
             });
             t.record_count += count;
@@ -496,5 +937,171 @@ mod tests {
             .collect();
         assert_eq!(got, want);
         assert_eq!(stores.app(0).unwrap().heard().unwrap()["a"], 8);
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+
+    fn plain(records: &[&str]) -> Vec<u8> {
+        let mut v = Vec::new();
+        for r in records {
+            crate::proto::wire::put_record(&mut v, r.as_bytes());
+        }
+        v
+    }
+
+    fn forwarded(origin: &str, first: u64, records: &[&str]) -> Vec<u8> {
+        let mut v = Vec::new();
+        for (i, r) in records.iter().enumerate() {
+            Forwarded::put(&mut v, origin.as_bytes(), first + i as u64, r.as_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn positions_follow_commit_order_over_all_sources() {
+        let mut s = AppStore::open_in_memory("t").unwrap();
+        assert_eq!(s.head(), 1);
+        let a = plain(&["a1", "a2"]);
+        let b = plain(&["b1"]);
+        let mut pieces = vec![
+            Piece {
+                source: "b",
+                first_seq: 1,
+                count: 1,
+                format: RecordFormat::Plain,
+                records: &b,
+            },
+            Piece {
+                source: "a",
+                first_seq: 1,
+                count: 2,
+                format: RecordFormat::Plain,
+                records: &a,
+            },
+        ];
+        let applied = s.apply(&mut pieces, &[], true).unwrap();
+        assert_eq!(applied.stored, 3);
+        assert_eq!(s.head(), 4);
+        let got: Vec<(u64, String, u64)> = applied
+            .new_chunks
+            .iter()
+            .map(|c| (c.pos, c.source.clone(), c.count))
+            .collect();
+        assert_eq!(got, vec![(1, "a".into(), 2), (3, "b".into(), 1)]);
+        // Reading from the middle of a chunk cuts it.
+        let read = s.read_from(2, 100, 1 << 20).unwrap();
+        assert_eq!(read.len(), 2);
+        assert_eq!((read[0].pos, read[0].first_seq, read[0].count), (2, 2, 1));
+        assert_eq!(read[0].records().collect::<Vec<_>>(), vec![&b"a2"[..]]);
+        assert_eq!(read[1].pos, 3);
+        assert!(s.read_from(4, 100, 1 << 20).unwrap().is_empty());
+        assert_eq!(s.read_head().unwrap(), 4);
+    }
+
+    #[test]
+    fn a_change_of_format_within_a_flow_splits_the_chunk_and_keeps_heard() {
+        let mut s = AppStore::open_in_memory("t").unwrap();
+        let p = plain(&["x1", "x2"]);
+        let f = forwarded("dev7", 40, &["y1", "y2", "y3"]);
+        let mut pieces = vec![
+            Piece {
+                source: "node-a",
+                first_seq: 3,
+                count: 3,
+                format: RecordFormat::Forwarded,
+                records: &f,
+            },
+            Piece {
+                source: "node-a",
+                first_seq: 1,
+                count: 2,
+                format: RecordFormat::Plain,
+                records: &p,
+            },
+        ];
+        let applied = s.apply(&mut pieces, &[("out", 7)], true).unwrap();
+        assert_eq!(applied.heard, vec![("node-a".to_string(), 5)]);
+        assert_eq!(applied.new_chunks.len(), 2);
+        assert_eq!(s.heard_of("node-a").unwrap(), 5);
+        assert_eq!(s.outlets_acked().unwrap()["out"], 7);
+        let mut seen = Vec::new();
+        s.for_each_record_view(None, 0, |r| {
+            seen.push((
+                r.seq,
+                r.pos,
+                r.origin.map(|(o, q)| (o.to_string(), q)),
+                String::from_utf8(r.payload.to_vec()).unwrap(),
+            ));
+            true
+        })
+        .unwrap();
+        assert_eq!(
+            seen,
+            vec![
+                (1, 1, None, "x1".into()),
+                (2, 2, None, "x2".into()),
+                (3, 3, Some(("dev7".into(), 40)), "y1".into()),
+                (4, 4, Some(("dev7".into(), 41)), "y2".into()),
+                (5, 5, Some(("dev7".into(), 42)), "y3".into()),
+            ]
+        );
+        // Outlet progress never goes back.
+        s.apply(&mut [], &[("out", 3)], false).unwrap();
+        assert_eq!(s.outlets_acked().unwrap()["out"], 7);
+    }
+
+    #[test]
+    fn a_layout_1_store_is_migrated_with_positions_in_write_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("apps/main.sqlite");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE sources (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, heard INTEGER NOT NULL);
+                 CREATE TABLE chunks (source INTEGER NOT NULL REFERENCES sources(id), first_seq INTEGER NOT NULL,
+                     count INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (source, first_seq));
+                 PRAGMA user_version = 1;",
+            )
+            .unwrap();
+            conn.execute("INSERT INTO sources VALUES (1, 'b', 3), (2, 'a', 1)", [])
+                .unwrap();
+            // Written in this order: b 1–2, a 1, b 3.
+            for (src, first, recs) in [
+                (1, 1, vec!["b1", "b2"]),
+                (2, 1, vec!["a1"]),
+                (1, 3, vec!["b3"]),
+            ] {
+                conn.execute(
+                    "INSERT INTO chunks VALUES (?1, ?2, ?3, ?4)",
+                    params![src, first, recs.len() as i64, plain(&recs)],
+                )
+                .unwrap();
+            }
+        }
+        let s = AppStore::open(&path).unwrap();
+        assert_eq!(s.head(), 5);
+        let mut by_pos = Vec::new();
+        s.for_each_record_view(None, 1, |r| {
+            by_pos.push((r.pos, String::from_utf8(r.payload.to_vec()).unwrap()));
+            true
+        })
+        .unwrap();
+        assert_eq!(
+            by_pos,
+            vec![
+                (1, "b1".into()),
+                (2, "b2".into()),
+                (3, "a1".into()),
+                (4, "b3".into())
+            ]
+        );
+        drop(s);
+        // Opening again does not migrate twice.
+        assert_eq!(AppStore::open(&path).unwrap().head(), 5);
+        assert_eq!(AppStore::open_read(&path).unwrap().head(), 5);
     }
 }
