@@ -28,11 +28,14 @@
 //! # Ok(()) }
 //! ```
 
+pub mod apps;
 pub mod cli;
 pub mod keys;
 pub mod ops;
+pub mod outlets;
 pub mod proto;
 pub mod receive;
 pub mod sender;
 pub mod senders;
+pub mod sending;
 pub mod store;

@@ -43,6 +43,18 @@ pub struct NodeArgs {
     /// net.core.rmem_max only as root or with CAP_NET_ADMIN; the node warns when it got less.
     #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
     pub recv_buffer: usize,
+    /// Name server for outlets given by name (`IP` or `IP:PORT`). Default: the system's, from /etc/resolv.conf;
+    /// /etc/hosts is read first either way. Lookups never stop other outlets.
+    #[arg(long, value_name = "ADDR", value_parser = parse_dns_server)]
+    pub dns: Option<SocketAddr>,
+}
+
+fn parse_dns_server(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>()
+        .or_else(|_| s.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+        .map_err(|_| {
+            format!("{s:?} is not an IP address or IP:PORT (e.g. 192.0.2.53 or 127.0.0.1:5353)")
+        })
 }
 
 /// Default state directory: systemd's `StateDirectory=` if set, else `./pure-state`.
@@ -71,8 +83,9 @@ impl NodeArgs {
             senders_file,
             link_addr: SocketAddr::new(self.bind, self.link_port),
             idle: Duration::from_millis(self.link_idle_ms),
-            apps: vec!["main".to_string()],
+            apps: crate::apps::config::AppsConfig::default_single(),
             recv_buffer: self.recv_buffer,
+            dns: crate::sending::dns::DnsSettings { server: self.dns },
             state_dir,
         }
     }

@@ -56,6 +56,10 @@ pub struct Snapshot {
     pub reloads_failed: u64,
     /// Time spent applying and committing turns, in total.
     pub commit_seconds: f64,
+    /// Every app's figures and its outlets'.
+    pub app_figures: Vec<crate::apps::host::AppFigures>,
+    /// Whether the sending loop beats (`None`: no outlets, no loop).
+    pub sending_loop_alive: Option<bool>,
 }
 
 /// When the receive loop last turned, as microseconds since `base` (0: never).

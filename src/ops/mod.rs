@@ -17,3 +17,4 @@ pub mod check;
 pub mod metrics;
 pub mod notify;
 pub mod signals;
+pub mod wake;

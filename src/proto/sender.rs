@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use super::crypto::{self, Identity, PacketKey, PublicKeyBytes};
-use super::wire::{self, NodeFrame, NodeHeader};
+use super::wire::{self, NodeFrame, NodeHeader, RecordFormat};
 
 /// Sender packets are this large by default: fits nearly every path (docs/protocol.md 4).
 pub const DEFAULT_DATAGRAM: usize = 1200;
@@ -61,6 +61,8 @@ pub enum FlowStart {
 
 struct Flow {
     app: String,
+    /// DATA frames for a device's own records, FORWARD frames for a node's outlet (protocol.md 5.4).
+    format: RecordFormat,
     /// False until the node told us the heard sequence (FlowStart::Probe).
     synced: bool,
     probe_outstanding: bool,
@@ -132,6 +134,9 @@ pub struct SenderConfig {
     pub run_id: u64,
     pub max_datagram: usize,
     pub window: u64,
+    /// A forwarding node's outlet: one record too large for `max_datagram` with its origin may go alone in a
+    /// datagram of up to [`wire::MAX_ACCEPTED_DATAGRAM`] (protocol.md 5.4). Devices leave this off.
+    pub allow_oversize: bool,
 }
 
 impl SenderConfig {
@@ -142,6 +147,7 @@ impl SenderConfig {
             run_id: u64::from_be_bytes(crypto::random_array()),
             max_datagram: DEFAULT_DATAGRAM,
             window: DEFAULT_WINDOW,
+            allow_oversize: false,
         }
     }
 }
@@ -157,6 +163,7 @@ pub struct Sender {
     n2s: Option<(u64, PacketKey)>,
     next_pn: u64,
     max_datagram: usize,
+    allow_oversize: bool,
     window: u64,
     flows: Vec<Flow>,
     sent_times: VecDeque<(u64, Instant)>,
@@ -198,6 +205,7 @@ impl Sender {
             max_datagram: config
                 .max_datagram
                 .clamp(wire::MIN_SENDER_DATAGRAM, wire::MAX_DATAGRAM),
+            allow_oversize: config.allow_oversize,
             window: config.window.max(1),
             flows: Vec::new(),
             sent_times: VecDeque::new(),
@@ -234,6 +242,17 @@ impl Sender {
 
     /// Opens a flow explicitly; [`Sender::queue`] opens one with [`FlowStart::Probe`] if there is none.
     pub fn open_flow(&mut self, app: &str, start: FlowStart) -> Result<(), SenderError> {
+        self.open_flow_as(app, start, RecordFormat::Plain)
+    }
+
+    /// Opens a flow whose records go in frames of `format`: [`RecordFormat::Forwarded`] for a node forwarding
+    /// forwarded records (each queued record then must be one, protocol.md 5.4).
+    pub fn open_flow_as(
+        &mut self,
+        app: &str,
+        start: FlowStart,
+        format: RecordFormat,
+    ) -> Result<(), SenderError> {
         if !wire::valid_app_name(app.as_bytes()) {
             return Err(SenderError::BadApp(app.to_string()));
         }
@@ -246,6 +265,7 @@ impl Sender {
         };
         self.flows.push(Flow {
             app: app.to_string(),
+            format,
             synced,
             probe_outstanding: false,
             acked,
@@ -261,7 +281,7 @@ impl Sender {
     pub fn max_payload(&self, app: &str) -> usize {
         let fixed =
             wire::SENDER_HEADER_LEN + wire::TAG_LEN + frame_overhead(app.as_bytes(), u64::MAX);
-        let room = self.max_datagram - fixed;
+        let room = self.hard_max_datagram() - fixed;
         // The record's own length varint takes up to 2 bytes at these sizes.
         room.saturating_sub(2)
     }
@@ -287,6 +307,21 @@ impl Sender {
         }
         self.flows[i].records.push_back(payload);
         Ok(())
+    }
+
+    fn hard_max_datagram(&self) -> usize {
+        if self.allow_oversize {
+            wire::MAX_ACCEPTED_DATAGRAM
+        } else {
+            self.max_datagram
+        }
+    }
+
+    /// The sequence the next record queued for `app` will get, once the flow is synced (after the probe's
+    /// answer, or from the start for [`FlowStart::At`]).
+    pub fn next_seq(&self, app: &str) -> Option<u64> {
+        let f = &self.flows[self.flow_index(app)?];
+        f.synced.then(|| f.last_seq() + 1)
     }
 
     /// Records of `app` queued and not yet acknowledged.
@@ -365,13 +400,25 @@ impl Sender {
                 used += len;
                 count += 1;
             }
+            // One record that does not fit even an empty datagram of the usual size goes alone in a larger one,
+            // when this sender may (a forwarding node, protocol.md 5.4); `queue` let only such records in.
+            let alone = out.len() == wire::SENDER_HEADER_LEN;
+            if count == 0 && alone && self.allow_oversize && start_idx < f.records.len() {
+                let hard_room = wire::MAX_ACCEPTED_DATAGRAM
+                    - wire::TAG_LEN
+                    - wire::SENDER_HEADER_LEN
+                    - frame_overhead(f.app.as_bytes(), first);
+                if wire::record_len(&f.records[start_idx]) <= hard_room {
+                    count = 1;
+                }
+            }
             if count == 0 {
                 continue;
             }
             if first == f.acked + 1 && f.base_sent_pn.is_none() {
                 f.base_sent_pn = Some(pn);
             }
-            wire::put_data_header(out, f.app.as_bytes(), first, count as u64);
+            wire::put_frame_header(out, f.format, f.app.as_bytes(), first, count as u64);
             for r in f.records.range(start_idx..start_idx + count) {
                 wire::put_record(out, r);
             }

@@ -9,6 +9,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::{LiveStats, NodeError, NodeSettings, ReadyNode};
+use crate::apps::config::AppsConfig;
 use crate::proto::crypto::PublicKeyBytes;
 use crate::proto::node::NodeCounters;
 
@@ -33,6 +34,23 @@ impl LocalNode {
         idle: Duration,
         recv_buffer: usize,
     ) -> Result<Self, NodeError> {
+        Self::start_apps(
+            dir,
+            senders,
+            AppsConfig::default_single(),
+            idle,
+            recv_buffer,
+        )
+    }
+
+    /// [`LocalNode::start`] hosting the apps of `apps` (their outlets run on a sending loop of this process).
+    pub fn start_apps(
+        dir: &Path,
+        senders: &[(String, PublicKeyBytes)],
+        apps: AppsConfig,
+        idle: Duration,
+        recv_buffer: usize,
+    ) -> Result<Self, NodeError> {
         let senders_file = dir.join("senders");
         let text: String = senders
             .iter()
@@ -49,8 +67,9 @@ impl LocalNode {
             senders_file: Some(senders_file),
             link_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             idle,
-            apps: vec!["main".to_string()],
+            apps,
             recv_buffer,
+            dns: Default::default(),
         })?;
         let addr = ready.local_addr();
         let public = ready.identity_public();

@@ -24,15 +24,20 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, Socket, Type};
 use thiserror::Error;
 
+use crate::apps::config::AppsConfig;
+use crate::apps::host::Host;
 use crate::keys::{self, KeyError};
 use crate::ops::metrics::{Heartbeat, Snapshot};
 use crate::ops::notify::{Notifier, WatchdogTimer};
+use crate::ops::wake::Wake;
 use crate::proto::allow_list::AllowList;
 use crate::proto::crypto;
 use crate::proto::node::{DropReason, Node, NodeConfig, NodeCounters};
 use crate::senders::{self, SendersError};
+use crate::sending::dns::DnsSettings;
+use crate::sending::{LoopSettings, SendingLoop};
+use crate::store::StoreError;
 use crate::store::memo::Memo;
-use crate::store::{StoreError, Stores};
 
 mod local;
 pub use local::LocalNode;
@@ -69,6 +74,8 @@ pub enum NodeError {
     },
     #[error("UDP socket: {0}")]
     Socket(std::io::Error),
+    #[error("cannot start the sending loop: {0}")]
+    SendingLoop(std::io::Error),
 }
 
 /// What the node needs to start, already validated.
@@ -80,8 +87,11 @@ pub struct NodeSettings {
     pub senders_file: Option<PathBuf>,
     pub link_addr: SocketAddr,
     pub idle: Duration,
-    pub apps: Vec<String>,
+    /// The apps to host (`--apps`, or one app `main` that accepts every sender).
+    pub apps: AppsConfig,
     pub recv_buffer: usize,
+    /// Name servers for outlets given by name.
+    pub dns: DnsSettings,
 }
 
 /// Live figures a caller (the demo, tests, later metrics) may read while the node runs.
@@ -121,7 +131,12 @@ struct PendingReload {
 /// A node that has its key, stores and socket, ready to [`ReadyNode::run`].
 pub struct ReadyNode {
     node: Node,
-    stores: Stores,
+    host: Host,
+    /// The sending loop, when any app has a link, wire or webhook outlet (started lazily: a node without outlets
+    /// runs no thread for them).
+    sending: Option<SendingLoop>,
+    /// Wakes this loop from other threads: outlets (room, resume) and inbound HTTP.
+    wake: Arc<Wake>,
     memo: Memo,
     socket: UdpSocket,
     pub key_created: bool,
@@ -211,21 +226,38 @@ impl ReadyNode {
                 "none (no senders file given)".to_string(),
             ),
         };
-        let stores = Stores::open(&settings.state_dir, &settings.apps)?;
+        let wake = Arc::new(Wake::new().map_err(NodeError::Socket)?);
+        let (host, outlets) = Host::open(&settings.state_dir, &settings.apps, wake.clone())?;
         let memo = Memo::open(&settings.state_dir.join("memo.sqlite"))?;
         let socket = bind_udp(settings.link_addr, settings.recv_buffer)?;
-        let node = Node::new(
+        let mut node = Node::new(
             NodeConfig {
-                identity,
+                identity: identity.clone(),
                 epoch: u64::from_be_bytes(crypto::random_array()),
                 idle: settings.idle,
-                apps: settings.apps.clone(),
+                apps: Vec::new(),
             },
             Arc::new(senders),
         );
+        node.set_apps(host.hosted_apps());
+        let sending = if outlets.start.is_empty() {
+            None
+        } else {
+            let sending = SendingLoop::start(LoopSettings {
+                identity,
+                dns: settings.dns.clone(),
+            })
+            .map_err(NodeError::SendingLoop)?;
+            for (outlet, target) in outlets.start {
+                sending.start_outlet(outlet, target);
+            }
+            Some(sending)
+        };
         Ok(ReadyNode {
             node,
-            stores,
+            host,
+            sending,
+            wake,
             memo,
             socket,
             key_created,
@@ -274,6 +306,7 @@ impl ReadyNode {
         let mut next_status = Instant::now() + STATUS_EVERY;
         let mut last_status = String::new();
         let mut told_stopping = false;
+        let mut more_work = false;
         // The socket is bound (prepare did it) and the loop is about to turn: from here a datagram is served.
         self.stats.heartbeat.beat(Instant::now());
         self.publish();
@@ -303,8 +336,9 @@ impl ReadyNode {
             } else {
                 wait
             };
+            let wait = if more_work { Duration::ZERO } else { wait };
             if !stopping {
-                wait_readable(&self.socket, control.wake, wait);
+                wait_readable(&self.socket, &[control.wake, Some(self.wake.fd())], wait);
             }
             let now = Instant::now();
             let mut read = 0;
@@ -322,7 +356,7 @@ impl ReadyNode {
                     Err(e) => return Err(NodeError::Socket(e)),
                 }
             }
-            self.turn()?;
+            more_work = self.turn()?;
             let swept_before = self.node.counters().sessions_swept;
             self.node.handle_timeout(now);
             if self.node.counters().sessions_swept - swept_before >= TRIM_AFTER_SWEPT {
@@ -331,7 +365,13 @@ impl ReadyNode {
             self.publish();
             let now = Instant::now();
             self.stats.heartbeat.beat(now);
+            // The sending loop feeds the watchdog too: a stuck loop of either kind stops the pings.
+            let sending_alive = self
+                .sending
+                .as_ref()
+                .is_none_or(|s| s.alive(now, SENDING_STALE));
             if let (Some(w), Some(n)) = (watchdog.as_mut(), notifier)
+                && sending_alive
                 && w.due(now)
             {
                 n.watchdog_ping();
@@ -396,21 +436,12 @@ impl ReadyNode {
         }
     }
 
-    /// Applies the current turn, commits, and sends the acks it earned.
-    fn turn(&mut self) -> Result<(), NodeError> {
-        if let Some(turn) = self.node.take_turn() {
-            let started = Instant::now();
-            let applied = self.stores.apply_turn(&turn, self.node.senders());
-            self.commit_time += started.elapsed();
-            match applied {
-                Ok(committed) => self.node.handle_committed(&committed),
-                Err(e) => {
-                    // Nothing of the turn is acked; senders resend. A store that keeps failing shows in the log.
-                    tracing::error!("turn {} not stored: {e}", turn.id);
-                    self.node.handle_turn_failed(turn.id);
-                }
-            }
-        }
+    /// Runs a turn of the host (every app's input applied and committed app by app, outlets fed and pushed), then
+    /// sends the acks it earned. Returns whether the host has more to do at once (inner outlets behind).
+    fn turn(&mut self) -> Result<bool, NodeError> {
+        let started = Instant::now();
+        let report = self.host.turn(&mut self.node, started);
+        self.commit_time += started.elapsed();
         self.node.flush_acks();
         while let Some(t) = self.node.poll_transmit() {
             if let Err(e) = self.socket.send_to(&t.bytes, t.to) {
@@ -424,7 +455,7 @@ impl ReadyNode {
                 "memo not updated ({e}); known senders will cost an X25519 after a restart"
             );
         }
-        Ok(())
+        Ok(report.more)
     }
 
     /// The senders file a reload reads: the one given, else `senders` in the state directory if it exists now
@@ -558,6 +589,11 @@ impl ReadyNode {
             if s.apps.len() != self.node.apps().len() {
                 s.apps = self.node.app_names();
             }
+            s.app_figures = self.host.figures();
+            s.sending_loop_alive = self
+                .sending
+                .as_ref()
+                .map(|l| l.alive(Instant::now(), SENDING_STALE));
             s.senders = self.node.senders().len();
             s.sessions = self.node.sessions_active();
             s.reloads_ok = self.reloads_ok;
@@ -601,6 +637,9 @@ fn log_summary(before: &NodeCounters, now: &NodeCounters, sessions: usize) {
 /// How often the loop looks for a reload's result while the senders file is being read.
 const RELOAD_POLL: Duration = Duration::from_millis(2);
 
+/// A sending loop that has not beaten for this long is stuck: the watchdog is not fed (it beats every 0.5 s).
+const SENDING_STALE: Duration = Duration::from_secs(3);
+
 /// Sessions swept in one sweep that make it worth giving freed heap back to the kernel.
 const TRIM_AFTER_SWEPT: u64 = 1024;
 
@@ -615,30 +654,34 @@ fn release_freed_memory() {
     }
 }
 
-/// Waits until the socket is readable, a signal woke the loop, or `timeout` passes.
-fn wait_readable(socket: &UdpSocket, wake: Option<RawFd>, timeout: Duration) {
-    let mut fds = [
-        libc::pollfd {
-            fd: socket.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
+/// Waits until the socket is readable, a wake descriptor (signals, outlets, HTTP) is, or `timeout` passes. Wakes
+/// are cleared: one round serves them all.
+fn wait_readable(socket: &UdpSocket, wakes: &[Option<RawFd>], timeout: Duration) {
+    let mut fds = vec![libc::pollfd {
+        fd: socket.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    for w in wakes {
+        fds.push(libc::pollfd {
             // A negative fd is ignored by poll(2).
-            fd: wake.unwrap_or(-1),
+            fd: w.unwrap_or(-1),
             events: libc::POLLIN,
             revents: 0,
-        },
-    ];
+        });
+    }
     // Rounded up: rounding down turns the last partial millisecond before a deadline into a busy loop of
     // zero-timeout polls (research/003 saw 14 in a row).
     let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-    // SAFETY: two valid pollfds for the duration of the call; a failure (EINTR) just ends the wait early.
-    let woken =
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) } > 0 && fds[1].revents & libc::POLLIN != 0;
-    if woken && let Some(fd) = wake {
-        let mut count = 0u64;
-        // SAFETY: reading 8 bytes from the non-blocking eventfd into a u64 clears it.
-        unsafe { libc::read(fd, (&mut count as *mut u64).cast(), 8) };
+    // SAFETY: valid pollfds for the duration of the call; a failure (EINTR) just ends the wait early.
+    if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) } <= 0 {
+        return;
+    }
+    for p in &fds[1..] {
+        if p.fd >= 0 && p.revents & libc::POLLIN != 0 {
+            let mut count = 0u64;
+            // SAFETY: reading 8 bytes from a non-blocking eventfd into a u64 clears it.
+            unsafe { libc::read(p.fd, (&mut count as *mut u64).cast(), 8) };
+        }
     }
 }

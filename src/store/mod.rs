@@ -511,6 +511,20 @@ impl AppStore {
         Ok(new)
     }
 
+    /// Writes and commits nothing of consequence (the header's layout version, unchanged): whether this store can
+    /// commit now. A host asks before it lets an app that failed take input again.
+    pub fn probe_write(&mut self) -> Result<(), StoreError> {
+        self.conn
+            .execute_batch("BEGIN IMMEDIATE; PRAGMA user_version = 2; COMMIT;")
+            .map_err(|source| {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                StoreError::Sqlite {
+                    path: self.path.clone(),
+                    source,
+                }
+            })
+    }
+
     /// Heard sequence of every source, by name.
     pub fn heard(&self) -> Result<HashMap<String, u64>, StoreError> {
         let mut stmt = self

@@ -1,0 +1,841 @@
+//! The app host: every app's store, its turns, its inner outlets, and the feeding of its other outlets.
+//!
+//! A turn of the host ([`Host::turn`]), on the receive loop's thread:
+//!
+//! 1. take the node core's turn (records from links and wires) and, for each app fed by inner outlets, a bounded
+//!    batch of its sources' records after what it already holds (the destination's heard sequence of the source
+//!    `app/NAME` is how far the inner outlet got, so nothing but the stores remembers it);
+//! 2. apply each app's input in **one transaction of its own**, with its outlets' acknowledged positions, and
+//!    commit. A store that fails stops its app alone: its input is not acked (the senders retry), the app is
+//!    paused in the node core and retried with a growing delay, and it says why (log, status, `/healthz`, metrics);
+//! 3. hand the node core the outcome, so the acks it sends are exactly for what committed;
+//! 4. feed each link, wire and webhook outlet what it has room for — this turn's new chunks when it is caught up,
+//!    else a batch read back from the store — and **push each outlet once**.
+//!
+//! Apps are fair to each other because each has its share of a turn (`turn_records`, enforced by the node core for
+//! direct input and here for inner input), and an app whose outlet is further behind than its `max_lag_records`
+//! stops taking input until the outlet has caught up half of it, instead of growing anything but the store.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::config::{Accept, AppConfig, AppsConfig, OutletKind};
+use crate::ops::wake::Wake;
+use crate::outlets::{Outlet, Target};
+use crate::proto::node::{AppAccept, HostedApp, Node};
+use crate::proto::turn::{AppIndex, Committed};
+use crate::proto::wire::{Forwarded, RecordFormat};
+use crate::store::{self, AppStore, Chunk, Piece, StoreError, Stores};
+
+/// Records read back from a store for one outlet in one turn when it is catching up.
+const CATCH_UP_RECORDS: u64 = 16_384;
+/// A failed store is tried again after this, doubling up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(10);
+/// Outlet progress is written with the app's turns; an app with no input writes it at most this often.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// Prefix of the source name an inner outlet's records have in their destination app (a sender name cannot have a
+/// `/`, so the two never meet).
+pub const INNER_SOURCE_PREFIX: &str = "app/";
+
+/// A link, wire or webhook outlet of an app, as the host keeps it.
+struct RemoteOutlet {
+    outlet: Arc<Outlet>,
+    target: Target,
+    /// The next position to feed; `None` until the outlet says where its far side stands.
+    fed_next: Option<u64>,
+    max_lag: u64,
+    /// The acknowledged position last written to the store.
+    acked_written: u64,
+}
+
+/// An inner outlet: records of app `source` go into app `dest` of this host.
+struct InnerOutlet {
+    name: String,
+    source: AppIndex,
+    dest: AppIndex,
+    /// `app/SOURCE`: the source's name in the destination's store.
+    source_name: String,
+    /// How far the destination holds the source (its heard sequence of `source_name`), once read.
+    heard: Option<u64>,
+    max_lag: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Failure {
+    why: String,
+    since: Instant,
+    retry_at: Instant,
+    backoff: Duration,
+}
+
+struct App {
+    config: AppConfig,
+    outlets: Vec<RemoteOutlet>,
+    /// Behind an outlet by more than its lag budget: not taking input.
+    lag_paused: bool,
+    failure: Option<Failure>,
+    stored: u64,
+    turns_failed: u64,
+    last_progress_write: Instant,
+}
+
+/// What the operator sees of an app (metrics, status, health).
+#[derive(Debug, Clone, Default)]
+pub struct AppFigures {
+    pub name: String,
+    pub stored_records: u64,
+    pub turns_failed: u64,
+    /// Records offered to the app and not yet stored (what its inner outlets' sources hold beyond it).
+    pub queue_depth: u64,
+    /// Why the app cannot store now, if it cannot.
+    pub failed: Option<String>,
+    pub paused_for_lag: bool,
+    pub outlets: Vec<OutletFigures>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct OutletFigures {
+    pub name: String,
+    pub kind: &'static str,
+    /// Records stored by the app and not yet acknowledged by the outlet's far side.
+    pub lag_records: u64,
+    pub sent_records: u64,
+    pub held_bytes: usize,
+    pub status: &'static str,
+    pub last_error: Option<String>,
+    pub errors: Vec<(&'static str, u64)>,
+}
+
+/// What one turn of the host did.
+#[derive(Debug, Default)]
+pub struct TurnReport {
+    pub stored: u64,
+    /// Inner outlets have more to move: turn again soon rather than sleep.
+    pub more: bool,
+}
+
+/// Outlets the sending loop must start or stop (at open and after a reload).
+#[derive(Debug, Default)]
+pub struct OutletChanges {
+    pub start: Vec<(Arc<Outlet>, Target)>,
+    pub stop: Vec<u64>,
+}
+
+/// What a reload of the apps file did, in words for the log.
+#[derive(Debug, Default)]
+pub struct Reloaded {
+    pub applied: Vec<String>,
+    pub needs_restart: Vec<String>,
+    pub outlets: OutletChanges,
+}
+
+pub struct Host {
+    state_dir: Option<PathBuf>,
+    stores: Stores,
+    apps: Vec<App>,
+    inner: Vec<InnerOutlet>,
+    wake: Arc<Wake>,
+    next_outlet_id: u64,
+}
+
+fn hosted(config: &AppConfig) -> HostedApp {
+    HostedApp {
+        name: config.name.clone(),
+        accept: match &config.accept {
+            Accept::All => AppAccept::All,
+            Accept::Only(names) => {
+                AppAccept::Only(names.iter().map(|n| n.as_str().into()).collect())
+            }
+        },
+        turn_records: config.turn_records.max(1),
+        paused: false,
+    }
+}
+
+fn target_of(kind: &OutletKind) -> Option<Target> {
+    match kind {
+        OutletKind::Link { to, node_key, app } => Some(Target::Link {
+            to: to.clone(),
+            node_key: *node_key,
+            far_app: app.clone(),
+        }),
+        // Wires and webhooks join the sending loop in the next steps of issue 7.
+        OutletKind::Wire { .. } | OutletKind::Webhook { .. } => None,
+        OutletKind::App { .. } => None,
+    }
+}
+
+impl Host {
+    /// Opens every app's store under `state_dir` and makes its outlets (not yet started: see the returned
+    /// changes). `wake` is the receive loop's: outlets use it to ask for a turn.
+    pub fn open(
+        state_dir: &Path,
+        config: &AppsConfig,
+        wake: Arc<Wake>,
+    ) -> Result<(Self, OutletChanges), StoreError> {
+        let mut stores = Stores::open(state_dir, &[])?;
+        for app in &config.apps {
+            stores.push(AppStore::open(&store::app_store_path(
+                state_dir, &app.name,
+            ))?);
+        }
+        Self::with_stores(Some(state_dir.to_path_buf()), stores, config, wake)
+    }
+
+    /// A host over stores in memory (tests).
+    pub fn in_memory(
+        config: &AppsConfig,
+        wake: Arc<Wake>,
+    ) -> Result<(Self, OutletChanges), StoreError> {
+        let names: Vec<String> = config.apps.iter().map(|a| a.name.clone()).collect();
+        Self::with_stores(None, Stores::open_in_memory(&names)?, config, wake)
+    }
+
+    fn with_stores(
+        state_dir: Option<PathBuf>,
+        stores: Stores,
+        config: &AppsConfig,
+        wake: Arc<Wake>,
+    ) -> Result<(Self, OutletChanges), StoreError> {
+        let mut host = Host {
+            state_dir,
+            stores,
+            apps: Vec::new(),
+            inner: Vec::new(),
+            wake,
+            next_outlet_id: 1,
+        };
+        let mut changes = OutletChanges::default();
+        for app in &config.apps {
+            host.add_app(app.clone(), &mut changes)?;
+        }
+        host.rebuild_inner(config);
+        Ok((host, changes))
+    }
+
+    fn add_app(
+        &mut self,
+        config: AppConfig,
+        changes: &mut OutletChanges,
+    ) -> Result<(), StoreError> {
+        let index = self.apps.len() as AppIndex;
+        let acked = self
+            .stores
+            .app(index)
+            .map(|s| s.outlets_acked())
+            .transpose()?
+            .unwrap_or_default();
+        let mut outlets = Vec::new();
+        for o in &config.outlets {
+            if let Some(target) = target_of(&o.kind) {
+                let outlet = self.make_outlet(&config.name, o, &target);
+                changes.start.push((outlet.clone(), target.clone()));
+                outlets.push(RemoteOutlet {
+                    outlet,
+                    target,
+                    fed_next: None,
+                    max_lag: o.max_lag_records,
+                    acked_written: acked.get(&o.name).copied().unwrap_or(0),
+                });
+            }
+        }
+        self.apps.push(App {
+            config,
+            outlets,
+            lag_paused: false,
+            failure: None,
+            stored: 0,
+            turns_failed: 0,
+            last_progress_write: Instant::now(),
+        });
+        Ok(())
+    }
+
+    fn make_outlet(
+        &mut self,
+        app: &str,
+        o: &super::config::OutletConfig,
+        target: &Target,
+    ) -> Arc<Outlet> {
+        let id = self.next_outlet_id;
+        self.next_outlet_id += 1;
+        Arc::new(Outlet::new(
+            id,
+            app,
+            &o.name,
+            target.kind(),
+            o.memory_bytes,
+            self.wake.clone(),
+        ))
+    }
+
+    /// Inner outlets from the config, keeping what is known of those that stay.
+    fn rebuild_inner(&mut self, config: &AppsConfig) {
+        let index = |name: &str| {
+            self.apps
+                .iter()
+                .position(|a| a.config.name == name)
+                .map(|i| i as AppIndex)
+        };
+        let mut inner = Vec::new();
+        for (s, app) in config.apps.iter().enumerate() {
+            for o in &app.outlets {
+                let OutletKind::App { app: dest } = &o.kind else {
+                    continue;
+                };
+                let Some(dest) = index(dest) else { continue };
+                let source = s as AppIndex;
+                let heard = self
+                    .inner
+                    .iter()
+                    .find(|i| i.source == source && i.dest == dest)
+                    .and_then(|i| i.heard);
+                inner.push(InnerOutlet {
+                    name: o.name.clone(),
+                    source,
+                    dest,
+                    source_name: format!("{INNER_SOURCE_PREFIX}{}", app.name),
+                    heard,
+                    max_lag: o.max_lag_records,
+                });
+            }
+        }
+        self.inner = inner;
+    }
+
+    /// The apps as the node core must know them, in app-index order.
+    pub fn hosted_apps(&self) -> Vec<HostedApp> {
+        self.apps
+            .iter()
+            .map(|a| {
+                let mut h = hosted(&a.config);
+                h.paused = a.failure.is_some() || a.lag_paused;
+                h
+            })
+            .collect()
+    }
+
+    pub fn app_names(&self) -> Vec<String> {
+        self.apps.iter().map(|a| a.config.name.clone()).collect()
+    }
+
+    pub fn stores(&self) -> &Stores {
+        &self.stores
+    }
+
+    /// Runs one turn (module docs). `node` gets the outcome of its turn, if it had one.
+    pub fn turn(&mut self, node: &mut Node, now: Instant) -> TurnReport {
+        let mut report = TurnReport::default();
+        self.retry_failed(node, now);
+        let turn = node.take_turn();
+        let senders = node.senders().clone();
+        let n = self.apps.len();
+        let mut committed = turn.as_ref().map(|t| Committed {
+            turn: t.id,
+            ..Committed::default()
+        });
+        // Inner input first, read into buffers the pieces borrow: records of a source up to what its destination
+        // has room for in this turn.
+        let mut direct_counts = vec![0u64; n];
+        if let Some(t) = &turn {
+            for item in &t.items {
+                if let Some(c) = direct_counts.get_mut(item.app as usize) {
+                    *c += item.count;
+                }
+            }
+        }
+        let inner_input = self.read_inner(&direct_counts, &mut report);
+        let mut per_app = match &turn {
+            Some(t) => store::pieces_of_turn(t, &senders, n),
+            None => (0..n).map(|_| Vec::new()).collect(),
+        };
+        for (dest, source_name, chunk) in &inner_input {
+            per_app[*dest as usize].push(Piece {
+                source: source_name,
+                first_seq: chunk.pos,
+                count: chunk.count,
+                format: RecordFormat::Forwarded,
+                records: &chunk.body,
+            });
+        }
+        let mut new_chunks: Vec<Vec<Arc<Chunk>>> = (0..n).map(|_| Vec::new()).collect();
+        for (i, pieces) in per_app.iter_mut().enumerate() {
+            let app = &mut self.apps[i];
+            if app.failure.is_some() {
+                continue;
+            }
+            let progress: Vec<(String, u64)> = app
+                .outlets
+                .iter()
+                .filter(|o| o.outlet.acked() > o.acked_written)
+                .map(|o| (o.outlet.name.clone(), o.outlet.acked()))
+                .collect();
+            let write_progress = !progress.is_empty()
+                && (!pieces.is_empty()
+                    || now.saturating_duration_since(app.last_progress_write) >= PROGRESS_EVERY);
+            if pieces.is_empty() && !write_progress {
+                continue;
+            }
+            let progress_refs: Vec<(&str, u64)> = if write_progress {
+                progress.iter().map(|(n, a)| (n.as_str(), *a)).collect()
+            } else {
+                Vec::new()
+            };
+            let keep_new = !app.outlets.is_empty();
+            let Some(store) = self.stores.app_mut(i as AppIndex) else {
+                continue;
+            };
+            match store.apply(pieces, &progress_refs, keep_new) {
+                Ok(applied) => {
+                    if write_progress {
+                        app.last_progress_write = now;
+                        for o in &mut app.outlets {
+                            if let Some((_, a)) = progress.iter().find(|(n, _)| *n == o.outlet.name)
+                            {
+                                o.acked_written = *a;
+                            }
+                        }
+                    }
+                    app.stored += applied.stored;
+                    report.stored += applied.stored;
+                    for inner in self.inner.iter_mut().filter(|x| x.dest == i as AppIndex) {
+                        if let Some((_, h)) =
+                            applied.heard.iter().find(|(s, _)| *s == inner.source_name)
+                        {
+                            inner.heard = Some(*h);
+                        }
+                    }
+                    if let (Some(c), Some(t)) = (committed.as_mut(), turn.as_ref()) {
+                        c.add(i as AppIndex, &applied, t, &senders);
+                    }
+                    new_chunks[i] = applied.new_chunks.into_iter().map(Arc::new).collect();
+                }
+                Err(e) => {
+                    app.turns_failed += 1;
+                    let why = e.to_string();
+                    tracing::error!(
+                        app = %app.config.name,
+                        "app {} cannot store, its senders get no acks until it can: {why}",
+                        app.config.name
+                    );
+                    app.failure = Some(Failure {
+                        why,
+                        since: now,
+                        retry_at: now + RETRY_FIRST,
+                        backoff: RETRY_FIRST,
+                    });
+                    node.set_app_paused(i as AppIndex, true);
+                }
+            }
+        }
+        if let Some(c) = &committed {
+            node.handle_committed(c);
+        }
+        self.feed_outlets(&new_chunks);
+        self.check_lag(node);
+        report
+    }
+
+    /// Reads each inner outlet's next batch from its source store, as forwarded records for its destination.
+    fn read_inner(
+        &mut self,
+        direct_counts: &[u64],
+        report: &mut TurnReport,
+    ) -> Vec<(AppIndex, String, Chunk)> {
+        let mut out = Vec::new();
+        let mut room: Vec<u64> = self
+            .apps
+            .iter()
+            .zip(direct_counts)
+            .map(|(a, c)| a.config.turn_records.saturating_sub(*c))
+            .collect();
+        for inner in &mut self.inner {
+            let dest = inner.dest as usize;
+            if self.apps[dest].failure.is_some() || room[dest] == 0 {
+                continue;
+            }
+            let heard = match inner.heard {
+                Some(h) => h,
+                None => match self
+                    .stores
+                    .app(inner.dest)
+                    .map(|s| s.heard_of(&inner.source_name))
+                {
+                    Some(Ok(h)) => {
+                        inner.heard = Some(h);
+                        h
+                    }
+                    _ => continue,
+                },
+            };
+            let Some(source) = self.stores.app(inner.source) else {
+                continue;
+            };
+            if heard + 1 >= source.head() {
+                continue;
+            }
+            let chunks = match source.read_from(heard + 1, room[dest], usize::MAX) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("inner outlet {}: cannot read its source: {e}", inner.name);
+                    continue;
+                }
+            };
+            let mut taken = 0;
+            for chunk in chunks {
+                if taken >= room[dest] {
+                    report.more = true;
+                    break;
+                }
+                let take = chunk.count.min(room[dest] - taken);
+                taken += take;
+                out.push((
+                    inner.dest,
+                    inner.source_name.clone(),
+                    as_forwarded(chunk, take),
+                ));
+            }
+            room[dest] -= taken;
+            if heard + taken + 1 < source.head() {
+                report.more = true;
+            }
+        }
+        out
+    }
+
+    /// Feeds every remote outlet what it has room for and pushes each one that got something.
+    fn feed_outlets(&mut self, new_chunks: &[Vec<Arc<Chunk>>]) {
+        for (i, app) in self.apps.iter_mut().enumerate() {
+            let Some(store) = self.stores.app(i as AppIndex) else {
+                continue;
+            };
+            let head = store.head();
+            for o in &mut app.outlets {
+                if let Some(from) = o.outlet.take_restart() {
+                    o.fed_next = Some(from);
+                }
+                let Some(next) = o.fed_next else { continue };
+                if next >= head {
+                    continue;
+                }
+                let mut room = o.outlet.room();
+                if room == 0 {
+                    continue;
+                }
+                let fresh = &new_chunks[i];
+                let mut fed: Vec<Arc<Chunk>> = Vec::new();
+                let mut at = next;
+                if fresh.first().is_some_and(|c| c.pos == next) {
+                    // Caught up: this turn's chunks are exactly what it wants next, already in memory.
+                    for c in fresh {
+                        if room == 0 {
+                            break;
+                        }
+                        room = room.saturating_sub(c.body.len());
+                        at = c.pos + c.count;
+                        fed.push(c.clone());
+                    }
+                } else {
+                    match store.read_from(next, CATCH_UP_RECORDS, room) {
+                        Ok(chunks) => {
+                            for c in chunks {
+                                at = c.pos + c.count;
+                                fed.push(Arc::new(c));
+                            }
+                        }
+                        Err(e) => {
+                            o.outlet
+                                .error("store", format!("cannot read the app's store: {e}"));
+                            continue;
+                        }
+                    }
+                }
+                if !fed.is_empty() {
+                    o.outlet.feed(fed);
+                    o.fed_next = Some(at);
+                    o.outlet.push();
+                }
+            }
+        }
+    }
+
+    /// Pauses apps whose outlets are beyond their lag budget; resumes them at half of it (hysteresis).
+    fn check_lag(&mut self, node: &mut Node) {
+        let heads: Vec<u64> = (0..self.apps.len())
+            .map(|i| self.stores.app(i as AppIndex).map_or(1, |s| s.head()))
+            .collect();
+        let mut over: Vec<Option<bool>> = vec![None; self.apps.len()];
+        for (i, app) in self.apps.iter().enumerate() {
+            for o in &app.outlets {
+                let lag = heads[i].saturating_sub(1).saturating_sub(o.outlet.acked());
+                let paused = app.lag_paused;
+                let max = o.max_lag;
+                if max > 0 {
+                    let v = over[i].get_or_insert(false);
+                    *v |= lag > max || (paused && lag > max / 2);
+                }
+            }
+        }
+        for inner in &self.inner {
+            let lag = heads[inner.source as usize]
+                .saturating_sub(1)
+                .saturating_sub(inner.heard.unwrap_or(0));
+            let paused = self.apps[inner.source as usize].lag_paused;
+            if inner.max_lag > 0 {
+                let v = over[inner.source as usize].get_or_insert(false);
+                *v |= lag > inner.max_lag || (paused && lag > inner.max_lag / 2);
+            }
+        }
+        for (i, app) in self.apps.iter_mut().enumerate() {
+            let now_over = over[i].unwrap_or(false);
+            if now_over != app.lag_paused {
+                app.lag_paused = now_over;
+                if now_over {
+                    tracing::warn!(
+                        "app {}: an outlet is behind its max_lag_records; not taking input until it catches up",
+                        app.config.name
+                    );
+                } else {
+                    tracing::info!(
+                        "app {}: outlets caught up; taking input again",
+                        app.config.name
+                    );
+                }
+                node.set_app_paused(i as AppIndex, now_over || app.failure.is_some());
+            }
+        }
+    }
+
+    /// Lets a failed app try again when its delay is up (its next turn's commit is the test).
+    fn retry_failed(&mut self, node: &mut Node, now: Instant) {
+        for (i, app) in self.apps.iter_mut().enumerate() {
+            let Some(f) = &mut app.failure else { continue };
+            if now < f.retry_at {
+                continue;
+            }
+            let probe = self
+                .stores
+                .app_mut(i as AppIndex)
+                .map(|s| s.probe_write())
+                .unwrap_or(Ok(()));
+            match probe {
+                Ok(()) => {
+                    tracing::info!(
+                        "app {} can store again (it could not for {:.1} s)",
+                        app.config.name,
+                        now.saturating_duration_since(f.since).as_secs_f64()
+                    );
+                    app.failure = None;
+                    node.set_app_paused(i as AppIndex, app.lag_paused);
+                }
+                Err(e) => {
+                    f.why = e.to_string();
+                    f.backoff = (f.backoff * 2).min(RETRY_MAX);
+                    f.retry_at = now + f.backoff;
+                }
+            }
+        }
+    }
+
+    /// Figures for metrics, status and health.
+    pub fn figures(&self) -> Vec<AppFigures> {
+        self.apps
+            .iter()
+            .enumerate()
+            .map(|(i, app)| {
+                let head = self.stores.app(i as AppIndex).map_or(1, |s| s.head());
+                let mut outlets: Vec<OutletFigures> = app
+                    .outlets
+                    .iter()
+                    .map(|o| {
+                        let state = o.outlet.state();
+                        OutletFigures {
+                            name: o.outlet.name.clone(),
+                            kind: o.outlet.kind,
+                            lag_records: head.saturating_sub(1).saturating_sub(o.outlet.acked()),
+                            sent_records: o.outlet.sent_records(),
+                            held_bytes: o.outlet.held_bytes(),
+                            status: state.status,
+                            last_error: state.last_error,
+                            errors: state.errors.into_iter().collect(),
+                        }
+                    })
+                    .collect();
+                for inner in self.inner.iter().filter(|x| x.source as usize == i) {
+                    outlets.push(OutletFigures {
+                        name: inner.name.clone(),
+                        kind: "app",
+                        lag_records: head
+                            .saturating_sub(1)
+                            .saturating_sub(inner.heard.unwrap_or(0)),
+                        sent_records: inner.heard.unwrap_or(0),
+                        held_bytes: 0,
+                        status: "sending",
+                        last_error: None,
+                        errors: Vec::new(),
+                    });
+                }
+                let queue_depth = self
+                    .inner
+                    .iter()
+                    .filter(|x| x.dest as usize == i)
+                    .map(|x| {
+                        let src_head = self.stores.app(x.source).map_or(1, |s| s.head());
+                        src_head
+                            .saturating_sub(1)
+                            .saturating_sub(x.heard.unwrap_or(0))
+                    })
+                    .sum();
+                AppFigures {
+                    name: app.config.name.clone(),
+                    stored_records: app.stored,
+                    turns_failed: app.turns_failed,
+                    queue_depth,
+                    failed: app.failure.as_ref().map(|f| f.why.clone()),
+                    paused_for_lag: app.lag_paused,
+                    outlets,
+                }
+            })
+            .collect()
+    }
+
+    /// Puts a new apps file in force where that is safe: new apps, accept lists, turn shares and outlets. Removing
+    /// or renaming an app needs a restart (its index is in turns and sessions); that is reported, not done.
+    pub fn reload(&mut self, config: &AppsConfig, node: &mut Node) -> Result<Reloaded, StoreError> {
+        let mut done = Reloaded::default();
+        for app in &self.apps {
+            if !config.apps.iter().any(|a| a.name == app.config.name) {
+                done.needs_restart.push(format!(
+                    "app {} is no longer in the file: it keeps running until a restart",
+                    app.config.name
+                ));
+            }
+        }
+        let mut effective = Vec::new();
+        for app in &self.apps {
+            effective.push(
+                config
+                    .apps
+                    .iter()
+                    .find(|a| a.name == app.config.name)
+                    .cloned()
+                    .unwrap_or_else(|| app.config.clone()),
+            );
+        }
+        for new in &config.apps {
+            if !self.apps.iter().any(|a| a.config.name == new.name) {
+                effective.push(new.clone());
+            }
+        }
+        // Apps that stay: rules and outlets.
+        for (app, new) in self.apps.iter_mut().zip(&effective) {
+            let new = new.clone();
+            if app.config.accept != new.accept || app.config.turn_records != new.turn_records {
+                done.applied.push(format!(
+                    "app {}: accept list and turn share updated",
+                    new.name
+                ));
+            }
+            let old_outlets = std::mem::take(&mut app.outlets);
+            let mut kept = Vec::new();
+            for o in old_outlets {
+                let still = new.outlets.iter().find(|n| {
+                    n.name == o.outlet.name
+                        && target_of(&n.kind).as_ref() == Some(&o.target)
+                        && n.memory_bytes == o.outlet.memory_bytes
+                });
+                match still {
+                    Some(n) => {
+                        let mut o = o;
+                        o.max_lag = n.max_lag_records;
+                        kept.push(o);
+                    }
+                    None => {
+                        done.applied.push(format!(
+                            "app {}: outlet {} stopped",
+                            new.name, o.outlet.name
+                        ));
+                        done.outlets.stop.push(o.outlet.id);
+                    }
+                }
+            }
+            app.outlets = kept;
+            app.config = new;
+        }
+        for i in 0..self.apps.len() {
+            let config = self.apps[i].config.clone();
+            let acked = self
+                .stores
+                .app(i as AppIndex)
+                .map(|s| s.outlets_acked())
+                .transpose()?
+                .unwrap_or_default();
+            for o in &config.outlets {
+                if self.apps[i].outlets.iter().any(|x| x.outlet.name == o.name) {
+                    continue;
+                }
+                if let Some(target) = target_of(&o.kind) {
+                    let outlet = self.make_outlet(&config.name, o, &target);
+                    done.outlets.start.push((outlet.clone(), target.clone()));
+                    done.applied
+                        .push(format!("app {}: outlet {} started", config.name, o.name));
+                    self.apps[i].outlets.push(RemoteOutlet {
+                        outlet,
+                        target,
+                        fed_next: None,
+                        max_lag: o.max_lag_records,
+                        acked_written: acked.get(&o.name).copied().unwrap_or(0),
+                    });
+                }
+            }
+        }
+        // New apps.
+        for new in effective
+            .iter()
+            .skip(self.apps.len())
+            .cloned()
+            .collect::<Vec<_>>()
+        {
+            let store = match &self.state_dir {
+                Some(dir) => AppStore::open(&store::app_store_path(dir, &new.name))?,
+                None => AppStore::open_in_memory(&new.name)?,
+            };
+            self.stores.push(store);
+            done.applied.push(format!("app {} added", new.name));
+            self.add_app(new, &mut done.outlets)?;
+        }
+        let full = AppsConfig {
+            apps: effective,
+            path: config.path.clone(),
+        };
+        self.rebuild_inner(&full);
+        node.set_apps(self.hosted_apps());
+        Ok(done)
+    }
+}
+
+/// An inner outlet's chunk for its destination: the first `take` records, as forwarded records (a plain record's
+/// origin is its source and sequence here; a forwarded one keeps its own).
+fn as_forwarded(chunk: Chunk, take: u64) -> Chunk {
+    let mut body = Vec::with_capacity(chunk.body.len() + take as usize * (chunk.source.len() + 4));
+    for (k, record) in chunk.records().take(take as usize).enumerate() {
+        match chunk.format {
+            RecordFormat::Plain => Forwarded::put(
+                &mut body,
+                chunk.source.as_bytes(),
+                chunk.first_seq + k as u64,
+                record,
+            ),
+            RecordFormat::Forwarded => crate::proto::wire::put_record(&mut body, record),
+        }
+    }
+    Chunk {
+        count: take,
+        format: RecordFormat::Forwarded,
+        body,
+        ..chunk
+    }
+}

@@ -1,0 +1,292 @@
+//! The link outlet: an app's records to an app of another node, as sealed UDP (docs/protocol.md), with this node's
+//! own key as the sender key and FORWARD frames (5.4) so the far node knows each record's origin.
+//!
+//! It is the sans-IO [`Sender`] driven by a task of the sending loop. A run of the outlet:
+//!
+//! 1. resolve the far node's name (on the loop, [`crate::sending::dns`]) and open a UDP socket to it;
+//! 2. probe the far app: its heard sequence `h` for this node is where the outlet got to before, since the
+//!    forwarded flow is numbered by the app's positions (docs/store.md); ask the host to feed from `h + 1`;
+//! 3. queue what the host feeds, send (packets filled to the datagram size), take acks; report the stored position
+//!    to the host, which frees memory and lets it feed more.
+//!
+//! A run ends, and the next starts from a new probe, when the far side says something only a restart can fix (it
+//! went back or ahead of this flow, or refused the app) or after three retransmission rounds with no answer — then
+//! the name is resolved again, in case the far node moved. Nothing is lost between runs: what was not acknowledged
+//! is in the store and is fed again from the far side's heard sequence.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::UdpSocket;
+
+use super::{Held, Outlet};
+use crate::proto::crypto::{Identity, PublicKeyBytes};
+use crate::proto::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
+use crate::proto::wire::{self, Forwarded, RecordFormat};
+use crate::sending::dns::Resolver;
+use crate::store::Chunk;
+
+/// Retransmission rounds without an answer before the name is resolved again (docs/apps.md).
+const UNANSWERED_ROUNDS: u64 = 3;
+/// Wait before a new run after the far side refused the app or a lookup failed: a misconfiguration is not fixed by
+/// retrying at once.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// Datagrams read per wake before the outlet sends again.
+const RECV_BATCH: usize = 64;
+
+#[derive(Debug, Clone)]
+pub struct LinkTarget {
+    pub to: String,
+    pub node_key: PublicKeyBytes,
+    pub far_app: String,
+}
+
+/// Why a run ended.
+enum RunEnd {
+    /// Start a new run now (the far side's flow state needs a fresh probe).
+    Again,
+    /// Nobody answered: resolve the name again, then a new run.
+    Unanswered,
+    /// Wait a while, then a new run.
+    Later,
+}
+
+pub async fn run(outlet: Arc<Outlet>, target: LinkTarget, identity: Identity, dns: Resolver) {
+    loop {
+        outlet.set_status("resolving");
+        let addr = match dns.resolve(&target.to).await {
+            Ok(a) => a,
+            Err(e) => {
+                outlet.error("dns", e.to_string());
+                tokio::time::sleep(RETRY_AFTER).await;
+                continue;
+            }
+        };
+        let socket = match open_socket(addr).await {
+            Ok(s) => s,
+            Err(e) => {
+                outlet.error("socket", format!("UDP socket to {addr}: {e}"));
+                tokio::time::sleep(RETRY_AFTER).await;
+                continue;
+            }
+        };
+        match serve(&outlet, &target, &identity, &socket, addr).await {
+            RunEnd::Again | RunEnd::Unanswered => {}
+            RunEnd::Later => tokio::time::sleep(RETRY_AFTER).await,
+        }
+    }
+}
+
+async fn open_socket(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    let local: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0".parse().expect("a literal address")
+    } else {
+        "[::]:0".parse().expect("a literal address")
+    };
+    let socket = UdpSocket::bind(local).await?;
+    socket.connect(addr).await?;
+    Ok(socket)
+}
+
+/// Appends the records of `chunk` from position `from` on to the sender's flow, as forwarded records. Returns the
+/// bytes queued.
+fn queue_chunk(
+    sender: &mut Sender,
+    far_app: &str,
+    chunk: &Chunk,
+    from: u64,
+) -> Result<usize, String> {
+    let mut bytes = 0;
+    for (pos, record) in (chunk.pos..).zip(chunk.records()) {
+        if pos < from {
+            continue;
+        }
+        let forwarded = match chunk.format {
+            // A record that came from a device here: its origin is its source and sequence here.
+            RecordFormat::Plain => {
+                let seq = chunk.first_seq + (pos - chunk.pos);
+                let mut v =
+                    Vec::with_capacity(Forwarded::len(chunk.source.as_bytes(), seq, record.len()));
+                Forwarded::put_bare(&mut v, chunk.source.as_bytes(), seq, record);
+                v
+            }
+            // Already forwarded: its origin stays (protocol.md 5.4).
+            RecordFormat::Forwarded => record.to_vec(),
+        };
+        bytes += forwarded.len();
+        sender
+            .queue(far_app, forwarded)
+            .map_err(|e| format!("record at position {pos} cannot be forwarded: {e}"))?;
+    }
+    Ok(bytes)
+}
+
+async fn serve(
+    outlet: &Outlet,
+    target: &LinkTarget,
+    identity: &Identity,
+    socket: &UdpSocket,
+    addr: SocketAddr,
+) -> RunEnd {
+    let mut config = SenderConfig::new(identity.clone(), target.node_key);
+    config.max_datagram = wire::MAX_DATAGRAM;
+    config.allow_oversize = true;
+    let mut sender = match Sender::new(config) {
+        Ok(s) => s,
+        Err(e) => {
+            outlet.error("config", format!("node key: {e}"));
+            return RunEnd::Later;
+        }
+    };
+    if let Err(e) = sender.open_flow_as(&target.far_app, FlowStart::Probe, RecordFormat::Forwarded)
+    {
+        outlet.error("config", e.to_string());
+        return RunEnd::Later;
+    }
+    outlet.set_status("syncing");
+    // The next position to queue, once the far side told us where it stands.
+    let mut next: Option<u64> = None;
+    let mut held = Held::default();
+    let mut out = Vec::with_capacity(wire::MAX_ACCEPTED_DATAGRAM);
+    let mut buf = vec![0u8; 2048];
+    let mut rounds_at_progress = 0;
+    loop {
+        if let Some(n) = next.as_mut() {
+            for chunk in outlet.take_fed() {
+                let size = chunk.body.len();
+                if chunk.pos > *n {
+                    // A hole between what was queued and what was fed: start over from the far side's view.
+                    outlet.release(size);
+                    outlet.error(
+                        "internal",
+                        format!("fed position {} while expecting {n}", chunk.pos),
+                    );
+                    outlet.release(held.bytes());
+                    return RunEnd::Again;
+                }
+                let end = chunk.pos + chunk.count;
+                if end <= *n {
+                    outlet.release(size);
+                    continue;
+                }
+                match queue_chunk(&mut sender, &target.far_app, &chunk, *n) {
+                    Ok(_) => {
+                        held.add(end - 1, size);
+                        *n = end;
+                    }
+                    Err(e) => {
+                        // Cannot happen for records a node accepted (protocol.md 5.4 bounds them); if it does, it
+                        // must be seen, and the outlet must not spin on it.
+                        outlet.release(size);
+                        outlet.error("too_large", e);
+                        outlet.release(held.bytes());
+                        return RunEnd::Later;
+                    }
+                }
+            }
+        }
+        let now = Instant::now();
+        while sender.poll_transmit(now, &mut out) {
+            if let Err(e) = socket.send(&out).await {
+                // ICMP port unreachable from an earlier packet, or no route: the RTO resends.
+                outlet.error("socket", format!("send to {addr}: {e}"));
+                break;
+            }
+        }
+        let deadline = sender.poll_timeout();
+        let sleep = async {
+            match deadline {
+                Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = outlet.pushed() => {}
+            r = socket.recv(&mut buf) => {
+                let now = Instant::now();
+                match r {
+                    Ok(n) => {
+                        sender.handle_datagram(now, &buf[..n]);
+                        for _ in 1..RECV_BATCH {
+                            match socket.try_recv(&mut buf) {
+                                Ok(n) => sender.handle_datagram(now, &buf[..n]),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    Err(e) => outlet.error("socket", format!("receive from {addr}: {e}")),
+                }
+            }
+            _ = sleep => sender.handle_timeout(Instant::now()),
+        }
+        while let Some(event) = sender.poll_event() {
+            match event {
+                SenderEvent::Stored { through, .. } => {
+                    rounds_at_progress = sender.stats().retransmit_rounds;
+                    if next.is_none() {
+                        next = Some(through + 1);
+                        outlet.restart_from(through + 1);
+                        outlet.recovered("sending");
+                    } else {
+                        outlet.release(held.release_through(through));
+                        outlet.set_acked(through);
+                    }
+                }
+                SenderEvent::NodeAhead { node, ours, .. } => {
+                    outlet.error(
+                        "far_state",
+                        format!(
+                            "{} holds {node} records of this flow, this app only {ours}: this node's store was \
+                             replaced by an older one; records up to {node} are not sent again",
+                            target.to
+                        ),
+                    );
+                    outlet.release(held.bytes());
+                    return RunEnd::Again;
+                }
+                SenderEvent::NodeBehind { node, ours, .. } => {
+                    outlet.error(
+                        "far_state",
+                        format!(
+                            "{} has only {node} of the {ours} records it acknowledged (its store was replaced); \
+                             sending again from {}",
+                            target.to,
+                            node + 1
+                        ),
+                    );
+                    outlet.release(held.bytes());
+                    return RunEnd::Again;
+                }
+                SenderEvent::Refused { reason, .. } => {
+                    let why = match reason {
+                        wire::REFUSE_NO_APP => "has no such app".to_string(),
+                        wire::REFUSE_NOT_ACCEPTED => {
+                            "does not accept this node (list this node's public key in its senders file and \
+                             the app's accept list)"
+                                .to_string()
+                        }
+                        r => format!("refused it (reason {r})"),
+                    };
+                    outlet.error(
+                        "refused",
+                        format!("{} app {} {why}", target.to, target.far_app),
+                    );
+                    outlet.release(held.bytes());
+                    return RunEnd::Later;
+                }
+            }
+        }
+        if sender.stats().retransmit_rounds >= rounds_at_progress + UNANSWERED_ROUNDS {
+            outlet.error(
+                "timeout",
+                format!(
+                    "no answer from {addr} ({}) after {UNANSWERED_ROUNDS} retransmissions; resolving the name again",
+                    target.to
+                ),
+            );
+            outlet.release(held.bytes());
+            return RunEnd::Unanswered;
+        }
+    }
+}

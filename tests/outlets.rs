@@ -1,0 +1,158 @@
+//! Outlets between two real nodes on loopback (each the real receive loop on a thread of this process, with real
+//! SQLite stores and UDP sockets): what app `main` of node A stores reaches app `ingest` of node B exactly once,
+//! with its origin, through a link outlet; and an inner outlet copies it to a second app of A.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use pure_serve::apps::config::{Accept, AppConfig, AppsConfig, OutletConfig, OutletKind};
+use pure_serve::proto::crypto::Identity;
+use pure_serve::receive::LocalNode;
+use pure_serve::sender::UdpLink;
+use pure_serve::store::{self, AppStore};
+
+fn app(name: &str, accept: Accept, outlets: Vec<OutletConfig>) -> AppConfig {
+    AppConfig {
+        name: name.into(),
+        accept,
+        turn_records: 16_384,
+        outlets,
+    }
+}
+
+fn outlet(name: &str, kind: OutletKind) -> OutletConfig {
+    OutletConfig {
+        name: name.into(),
+        kind,
+        memory_bytes: 1 << 20,
+        max_lag_records: 0,
+    }
+}
+
+/// One stored record as the test compares it: source, seq, origin (name and sequence), payload.
+type Seen = (String, u64, Option<(String, u64)>, String);
+
+/// Every record of `app`, in (source, seq) order.
+fn records(state: &Path, app: &str) -> Vec<Seen> {
+    let Ok(s) = AppStore::open_read(&store::app_store_path(state, app)) else {
+        return Vec::new();
+    };
+    let mut v = Vec::new();
+    s.for_each_record_view(None, 0, |r| {
+        v.push((
+            r.source.to_string(),
+            r.seq,
+            r.origin.map(|(o, q)| (o.to_string(), q)),
+            String::from_utf8_lossy(r.payload).to_string(),
+        ));
+        true
+    })
+    .unwrap();
+    v
+}
+
+fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_link_outlet_and_an_inner_outlet_deliver_every_record_once_with_its_origin() {
+    let dir = tempfile::tempdir().unwrap();
+    let (dir_a, dir_b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&dir_a).unwrap();
+    std::fs::create_dir_all(&dir_b).unwrap();
+    // A's key exists before either starts: B lists it as a sender.
+    let key_a = Identity::generate();
+    pure_serve::keys::write_new_identity(&dir_a.join("node.key"), &key_a).unwrap();
+    let device = Identity::generate();
+
+    let b = LocalNode::start_apps(
+        &dir_b,
+        &[("node-a".into(), *key_a.public())],
+        AppsConfig {
+            apps: vec![app("ingest", Accept::Only(vec!["node-a".into()]), vec![])],
+            path: None,
+        },
+        Duration::from_secs(30),
+        4 << 20,
+    )
+    .unwrap();
+    let a = LocalNode::start_apps(
+        &dir_a,
+        &[("dev".into(), *device.public())],
+        AppsConfig {
+            apps: vec![
+                app(
+                    "main",
+                    Accept::All,
+                    vec![
+                        outlet(
+                            "to-b",
+                            OutletKind::Link {
+                                to: b.addr.to_string(),
+                                node_key: b.public,
+                                app: "ingest".into(),
+                            },
+                        ),
+                        outlet("copy", OutletKind::App { app: "copy".into() }),
+                    ],
+                ),
+                app("copy", Accept::Only(vec![]), vec![]),
+            ],
+            path: None,
+        },
+        Duration::from_secs(30),
+        4 << 20,
+    )
+    .unwrap();
+
+    const N: u64 = 20_000;
+    let mut link = UdpLink::connect(device.clone(), a.public, a.addr).unwrap();
+    for i in 1..=N {
+        link.sender()
+            .queue("main", format!("reading {i}").into_bytes())
+            .unwrap();
+    }
+    let outcome = link.deliver(Some(Duration::from_secs(30))).unwrap();
+    assert_eq!(outcome.unacked, 0);
+    // The device may not send to `copy` directly: it accepts nobody but its inner inlet.
+    let mut direct = UdpLink::connect(device, a.public, a.addr).unwrap();
+    direct
+        .sender()
+        .queue("copy", b"not for you".to_vec())
+        .unwrap();
+    let refused = direct.deliver(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(refused.refused, vec![("copy".to_string(), 2)]);
+
+    wait_for("B to store every record", Duration::from_secs(60), || {
+        records(&b.state_dir, "ingest").len() as u64 >= N
+    });
+    wait_for(
+        "the inner outlet to copy every record",
+        Duration::from_secs(60),
+        || records(&a.state_dir, "copy").len() as u64 >= N,
+    );
+    let on_b = records(&b.state_dir, "ingest");
+    let copied = records(&a.state_dir, "copy");
+    assert_eq!(on_b.len() as u64, N);
+    assert_eq!(copied.len() as u64, N);
+    for (k, ((source, seq, origin, payload), (csource, cseq, corigin, cpayload))) in
+        on_b.iter().zip(&copied).enumerate()
+    {
+        let i = k as u64 + 1;
+        // On B: forwarded by node-a, in the flow numbered by A's positions; its origin is the device.
+        assert_eq!((source.as_str(), *seq), ("node-a", i));
+        assert_eq!(origin, &Some(("dev".to_string(), i)));
+        assert_eq!(payload, &format!("reading {i}"));
+        // On A's second app: from the inner inlet app/main, same origin.
+        assert_eq!((csource.as_str(), *cseq), ("app/main", i));
+        assert_eq!(corigin, &Some(("dev".to_string(), i)));
+        assert_eq!(cpayload, payload);
+    }
+    a.stop().unwrap();
+    b.stop().unwrap();
+}
