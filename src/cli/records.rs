@@ -1,28 +1,88 @@
-//! `pure-serve records`: print what the stores hold.
+//! `pure-serve records`: print what the stores hold, or follow what they store.
 
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use clap::Args;
 
-use crate::store;
+use crate::store::{self, RecordView};
+
+/// How often `--follow` looks for new records.
+const FOLLOW_EVERY: Duration = Duration::from_millis(100);
 
 #[derive(Args, Debug)]
 pub struct RecordsArgs {
     /// The node's state directory. Default: $STATE_DIRECTORY or ./pure-state.
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
-    /// Only this app (default: every app with a store).
+    /// Only this app (default: every app with a store; --follow needs one app unless there is only one).
     #[arg(long, value_name = "NAME")]
     pub app: Option<String>,
-    /// Only records from this sender.
+    /// Only records from this source (a sender's name, or app/NAME for an inner outlet's records).
     #[arg(long, value_name = "NAME")]
     pub source: Option<String>,
-    /// One JSON object per line: app, source, seq, and payload (UTF-8) or payload_b64.
+    /// One JSON object per line: app, source, seq, pos, stored_at, origin and origin_seq (forwarded records), and
+    /// payload (UTF-8) or payload_b64.
     #[arg(long)]
     pub json: bool,
+    /// Keep running and print records as they are stored, in store order, like `tail -f`. Starts after what is
+    /// stored now, unless --from says where.
+    #[arg(long)]
+    pub follow: bool,
+    /// Start at this position of the app's log (1: everything), in store order. With --json each line has its
+    /// `pos`, so a consumer that stopped resumes with --from LAST+1.
+    #[arg(long, value_name = "POS")]
+    pub from: Option<u64>,
+}
+
+/// Milliseconds since the Unix epoch as RFC 3339 UTC (`2026-12-01T10:26:00.123Z`); 0 (not known) as null.
+fn rfc3339(ms: i64) -> serde_json::Value {
+    if ms <= 0 {
+        return serde_json::Value::Null;
+    }
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm), to need no date library for one format.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms.rem_euclid(1000)
+    )
+    .into()
+}
+
+fn line(app: &str, r: &RecordView<'_>, json: bool) -> String {
+    if json {
+        let mut obj = serde_json::json!({
+            "app": app, "source": r.source, "seq": r.seq, "pos": r.pos, "stored_at": rfc3339(r.stored_at_ms),
+        });
+        if let Some((origin, origin_seq)) = r.origin {
+            obj["origin"] = origin.into();
+            obj["origin_seq"] = origin_seq.into();
+        }
+        match std::str::from_utf8(r.payload) {
+            Ok(text) => obj["payload"] = text.into(),
+            Err(_) => obj["payload_b64"] = STANDARD.encode(r.payload).into(),
+        }
+        obj.to_string()
+    } else {
+        let text = String::from_utf8_lossy(r.payload);
+        format!("{app}\t{}\t{}\t{text}", r.source, r.seq)
+    }
 }
 
 pub fn run(args: &RecordsArgs) -> anyhow::Result<()> {
@@ -45,22 +105,40 @@ pub fn run(args: &RecordsArgs) -> anyhow::Result<()> {
     };
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
+    let result = if args.follow {
+        let [app] = apps.as_slice() else {
+            anyhow::bail!(
+                "--follow follows one app; choose one with --app (stores: {})",
+                apps.join(", ")
+            );
+        };
+        follow(&state, app, args, &mut out)
+    } else {
+        print_all(&state, &apps, args, &mut out)
+    };
+    match result {
+        // A closed pipe (`records | head`) is a normal end.
+        Err(e) if is_broken_pipe(&e) => Ok(()),
+        other => other,
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<std::io::Error>()
+        .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+}
+
+fn print_all(
+    state: &std::path::Path,
+    apps: &[String],
+    args: &RecordsArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
     let mut write_error = None;
-    for app in &apps {
-        let s = store::open_app_for_reading(&state, app)?;
-        s.for_each_record(args.source.as_deref(), |source, seq, payload| {
-            let r = if args.json {
-                let mut obj = serde_json::json!({"app": app, "source": source, "seq": seq});
-                match std::str::from_utf8(payload) {
-                    Ok(text) => obj["payload"] = text.into(),
-                    Err(_) => obj["payload_b64"] = STANDARD.encode(payload).into(),
-                }
-                writeln!(out, "{obj}")
-            } else {
-                let text = String::from_utf8_lossy(payload);
-                writeln!(out, "{app}\t{source}\t{seq}\t{text}")
-            };
-            match r {
+    for app in apps {
+        let s = store::open_app_for_reading(state, app)?;
+        s.for_each_record_view(args.source.as_deref(), args.from.unwrap_or(0), |r| {
+            match writeln!(out, "{}", line(app, r, args.json)) {
                 Ok(()) => true,
                 Err(e) => {
                     write_error = Some(e);
@@ -68,20 +146,60 @@ pub fn run(args: &RecordsArgs) -> anyhow::Result<()> {
                 }
             }
         })?;
-        if write_error.is_some() {
-            break;
+        if let Some(e) = write_error {
+            return Err(e.into());
         }
     }
-    match write_error {
-        // A closed pipe (`records | head`) is a normal end.
-        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Some(e) => Err(e.into()),
-        None => Ok(out.flush().or_else(|e| {
-            if e.kind() == std::io::ErrorKind::BrokenPipe {
-                Ok(())
-            } else {
-                Err(e)
+    out.flush()?;
+    Ok(())
+}
+
+fn follow(
+    state: &std::path::Path,
+    app: &str,
+    args: &RecordsArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let s = store::open_app_for_reading(state, app)?;
+    let mut next = match args.from {
+        Some(p) => p.max(1),
+        None => s.read_head()?,
+    };
+    loop {
+        let head = s.read_head()?;
+        if head > next {
+            let mut write_error = None;
+            let mut last = next - 1;
+            s.for_each_record_view(args.source.as_deref(), next, |r| {
+                last = r.pos;
+                match writeln!(out, "{}", line(app, r, args.json)) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        write_error = Some(e);
+                        false
+                    }
+                }
+            })?;
+            if let Some(e) = write_error {
+                return Err(e.into());
             }
-        })?),
+            out.flush()?;
+            // With a source filter the last record printed may be before the head; nothing before it is new.
+            next = head.max(last + 1);
+        }
+        std::thread::sleep(FOLLOW_EVERY);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(rfc3339(0), serde_json::Value::Null);
+        assert_eq!(rfc3339(1), "1970-01-01T00:00:00.001Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(1_796_119_560_123), "2026-12-01T10:06:00.123Z");
     }
 }

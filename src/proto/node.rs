@@ -464,6 +464,11 @@ impl Node {
         let mut resolved: Vec<(Option<AppIndex>, &wire::DataFrame)> =
             Vec::with_capacity(frames.len());
         for SenderFrame::Data(d) in &frames {
+            // Only a forwarding node may exceed a device's datagram, and only for forwarded records
+            // (protocol.md 5.4): this keeps every stored record small enough to be forwarded again.
+            if datagram_len > wire::MAX_DATAGRAM && d.format == wire::RecordFormat::Plain {
+                return Err(wire::WireError::Oversized);
+            }
             resolved.push((self.app_index(d.app), d));
         }
         let session = self

@@ -63,6 +63,8 @@ pub enum WireError {
     SequenceOverflow,
     #[error("a forwarded record's origin is not 1–64 printable bytes with a sequence ≥ 1")]
     BadOrigin,
+    #[error("a datagram over 1472 bytes holds a DATA frame (only FORWARD frames may be that large)")]
+    Oversized,
 }
 
 /// Whether `name` is a valid app name: 1–32 bytes of `[a-z0-9_-]`.
@@ -521,6 +523,35 @@ mod tests {
         assert_eq!((d.app, d.first_seq, d.count), (&b"main"[..], 7, 2));
         let recs: Vec<_> = RecordIter::new(d.records).collect();
         assert_eq!(recs, vec![&b"hello"[..], &b""[..]]);
+    }
+
+    #[test]
+    fn forward_frames_carry_origins_and_bad_origins_are_malformed() {
+        let mut p = Vec::new();
+        put_frame_header(&mut p, RecordFormat::Forwarded, b"ingest", 1, 2);
+        Forwarded::put(&mut p, b"dev-1", 41, b"hello");
+        Forwarded::put(&mut p, b"app/main", 7, b"");
+        let frames = parse_sender_frames(&p).unwrap();
+        let SenderFrame::Data(d) = &frames[0];
+        assert_eq!(d.format, RecordFormat::Forwarded);
+        let recs: Vec<Forwarded> = RecordIter::new(d.records)
+            .map(|r| Forwarded::parse(r).unwrap())
+            .collect();
+        assert_eq!(
+            (recs[0].origin, recs[0].origin_seq, recs[0].payload),
+            (&b"dev-1"[..], 41, &b"hello"[..])
+        );
+        assert_eq!((recs[1].origin, recs[1].origin_seq), (&b"app/main"[..], 7));
+        for bad in [&b""[..], b"a b", b"\x7f"] {
+            let mut p = Vec::new();
+            put_frame_header(&mut p, RecordFormat::Forwarded, b"ingest", 1, 1);
+            Forwarded::put(&mut p, bad, 1, b"x");
+            assert_eq!(parse_sender_frames(&p), Err(WireError::BadOrigin), "{bad:?}");
+        }
+        let mut p = Vec::new();
+        put_frame_header(&mut p, RecordFormat::Forwarded, b"ingest", 1, 1);
+        Forwarded::put(&mut p, b"dev", 0, b"x");
+        assert_eq!(parse_sender_frames(&p), Err(WireError::BadOrigin), "origin_seq 0");
     }
 
     #[test]
