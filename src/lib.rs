@@ -28,6 +28,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod apps;
 pub mod cli;
 pub mod keys;
 pub mod ops;
