@@ -19,7 +19,7 @@
 //! [`AppsConfig::parse`] never touches the file system; [`AppsConfig::load`] reads the file and also checks that
 //! every `ca_file` exists and holds a certificate, so `pure-serve check` catches a missing CA before a start does.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::ops::Range;
@@ -367,7 +367,7 @@ fn parse_host_port(text: &str, default_port: Option<u16>) -> Result<(String, u16
             }
         },
         (None, Some(d)) => d,
-        (None, None) => return Err(format!("{text:?} has no port; write HOST:PORT")),
+        (None, None) => return Err(format!("{text:?} has no port")),
     };
     Ok((host.to_string(), port))
 }
@@ -776,6 +776,8 @@ struct Walk {
     problems: Vec<Problem>,
     /// Directory of the apps file, for relative `ca_file` paths.
     base: PathBuf,
+    /// Line of each outlet's `app` key, by (app, outlet): the whole-file checks of inner outlets point at it.
+    app_lines: HashMap<(String, String), usize>,
 }
 
 /// Where in the file a value sits: its app and dotted key.
@@ -869,12 +871,7 @@ impl Walk {
         match i128::from_str_radix(i.as_str(), i.radix()) {
             Ok(n) if n >= i128::from(min) && n <= i128::from(max) => Some(n as u64),
             Ok(n) => {
-                self.problem(
-                    Some(v.span()),
-                    at,
-                    format!("is {n}, outside {min}..={max}"),
-                    fix,
-                );
+                self.problem(Some(v.span()), at, format!("is {n}, out of range"), fix);
                 None
             }
             Err(_) => {
@@ -1049,7 +1046,10 @@ impl Walk {
         match v.get_ref() {
             DeValue::String(s) if s == "all" => Some(Accept::All),
             DeValue::String(s) => {
-                let fix = if crate::senders::valid_name(s) {
+                let fix = if ["none", "nobody", ""].contains(&s.as_ref()) {
+                    "for no sender write accept = []; its records then come only from inner outlets"
+                        .to_string()
+                } else if crate::senders::valid_name(s) {
                     format!("for this one sender write accept = [{s:?}]; or {FIX}")
                 } else {
                     FIX.to_string()
@@ -1335,7 +1335,14 @@ impl Walk {
                         "name the app on the far node (1–32 of a-z, 0-9, _ and -); leave it out for this app's name"
                     };
                     match self.string(v, at, fix) {
-                        Some(s) if valid_app_name(s.as_bytes()) => far_app = Some(s.to_string()),
+                        Some(s) if valid_app_name(s.as_bytes()) => {
+                            far_app = Some(s.to_string());
+                            if kind == Some("app") {
+                                let line = self.lines.of(v.span().start);
+                                self.app_lines
+                                    .insert((app.to_string(), name.to_string()), line);
+                            }
+                        }
                         Some(s) => {
                             self.problem(
                                 Some(v.span()),
@@ -1547,7 +1554,8 @@ impl Walk {
 
     /// What only the whole file can show: inner outlets to apps that are not there, cycles of inner outlets, and two
     /// outlets of this host that would share one flow on the far side.
-    fn cross_check(&mut self, apps: &[AppConfig], all_names: &BTreeMap<String, usize>) {
+    fn cross_check(&mut self, apps: &[AppConfig]) {
+        let all_names: Vec<&str> = apps.iter().map(|a| a.name.as_str()).collect();
         let mut far: HashMap<(PublicKeyBytes, &str), (&str, &str, Option<usize>)> = HashMap::new();
         let mut inner: HashMap<(&str, &str), &str> = HashMap::new();
         for app in apps {
@@ -1557,7 +1565,11 @@ impl Walk {
                     app: Some(&app.name),
                     key: &key,
                 };
-                let line = o.line;
+                let line = self
+                    .app_lines
+                    .get(&(app.name.clone(), o.name.clone()))
+                    .copied()
+                    .or(o.line);
                 match &o.kind {
                     OutletKind::App { app: target } if target == &app.name => {
                         self.problem_on(
@@ -1567,24 +1579,22 @@ impl Walk {
                             "name another app of this file",
                         );
                     }
-                    OutletKind::App { app: target } if !all_names.contains_key(target) => {
-                        let hint = did_you_mean(target, all_names.keys().map(String::as_str))
+                    OutletKind::App { app: target } if !all_names.contains(&target.as_str()) => {
+                        let hint = did_you_mean(target, all_names.iter().copied())
                             .map(|s| format!("did you mean \"{s}\"? "))
                             .unwrap_or_default();
-                        let names: Vec<&str> = all_names.keys().map(String::as_str).collect();
                         self.problem_on(
                             line,
                             at,
                             format!("names app {target}, which is not in this file"),
-                            format!("{hint}the apps of this file are: {}", names.join(", ")),
+                            format!("{hint}the apps of this file are: {}", all_names.join(", ")),
                         );
                     }
                     OutletKind::App { app: target } => {
                         if let Some(first) = inner.insert((&app.name, target), &o.name) {
-                            let key = format!("outlets.{}", o.name);
                             self.problem_on(
                                 line,
-                                At { app: Some(&app.name), key: &key },
+                                at,
                                 format!("copies into app {target}, as outlet {first} of this app already does"),
                                 "keep one of them: both would be one flow, and every record would go twice",
                             );
@@ -1675,8 +1685,13 @@ impl Walk {
                                 cycle.iter().map(|&n| apps[n].name.as_str()).collect();
                             names.push(&apps[target].name);
                             let key = format!("outlets.{}.app", outlet.name);
+                            let line = self
+                                .app_lines
+                                .get(&(apps[node].name.clone(), outlet.name.clone()))
+                                .copied()
+                                .or(outlet.line);
                             self.problem_on(
-                                outlet.line,
+                                line,
                                 At { app: Some(&apps[node].name), key: &key },
                                 format!("inner outlets form a cycle: {}", names.join(" → ")),
                                 "each record would be copied around it forever; remove one of these outlets so \
@@ -1724,6 +1739,7 @@ fn parse_all(path: &Path, text: &str) -> (AppsConfig, Vec<Problem>) {
         lines: Lines::new(text),
         problems: Vec::new(),
         base,
+        app_lines: HashMap::new(),
     };
     let mut config = AppsConfig {
         apps: Vec::new(),
@@ -1739,17 +1755,13 @@ fn parse_all(path: &Path, text: &str) -> (AppsConfig, Vec<Problem>) {
                 e.span(),
                 At { app: None, key: "" },
                 format!("TOML syntax: {what}"),
-                "fix the syntax (a key is `name = value`, a string is in \"quotes\", a table is [apps.NAME])",
+                "see the example in docs/apps.md",
             );
         }
         return (config, walk.problems);
     }
     let apps = walk.document(doc.get_ref());
-    let mut names: BTreeMap<String, usize> = BTreeMap::new();
-    for a in &apps {
-        names.insert(a.name.clone(), a.line.unwrap_or(0));
-    }
-    walk.cross_check(&apps, &names);
+    walk.cross_check(&apps);
     config.apps = apps;
     (config, walk.problems)
 }
@@ -2280,9 +2292,12 @@ mod tests {
         for (text, says) in [
             (
                 "[apps.a]\nturn_records = 0\n",
-                ":2: app a, key turn_records: is 0, outside 1..=1048576",
+                ":2: app a, key turn_records: is 0, out of range; give 1 to 1048576 records (default 16384)",
             ),
-            ("[apps.a]\nturn_records = 1048577\n", "is 1048577, outside"),
+            (
+                "[apps.a]\nturn_records = 1048577\n",
+                "is 1048577, out of range",
+            ),
             (
                 "[apps.a]\nturn_records = \"16k\"\n",
                 "must be a whole number, not a string",
@@ -2297,19 +2312,19 @@ mod tests {
             ),
             (
                 "[apps.a.outlets.c]\nkind = \"app\"\napp = \"b\"\nmemory_bytes = 1000\n[apps.b]\n",
-                ":4: app a, key outlets.c.memory_bytes: is 1000, outside 65536..=",
+                ":4: app a, key outlets.c.memory_bytes: is 1000, out of range; give at least 65536 bytes",
             ),
             (
                 "[apps.a.outlets.c]\nkind = \"app\"\napp = \"b\"\nmax_lag_records = -1\n[apps.b]\n",
-                "is -1, outside 0..=",
+                "is -1, out of range",
             ),
             (
                 "[apps.a.outlets.h]\nkind = \"webhook\"\nurl = \"http://h\"\nbatch_records = 0\n",
-                "is 0, outside 1..=10000",
+                "is 0, out of range; give 1 to 10000 records",
             ),
             (
                 "[apps.a.outlets.h]\nkind = \"webhook\"\nurl = \"http://h\"\nbatch_records = 10001\n",
-                "outside 1..=10000",
+                "is 10001, out of range",
             ),
         ] {
             let p = one(text);
@@ -2382,7 +2397,7 @@ mod tests {
     fn inner_outlets_name_another_app_of_the_file() {
         let p = one("[apps.a.outlets.c]\nkind = \"app\"\napp = \"a\"\n");
         assert!(
-            p.contains(":1: app a, key outlets.c.app: names this app itself"),
+            p.contains(":3: app a, key outlets.c.app: names this app itself"),
             "{p}"
         );
         let p = one("[apps.a.outlets.c]\nkind = \"app\"\napp = \"countr\"\n[apps.counter]\n");
@@ -2396,7 +2411,7 @@ mod tests {
         );
         assert!(
             p.contains(
-                ":4: app a, key outlets.d: copies into app b, as outlet c of this app already does"
+                ":6: app a, key outlets.d.app: copies into app b, as outlet c of this app already does"
             ),
             "{p}"
         );
@@ -2415,10 +2430,10 @@ mod tests {
         let p = problems(text);
         assert_eq!(p.len(), 2, "each cycle once: {p:#?}");
         let r: Vec<String> = p.iter().map(|p| p.render(Path::new("apps.toml"))).collect();
-        assert!(r[0].contains("apps.toml:7: app c, key outlets.to-a.app: inner outlets form a cycle: a → b → c → a"), "{r:#?}");
+        assert!(r[0].contains("apps.toml:9: app c, key outlets.to-a.app: inner outlets form a cycle: a → b → c → a"), "{r:#?}");
         assert!(
             r[1].contains(
-                "apps.toml:13: app e, key outlets.to-d.app: inner outlets form a cycle: d → e → d"
+                "apps.toml:15: app e, key outlets.to-d.app: inner outlets form a cycle: d → e → d"
             ),
             "{r:#?}"
         );
@@ -2475,7 +2490,7 @@ mod tests {
                 Some(4),
                 Some(7),
                 Some(8),
-                Some(9),
+                Some(11),
                 Some(12)
             ]
         );
