@@ -9,6 +9,7 @@
 //! - [`receive`] — the receiver: the node's socket loop that drives [`proto::node`] through turns.
 //! - [`store`] — SQLite: per-app records and heard sequences, the memo of derived secrets.
 //! - [`sender`] — the device side: a blocking UDP driver around [`proto::sender`].
+//! - [`apps`] — the host: apps, turns, budgets, outlets; so far [`apps::config`], the `--apps` file.
 //! - [`senders`], [`keys`] — the senders file and key files.
 //! - [`ops`] — running as a service: systemd notify and watchdog, signals, reload, metrics and health, `check`.
 //! - [`cli`] — the subcommands of the `pure-serve` binary.

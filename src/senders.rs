@@ -82,7 +82,8 @@ impl fmt::Display for BadLines<'_> {
     }
 }
 
-fn valid_name(name: &str) -> bool {
+/// Whether `name` is a valid sender name: 1–64 of letters, digits and `._:@-` (also used by the apps file's `accept`).
+pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name

@@ -5,28 +5,16 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use pure_serve::apps::config::{Accept, AppConfig, AppsConfig, OutletConfig, OutletKind};
+use pure_serve::apps::config::AppsConfig;
+use pure_serve::keys::encode_key;
 use pure_serve::proto::crypto::Identity;
 use pure_serve::receive::LocalNode;
 use pure_serve::sender::UdpLink;
 use pure_serve::store::{self, AppStore};
 
-fn app(name: &str, accept: Accept, outlets: Vec<OutletConfig>) -> AppConfig {
-    AppConfig {
-        name: name.into(),
-        accept,
-        turn_records: 16_384,
-        outlets,
-    }
-}
-
-fn outlet(name: &str, kind: OutletKind) -> OutletConfig {
-    OutletConfig {
-        name: name.into(),
-        kind,
-        memory_bytes: 1 << 20,
-        max_lag_records: 0,
-    }
+/// The apps file, parsed as the node parses `--apps FILE`.
+fn apps(toml: &str) -> AppsConfig {
+    AppsConfig::parse(Path::new("apps.toml"), toml).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// One stored record as the test compares it: source, seq, origin (name and sequence), payload.
@@ -73,10 +61,7 @@ fn a_link_outlet_and_an_inner_outlet_deliver_every_record_once_with_its_origin()
     let b = LocalNode::start_apps(
         &dir_b,
         &[("node-a".into(), *key_a.public())],
-        AppsConfig {
-            apps: vec![app("ingest", Accept::Only(vec!["node-a".into()]), vec![])],
-            path: None,
-        },
+        apps("[apps.ingest]\naccept = [\"node-a\"]\n"),
         Duration::from_secs(30),
         4 << 20,
     )
@@ -84,27 +69,24 @@ fn a_link_outlet_and_an_inner_outlet_deliver_every_record_once_with_its_origin()
     let a = LocalNode::start_apps(
         &dir_a,
         &[("dev".into(), *device.public())],
-        AppsConfig {
-            apps: vec![
-                app(
-                    "main",
-                    Accept::All,
-                    vec![
-                        outlet(
-                            "to-b",
-                            OutletKind::Link {
-                                to: b.addr.to_string(),
-                                node_key: b.public,
-                                app: "ingest".into(),
-                            },
-                        ),
-                        outlet("copy", OutletKind::App { app: "copy".into() }),
-                    ],
-                ),
-                app("copy", Accept::Only(vec![]), vec![]),
-            ],
-            path: None,
-        },
+        apps(&format!(
+            r#"
+[apps.main]
+[apps.main.outlets.to-b]
+kind = "link"
+to = "{}"
+node_key = "{}"
+app = "ingest"
+memory_bytes = 1048576
+[apps.main.outlets.copy]
+kind = "app"
+app = "copy"
+[apps.copy]
+accept = []
+"#,
+            b.addr,
+            encode_key(&b.public)
+        )),
         Duration::from_secs(30),
         4 << 20,
     )

@@ -67,6 +67,12 @@ pub enum Command {
     /// Run a node and simulated senders on loopback in this process, and show what they stored and how fast.
     Demo(demo::DemoArgs),
     /// Check the node's configuration without serving: list every problem, exit non-zero if there is one.
+    #[command(after_help = "Examples:\n  \
+        pure-serve check --senders /etc/pure-serve/senders --state /var/lib/private/pure-serve\n  \
+        pure-serve check --apps /etc/pure-serve/apps.toml --senders /etc/pure-serve/senders\n\n\
+        Prints `ok:` for each file that is fine, `warning:` for what is allowed but probably not meant (it does not\n\
+        stop the node), and `problem: FILE:LINE: …` for each problem with how to fix it. Exit status: 0 when there\n\
+        is no problem, 1 otherwise. Nothing is written.")]
     Check(CheckArgs),
 }
 
@@ -81,6 +87,10 @@ pub struct CheckArgs {
     /// The state directory. Default: $STATE_DIRECTORY or ./pure-state, as the node.
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
+    /// The apps file to check (docs/apps.md): every problem with its line, app and key, then warnings such as
+    /// accept names that the senders file does not have. Without it: the node's one app `main`.
+    #[arg(long, value_name = "FILE")]
+    pub apps: Option<PathBuf>,
 }
 
 pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
@@ -94,11 +104,15 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
             let p = state_dir.join("senders");
             p.exists().then_some(p)
         }),
+        apps_file: args.apps.clone(),
         state_dir,
     };
     let report = crate::ops::check::check(&input);
     for f in &report.fine {
         println!("ok: {f}");
+    }
+    for w in &report.warnings {
+        println!("warning: {w}");
     }
     for p in &report.problems {
         println!("problem: {p}");

@@ -22,6 +22,12 @@ pub struct NodeArgs {
     /// directory if it exists, else nobody may send.
     #[arg(long, value_name = "FILE")]
     pub senders: Option<PathBuf>,
+    /// Apps to host, with the senders each accepts, their budgets and their outlets (links, wires, webhooks,
+    /// other apps): a TOML file, every key in docs/apps.md. Default: one app `main` that accepts every sender and
+    /// forwards nothing. A bad file stops the node before it serves, naming file, line, app and key (check one with
+    /// `pure-serve check --apps FILE`); SIGHUP re-reads it and says what needs a restart.
+    #[arg(long, value_name = "FILE")]
+    pub apps: Option<PathBuf>,
     /// Where stores, key and memo live; created if missing. Default: $STATE_DIRECTORY (set by systemd) or
     /// ./pure-state.
     #[arg(long, value_name = "DIR")]

@@ -4,8 +4,14 @@
 //! means "the node will start with this" — useful before `systemctl reload`, which keeps the old list on a bad
 //! file, and in a package's post-install step. Nothing is written: a missing key is reported as one the node will
 //! make, not made.
+//!
+//! With `--apps FILE` it checks the apps file as the node would load it ([`crate::apps::config`]): every problem,
+//! then the warnings that need the senders file (accept names it lacks) and the node's key (an outlet to itself).
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+
+use crate::apps::config::{AppsConfig, DEFAULT_APP};
 
 /// What to check, with the node's defaults already applied.
 #[derive(Debug, Clone)]
@@ -14,13 +20,17 @@ pub struct CheckInput {
     pub key_file: PathBuf,
     /// `None`: no senders file given and none in the state directory.
     pub senders_file: Option<PathBuf>,
+    /// `None`: no `--apps`; the node hosts the one app `main`.
+    pub apps_file: Option<PathBuf>,
 }
 
-/// The findings: facts that are fine, and problems (each says what is wrong and how to fix it).
+/// The findings: facts that are fine, problems (each says what is wrong and how to fix it), and warnings (allowed,
+/// but probably not meant; they do not stop the node).
 #[derive(Debug, Default)]
 pub struct Report {
     pub fine: Vec<String>,
     pub problems: Vec<String>,
+    pub warnings: Vec<String>,
 }
 
 fn writable(path: &Path) -> bool {
@@ -51,13 +61,17 @@ pub fn check(input: &CheckInput) -> Report {
             dir.display()
         )),
     }
+    let mut own_key = None;
     if input.key_file.exists() {
         match crate::keys::read_identity(&input.key_file) {
-            Ok(id) => r.fine.push(format!(
-                "key {}: public key {}",
-                input.key_file.display(),
-                crate::keys::encode_key(id.public())
-            )),
+            Ok(id) => {
+                r.fine.push(format!(
+                    "key {}: public key {}",
+                    input.key_file.display(),
+                    crate::keys::encode_key(id.public())
+                ));
+                own_key = Some(*id.public());
+            }
             Err(e) => r.problems.push(e.to_string()),
         }
     } else {
@@ -66,19 +80,51 @@ pub fn check(input: &CheckInput) -> Report {
             input.key_file.display()
         ));
     }
+    // Sender names, for the apps file's accept lists: `None` when the senders file is bad (already a problem).
+    let mut sender_names: Option<HashSet<String>> = Some(HashSet::new());
     match &input.senders_file {
         Some(path) => match crate::senders::load(path) {
-            Ok(list) => r.fine.push(format!(
-                "senders {}: {} sender{}",
-                path.display(),
-                list.len(),
-                if list.len() == 1 { "" } else { "s" }
-            )),
-            Err(e) => r.problems.push(e.to_string()),
+            Ok(list) => {
+                r.fine.push(format!(
+                    "senders {}: {} sender{}",
+                    path.display(),
+                    list.len(),
+                    if list.len() == 1 { "" } else { "s" }
+                ));
+                if input.apps_file.is_some() {
+                    sender_names = Some(
+                        (0..list.len() as u32)
+                            .map(|i| list.name(i).to_string())
+                            .collect(),
+                    );
+                }
+            }
+            Err(e) => {
+                r.problems.push(e.to_string());
+                sender_names = None;
+            }
         },
         None => r.fine.push(format!(
             "senders: no file given and no {} — nobody can send until there is one",
             dir.join("senders").display()
+        )),
+    }
+    match &input.apps_file {
+        Some(path) => match AppsConfig::load(path) {
+            Ok(apps) => {
+                let own = own_key.map(|k| apps.check_own_key(&k)).unwrap_or_default();
+                if own.is_empty() {
+                    r.fine.push(format!("apps {}: {}", path.display(), apps.summary()));
+                }
+                r.problems.extend(own.iter().map(|p| p.render(path)));
+                if let Some(names) = &sender_names {
+                    r.warnings.extend(apps.warnings(&|n| names.contains(n)));
+                }
+            }
+            Err(e) => r.problems.extend(e.lines()),
+        },
+        None => r.fine.push(format!(
+            "apps: no --apps file; the node hosts the one app `{DEFAULT_APP}`, which accepts every sender"
         )),
     }
     r
@@ -101,6 +147,7 @@ mod tests {
             state_dir: dir.path().to_path_buf(),
             key_file: key,
             senders_file: Some(senders),
+            apps_file: None,
         });
         assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
         assert!(r.problems[0].contains("node.key"), "{:?}", r.problems);
@@ -116,8 +163,91 @@ mod tests {
             key_file: state.join("node.key"),
             state_dir: state,
             senders_file: None,
+            apps_file: None,
         });
         assert!(r.problems.is_empty(), "{:?}", r.problems);
-        assert_eq!(r.fine.len(), 3);
+        assert_eq!(r.fine.len(), 4);
+        assert!(r.fine[3].contains("one app `main`"), "{:?}", r.fine);
+    }
+
+    #[test]
+    fn apps_file_problems_each_with_their_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let apps = dir.path().join("apps.toml");
+        std::fs::write(
+            &apps,
+            "[apps.a]\naccept = \"none\"\n[apps.a.outlets.x]\nkind = \"app\"\napp = \"ghost\"\n",
+        )
+        .unwrap();
+        let r = check(&CheckInput {
+            state_dir: dir.path().to_path_buf(),
+            key_file: dir.path().join("node.key"),
+            senders_file: None,
+            apps_file: Some(apps.clone()),
+        });
+        assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
+        assert!(
+            r.problems[0].contains("apps.toml:2: app a, key accept:"),
+            "{:?}",
+            r.problems
+        );
+        assert!(
+            r.problems[1].contains("apps.toml:5: app a, key outlets.x.app:"),
+            "{:?}",
+            r.problems
+        );
+    }
+
+    #[test]
+    fn apps_file_summary_warnings_and_own_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("node.key");
+        let (id, _) = crate::keys::load_or_create_identity(&key).unwrap();
+        let senders = dir.path().join("senders");
+        std::fs::write(
+            &senders,
+            format!("hall {}\n", crate::keys::encode_key(&[7; 32])),
+        )
+        .unwrap();
+        let apps = dir.path().join("apps.toml");
+        std::fs::write(
+            &apps,
+            "[apps.a]\naccept = [\"hall\", \"attic\"]\n[apps.b]\n",
+        )
+        .unwrap();
+        let input = CheckInput {
+            state_dir: dir.path().to_path_buf(),
+            key_file: key,
+            senders_file: Some(senders),
+            apps_file: Some(apps.clone()),
+        };
+        let r = check(&input);
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        assert!(
+            r.fine
+                .iter()
+                .any(|f| f.ends_with("apps.toml: 2 apps (a, b), 0 outlets")),
+            "{:?}",
+            r.fine
+        );
+        assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+        assert!(
+            r.warnings[0].contains("sender attic is not in the senders file"),
+            "{:?}",
+            r.warnings
+        );
+        let own = crate::keys::encode_key(id.public());
+        std::fs::write(
+            &apps,
+            format!("[apps.a.outlets.up]\nkind = \"link\"\nto = \"h:1\"\nnode_key = \"{own}\"\n"),
+        )
+        .unwrap();
+        let r = check(&input);
+        assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
+        assert!(
+            r.problems[0].contains("is this node's own key"),
+            "{:?}",
+            r.problems
+        );
     }
 }

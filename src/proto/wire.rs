@@ -63,7 +63,9 @@ pub enum WireError {
     SequenceOverflow,
     #[error("a forwarded record's origin is not 1–64 printable bytes with a sequence ≥ 1")]
     BadOrigin,
-    #[error("a datagram over 1472 bytes holds a DATA frame (only FORWARD frames may be that large)")]
+    #[error(
+        "a datagram over 1472 bytes holds a DATA frame (only FORWARD frames may be that large)"
+    )]
     Oversized,
 }
 
@@ -546,12 +548,20 @@ mod tests {
             let mut p = Vec::new();
             put_frame_header(&mut p, RecordFormat::Forwarded, b"ingest", 1, 1);
             Forwarded::put(&mut p, bad, 1, b"x");
-            assert_eq!(parse_sender_frames(&p), Err(WireError::BadOrigin), "{bad:?}");
+            assert_eq!(
+                parse_sender_frames(&p),
+                Err(WireError::BadOrigin),
+                "{bad:?}"
+            );
         }
         let mut p = Vec::new();
         put_frame_header(&mut p, RecordFormat::Forwarded, b"ingest", 1, 1);
         Forwarded::put(&mut p, b"dev", 0, b"x");
-        assert_eq!(parse_sender_frames(&p), Err(WireError::BadOrigin), "origin_seq 0");
+        assert_eq!(
+            parse_sender_frames(&p),
+            Err(WireError::BadOrigin),
+            "origin_seq 0"
+        );
     }
 
     #[test]
