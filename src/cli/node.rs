@@ -75,13 +75,18 @@ pub fn default_state_dir() -> PathBuf {
 }
 
 impl NodeArgs {
-    pub fn settings(&self) -> NodeSettings {
+    /// The node's settings; reads and checks the apps file, if one is given.
+    pub fn settings(&self) -> Result<NodeSettings, crate::apps::config::AppsError> {
         let state_dir = self.state.clone().unwrap_or_else(default_state_dir);
         let senders_file = self.senders.clone().or_else(|| {
             let p = state_dir.join("senders");
             p.exists().then_some(p)
         });
-        NodeSettings {
+        let apps = match &self.apps {
+            Some(path) => crate::apps::config::AppsConfig::load(path)?,
+            None => crate::apps::config::AppsConfig::default_single(),
+        };
+        Ok(NodeSettings {
             key_file: self
                 .key
                 .clone()
@@ -89,16 +94,17 @@ impl NodeArgs {
             senders_file,
             link_addr: SocketAddr::new(self.bind, self.link_port),
             idle: Duration::from_millis(self.link_idle_ms),
-            apps: crate::apps::config::AppsConfig::default_single(),
+            apps,
+            apps_file: self.apps.clone(),
             recv_buffer: self.recv_buffer,
             dns: crate::sending::dns::DnsSettings { server: self.dns },
             state_dir,
-        }
+        })
     }
 }
 
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
-    let settings = args.settings();
+    let settings = args.settings().context("the node did not start")?;
     let state = settings.state_dir.clone();
     let key_file = settings.key_file.clone();
     let no_senders = settings.senders_file.is_none();
@@ -137,7 +143,11 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     println!("public key: {}", ready.public_key());
     println!("link:       udp {}", ready.local_addr());
     println!("metrics:    http://{http_addr}/metrics and /healthz");
-    println!("state:      {} (apps: main)", state.display());
+    println!(
+        "state:      {} (apps: {})",
+        state.display(),
+        ready.app_names().join(", ")
+    );
     println!("senders:    {}", ready.senders_source);
     if no_senders {
         println!(

@@ -68,6 +68,7 @@ impl LocalNode {
             link_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             idle,
             apps,
+            apps_file: None,
             recv_buffer,
             dns: Default::default(),
         })?;

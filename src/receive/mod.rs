@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, Socket, Type};
 use thiserror::Error;
 
-use crate::apps::config::AppsConfig;
+use crate::apps::config::{AppsConfig, AppsError};
 use crate::apps::host::Host;
 use crate::keys::{self, KeyError};
 use crate::ops::metrics::{Heartbeat, Snapshot};
@@ -76,6 +76,10 @@ pub enum NodeError {
     Socket(std::io::Error),
     #[error("cannot start the sending loop: {0}")]
     SendingLoop(std::io::Error),
+    #[error(transparent)]
+    Apps(#[from] AppsError),
+    #[error("{0}")]
+    OwnKey(String),
 }
 
 /// What the node needs to start, already validated.
@@ -89,6 +93,8 @@ pub struct NodeSettings {
     pub idle: Duration,
     /// The apps to host (`--apps`, or one app `main` that accepts every sender).
     pub apps: AppsConfig,
+    /// The apps file they came from, re-read on a reload (`None`: the single app `main`).
+    pub apps_file: Option<PathBuf>,
     pub recv_buffer: usize,
     /// Name servers for outlets given by name.
     pub dns: DnsSettings,
@@ -137,6 +143,8 @@ pub struct ReadyNode {
     sending: Option<SendingLoop>,
     /// Wakes this loop from other threads: outlets (room, resume) and inbound HTTP.
     wake: Arc<Wake>,
+    /// The node's key, for a sending loop started by a reload that adds the first outlet.
+    identity: crate::proto::crypto::Identity,
     memo: Memo,
     socket: UdpSocket,
     pub key_created: bool,
@@ -226,6 +234,18 @@ impl ReadyNode {
                 "none (no senders file given)".to_string(),
             ),
         };
+        let own = settings.apps.check_own_key(identity.public());
+        if !own.is_empty() {
+            let path = settings
+                .apps_file
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("apps"));
+            let lines: Vec<String> = own.iter().map(|p| p.render(&path)).collect();
+            return Err(NodeError::OwnKey(lines.join("\n")));
+        }
+        for w in accept_warnings(&settings.apps, &senders) {
+            tracing::warn!("{w}");
+        }
         let wake = Arc::new(Wake::new().map_err(NodeError::Socket)?);
         let (host, outlets) = Host::open(&settings.state_dir, &settings.apps, wake.clone())?;
         let memo = Memo::open(&settings.state_dir.join("memo.sqlite"))?;
@@ -244,7 +264,7 @@ impl ReadyNode {
             None
         } else {
             let sending = SendingLoop::start(LoopSettings {
-                identity,
+                identity: identity.clone(),
                 dns: settings.dns.clone(),
             })
             .map_err(NodeError::SendingLoop)?;
@@ -258,6 +278,7 @@ impl ReadyNode {
             host,
             sending,
             wake,
+            identity,
             memo,
             socket,
             key_created,
@@ -467,8 +488,99 @@ impl ReadyNode {
         })
     }
 
+    /// Re-reads the apps file, between two turns, and puts in force what can change without a restart (new apps,
+    /// accept lists, turn shares, outlets); says what cannot. A bad file changes nothing.
+    fn reload_apps(&mut self) {
+        let Some(path) = self.settings.apps_file.clone() else {
+            return;
+        };
+        let new = match AppsConfig::load(&path) {
+            Ok(new) => new,
+            Err(e) => {
+                let why = e.lines().join("; ");
+                tracing::error!(
+                    "reload of {} refused, the apps in force stay: {why}",
+                    path.display()
+                );
+                self.status_note = Some(format!(
+                    "last reload of the apps file refused ({})",
+                    e.lines().first().cloned().unwrap_or_default()
+                ));
+                return;
+            }
+        };
+        let own = new.check_own_key(self.node.public_key());
+        if !own.is_empty() {
+            let why: Vec<String> = own.iter().map(|p| p.render(&path)).collect();
+            tracing::error!(
+                "reload of {} refused, the apps in force stay: {}",
+                path.display(),
+                why.join("; ")
+            );
+            return;
+        }
+        let plan = crate::apps::config::plan_reload(&self.settings.apps, &new);
+        if plan.is_empty() {
+            tracing::info!("reload: apps file {} unchanged", path.display());
+            return;
+        }
+        match self.host.reload(&new, &mut self.node) {
+            Ok(done) => {
+                for line in &plan.lines {
+                    tracing::info!("reload: {line}");
+                }
+                for line in &done.needs_restart {
+                    tracing::warn!("reload: {line}");
+                }
+                self.apply_outlet_changes(done.outlets);
+                self.settings.apps = new;
+                self.publish();
+            }
+            Err(e) => tracing::error!(
+                "reload of {} refused, the apps in force stay: {e}",
+                path.display()
+            ),
+        }
+    }
+
+    fn apply_outlet_changes(&mut self, changes: crate::apps::host::OutletChanges) {
+        if let Some(l) = &self.sending {
+            for id in changes.stop {
+                l.stop_outlet(id);
+            }
+        }
+        if changes.start.is_empty() {
+            return;
+        }
+        if self.sending.is_none() {
+            match SendingLoop::start(LoopSettings {
+                identity: self.identity.clone(),
+                dns: self.settings.dns.clone(),
+            }) {
+                Ok(l) => self.sending = Some(l),
+                Err(e) => {
+                    tracing::error!(
+                        "cannot start the sending loop, the new outlets do not run: {e}"
+                    );
+                    return;
+                }
+            }
+        }
+        if let Some(l) = &self.sending {
+            for (outlet, target) in changes.start {
+                l.start_outlet(outlet, target);
+            }
+        }
+    }
+
+    /// The apps this node hosts, by name.
+    pub fn app_names(&self) -> Vec<String> {
+        self.host.app_names()
+    }
+
     /// Starts reading the senders file on a helper thread. RELOADING=1 now; READY=1 when it is done either way.
     fn start_reload(&mut self, notifier: Option<&Notifier>) -> Option<PendingReload> {
+        self.reload_apps();
         let Some(path) = self.senders_path() else {
             let what = format!(
                 "reload: no senders file to read (give --senders, or write {})",
@@ -612,6 +724,31 @@ impl ReadyNode {
             .sessions
             .store(self.node.sessions_active() as u64, Ordering::Relaxed);
     }
+}
+
+/// The apps file's warnings (accept lists naming senders the senders file does not list), with one pass over the
+/// allow-list however many names the accept lists hold.
+fn accept_warnings(apps: &AppsConfig, senders: &AllowList) -> Vec<String> {
+    use crate::apps::config::Accept;
+    let wanted: std::collections::HashSet<&str> = apps
+        .apps
+        .iter()
+        .filter_map(|a| match &a.accept {
+            Accept::Only(names) => Some(names.iter().map(String::as_str)),
+            Accept::All => None,
+        })
+        .flatten()
+        .collect();
+    let mut listed = std::collections::HashSet::new();
+    if !wanted.is_empty() {
+        for i in 0..senders.len() {
+            let name = senders.name(i as crate::proto::allow_list::SenderIndex);
+            if wanted.contains(name) {
+                listed.insert(name.to_string());
+            }
+        }
+    }
+    apps.warnings(&|name| listed.contains(name))
 }
 
 fn log_summary(before: &NodeCounters, now: &NodeCounters, sessions: usize) {
