@@ -162,8 +162,19 @@ fn target_of(kind: &OutletKind) -> Option<Target> {
             node_key: *node_key,
             far_app: app.clone(),
         }),
-        // Wires and webhooks join the sending loop in the next steps of issue 7.
-        OutletKind::Wire { .. } | OutletKind::Webhook { .. } => None,
+        OutletKind::Wire {
+            url,
+            node_key,
+            app,
+            ca_file,
+        } => Some(Target::Wire(crate::outlets::wire::WireTarget {
+            url: url.clone(),
+            node_key: *node_key,
+            far_app: app.clone(),
+            ca_file: ca_file.clone(),
+        })),
+        // Webhooks join the sending loop in the next step of issue 7.
+        OutletKind::Webhook { .. } => None,
         OutletKind::App { .. } => None,
     }
 }

@@ -31,7 +31,7 @@ use crate::store::Chunk;
 const UNANSWERED_ROUNDS: u64 = 3;
 /// Wait before a new run after the far side refused the app or a lookup failed: a misconfiguration is not fixed by
 /// retrying at once.
-const RETRY_AFTER: Duration = Duration::from_secs(5);
+pub(super) const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// Datagrams read per wake before the outlet sends again.
 const RECV_BATCH: usize = 64;
 
@@ -43,7 +43,7 @@ pub struct LinkTarget {
 }
 
 /// Why a run ended.
-enum RunEnd {
+pub(super) enum RunEnd {
     /// Start a new run now (the far side's flow state needs a fresh probe).
     Again,
     /// Nobody answered: resolve the name again, then a new run.
@@ -122,6 +122,165 @@ fn queue_chunk(
     Ok(bytes)
 }
 
+/// The forwarded flow of one run of a link or wire outlet: the sans-IO sender, and where the host's feed stands.
+pub(super) struct Forwarding {
+    pub sender: Sender,
+    far_app: String,
+    /// The far side, for messages.
+    far: String,
+    /// The next position to queue, once the far side told us where it stands.
+    next: Option<u64>,
+    held: Held,
+    rounds_at_progress: u64,
+}
+
+impl Forwarding {
+    pub fn new(
+        outlet: &Outlet,
+        identity: &Identity,
+        node_key: PublicKeyBytes,
+        far_app: &str,
+        far: &str,
+    ) -> Option<Self> {
+        let mut config = SenderConfig::new(identity.clone(), node_key);
+        config.max_datagram = wire::MAX_DATAGRAM;
+        config.allow_oversize = true;
+        let mut sender = match Sender::new(config) {
+            Ok(s) => s,
+            Err(e) => {
+                outlet.error("config", format!("node key: {e}"));
+                return None;
+            }
+        };
+        if let Err(e) = sender.open_flow_as(far_app, FlowStart::Probe, RecordFormat::Forwarded) {
+            outlet.error("config", e.to_string());
+            return None;
+        }
+        outlet.set_status("syncing");
+        Some(Forwarding {
+            sender,
+            far_app: far_app.to_string(),
+            far: far.to_string(),
+            next: None,
+            held: Held::default(),
+            rounds_at_progress: 0,
+        })
+    }
+
+    /// Queues what the host fed (once synced). `Err` ends the run.
+    pub fn take_fed(&mut self, outlet: &Outlet) -> Result<(), RunEnd> {
+        let Some(n) = self.next.as_mut() else {
+            return Ok(());
+        };
+        for chunk in outlet.take_fed() {
+            let size = chunk.body.len();
+            if chunk.pos > *n {
+                // A hole between what was queued and what was fed: start over from the far side's view.
+                outlet.release(size);
+                outlet.error(
+                    "internal",
+                    format!("fed position {} while expecting {n}", chunk.pos),
+                );
+                outlet.release(self.held.bytes());
+                return Err(RunEnd::Again);
+            }
+            let end = chunk.pos + chunk.count;
+            if end <= *n {
+                outlet.release(size);
+                continue;
+            }
+            match queue_chunk(&mut self.sender, &self.far_app, &chunk, *n) {
+                Ok(_) => {
+                    self.held.add(end - 1, size);
+                    *n = end;
+                }
+                Err(e) => {
+                    // Cannot happen for records a node accepted (protocol.md 5.4 bounds them); if it does, it
+                    // must be seen, and the outlet must not spin on it.
+                    outlet.release(size);
+                    outlet.error("too_large", e);
+                    outlet.release(self.held.bytes());
+                    return Err(RunEnd::Later);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles what the sender reported. `Err` ends the run.
+    pub fn events(&mut self, outlet: &Outlet) -> Result<(), RunEnd> {
+        while let Some(event) = self.sender.poll_event() {
+            match event {
+                SenderEvent::Stored { through, .. } => {
+                    self.rounds_at_progress = self.sender.stats().retransmit_rounds;
+                    if self.next.is_none() {
+                        self.next = Some(through + 1);
+                        outlet.restart_from(through + 1);
+                        outlet.recovered("sending");
+                    } else {
+                        outlet.release(self.held.release_through(through));
+                        outlet.set_acked(through);
+                    }
+                }
+                SenderEvent::NodeAhead { node, ours, .. } => {
+                    outlet.error(
+                        "far_state",
+                        format!(
+                            "{} holds {node} records of this flow, this app only {ours}: this node's store was \
+                             replaced by an older one; records up to {node} are not sent again",
+                            self.far
+                        ),
+                    );
+                    outlet.release(self.held.bytes());
+                    return Err(RunEnd::Again);
+                }
+                SenderEvent::NodeBehind { node, ours, .. } => {
+                    outlet.error(
+                        "far_state",
+                        format!(
+                            "{} has only {node} of the {ours} records it acknowledged (its store was replaced); \
+                             sending again from {}",
+                            self.far,
+                            node + 1
+                        ),
+                    );
+                    outlet.release(self.held.bytes());
+                    return Err(RunEnd::Again);
+                }
+                SenderEvent::Refused { reason, .. } => {
+                    let why = match reason {
+                        wire::REFUSE_NO_APP => "has no such app".to_string(),
+                        wire::REFUSE_NOT_ACCEPTED => {
+                            "does not accept this node (list this node's public key in \
+                             its senders file and the app's accept list)"
+                                .to_string()
+                        }
+                        r => format!("refused it (reason {r})"),
+                    };
+                    outlet.error(
+                        "refused",
+                        format!("{} app {} {why}", self.far, self.far_app),
+                    );
+                    outlet.release(self.held.bytes());
+                    return Err(RunEnd::Later);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Retransmission rounds have gone unanswered long enough to look for the far side again.
+    pub fn unanswered(&self) -> bool {
+        self.sender.stats().retransmit_rounds >= self.rounds_at_progress + UNANSWERED_ROUNDS
+    }
+
+    /// Ends the run: what it held is released (the store has it).
+    pub fn abandon(&mut self, outlet: &Outlet) {
+        outlet.release(self.held.bytes());
+        self.held = Held::default();
+    }
+}
+
 async fn serve(
     outlet: &Outlet,
     target: &LinkTarget,
@@ -129,72 +288,30 @@ async fn serve(
     socket: &UdpSocket,
     addr: SocketAddr,
 ) -> RunEnd {
-    let mut config = SenderConfig::new(identity.clone(), target.node_key);
-    config.max_datagram = wire::MAX_DATAGRAM;
-    config.allow_oversize = true;
-    let mut sender = match Sender::new(config) {
-        Ok(s) => s,
-        Err(e) => {
-            outlet.error("config", format!("node key: {e}"));
-            return RunEnd::Later;
-        }
-    };
-    if let Err(e) = sender.open_flow_as(&target.far_app, FlowStart::Probe, RecordFormat::Forwarded)
-    {
-        outlet.error("config", e.to_string());
+    let Some(mut flow) = Forwarding::new(
+        outlet,
+        identity,
+        target.node_key,
+        &target.far_app,
+        &target.to,
+    ) else {
         return RunEnd::Later;
-    }
-    outlet.set_status("syncing");
-    // The next position to queue, once the far side told us where it stands.
-    let mut next: Option<u64> = None;
-    let mut held = Held::default();
+    };
     let mut out = Vec::with_capacity(wire::MAX_ACCEPTED_DATAGRAM);
     let mut buf = vec![0u8; 2048];
-    let mut rounds_at_progress = 0;
     loop {
-        if let Some(n) = next.as_mut() {
-            for chunk in outlet.take_fed() {
-                let size = chunk.body.len();
-                if chunk.pos > *n {
-                    // A hole between what was queued and what was fed: start over from the far side's view.
-                    outlet.release(size);
-                    outlet.error(
-                        "internal",
-                        format!("fed position {} while expecting {n}", chunk.pos),
-                    );
-                    outlet.release(held.bytes());
-                    return RunEnd::Again;
-                }
-                let end = chunk.pos + chunk.count;
-                if end <= *n {
-                    outlet.release(size);
-                    continue;
-                }
-                match queue_chunk(&mut sender, &target.far_app, &chunk, *n) {
-                    Ok(_) => {
-                        held.add(end - 1, size);
-                        *n = end;
-                    }
-                    Err(e) => {
-                        // Cannot happen for records a node accepted (protocol.md 5.4 bounds them); if it does, it
-                        // must be seen, and the outlet must not spin on it.
-                        outlet.release(size);
-                        outlet.error("too_large", e);
-                        outlet.release(held.bytes());
-                        return RunEnd::Later;
-                    }
-                }
-            }
+        if let Err(end) = flow.take_fed(outlet) {
+            return end;
         }
         let now = Instant::now();
-        while sender.poll_transmit(now, &mut out) {
+        while flow.sender.poll_transmit(now, &mut out) {
             if let Err(e) = socket.send(&out).await {
                 // ICMP port unreachable from an earlier packet, or no route: the RTO resends.
                 outlet.error("socket", format!("send to {addr}: {e}"));
                 break;
             }
         }
-        let deadline = sender.poll_timeout();
+        let deadline = flow.sender.poll_timeout();
         let sleep = async {
             match deadline {
                 Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
@@ -207,10 +324,10 @@ async fn serve(
                 let now = Instant::now();
                 match r {
                     Ok(n) => {
-                        sender.handle_datagram(now, &buf[..n]);
+                        flow.sender.handle_datagram(now, &buf[..n]);
                         for _ in 1..RECV_BATCH {
                             match socket.try_recv(&mut buf) {
-                                Ok(n) => sender.handle_datagram(now, &buf[..n]),
+                                Ok(n) => flow.sender.handle_datagram(now, &buf[..n]),
                                 Err(_) => break,
                             }
                         }
@@ -218,66 +335,12 @@ async fn serve(
                     Err(e) => outlet.error("socket", format!("receive from {addr}: {e}")),
                 }
             }
-            _ = sleep => sender.handle_timeout(Instant::now()),
+            _ = sleep => flow.sender.handle_timeout(Instant::now()),
         }
-        while let Some(event) = sender.poll_event() {
-            match event {
-                SenderEvent::Stored { through, .. } => {
-                    rounds_at_progress = sender.stats().retransmit_rounds;
-                    if next.is_none() {
-                        next = Some(through + 1);
-                        outlet.restart_from(through + 1);
-                        outlet.recovered("sending");
-                    } else {
-                        outlet.release(held.release_through(through));
-                        outlet.set_acked(through);
-                    }
-                }
-                SenderEvent::NodeAhead { node, ours, .. } => {
-                    outlet.error(
-                        "far_state",
-                        format!(
-                            "{} holds {node} records of this flow, this app only {ours}: this node's store was \
-                             replaced by an older one; records up to {node} are not sent again",
-                            target.to
-                        ),
-                    );
-                    outlet.release(held.bytes());
-                    return RunEnd::Again;
-                }
-                SenderEvent::NodeBehind { node, ours, .. } => {
-                    outlet.error(
-                        "far_state",
-                        format!(
-                            "{} has only {node} of the {ours} records it acknowledged (its store was replaced); \
-                             sending again from {}",
-                            target.to,
-                            node + 1
-                        ),
-                    );
-                    outlet.release(held.bytes());
-                    return RunEnd::Again;
-                }
-                SenderEvent::Refused { reason, .. } => {
-                    let why = match reason {
-                        wire::REFUSE_NO_APP => "has no such app".to_string(),
-                        wire::REFUSE_NOT_ACCEPTED => {
-                            "does not accept this node (list this node's public key in its senders file and \
-                             the app's accept list)"
-                                .to_string()
-                        }
-                        r => format!("refused it (reason {r})"),
-                    };
-                    outlet.error(
-                        "refused",
-                        format!("{} app {} {why}", target.to, target.far_app),
-                    );
-                    outlet.release(held.bytes());
-                    return RunEnd::Later;
-                }
-            }
+        if let Err(end) = flow.events(outlet) {
+            return end;
         }
-        if sender.stats().retransmit_rounds >= rounds_at_progress + UNANSWERED_ROUNDS {
+        if flow.unanswered() {
             outlet.error(
                 "timeout",
                 format!(
@@ -285,7 +348,7 @@ async fn serve(
                     target.to
                 ),
             );
-            outlet.release(held.bytes());
+            flow.abandon(outlet);
             return RunEnd::Unanswered;
         }
     }

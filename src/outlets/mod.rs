@@ -5,7 +5,7 @@
 //! **acknowledged** as stored and the bytes it **holds** in memory. How the records travel is the kind's business:
 //!
 //! - [`link`]: sealed UDP to another node (docs/protocol.md), this node's key as the sender key;
-//! - `wire`: the same sealed packets in HTTP/1.1 POSTs to another node's `--http-port`;
+//! - [`wire`]: the same sealed packets in HTTP/1.1 POSTs to another node's `--http-port` ([`http`] is the client);
 //! - `webhook`: JSON batches POSTed to any HTTP(S) endpoint;
 //! - inner outlets (to another app of this host) have no socket and no state here: the app host moves their records
 //!   inside its turns ([`crate::apps`]).
@@ -20,7 +20,9 @@
 //! what waits in its feed is below it; the rest of a backlog stays in the store, which is also what survives a
 //! crash.
 
+pub mod http;
 pub mod link;
+pub mod wire;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,12 +44,15 @@ pub enum Target {
         node_key: PublicKeyBytes,
         far_app: String,
     },
+    /// Sealed packets in HTTP POSTs to `url`, whose node key is `node_key`, into its app `far_app`.
+    Wire(wire::WireTarget),
 }
 
 impl Target {
     pub fn kind(&self) -> &'static str {
         match self {
             Target::Link { .. } => "link",
+            Target::Wire(_) => "wire",
         }
     }
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::ops::metrics::Heartbeat;
-use crate::outlets::{Outlet, Target, link};
+use crate::outlets::{Outlet, Target, link, wire};
 use crate::proto::crypto::Identity;
 
 /// How often the loop beats its heartbeat.
@@ -127,6 +127,12 @@ async fn run(
                         Target::Link { to, node_key, far_app } => tokio::spawn(link::run(
                             outlet,
                             link::LinkTarget { to, node_key, far_app },
+                            settings.identity.clone(),
+                            resolver.clone(),
+                        )),
+                        Target::Wire(w) => tokio::spawn(wire::run(
+                            outlet,
+                            w,
                             settings.identity.clone(),
                             resolver.clone(),
                         )),

@@ -1,0 +1,172 @@
+//! The wire outlet: the link protocol's sealed packets carried in HTTP/1.1 POSTs to another node's `--http-port`
+//! (docs/protocol.md, links over HTTP), answered with the sealed stored acks; `https://` with TLS.
+//!
+//! The forwarded flow is the link outlet's ([`super::link::Forwarding`]): probe, resume after the far side's heard
+//! sequence, FORWARD frames numbered by the app's positions. Only the transport differs: instead of a datagram at a
+//! time, what the sender has to send is framed (2-byte length, packet) into one request body of up to
+//! [`MAX_BODY`] bytes, and the answer's packets are fed back to the sender. One request is on the connection at a
+//! time; the far node answers after its commit, so the round trip paces the wire, and the sender's window keeps
+//! enough records in each body. An HTTP failure costs a retry with a backoff; the sender's retransmission timer
+//! resends what was lost, so nothing is lost and the far side's heard sequence keeps it from being stored twice.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::Outlet;
+use super::http::Client;
+use super::link::{Forwarding, RETRY_AFTER, RunEnd};
+use crate::apps::config::HttpUrl;
+use crate::proto::crypto::{Identity, PublicKeyBytes};
+use crate::proto::wire;
+use crate::sending::dns::Resolver;
+
+/// Largest request body: the far node takes up to 1 MiB (docs/protocol.md 10).
+pub const MAX_BODY: usize = 512 << 10;
+/// The media type of link packets over HTTP.
+pub const CONTENT_TYPE: &str = "application/x-pure-link";
+/// Longest wait between retries after HTTP errors.
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireTarget {
+    pub url: HttpUrl,
+    pub node_key: PublicKeyBytes,
+    pub far_app: String,
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+/// Frames `packet` into a request or answer body.
+pub fn put_framed(body: &mut Vec<u8>, packet: &[u8]) {
+    body.extend_from_slice(&(packet.len() as u16).to_be_bytes());
+    body.extend_from_slice(packet);
+}
+
+/// The packets of a framed body; `None` if the framing is broken.
+pub fn framed_packets(body: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let len = u16::from_be_bytes([*rest.first()?, *rest.get(1)?]) as usize;
+        let packet = rest.get(2..2 + len)?;
+        if len == 0 {
+            return None;
+        }
+        out.push(packet);
+        rest = &rest[2 + len..];
+    }
+    Some(out)
+}
+
+pub async fn run(outlet: Arc<Outlet>, target: WireTarget, identity: Identity, dns: Resolver) {
+    let far = target.url.to_string();
+    let mut client = loop {
+        match Client::new(target.url.clone(), target.ca_file.as_deref(), dns.clone()) {
+            Ok(c) => break c,
+            // A CA file that cannot be read now: say so and look again later (it may be fixed without a reload).
+            Err(e) => {
+                outlet.error(e.kind(), e.to_string());
+                tokio::time::sleep(RETRY_AFTER).await;
+            }
+        }
+    };
+    loop {
+        let end = serve(&outlet, &target, &identity, &mut client, &far).await;
+        if let RunEnd::Later = end {
+            tokio::time::sleep(RETRY_AFTER).await;
+        }
+    }
+}
+
+async fn serve(
+    outlet: &Outlet,
+    target: &WireTarget,
+    identity: &Identity,
+    client: &mut Client,
+    far: &str,
+) -> RunEnd {
+    let Some(mut flow) = Forwarding::new(outlet, identity, target.node_key, &target.far_app, far)
+    else {
+        return RunEnd::Later;
+    };
+    let mut out = Vec::with_capacity(wire::MAX_ACCEPTED_DATAGRAM);
+    let mut body: Vec<u8> = Vec::with_capacity(MAX_BODY);
+    let mut backoff = Duration::ZERO;
+    loop {
+        if let Err(end) = flow.take_fed(outlet) {
+            return end;
+        }
+        let now = Instant::now();
+        body.clear();
+        while body.len() + wire::MAX_ACCEPTED_DATAGRAM + 2 <= MAX_BODY
+            && flow.sender.poll_transmit(now, &mut out)
+        {
+            put_framed(&mut body, &out);
+        }
+        if body.is_empty() {
+            let deadline = flow.sender.poll_timeout();
+            let sleep = async {
+                match deadline {
+                    Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = outlet.pushed() => {}
+                _ = sleep => flow.sender.handle_timeout(Instant::now()),
+            }
+            continue;
+        }
+        match client
+            .post(CONTENT_TYPE, &[], Bytes::copy_from_slice(&body))
+            .await
+        {
+            Ok((200, answer)) => {
+                backoff = Duration::ZERO;
+                let now = Instant::now();
+                match framed_packets(&answer) {
+                    Some(packets) => {
+                        for p in packets {
+                            flow.sender.handle_datagram(now, p);
+                        }
+                    }
+                    None => outlet.error("http", format!("{far} answered with broken framing")),
+                }
+            }
+            Ok((status, answer)) => {
+                let text = String::from_utf8_lossy(&answer[..answer.len().min(200)]).to_string();
+                outlet.error("http", format!("{far} answered {status}: {}", text.trim()));
+                backoff = (backoff * 2).clamp(Duration::from_millis(250), BACKOFF_MAX);
+            }
+            Err(e) => {
+                outlet.error(e.kind(), format!("{far}: {e}"));
+                backoff = (backoff * 2).clamp(Duration::from_millis(250), BACKOFF_MAX);
+            }
+        }
+        if !backoff.is_zero() {
+            tokio::time::sleep(backoff).await;
+        }
+        flow.sender.handle_timeout(Instant::now());
+        if let Err(end) = flow.events(outlet) {
+            return end;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_round_trips_and_refuses_broken_bodies() {
+        let mut body = Vec::new();
+        put_framed(&mut body, b"abc");
+        put_framed(&mut body, &[7; 300]);
+        let packets = framed_packets(&body).unwrap();
+        assert_eq!(packets, vec![&b"abc"[..], &[7u8; 300][..]]);
+        assert!(framed_packets(&body[..body.len() - 1]).is_none());
+        assert!(framed_packets(&[0, 0]).is_none());
+        assert_eq!(framed_packets(&[]).unwrap().len(), 0);
+    }
+}
