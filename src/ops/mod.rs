@@ -7,6 +7,7 @@
 //!   receive loop polls, because a signal handler may do almost nothing;
 //! - [`metrics`] — `/metrics` (Prometheus text) and `/healthz` on `--http-port`, served from their own thread
 //!   from a snapshot the receive loop publishes, so a slow scraper never slows the loop;
+//! - [`wake`] — an eventfd another thread writes to wake the receive loop out of poll(2);
 //! - [`check`] — `pure-serve check`: validate the configuration without serving.
 //!
 //! The rule that shapes all of it: liveness is reported *by the loop that does the work*. WATCHDOG=1 and the
@@ -17,3 +18,4 @@ pub mod check;
 pub mod metrics;
 pub mod notify;
 pub mod signals;
+pub mod wake;
