@@ -10,8 +10,8 @@
 //! - [`store`] — SQLite: per-app records and heard sequences, the memo of derived secrets.
 //! - [`sender`] — the device side: a blocking UDP driver around [`proto::sender`].
 //! - [`senders`], [`keys`] — the senders file and key files.
-//! - [`http`] — links over HTTP: the `POST /link` body format and the hand-over of its packets to the receive
-//!   loop.
+//! - [`http`] — the HTTP server on `--http-port` (one thread, hyper): `/metrics`, `/healthz`, and `POST /link`,
+//!   sealed link packets over HTTP(S) handed to the receive loop.
 //! - [`ops`] — running as a service: systemd notify and watchdog, signals, reload, metrics and health, `check`.
 //! - [`cli`] — the subcommands of the `pure-serve` binary.
 //!

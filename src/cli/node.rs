@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
-use crate::ops::metrics::HttpServer;
+use crate::http::HttpServer;
 use crate::ops::notify::Notifier;
 use crate::ops::signals;
 use crate::receive::{Control, NodeSettings, ReadyNode};
@@ -29,7 +29,8 @@ pub struct NodeArgs {
     /// UDP port for links (0 picks a free one and prints it).
     #[arg(long, value_name = "PORT", default_value_t = super::DEFAULT_LINK_PORT)]
     pub link_port: u16,
-    /// TCP port for `/metrics` (Prometheus) and `/healthz` (0 picks a free one and prints it).
+    /// TCP port for HTTP: `/metrics` (Prometheus), `/healthz`, and `POST /link` (sealed link packets over HTTP,
+    /// answered with the node's acks; docs/protocol.md). 0 picks a free one and prints it.
     #[arg(long, value_name = "PORT", default_value_t = super::DEFAULT_HTTP_PORT)]
     pub http_port: u16,
     /// Address to listen on.
@@ -107,10 +108,12 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     if big_senders.is_some() {
         eprint!("\r\x1b[K");
     }
-    let ready = ready.context("the node did not start")?;
+    let mut ready = ready.context("the node did not start")?;
     let http = HttpServer::bind(http_addr).context("the node did not start")?;
     let http_addr = http.local_addr().unwrap_or(http_addr);
-    http.spawn(ready.stats.clone())
+    let inbox = ready.link_inbox().context("the node did not start")?;
+    let http = http
+        .spawn(ready.stats.clone(), Some(inbox))
         .context("the node did not start")?;
     if ready.key_created {
         println!("made a new node key: {}", key_file.display());
@@ -118,6 +121,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     println!("public key: {}", ready.public_key());
     println!("link:       udp {}", ready.local_addr());
     println!("metrics:    http://{http_addr}/metrics and /healthz");
+    println!("http link:  POST http://{http_addr}/link");
     println!("state:      {} (apps: main)", state.display());
     println!("senders:    {}", ready.senders_source);
     if no_senders {
@@ -133,7 +137,10 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         reload: Some(signals.reload),
         notifier: notifier.as_ref(),
         wake: signals.wake,
-    })?;
+    });
+    // The loop is gone: link requests still queued were answered 503. Let requests in progress finish, then stop.
+    http.stop();
+    let counters = counters?;
     tracing::info!(
         stored = counters.stored_records,
         datagrams = counters.datagrams,
