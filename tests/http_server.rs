@@ -1,5 +1,6 @@
 //! The HTTP server on its own, with real sockets: keep-alive, limits, slow clients, the hand-over of `POST /link`
-//! to a consumer standing in for the receive loop. (tests/http_link.rs runs it inside a real node.) No test asserts how fast anything was; the bounds are generous.
+//! to a consumer standing in for the receive loop, TLS and plain HTTP on one port. (tests/http_link.rs runs it
+//! inside a real node.) No test asserts how fast anything was; the bounds are generous.
 
 mod http_util;
 
@@ -9,7 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http_util::*;
-use pure_serve::http::{HttpHandle, HttpLimits, HttpServer, LinkInbox, LinkQueue, link_channel};
+use pure_serve::http::{
+    HttpHandle, HttpLimits, HttpServer, LinkInbox, LinkQueue, TlsConfig, link_channel,
+};
 use pure_serve::receive::LiveStats;
 
 fn live_stats() -> Arc<LiveStats> {
@@ -365,6 +368,75 @@ fn a_full_queue_a_stopping_loop_and_a_silent_one_are_503() {
     assert_eq!(get(&c.link_stopping), 1);
     drop(server);
     loop_thread.join().unwrap();
+}
+
+#[test]
+fn tls_and_plain_http_share_the_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = test_ca(dir.path());
+    let tls = TlsConfig::load(&ca.cert_file, &ca.key_file).unwrap();
+    let server = HttpServer::bind("127.0.0.1:0".parse().unwrap())
+        .unwrap()
+        .with_tls(tls);
+    let addr = server.local_addr().unwrap();
+    let (inbox, queue) = link_channel(4).unwrap();
+    let handle = server.spawn(live_stats(), Some(inbox)).unwrap();
+    let loop_thread = consumer(queue, Some);
+
+    let mut secure = Client::connect_tls(addr, &ca.ca_der).unwrap();
+    let r = secure.get("/healthz");
+    assert_eq!((r.status, r.text().as_str()), (200, "ok\n"));
+    let r = secure.post_link(&[vec![7; 200]]);
+    assert_eq!((r.status, r.packets()), (200, vec![vec![7; 200]]));
+    assert_eq!(secure.get("/healthz").status, 200, "kept alive over TLS");
+
+    let mut plain = Client::connect(addr);
+    assert_eq!(plain.get("/healthz").status, 200);
+
+    // A client that trusts another CA refuses the server; the server counts the failed handshake.
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = test_ca(other_dir.path());
+    assert!(Client::connect_tls(addr, &other.ca_der).is_err());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while handle
+        .counters()
+        .tls_failed
+        .load(std::sync::atomic::Ordering::Relaxed)
+        == 0
+    {
+        assert!(Instant::now() < deadline, "failed handshake not counted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(handle);
+    loop_thread.join().unwrap();
+}
+
+#[test]
+fn tls_file_errors_name_the_file_and_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = test_ca(dir.path());
+    let missing = dir.path().join("missing.pem");
+    let e = TlsConfig::load(&missing, &ca.key_file)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("missing.pem") && e.contains("PEM"), "{e}");
+    let e = TlsConfig::load(&ca.key_file, &ca.key_file)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("server.key") && e.contains("BEGIN CERTIFICATE"),
+        "{e}"
+    );
+    let e = TlsConfig::load(&ca.cert_file, &ca.cert_file)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("server.pem") && e.contains("--tls-key"), "{e}");
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = test_ca(other_dir.path());
+    let e = TlsConfig::load(&ca.cert_file, &other.key_file)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("server.pem") && e.contains("server.key"), "{e}");
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! The HTTP server on `--http-port`: `/metrics`, `/healthz`, and `POST /link` (links over HTTP).
+//! The HTTP server on `--http-port`: `/metrics`, `/healthz`, and `POST /link` (links over HTTP), plain and TLS on
+//! the same port.
 //!
 //! It owns one thread, `pure-http`, running a tokio current-thread runtime with hyper's HTTP/1.1 server: one epoll,
 //! one task per connection, timers. A host runs on a handful of threads (BRIEF.md: ≤ 5 with 20 outputs), so the
@@ -20,7 +21,7 @@
 //! connection: `/healthz` and `/metrics` answer everyone else at once.
 //!
 //! Layout: [`framing`] (the body format, pure), [`link`] (the hand-over to the receive loop and the pseudo peer
-//! addresses that route acks back to a request), `serve` (accept loop, connections),
+//! addresses that route acks back to a request), [`tls`] (certificate files), `serve` (accept loop, connections),
 //! `routes` (what each request is answered), `stall` (the write timeout), [`counters`] (the server's metrics).
 
 pub mod counters;
@@ -29,8 +30,10 @@ pub mod link;
 mod routes;
 mod serve;
 mod stall;
+pub mod tls;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -42,6 +45,7 @@ pub use counters::HttpCounters;
 pub use framing::{Framed, FramingError};
 pub use link::{LINK_QUEUE, LinkInbox, LinkQueue, LinkRequest, link_channel};
 pub use routes::LINK_CONTENT_TYPE;
+pub use tls::TlsConfig;
 
 use crate::receive::LiveStats;
 
@@ -56,6 +60,30 @@ pub enum HttpError {
     },
     #[error("cannot start the HTTP server: {0}")]
     Start(std::io::Error),
+    #[error("cannot read the TLS {what} {path}: {source} (give a readable PEM file)")]
+    TlsRead {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} is not a usable TLS certificate file: {why} (give --tls-cert a PEM file: the server's certificate first, then any intermediates)"
+    )]
+    TlsCert { path: PathBuf, why: String },
+    #[error(
+        "{path} is not a usable TLS private key file: {why} (give --tls-key the PEM private key of the certificate)"
+    )]
+    TlsKey { path: PathBuf, why: String },
+    #[error(
+        "the key in {key} cannot serve the certificate in {cert}: {why} (give the private key that belongs to the first certificate of the file)"
+    )]
+    TlsPair {
+        cert: PathBuf,
+        key: PathBuf,
+        why: String,
+    },
+    #[error("TLS setup: {0}")]
+    TlsSetup(String),
 }
 
 /// The server's bounds. [`Default`] is what the node uses; tests shorten them.
@@ -93,6 +121,7 @@ struct Shared {
     counters: Arc<HttpCounters>,
     limits: HttpLimits,
     permits: Arc<Semaphore>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Shared {
@@ -107,6 +136,7 @@ impl Shared {
 pub struct HttpServer {
     listener: std::net::TcpListener,
     limits: HttpLimits,
+    tls: Option<TlsConfig>,
 }
 
 impl HttpServer {
@@ -116,11 +146,18 @@ impl HttpServer {
         Ok(HttpServer {
             listener,
             limits: HttpLimits::default(),
+            tls: None,
         })
     }
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.listener.local_addr().ok()
+    }
+
+    /// Also answers TLS on the port (plain HTTP stays).
+    pub fn with_tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     pub fn with_limits(mut self, limits: HttpLimits) -> Self {
@@ -152,6 +189,7 @@ impl HttpServer {
             counters: counters.clone(),
             permits: Arc::new(Semaphore::new(limits.max_connections)),
             limits,
+            tls: self.tls.map(|t| tokio_rustls::TlsAcceptor::from(t.config)),
         });
         // Registering the listener needs the runtime's reactor; doing it here reports a failure to the caller.
         let listener = {

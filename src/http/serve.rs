@@ -13,7 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, watch};
 
 use super::counters::bump;
 use super::stall::Stall;
-use super::{Shared, routes};
+use super::{Shared, routes, tls};
 
 /// Longest request head, request line included; beyond it hyper answers 431.
 const MAX_HEAD: usize = 8 * 1024;
@@ -72,8 +72,38 @@ async fn connection(
     closing: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let io = Stall::new(stream, shared.limits.write_stall);
-    serve(io, peer, shared, closing).await;
+    let limits = shared.limits.clone();
+    let Some(acceptor) = shared.tls.clone() else {
+        return serve(
+            Stall::new(stream, limits.write_stall),
+            peer,
+            shared,
+            closing,
+        )
+        .await;
+    };
+    // TLS and plain HTTP share the port: the first byte tells them apart. A client that sends nothing is held no
+    // longer than one that sends a head slowly.
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(limits.head_timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => {}
+        _ => return,
+    }
+    let io = Stall::new(stream, limits.write_stall);
+    if !tls::starts_tls(first[0]) {
+        return serve(io, peer, shared, closing).await;
+    }
+    match tokio::time::timeout(limits.head_timeout, acceptor.accept(io)).await {
+        Ok(Ok(tls)) => serve(tls, peer, shared, closing).await,
+        Ok(Err(e)) => {
+            bump(&shared.counters.tls_failed);
+            tracing::debug!(%peer, "TLS handshake failed: {e}");
+        }
+        Err(_) => {
+            bump(&shared.counters.tls_failed);
+            tracing::debug!(%peer, "TLS handshake timed out");
+        }
+    }
 }
 
 /// Resolves once the server stops (or is gone).

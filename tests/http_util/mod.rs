@@ -1,13 +1,16 @@
 //! Helpers for the tests of the HTTP server (tests/http_*.rs): a blocking HTTP/1.1 client that keeps its
-//! connection, and a sans-IO sender driven over `POST /link`.
+//! connection (plain or TLS), a test CA made at test time, and a sans-IO sender driven over `POST /link`.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pure_serve::http::Framed;
 use pure_serve::proto::sender::{Sender, SenderEvent};
+use rustls::pki_types::{CertificateDer, ServerName};
 
 /// One answer.
 #[derive(Debug)]
@@ -44,6 +47,8 @@ pub struct Client<S: Read + Write> {
     io: BufReader<S>,
 }
 
+pub type TlsStream = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
 impl Client<TcpStream> {
     pub fn connect(addr: SocketAddr) -> Self {
         let s = TcpStream::connect(addr).unwrap();
@@ -51,6 +56,38 @@ impl Client<TcpStream> {
         Client {
             io: BufReader::new(s),
         }
+    }
+}
+
+impl Client<TlsStream> {
+    /// TLS to `addr`, trusting only `ca_der`, asking for the name `localhost`.
+    pub fn connect_tls(addr: SocketAddr, ca_der: &[u8]) -> std::io::Result<Self> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from(ca_der.to_vec()))
+            .expect("CA certificate");
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let conn = rustls::ClientConnection::new(
+            Arc::new(config),
+            ServerName::try_from("localhost").unwrap(),
+        )
+        .unwrap();
+        let tcp = TcpStream::connect(addr)?;
+        tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let mut stream = rustls::StreamOwned::new(conn, tcp);
+        // Drive the handshake now, so a refused certificate shows here.
+        while stream.conn.is_handshaking() {
+            stream.conn.complete_io(&mut stream.sock)?;
+        }
+        Ok(Client {
+            io: BufReader::new(stream),
+        })
     }
 }
 
@@ -170,6 +207,56 @@ pub trait AsTcp {
 impl AsTcp for TcpStream {
     fn tcp(&self) -> &TcpStream {
         self
+    }
+}
+impl AsTcp for TlsStream {
+    fn tcp(&self) -> &TcpStream {
+        &self.sock
+    }
+}
+
+/// A test CA and a server certificate for `localhost` signed by it, written as PEM into `dir`.
+pub struct TestCa {
+    pub ca_der: Vec<u8>,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+pub fn test_ca(dir: &Path) -> TestCa {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "pure-serve test CA");
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::CrlSign,
+    ];
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    params.use_authority_key_identifier_extension = true;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let cert_file = dir.join("server.pem");
+    let key_file = dir.join("server.key");
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    TestCa {
+        ca_der: ca_cert.der().to_vec(),
+        cert_file,
+        key_file,
     }
 }
 
