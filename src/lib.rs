@@ -11,6 +11,8 @@
 //! - [`sender`] — the device side: a blocking UDP driver around [`proto::sender`].
 //! - [`apps`] — the host: apps, turns, budgets, outlets; so far [`apps::config`], the `--apps` file.
 //! - [`senders`], [`keys`] — the senders file and key files.
+//! - [`http`] — the HTTP server on `--http-port` (one thread, hyper): `/metrics`, `/healthz`, and `POST /link`,
+//!   sealed link packets over HTTP(S) handed to the receive loop.
 //! - [`ops`] — running as a service: systemd notify and watchdog, signals, reload, metrics and health, `check`.
 //! - [`cli`] — the subcommands of the `pure-serve` binary.
 //!
@@ -31,6 +33,7 @@
 
 pub mod apps;
 pub mod cli;
+pub mod http;
 pub mod keys;
 pub mod ops;
 pub mod outlets;

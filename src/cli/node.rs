@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
-use crate::ops::metrics::HttpServer;
+use crate::http::{HttpServer, TlsConfig};
 use crate::ops::notify::Notifier;
 use crate::ops::signals;
 use crate::receive::{Control, NodeSettings, ReadyNode};
@@ -35,9 +35,18 @@ pub struct NodeArgs {
     /// UDP port for links (0 picks a free one and prints it).
     #[arg(long, value_name = "PORT", default_value_t = super::DEFAULT_LINK_PORT)]
     pub link_port: u16,
-    /// TCP port for `/metrics` (Prometheus) and `/healthz` (0 picks a free one and prints it).
+    /// TCP port for HTTP: `/metrics` (Prometheus), `/healthz`, and `POST /link` (sealed link packets over HTTP,
+    /// answered with the node's acks; docs/protocol.md). 0 picks a free one and prints it.
     #[arg(long, value_name = "PORT", default_value_t = super::DEFAULT_HTTP_PORT)]
     pub http_port: u16,
+    /// Serve TLS (HTTPS) on --http-port too, with this PEM certificate chain: the server's certificate first, then
+    /// any intermediates. Needs --tls-key. Plain HTTP keeps working on the same port (the first byte of a
+    /// connection tells them apart).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key (PKCS#8, PKCS#1 or SEC1) of --tls-cert. Keep it readable by the node only.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
     pub bind: IpAddr,
@@ -119,6 +128,13 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         }
     };
     let http_addr = SocketAddr::new(args.bind, args.http_port);
+    // Before the senders file: a bad certificate should not wait for a million lines to be read to be told.
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(TlsConfig::load(cert, key).context("the node did not start")?)
+        }
+        _ => None,
+    };
     // Reading a big senders file for the first time takes a moment (about 0.7 s per million lines here); say so
     // on a terminal, and only there: the journal gets the one line that follows.
     let big_senders = settings.senders_file.as_ref().and_then(|p| {
@@ -132,10 +148,21 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     if big_senders.is_some() {
         eprint!("\r\x1b[K");
     }
-    let ready = ready.context("the node did not start")?;
-    let http = HttpServer::bind(http_addr).context("the node did not start")?;
+    let mut ready = ready.context("the node did not start")?;
+    let mut http = HttpServer::bind(http_addr).context("the node did not start")?;
     let http_addr = http.local_addr().unwrap_or(http_addr);
-    http.spawn(ready.stats.clone())
+    let tls_line = tls.as_ref().map(|t| {
+        format!(
+            "tls:        https://{http_addr}/ too (certificate {})",
+            t.cert_file.display()
+        )
+    });
+    if let Some(tls) = tls {
+        http = http.with_tls(tls);
+    }
+    let inbox = ready.link_inbox().context("the node did not start")?;
+    let http = http
+        .spawn(ready.stats.clone(), Some(inbox))
         .context("the node did not start")?;
     if ready.key_created {
         println!("made a new node key: {}", key_file.display());
@@ -143,6 +170,10 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     println!("public key: {}", ready.public_key());
     println!("link:       udp {}", ready.local_addr());
     println!("metrics:    http://{http_addr}/metrics and /healthz");
+    println!("http link:  POST http://{http_addr}/link");
+    if let Some(line) = tls_line {
+        println!("{line}");
+    }
     println!(
         "state:      {} (apps: {})",
         state.display(),
@@ -162,7 +193,10 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         reload: Some(signals.reload),
         notifier: notifier.as_ref(),
         wake: signals.wake,
-    })?;
+    });
+    // The loop is gone: link requests still queued were answered 503. Let requests in progress finish, then stop.
+    http.stop();
+    let counters = counters?;
     tracing::info!(
         stored = counters.stored_records,
         datagrams = counters.datagrams,

@@ -1,10 +1,7 @@
-//! `/metrics` (Prometheus text format 0.0.4) and `/healthz` on `--http-port`, served by a small hand-written
-//! HTTP/1.1 responder on its own thread.
-//!
-//! Why no framework: two read-only pages do not justify an async runtime and its threads on a Raspberry Pi. The
-//! responder answers one request per connection (`Connection: close`), one connection at a time, with short
-//! socket timeouts, so a slow or hostile client delays only other scrapes — never the receive loop, which only
-//! ever writes a [`Snapshot`] under a lock held for a copy, and bumps a [`Heartbeat`].
+//! What `/metrics` (Prometheus text format 0.0.4) and `/healthz` say, as pure functions of what the receive loop
+//! publishes: a [`Snapshot`] it copies under a lock once per round, and a [`Heartbeat`] it bumps. The HTTP server
+//! that serves them, on its own thread, is [`crate::http`]; it appends its own families to the page. The receive
+//! loop never waits for a reader: it holds the lock only for a copy.
 //!
 //! Names follow Prometheus conventions: base units, `_total` on counters, labels only of small fixed sets (app,
 //! drop stage). There are no per-sender labels: a million senders would be a million series.
@@ -13,38 +10,14 @@
 //! before its first round), so a stuck loop shows even when systemd's watchdog is not in use.
 
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use thiserror::Error;
-
 use crate::proto::node::{DropReason, NodeCounters};
-use crate::receive::LiveStats;
 
 /// A receive loop that has not turned for this long is reported unhealthy. The loop turns at least every 100 ms
 /// when idle; only a commit (an fsync on a slow SD card) or a stuck store keeps it away longer.
 pub const HEALTH_STALE: Duration = Duration::from_secs(10);
-/// Per-connection read and write timeout: a scrape is one small request.
-const IO_TIMEOUT: Duration = Duration::from_secs(2);
-/// Longest request head read; anything longer is answered 431 and closed.
-const MAX_REQUEST: usize = 8 * 1024;
-
-#[derive(Debug, Error)]
-pub enum MetricsError {
-    #[error(
-        "cannot listen on TCP {addr} for metrics: {source} (is another node on that port? choose one with --http-port)"
-    )]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("cannot start the metrics thread: {0}")]
-    Thread(std::io::Error),
-}
-
 /// What the receive loop publishes each round for the metrics page.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -306,185 +279,6 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
     out
 }
 
-/// The metrics and health listener, bound before the node reports ready.
-pub struct HttpServer {
-    listener: TcpListener,
-}
-
-impl HttpServer {
-    pub fn bind(addr: SocketAddr) -> Result<Self, MetricsError> {
-        let listener =
-            TcpListener::bind(addr).map_err(|source| MetricsError::Bind { addr, source })?;
-        Ok(HttpServer { listener })
-    }
-
-    pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.listener.local_addr().ok()
-    }
-
-    /// Serves on a thread of its own for the rest of the process.
-    pub fn spawn(self, stats: Arc<LiveStats>) -> Result<(), MetricsError> {
-        std::thread::Builder::new()
-            .name("pure-http".into())
-            .spawn(move || {
-                for conn in self.listener.incoming() {
-                    match conn {
-                        Ok(stream) => {
-                            if let Err(e) = serve(stream, &stats) {
-                                tracing::debug!("metrics connection: {e}");
-                            }
-                        }
-                        // EMFILE and friends: back off instead of spinning on a listener that cannot accept.
-                        Err(e) => {
-                            tracing::debug!("metrics accept: {e}");
-                            std::thread::sleep(Duration::from_millis(100));
-                        }
-                    }
-                }
-            })
-            .map_err(MetricsError::Thread)?;
-        Ok(())
-    }
-}
-
-/// What a request asked for, from its request line.
-#[derive(Debug, PartialEq, Eq)]
-enum Route {
-    Metrics,
-    Health,
-    Index,
-    NotFound,
-    BadMethod,
-}
-
-fn route(head: &str) -> (Route, bool) {
-    let mut parts = head.lines().next().unwrap_or("").split_whitespace();
-    let method = parts.next().unwrap_or("");
-    let target = parts.next().unwrap_or("");
-    let path = target.split('?').next().unwrap_or("");
-    let head_only = method == "HEAD";
-    if method != "GET" && !head_only {
-        return (Route::BadMethod, false);
-    }
-    let r = match path {
-        "/metrics" => Route::Metrics,
-        "/healthz" => Route::Health,
-        "/" => Route::Index,
-        _ => Route::NotFound,
-    };
-    (r, head_only)
-}
-
-fn serve(mut stream: TcpStream, stats: &LiveStats) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    let complete = loop {
-        if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.windows(2).any(|w| w == b"\n\n") {
-            break true;
-        }
-        if buf.len() >= MAX_REQUEST {
-            break false;
-        }
-        let n = stream.read(&mut chunk)?;
-        if n == 0 {
-            // The client closed before finishing its request; answer what we have if it has a request line.
-            break buf.contains(&b'\n');
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    if !complete {
-        return respond(
-            &mut stream,
-            "431 Request Header Fields Too Large",
-            "text/plain",
-            "request too large\n",
-            false,
-        );
-    }
-    let head = String::from_utf8_lossy(&buf);
-    let (route, head_only) = route(&head);
-    let now = Instant::now();
-    match route {
-        Route::Metrics => {
-            let snapshot = match stats.snapshot.lock() {
-                Ok(s) => s.clone(),
-                // The loop panicked while publishing; the last figures are still worth showing.
-                Err(poisoned) => poisoned.into_inner().clone(),
-            };
-            let body = render(&snapshot, ProcessFigures::read(), stats.heartbeat.age(now));
-            respond(
-                &mut stream,
-                "200 OK",
-                "text/plain; version=0.0.4; charset=utf-8",
-                &body,
-                head_only,
-            )
-        }
-        Route::Health => {
-            let age = stats.heartbeat.age(now);
-            if healthy(age, HEALTH_STALE) {
-                respond(&mut stream, "200 OK", "text/plain", "ok\n", head_only)
-            } else {
-                let body = match age {
-                    None => "receive loop not started\n".to_string(),
-                    Some(a) => format!(
-                        "receive loop stuck: last turned {:.1} s ago\n",
-                        a.as_secs_f64()
-                    ),
-                };
-                respond(
-                    &mut stream,
-                    "503 Service Unavailable",
-                    "text/plain",
-                    &body,
-                    head_only,
-                )
-            }
-        }
-        Route::Index => respond(
-            &mut stream,
-            "200 OK",
-            "text/plain",
-            "pure-serve: /metrics (Prometheus), /healthz\n",
-            head_only,
-        ),
-        Route::NotFound => respond(
-            &mut stream,
-            "404 Not Found",
-            "text/plain",
-            "not found: try /metrics or /healthz\n",
-            head_only,
-        ),
-        Route::BadMethod => respond(
-            &mut stream,
-            "405 Method Not Allowed",
-            "text/plain",
-            "only GET and HEAD\n",
-            false,
-        ),
-    }
-}
-
-fn respond(
-    stream: &mut TcpStream,
-    status: &str,
-    content_type: &str,
-    body: &str,
-    head_only: bool,
-) -> std::io::Result<()> {
-    let mut out = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    if !head_only {
-        out.push_str(body);
-    }
-    stream.write_all(out.as_bytes())?;
-    stream.flush()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -508,19 +302,6 @@ mod tests {
             hb.age(t + Duration::from_secs(3)),
             Some(Duration::from_secs(3))
         );
-    }
-
-    #[test]
-    fn routes() {
-        assert_eq!(route("GET /metrics HTTP/1.1\r\n"), (Route::Metrics, false));
-        assert_eq!(route("HEAD /healthz HTTP/1.0\r\n"), (Route::Health, true));
-        assert_eq!(
-            route("GET /metrics?x=1 HTTP/1.1\r\n"),
-            (Route::Metrics, false)
-        );
-        assert_eq!(route("POST /metrics HTTP/1.1\r\n").0, Route::BadMethod);
-        assert_eq!(route("GET /nope HTTP/1.1\r\n").0, Route::NotFound);
-        assert_eq!(route("").0, Route::BadMethod);
     }
 
     #[test]

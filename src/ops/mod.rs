@@ -5,8 +5,10 @@
 //! - [`notify`] — the systemd notify protocol (READY, RELOADING, STOPPING, STATUS, WATCHDOG), by hand;
 //! - [`signals`] — SIGTERM/SIGINT (clean stop; a second one exits at once) and SIGHUP (reload), as flags the
 //!   receive loop polls, because a signal handler may do almost nothing;
-//! - [`metrics`] — `/metrics` (Prometheus text) and `/healthz` on `--http-port`, served from their own thread
-//!   from a snapshot the receive loop publishes, so a slow scraper never slows the loop;
+//! - [`metrics`] — what `/metrics` (Prometheus text) and `/healthz` say, from a snapshot the receive loop
+//!   publishes; [`crate::http`] serves them on `--http-port` from its own thread, so a slow scraper never slows
+//!   the loop;
+//! - [`wake`] — an eventfd another thread writes to wake the receive loop out of poll(2);
 //! - [`check`] — `pure-serve check`: validate the configuration without serving.
 //!
 //! The rule that shapes all of it: liveness is reported *by the loop that does the work*. WATCHDOG=1 and the

@@ -6,6 +6,10 @@
 //! Under a flood the batch bound keeps the loop turning (BRIEF.md, receive livelock): input beyond it waits in the
 //! socket buffer, whose overflow the kernel counts.
 //!
+//! Links over HTTP come in the same way: the HTTP thread queues each `POST /link` ([`crate::http::link`]) and
+//! wakes the loop, which feeds the request's packets to the node core beside the datagrams of the round and answers
+//! the request with the node packets they earned, after the commit, as it sends the UDP acks ([`links`]).
+//!
 //! The loop is also where the node tells the outside it is alive and what it is doing ([`crate::ops`]): READY=1
 //! once it turns, WATCHDOG=1 and the `/healthz` heartbeat from its own rounds (a stuck loop stops both), STATUS=
 //! lines, and a reload of the senders file on SIGHUP — read on a helper thread so a million lines do not stall
@@ -26,20 +30,23 @@ use thiserror::Error;
 
 use crate::apps::config::{AppsConfig, AppsError};
 use crate::apps::host::Host;
+use crate::http::link::{self, LinkInbox, LinkQueue};
 use crate::keys::{self, KeyError};
 use crate::ops::metrics::{Heartbeat, Snapshot};
 use crate::ops::notify::{Notifier, WatchdogTimer};
 use crate::ops::wake::Wake;
 use crate::proto::allow_list::AllowList;
 use crate::proto::crypto;
-use crate::proto::node::{DropReason, Node, NodeConfig, NodeCounters};
+use crate::proto::node::{DropReason, Node, NodeConfig, NodeCounters, Transmit};
 use crate::senders::{self, SendersError};
 use crate::sending::dns::DnsSettings;
 use crate::sending::{LoopSettings, SendingLoop};
 use crate::store::StoreError;
 use crate::store::memo::Memo;
 
+mod links;
 mod local;
+pub use links::LINK_BYTES_PER_ROUND;
 pub use local::LocalNode;
 
 /// Datagrams read per round before the turn is applied (BRIEF.md: bound the work per round).
@@ -80,6 +87,8 @@ pub enum NodeError {
     Apps(#[from] AppsError),
     #[error("{0}")]
     OwnKey(String),
+    #[error("cannot make the queue for links over HTTP: {0}")]
+    LinkQueue(std::io::Error),
 }
 
 /// What the node needs to start, already validated.
@@ -112,6 +121,9 @@ pub struct LiveStats {
     pub snapshot: Mutex<Snapshot>,
     /// Bumped each round; `/healthz` fails when it goes stale.
     pub heartbeat: Heartbeat,
+    /// Node packets for a link request (HTTP) that was answered already: lost, as a datagram to a peer that moved
+    /// on would be; the sender sends again.
+    pub link_packets_unrouted: AtomicU64,
 }
 
 /// What the process around the receive loop gives it: when to stop, when to reload, whom to tell.
@@ -157,6 +169,12 @@ pub struct ReadyNode {
     commit_time: Duration,
     /// Said in every STATUS= line until the next good reload: a refused reload must stay visible.
     status_note: Option<String>,
+    /// Link requests from the HTTP server, if it hands any over.
+    links: Option<LinkQueue>,
+    /// The number the next link request is given (its pseudo peer address).
+    next_link_request: u64,
+    /// The link requests taken this round, waiting for their answers.
+    link_round: links::LinkRound,
 }
 
 fn create_private_dir(path: &Path) -> Result<(), NodeError> {
@@ -289,7 +307,23 @@ impl ReadyNode {
             reloads_failed: 0,
             commit_time: Duration::ZERO,
             status_note: None,
+            links: None,
+            next_link_request: 0,
+            link_round: links::LinkRound::default(),
         })
+    }
+
+    /// Takes `POST /link` requests from `queue` from now on (the HTTP server holds its [`LinkInbox`]).
+    pub fn serve_links(&mut self, queue: LinkQueue) {
+        self.links = Some(queue);
+    }
+
+    /// Makes the queue for links over HTTP, bounded at [`link::LINK_QUEUE`] requests, and serves it; give the
+    /// inbox to [`crate::http::HttpServer::spawn`].
+    pub fn link_inbox(&mut self) -> Result<LinkInbox, NodeError> {
+        let (inbox, queue) = link::link_channel(link::LINK_QUEUE).map_err(NodeError::LinkQueue)?;
+        self.serve_links(queue);
+        Ok(inbox)
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -328,6 +362,7 @@ impl ReadyNode {
         let mut last_status = String::new();
         let mut told_stopping = false;
         let mut more_work = false;
+        let mut links_left = false;
         // The socket is bound (prepare did it) and the loop is about to turn: from here a datagram is served.
         self.stats.heartbeat.beat(Instant::now());
         self.publish();
@@ -357,9 +392,20 @@ impl ReadyNode {
             } else {
                 wait
             };
-            let wait = if more_work { Duration::ZERO } else { wait };
+            // Link requests left over from the last round, or inner outlets behind: go on now rather than after a
+            // sleep.
+            let wait = if links_left || more_work {
+                Duration::ZERO
+            } else {
+                wait
+            };
             if !stopping {
-                wait_readable(&self.socket, &[control.wake, Some(self.wake.fd())], wait);
+                let link_wake = self.links.as_ref().map(|q| q.wake().fd());
+                wait_readable(
+                    &self.socket,
+                    &[control.wake, link_wake, Some(self.wake.fd())],
+                    wait,
+                );
             }
             let now = Instant::now();
             let mut read = 0;
@@ -377,7 +423,10 @@ impl ReadyNode {
                     Err(e) => return Err(NodeError::Socket(e)),
                 }
             }
+            links_left = !stopping && self.take_link_requests(now)?;
             more_work = self.turn()?;
+            // After the round's last commit: every link request taken gets the node packets it earned.
+            self.link_round.answer();
             let swept_before = self.node.counters().sessions_swept;
             self.node.handle_timeout(now);
             if self.node.counters().sessions_swept - swept_before >= TRIM_AFTER_SWEPT {
@@ -465,10 +514,7 @@ impl ReadyNode {
         self.commit_time += started.elapsed();
         self.node.flush_acks();
         while let Some(t) = self.node.poll_transmit() {
-            if let Err(e) = self.socket.send_to(&t.bytes, t.to) {
-                // A full send buffer or unreachable peer loses this ack; the sender's resend earns another.
-                tracing::debug!("ack to {} not sent: {e}", t.to);
-            }
+            self.route(t);
         }
         let secrets = self.node.take_new_secrets();
         if let Err(e) = self.memo.put_all(&secrets) {
@@ -477,6 +523,55 @@ impl ReadyNode {
             );
         }
         Ok(report.more)
+    }
+
+    /// Sends a node packet where its peer is: the UDP socket, or the answer of the link request whose pseudo peer
+    /// address it is sent to (docs/protocol.md, Links over HTTP). The one place that tells the two apart.
+    fn route(&mut self, t: Transmit) {
+        match link::request_of(t.to) {
+            None => {
+                if let Err(e) = self.socket.send_to(&t.bytes, t.to) {
+                    // A full send buffer or unreachable peer loses this ack; the sender's resend earns another.
+                    tracing::debug!("ack to {} not sent: {e}", t.to);
+                }
+            }
+            Some(request) => {
+                if !self.link_round.push(request, t.bytes) {
+                    self.stats
+                        .link_packets_unrouted
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Feeds waiting link requests to the node core: at least one, and no more once [`LINK_BYTES_PER_ROUND`] of
+    /// packets are taken. A request's packets all go into this round's turns: when the turn is full it is
+    /// committed first. Returns whether requests may be left in the queue.
+    fn take_link_requests(&mut self, now: Instant) -> Result<bool, NodeError> {
+        let Some(queue) = &self.links else {
+            return Ok(false);
+        };
+        // Cleared before draining: a request queued after this leaves the wake set for the next poll.
+        queue.wake().clear();
+        let mut bytes = 0;
+        while bytes < LINK_BYTES_PER_ROUND {
+            let Some(request) = self.links.as_ref().and_then(LinkQueue::try_recv) else {
+                return Ok(false);
+            };
+            bytes += request.packets.as_bytes().len();
+            let id = self.next_link_request;
+            self.next_link_request += 1;
+            let from = link::pseudo_peer(id);
+            self.link_round.open(id, request.reply);
+            for packet in request.packets.iter() {
+                if self.node.turn_is_full() {
+                    self.turn()?;
+                }
+                self.node.handle_datagram(now, from, packet, &mut self.memo);
+            }
+        }
+        Ok(true)
     }
 
     /// The senders file a reload reads: the one given, else `senders` in the state directory if it exists now
@@ -816,9 +911,7 @@ fn wait_readable(socket: &UdpSocket, wakes: &[Option<RawFd>], timeout: Duration)
     }
     for p in &fds[1..] {
         if p.fd >= 0 && p.revents & libc::POLLIN != 0 {
-            let mut count = 0u64;
-            // SAFETY: reading 8 bytes from a non-blocking eventfd into a u64 clears it.
-            unsafe { libc::read(p.fd, (&mut count as *mut u64).cast(), 8) };
+            crate::ops::wake::clear_eventfd(p.fd);
         }
     }
 }

@@ -1,0 +1,251 @@
+//! The HTTP server on `--http-port`: `/metrics`, `/healthz`, and `POST /link` (links over HTTP), plain and TLS on
+//! the same port.
+//!
+//! It owns one thread, `pure-http`, running a tokio current-thread runtime with hyper's HTTP/1.1 server: one epoll,
+//! one task per connection, timers. A host runs on a handful of threads (BRIEF.md: ≤ 5 with 20 outputs), so the
+//! server is exactly one whatever the number of connections, and it never touches the node core: the receive loop
+//! publishes a [`crate::ops::metrics::Snapshot`] and a heartbeat for the pages, and takes link requests from a
+//! bounded queue ([`link`]).
+//!
+//! Nothing a client does can stall it or grow it without bound (issue 9, item 7):
+//!
+//! - at most [`HttpLimits::max_connections`] connections at once; one more is told 503 and closed at once, and
+//!   counted (`pure_http_connections_total{outcome="refused"}`);
+//! - a request head must be complete within [`HttpLimits::head_timeout`] of the server being ready for it — on a
+//!   new connection or after the previous answer, so this is also the keep-alive idle time;
+//! - a `POST /link` body must arrive, and the node answer it, within [`HttpLimits::request_deadline`];
+//! - a body is at most [`HttpLimits::max_link_body`] bytes (413 beyond);
+//! - a write that waits [`HttpLimits::write_stall`] for a client that does not read fails the connection.
+//!
+//! Connections are served concurrently on the one thread, so a client sending a byte a second holds only its own
+//! connection: `/healthz` and `/metrics` answer everyone else at once.
+//!
+//! Layout: [`framing`] (the body format, pure), [`link`] (the hand-over to the receive loop and the pseudo peer
+//! addresses that route acks back to a request), [`tls`] (certificate files), `serve` (accept loop, connections),
+//! `routes` (what each request is answered), `stall` (the write timeout), [`counters`] (the server's metrics).
+
+pub mod counters;
+pub mod framing;
+pub mod link;
+mod routes;
+mod serve;
+mod stall;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::sync::{Semaphore, oneshot};
+
+pub use counters::HttpCounters;
+pub use framing::{Framed, FramingError};
+pub use link::{LINK_QUEUE, LinkInbox, LinkQueue, LinkRequest, link_channel};
+pub use routes::LINK_CONTENT_TYPE;
+pub use tls::TlsConfig;
+
+use crate::receive::LiveStats;
+
+#[derive(Debug, Error)]
+pub enum HttpError {
+    #[error(
+        "cannot listen on TCP {addr} for HTTP: {source} (is another node on that port? choose one with --http-port)"
+    )]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start the HTTP server: {0}")]
+    Start(std::io::Error),
+    #[error("cannot read the TLS {what} {path}: {source} (give a readable PEM file)")]
+    TlsRead {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} is not a usable TLS certificate file: {why} (give --tls-cert a PEM file: the server's certificate first, then any intermediates)"
+    )]
+    TlsCert { path: PathBuf, why: String },
+    #[error(
+        "{path} is not a usable TLS private key file: {why} (give --tls-key the PEM private key of the certificate)"
+    )]
+    TlsKey { path: PathBuf, why: String },
+    #[error(
+        "the key in {key} cannot serve the certificate in {cert}: {why} (give the private key that belongs to the first certificate of the file)"
+    )]
+    TlsPair {
+        cert: PathBuf,
+        key: PathBuf,
+        why: String,
+    },
+    #[error("TLS setup: {0}")]
+    TlsSetup(String),
+}
+
+/// The server's bounds. [`Default`] is what the node uses; tests shorten them.
+#[derive(Debug, Clone)]
+pub struct HttpLimits {
+    /// Connections open at once; beyond it a new one is told 503 and closed. 256 keep-alive connections cost
+    /// about 256 × 16 KiB of buffers at worst.
+    pub max_connections: usize,
+    /// From ready-for-a-request to the end of its head; also the keep-alive idle time.
+    pub head_timeout: Duration,
+    /// From the end of a `POST /link` head to its answer: reading the body and waiting for the node's commit.
+    pub request_deadline: Duration,
+    /// How long one write may wait for a client that does not read.
+    pub write_stall: Duration,
+    /// Largest `POST /link` body: 1 MiB is about 700 full-size packets, a long turn's worth from one sender.
+    pub max_link_body: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_connections: 256,
+            head_timeout: Duration::from_secs(10),
+            request_deadline: Duration::from_secs(10),
+            write_stall: Duration::from_secs(10),
+            max_link_body: 1 << 20,
+        }
+    }
+}
+
+/// What every connection task shares.
+struct Shared {
+    stats: Arc<LiveStats>,
+    links: Option<LinkInbox>,
+    counters: Arc<HttpCounters>,
+    limits: HttpLimits,
+    permits: Arc<Semaphore>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl Shared {
+    fn open_connections(&self) -> usize {
+        self.limits
+            .max_connections
+            .saturating_sub(self.permits.available_permits())
+    }
+}
+
+/// The listener, bound before the node reports ready (so a port in use stops the start with a clear error).
+pub struct HttpServer {
+    listener: std::net::TcpListener,
+    limits: HttpLimits,
+    tls: Option<TlsConfig>,
+}
+
+impl HttpServer {
+    pub fn bind(addr: SocketAddr) -> Result<Self, HttpError> {
+        let listener =
+            std::net::TcpListener::bind(addr).map_err(|source| HttpError::Bind { addr, source })?;
+        Ok(HttpServer {
+            listener,
+            limits: HttpLimits::default(),
+            tls: None,
+        })
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    /// Also answers TLS on the port (plain HTTP stays).
+    pub fn with_tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    pub fn with_limits(mut self, limits: HttpLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Starts serving on the `pure-http` thread. `links`: where `POST /link` goes (`None`: it is answered 404).
+    /// The server stops when the handle is stopped or dropped.
+    pub fn spawn(
+        self,
+        stats: Arc<LiveStats>,
+        links: Option<LinkInbox>,
+    ) -> Result<HttpHandle, HttpError> {
+        let local_addr = self.local_addr();
+        self.listener
+            .set_nonblocking(true)
+            .map_err(HttpError::Start)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(HttpError::Start)?;
+        let counters = Arc::new(HttpCounters::default());
+        let limits = self.limits;
+        let shared = Arc::new(Shared {
+            stats,
+            links,
+            counters: counters.clone(),
+            permits: Arc::new(Semaphore::new(limits.max_connections)),
+            limits,
+            tls: self.tls.map(|t| tokio_rustls::TlsAcceptor::from(t.config)),
+        });
+        // Registering the listener needs the runtime's reactor; doing it here reports a failure to the caller.
+        let listener = {
+            let _entered = runtime.enter();
+            tokio::net::TcpListener::from_std(self.listener).map_err(HttpError::Start)?
+        };
+        let (stop, stop_rx) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("pure-http".into())
+            .spawn(move || runtime.block_on(serve::run(listener, shared, stop_rx)))
+            .map_err(HttpError::Start)?;
+        Ok(HttpHandle {
+            stop: Some(stop),
+            thread: Some(thread),
+            counters,
+            local_addr,
+        })
+    }
+}
+
+/// The running server. [`HttpHandle::stop`] (or drop) stops accepting, lets requests in progress finish for up to
+/// two seconds, and joins the thread.
+pub struct HttpHandle {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+    counters: Arc<HttpCounters>,
+    local_addr: Option<SocketAddr>,
+}
+
+impl HttpHandle {
+    pub fn counters(&self) -> &HttpCounters {
+        &self.counters
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr
+    }
+
+    pub fn stop(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the HTTP thread panicked");
+        }
+    }
+}
+
+impl Drop for HttpHandle {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}

@@ -1,0 +1,232 @@
+//! What each request is answered: `/metrics`, `/healthz`, `/` (GET or HEAD), `POST /link`, and errors.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::{Body, Bytes, Incoming};
+use hyper::header::{ALLOW, CONNECTION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::{Method, Request, Response, StatusCode};
+use tokio::sync::oneshot;
+
+use super::Shared;
+use super::counters::bump;
+use super::framing::Framed;
+use super::link::{LinkRefused, LinkRequest};
+use crate::ops::metrics::{HEALTH_STALE, ProcessFigures, healthy, render};
+
+/// The media type of a `POST /link` answer (and what a request should say it sends).
+pub const LINK_CONTENT_TYPE: &str = "application/x-pure-link";
+
+pub(super) type Answer = Response<Full<Bytes>>;
+
+fn answer(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Answer {
+    answer(status, "text/plain", body)
+}
+
+/// An error after which the connection is not reused: the rest of the request body may still be on its way.
+fn closing(mut r: Answer) -> Answer {
+    r.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+/// 503 with `Retry-After: 1`: the node cannot take it now; the same request a second later may succeed.
+fn unavailable(body: impl Into<Bytes>) -> Answer {
+    let mut r = text(StatusCode::SERVICE_UNAVAILABLE, body);
+    r.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
+pub(super) async fn handle(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+) -> Answer {
+    let path = req.uri().path();
+    if path == "/link" {
+        if req.method() != Method::POST {
+            let mut r = text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "/link takes POST: a body of framed link packets (docs/protocol.md, Links over HTTP)\n",
+            );
+            r.headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("POST"));
+            return r;
+        }
+        return link(req, peer, &shared).await;
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n");
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    let now = Instant::now();
+    match path {
+        "/metrics" => {
+            let snapshot = match shared.stats.snapshot.lock() {
+                Ok(s) => s.clone(),
+                // The loop panicked while publishing; the last figures are still worth showing.
+                Err(poisoned) => poisoned.into_inner().clone(),
+            };
+            let mut page = render(
+                &snapshot,
+                ProcessFigures::read(),
+                shared.stats.heartbeat.age(now),
+            );
+            shared.counters.render_into(
+                &mut page,
+                shared.open_connections(),
+                shared
+                    .stats
+                    .link_packets_unrouted
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            );
+            answer(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                page,
+            )
+        }
+        "/healthz" => {
+            let age = shared.stats.heartbeat.age(now);
+            if healthy(age, HEALTH_STALE) {
+                text(StatusCode::OK, "ok\n")
+            } else {
+                let body = match age {
+                    None => "receive loop not started\n".to_string(),
+                    Some(a) => format!(
+                        "receive loop stuck: last turned {:.1} s ago\n",
+                        a.as_secs_f64()
+                    ),
+                };
+                text(StatusCode::SERVICE_UNAVAILABLE, body)
+            }
+        }
+        "/" => text(
+            StatusCode::OK,
+            "pure-serve: /metrics (Prometheus), /healthz, POST /link (links over HTTP)\n",
+        ),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics or /healthz\n",
+        ),
+    }
+}
+
+/// `POST /link`: read and check the body, hand its packets to the receive loop, answer what they earned. One
+/// deadline covers reading the body and waiting for the loop's answer (which comes after its commit).
+async fn link(req: Request<Incoming>, peer: SocketAddr, shared: &Shared) -> Answer {
+    let limits = &shared.limits;
+    let c = &shared.counters;
+    let deadline = tokio::time::Instant::now() + limits.request_deadline;
+    let max = limits.max_link_body;
+    let too_large = || {
+        bump(&c.link_too_large);
+        closing(text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a POST /link body is at most {max} bytes: send fewer packets per request\n"),
+        ))
+    };
+    if req.body().size_hint().lower() > max as u64 {
+        return too_large();
+    }
+    let body = match tokio::time::timeout_at(deadline, Limited::new(req.into_body(), max).collect())
+        .await
+    {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => return too_large(),
+        Ok(Err(e)) => {
+            bump(&c.link_bad_request);
+            return closing(text(
+                StatusCode::BAD_REQUEST,
+                format!("could not read the body: {e}\n"),
+            ));
+        }
+        Err(_) => {
+            bump(&c.link_slow_body);
+            return closing(text(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the body did not arrive within {} s\n",
+                    limits.request_deadline.as_secs_f64()
+                ),
+            ));
+        }
+    };
+    let packets = match Framed::parse(Vec::from(body)) {
+        Ok(p) => p,
+        Err(e) => {
+            bump(&c.link_bad_request);
+            return text(StatusCode::BAD_REQUEST, format!("{e}\n"));
+        }
+    };
+    // Refused only now, after the body was read: closing on an unread body would reset the connection and could
+    // lose the answer.
+    let Some(inbox) = &shared.links else {
+        return text(
+            StatusCode::NOT_FOUND,
+            "this node does not take links over HTTP\n",
+        );
+    };
+    bump(&c.link_requests);
+    if packets.is_empty() {
+        return answer(StatusCode::OK, LINK_CONTENT_TYPE, Bytes::new());
+    }
+    c.link_packets
+        .fetch_add(packets.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    let (reply, answered) = oneshot::channel();
+    match inbox.send(LinkRequest {
+        peer,
+        packets,
+        reply,
+    }) {
+        Ok(()) => {}
+        Err(LinkRefused::Busy(_)) => {
+            bump(&c.link_busy);
+            return unavailable("the node is busy: send again in a second\n");
+        }
+        Err(LinkRefused::Stopped(_)) => {
+            bump(&c.link_stopping);
+            return unavailable("the node is stopping\n");
+        }
+    }
+    match tokio::time::timeout_at(deadline, answered).await {
+        Ok(Ok(node_packets)) => {
+            c.link_answers.fetch_add(
+                node_packets.len() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            match Framed::from_packets(&node_packets) {
+                Ok(f) => answer(StatusCode::OK, LINK_CONTENT_TYPE, f.into_bytes()),
+                // The node's packets are at most one datagram each; this would be a bug, not the client's fault.
+                Err(e) => {
+                    tracing::error!("POST /link answer not framed: {e}");
+                    text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"))
+                }
+            }
+        }
+        Ok(Err(_)) => {
+            bump(&c.link_stopping);
+            unavailable("the node is stopping\n")
+        }
+        Err(_) => {
+            bump(&c.link_timeout);
+            unavailable(format!(
+                "no answer from the node within {} s: its store may be slow; send again\n",
+                limits.request_deadline.as_secs_f64()
+            ))
+        }
+    }
+}

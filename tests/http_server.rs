@@ -1,0 +1,453 @@
+//! The HTTP server on its own, with real sockets: keep-alive, limits, slow clients, the hand-over of `POST /link`
+//! to a consumer standing in for the receive loop, TLS and plain HTTP on one port. (tests/http_link.rs runs it
+//! inside a real node.) No test asserts how fast anything was; the bounds are generous.
+
+mod http_util;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_util::*;
+use pure_serve::http::{
+    HttpHandle, HttpLimits, HttpServer, LinkInbox, LinkQueue, TlsConfig, link_channel,
+};
+use pure_serve::receive::LiveStats;
+
+fn live_stats() -> Arc<LiveStats> {
+    let stats = Arc::new(LiveStats::default());
+    stats.heartbeat.beat(Instant::now());
+    stats
+}
+
+fn start(limits: HttpLimits, links: Option<LinkInbox>) -> (HttpHandle, SocketAddr, Arc<LiveStats>) {
+    let server = HttpServer::bind("127.0.0.1:0".parse().unwrap())
+        .unwrap()
+        .with_limits(limits);
+    let addr = server.local_addr().unwrap();
+    let stats = live_stats();
+    let handle = server.spawn(stats.clone(), links).unwrap();
+    (handle, addr, stats)
+}
+
+fn short_limits() -> HttpLimits {
+    HttpLimits {
+        head_timeout: Duration::from_millis(500),
+        request_deadline: Duration::from_millis(500),
+        write_stall: Duration::from_millis(500),
+        ..HttpLimits::default()
+    }
+}
+
+fn metric(addr: SocketAddr, series: &str) -> f64 {
+    let page = Client::connect(addr).get("/metrics").text();
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{series} not on the page:\n{page}"))
+}
+
+/// A stand-in for the receive loop: answers each request with `answer(packets)` (None: drops the reply).
+fn consumer(
+    queue: LinkQueue,
+    answer: impl Fn(Vec<Vec<u8>>) -> Option<Vec<Vec<u8>>> + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while let Some(req) = queue.recv_timeout(Duration::from_secs(30)) {
+            let packets: Vec<Vec<u8>> = req.packets.iter().map(<[u8]>::to_vec).collect();
+            if let Some(a) = answer(packets) {
+                let _ = req.reply.send(a);
+            }
+        }
+    })
+}
+
+#[test]
+fn one_connection_serves_many_requests() {
+    let (_server, addr, _) = start(HttpLimits::default(), None);
+    let mut c = Client::connect(addr);
+    let r = c.get("/healthz");
+    assert_eq!((r.status, r.text().as_str()), (200, "ok\n"));
+    let r = c.get("/metrics");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let page = r.text();
+    assert!(
+        page.contains("# TYPE pure_records_stored_total counter"),
+        "{page}"
+    );
+    assert!(page.contains("pure_http_connections_open 1\n"), "{page}");
+    let r = c.request("HEAD", "/healthz", &[], &[]).unwrap();
+    assert_eq!((r.status, r.header("content-length")), (200, Some("3")));
+    assert_eq!(c.get("/nope").status, 404);
+    // (On a connection of its own: a body the server does not read may close the connection after the answer.)
+    let r = Client::connect(addr)
+        .request("POST", "/metrics", &[], b"x")
+        .unwrap();
+    assert_eq!(r.status, 405);
+    let r = c.get("/link");
+    assert_eq!((r.status, r.header("allow")), (405, Some("POST")));
+    assert!(r.text().contains("POST"), "{}", r.text());
+    // Without an inbox the node takes no links over HTTP.
+    assert_eq!(c.post_link(&[vec![1; 100]]).status, 404);
+    assert_eq!(c.get("/healthz").status, 200, "still the same connection");
+}
+
+#[test]
+fn health_answers_while_100_slow_clients_hold_connections() {
+    let (_server, addr, stats) = start(HttpLimits::default(), None);
+    let mut slow: Vec<TcpStream> = (0..100)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(b"G").unwrap();
+            s
+        })
+        .collect();
+    // Each sends one more byte a second of a request it never finishes.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dribble = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            for byte in b"ET /metrics HTTP/1.1\r\nHost: slow\r\n".iter().cycle() {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                for s in &mut slow {
+                    let _ = s.write_all(&[*byte]);
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            slow
+        })
+    };
+    // Until the server has all 100: they hold connections at once, and it still answers.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(addr, "pure_http_connections_open") < 101.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the slow clients never all connected"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stats.heartbeat.beat(Instant::now());
+    let mut c = Client::connect(addr);
+    let started = Instant::now();
+    let r = c.get("/healthz");
+    assert_eq!((r.status, r.text().as_str()), (200, "ok\n"));
+    let r = c.get("/metrics");
+    assert_eq!(r.status, 200);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "/healthz and /metrics took {:?} beside 100 slow clients",
+        started.elapsed()
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(dribble.join().unwrap());
+}
+
+#[test]
+fn connections_beyond_the_limit_are_refused_and_counted() {
+    let limits = HttpLimits {
+        max_connections: 4,
+        ..HttpLimits::default()
+    };
+    let (server, addr, _) = start(limits, None);
+    let mut held: Vec<Client<TcpStream>> = (0..4).map(|_| Client::connect(addr)).collect();
+    for c in &mut held {
+        assert_eq!(c.get("/healthz").status, 200);
+    }
+    let mut extra = Client::connect(addr);
+    let r = extra.read_reply(false).unwrap();
+    assert_eq!((r.status, r.header("retry-after")), (503, Some("1")));
+    assert!(extra.closed_within(Duration::from_secs(5)));
+    assert!(
+        server
+            .counters()
+            .refused
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
+    // One closes; a new connection is served.
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut c = Client::connect(addr);
+        match c.request("GET", "/metrics", &[], &[]) {
+            Ok(r) if r.status == 200 => {
+                assert!(
+                    r.text()
+                        .contains("pure_http_connections_total{outcome=\"refused\"} "),
+                    "{}",
+                    r.text()
+                );
+                break;
+            }
+            // The closed one's slot comes back when its task sees the close.
+            _ => assert!(Instant::now() < deadline, "no slot came back"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_head_that_never_ends_and_an_idle_connection_are_closed() {
+    let (_server, addr, _) = start(short_limits(), None);
+    let mut partial = Client::connect(addr);
+    partial
+        .write_raw(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let mut idle = Client::connect(addr);
+    assert_eq!(idle.get("/healthz").status, 200);
+    assert!(partial.closed_within(Duration::from_secs(10)));
+    assert!(idle.closed_within(Duration::from_secs(10)));
+}
+
+#[test]
+fn a_client_that_never_reads_its_answers_is_cut_off() {
+    use socket2::{Domain, Socket, Type};
+    let (_server, addr, _) = start(short_limits(), None);
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&addr.into()).unwrap();
+    let mut s: TcpStream = socket.into();
+    s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    // Pipelined requests whose answers (a metrics page each) fill both socket buffers.
+    let many = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(2000);
+    let _ = s.write_all(&many);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(addr, "pure_http_connections_open") > 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the connection that does not read is still open"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(s);
+}
+
+#[test]
+fn link_bodies_are_checked_before_anything_is_handed_over() {
+    let (inbox, queue) = link_channel(4).unwrap();
+    let (server, addr, _) = start(short_limits(), Some(inbox));
+    let mut c = Client::connect(addr);
+    // A length of 0.
+    let r = c.request("POST", "/link", &[], &[0, 0]).unwrap();
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("length 0"), "{}", r.text());
+    // More than the largest packet.
+    let r = c
+        .request("POST", "/link", &[], &[0x05, 0xc1, 1, 2, 3])
+        .unwrap();
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("1473"), "{}", r.text());
+    // Cut short.
+    let r = c.request("POST", "/link", &[], &[0, 100, 1]).unwrap();
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("only 1 bytes follow"), "{}", r.text());
+    // No packets: answered at once, with none.
+    let r = c.request("POST", "/link", &[], &[]).unwrap();
+    assert_eq!((r.status, r.body.len()), (200, 0));
+    assert_eq!(r.header("content-type"), Some("application/x-pure-link"));
+    assert!(queue.try_recv().is_none(), "nothing reached the loop");
+    // Too big, said by Content-Length: refused before a byte of it is sent.
+    let mut declared = Client::connect(addr);
+    declared
+        .write_raw(b"POST /link HTTP/1.1\r\nHost: x\r\nContent-Length: 1048577\r\n\r\n")
+        .unwrap();
+    let r = declared.read_reply(false).unwrap();
+    assert_eq!((r.status, r.header("connection")), (413, Some("close")));
+    assert!(r.text().contains("at most 1048576 bytes"), "{}", r.text());
+    // Too big, found while reading (chunked, so no length up front). The server stops reading at the bound, so
+    // the rest of the body may reset the connection before the answer is read: the counter is the evidence.
+    let mut chunked = Client::connect(addr);
+    let mut raw = b"POST /link HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..17 {
+        raw.extend_from_slice(b"10000\r\n");
+        raw.extend_from_slice(&[0u8; 0x10000]);
+        raw.extend_from_slice(b"\r\n");
+    }
+    raw.extend_from_slice(b"0\r\n\r\n");
+    let _ = chunked.write_raw(&raw);
+    if let Ok(r) = chunked.read_reply(false) {
+        assert_eq!(r.status, 413);
+    }
+    // A body that does not arrive within the deadline.
+    let mut slow = Client::connect(addr);
+    slow.write_raw(b"POST /link HTTP/1.1\r\nHost: x\r\nContent-Length: 200\r\n\r\n\x00\x62")
+        .unwrap();
+    assert_eq!(slow.read_reply(false).unwrap().status, 408);
+    let c = server.counters();
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&c.link_too_large) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the chunked body was not refused"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(get(&c.link_bad_request), 3);
+    assert_eq!(get(&c.link_too_large), 2);
+    assert_eq!(get(&c.link_slow_body), 1);
+    assert_eq!(get(&c.link_requests), 1);
+}
+
+#[test]
+fn link_requests_are_handed_over_and_answered() {
+    let (inbox, queue) = link_channel(4).unwrap();
+    let (server, addr, _) = start(HttpLimits::default(), Some(inbox));
+    // Answers each packet with its bytes reversed.
+    let loop_thread = consumer(queue, |packets| {
+        Some(
+            packets
+                .into_iter()
+                .map(|mut p| {
+                    p.reverse();
+                    p
+                })
+                .collect(),
+        )
+    });
+    let mut c = Client::connect(addr);
+    for round in 0..3u8 {
+        let sent = vec![vec![round, 1, 2, 3], vec![9; 1472]];
+        let r = c.post_link(&sent);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("content-type"), Some("application/x-pure-link"));
+        assert_eq!(r.packets(), vec![vec![3, 2, 1, round], vec![9; 1472]]);
+    }
+    let metrics = c.get("/metrics").text();
+    assert!(
+        metrics.contains("pure_http_link_requests_total 3\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("pure_http_link_packets_total{direction=\"in\"} 6\n"),
+        "{metrics}"
+    );
+    drop(server);
+    loop_thread.join().unwrap();
+}
+
+#[test]
+fn a_full_queue_a_stopping_loop_and_a_silent_one_are_503() {
+    // A queue of one that nobody drains: the first request waits in it, the second finds it full.
+    let (inbox, queue) = link_channel(1).unwrap();
+    let (server, addr, _) = start(short_limits(), Some(inbox));
+    let waiting = std::thread::spawn(move || Client::connect(addr).post_link(&[vec![1; 100]]));
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(&server.counters().link_requests) == 0 {
+        assert!(Instant::now() < deadline, "the first request never came");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let busy = Client::connect(addr).post_link(&[vec![2; 100]]);
+    assert_eq!(busy.status, 503);
+    assert!(busy.text().contains("busy"), "{}", busy.text());
+    assert_eq!(busy.header("retry-after"), Some("1"));
+    // The one waiting gets no answer within its deadline: 503.
+    let timed_out = waiting.join().unwrap();
+    assert_eq!(timed_out.status, 503);
+    assert!(
+        timed_out.text().contains("no answer"),
+        "{}",
+        timed_out.text()
+    );
+    // The loop drops a request (it is stopping): 503. (First the loop takes the one that timed out.)
+    assert!(queue.try_recv().is_some());
+    let loop_thread = consumer(queue, |_| None);
+    let r = Client::connect(addr).post_link(&[vec![3; 100]]);
+    assert_eq!(r.status, 503);
+    assert!(r.text().contains("stopping"), "{}", r.text());
+    let c = server.counters();
+    assert_eq!(get(&c.link_busy), 1);
+    assert_eq!(get(&c.link_timeout), 1);
+    assert_eq!(get(&c.link_stopping), 1);
+    drop(server);
+    loop_thread.join().unwrap();
+}
+
+#[test]
+fn tls_and_plain_http_share_the_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = test_ca(dir.path());
+    let tls = TlsConfig::load(&ca.cert_file, &ca.key_file).unwrap();
+    let server = HttpServer::bind("127.0.0.1:0".parse().unwrap())
+        .unwrap()
+        .with_tls(tls);
+    let addr = server.local_addr().unwrap();
+    let (inbox, queue) = link_channel(4).unwrap();
+    let handle = server.spawn(live_stats(), Some(inbox)).unwrap();
+    let loop_thread = consumer(queue, Some);
+
+    let mut secure = Client::connect_tls(addr, &ca.ca_der).unwrap();
+    let r = secure.get("/healthz");
+    assert_eq!((r.status, r.text().as_str()), (200, "ok\n"));
+    let r = secure.post_link(&[vec![7; 200]]);
+    assert_eq!((r.status, r.packets()), (200, vec![vec![7; 200]]));
+    assert_eq!(secure.get("/healthz").status, 200, "kept alive over TLS");
+
+    let mut plain = Client::connect(addr);
+    assert_eq!(plain.get("/healthz").status, 200);
+
+    // A client that trusts another CA refuses the server; the server counts the failed handshake.
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = test_ca(other_dir.path());
+    assert!(Client::connect_tls(addr, &other.ca_der).is_err());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while handle
+        .counters()
+        .tls_failed
+        .load(std::sync::atomic::Ordering::Relaxed)
+        == 0
+    {
+        assert!(Instant::now() < deadline, "failed handshake not counted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(handle);
+    loop_thread.join().unwrap();
+}
+
+#[test]
+fn tls_file_errors_name_the_file_and_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = test_ca(dir.path());
+    let missing = dir.path().join("missing.pem");
+    let e = TlsConfig::load(&missing, &ca.key_file)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("missing.pem") && e.contains("PEM"), "{e}");
+    let e = TlsConfig::load(&ca.key_file, &ca.key_file)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("server.key") && e.contains("BEGIN CERTIFICATE"),
+        "{e}"
+    );
+    let e = TlsConfig::load(&ca.cert_file, &ca.cert_file)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("server.pem") && e.contains("--tls-key"), "{e}");
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = test_ca(other_dir.path());
+    let e = TlsConfig::load(&ca.cert_file, &other.key_file)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("server.pem") && e.contains("server.key"), "{e}");
+}
+
+#[test]
+fn stop_closes_the_port_and_ends_the_thread() {
+    let (server, addr, _) = start(HttpLimits::default(), None);
+    let mut idle = Client::connect(addr);
+    assert_eq!(idle.get("/healthz").status, 200);
+    let started = Instant::now();
+    server.stop();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(idle.closed_within(Duration::from_secs(5)));
+    // stop() returned after joining the thread, which had dropped the listener.
+    assert!(TcpStream::connect(addr).is_err());
+}
