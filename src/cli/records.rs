@@ -4,8 +4,6 @@ use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use clap::Args;
 
 use crate::store::{self, RecordView};
@@ -38,47 +36,9 @@ pub struct RecordsArgs {
     pub from: Option<u64>,
 }
 
-/// Milliseconds since the Unix epoch as RFC 3339 UTC (`2026-12-01T10:26:00.123Z`); 0 (not known) as null.
-fn rfc3339(ms: i64) -> serde_json::Value {
-    if ms <= 0 {
-        return serde_json::Value::Null;
-    }
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm), to need no date library for one format.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms.rem_euclid(1000)
-    )
-    .into()
-}
-
 fn line(app: &str, r: &RecordView<'_>, json: bool) -> String {
     if json {
-        let mut obj = serde_json::json!({
-            "app": app, "source": r.source, "seq": r.seq, "pos": r.pos, "stored_at": rfc3339(r.stored_at_ms),
-        });
-        if let Some((origin, origin_seq)) = r.origin {
-            obj["origin"] = origin.into();
-            obj["origin_seq"] = origin_seq.into();
-        }
-        match std::str::from_utf8(r.payload) {
-            Ok(text) => obj["payload"] = text.into(),
-            Err(_) => obj["payload_b64"] = STANDARD.encode(r.payload).into(),
-        }
-        obj.to_string()
+        store::json::record(app, r).to_string()
     } else {
         let text = String::from_utf8_lossy(r.payload);
         format!("{app}\t{}\t{}\t{text}", r.source, r.seq)
@@ -188,18 +148,5 @@ fn follow(
             next = head.max(last + 1);
         }
         std::thread::sleep(FOLLOW_EVERY);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rfc3339_dates() {
-        assert_eq!(rfc3339(0), serde_json::Value::Null);
-        assert_eq!(rfc3339(1), "1970-01-01T00:00:00.001Z");
-        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
-        assert_eq!(rfc3339(1_796_119_560_123), "2026-12-01T10:06:00.123Z");
     }
 }

@@ -14,7 +14,7 @@ use super::Shared;
 use super::counters::bump;
 use super::framing::Framed;
 use super::link::{LinkRefused, LinkRequest};
-use crate::ops::metrics::{HEALTH_STALE, ProcessFigures, healthy, render};
+use crate::ops::metrics::{ProcessFigures, health, render};
 
 /// The media type of a `POST /link` answer (and what a request should say it sends).
 pub const LINK_CONTENT_TYPE: &str = "application/x-pure-link";
@@ -101,17 +101,15 @@ pub(super) async fn handle(
         }
         "/healthz" => {
             let age = shared.stats.heartbeat.age(now);
-            if healthy(age, HEALTH_STALE) {
-                text(StatusCode::OK, "ok\n")
-            } else {
-                let body = match age {
-                    None => "receive loop not started\n".to_string(),
-                    Some(a) => format!(
-                        "receive loop stuck: last turned {:.1} s ago\n",
-                        a.as_secs_f64()
-                    ),
-                };
-                text(StatusCode::SERVICE_UNAVAILABLE, body)
+            let verdict = match shared.stats.snapshot.lock() {
+                Ok(s) => health(&s, age),
+                Err(_) => {
+                    Err("the receive loop's figures are unreadable (it panicked)".to_string())
+                }
+            };
+            match verdict {
+                Ok(()) => text(StatusCode::OK, "ok\n"),
+                Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
             }
         }
         "/" => text(

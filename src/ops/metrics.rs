@@ -118,8 +118,15 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
         "counter",
         "Records committed to an app's store (each exactly once).",
     );
-    // The store reports stored records per turn, not per app; with one app (no --apps) they are the same.
-    if let [app] = s.apps.as_slice() {
+    if !s.app_figures.is_empty() {
+        for a in &s.app_figures {
+            let _ = writeln!(
+                out,
+                "pure_records_stored_total{{app=\"{}\"}} {}",
+                a.name, a.stored_records
+            );
+        }
+    } else if let [app] = s.apps.as_slice() {
         let _ = writeln!(
             out,
             "pure_records_stored_total{{app=\"{app}\"}} {}",
@@ -254,6 +261,7 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
             c.dropped(r)
         );
     }
+    render_apps(&mut out, s);
     if let Some(t) = process.threads {
         family(&mut out, "pure_threads", "gauge", "Threads of the process.");
         let _ = writeln!(out, "pure_threads {t}");
@@ -277,6 +285,162 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
         let _ = writeln!(out, "pure_receive_loop_age_seconds {:.3}", a.as_secs_f64());
     }
     out
+}
+
+/// The apps' and outlets' families (issue 7: what operators see).
+fn render_apps(out: &mut String, s: &Snapshot) {
+    if s.app_figures.is_empty() {
+        return;
+    }
+    family(
+        out,
+        "pure_app_can_store",
+        "gauge",
+        "1 while the app's store commits; 0 while it cannot (its senders get no acks; /healthz says why).",
+    );
+    for a in &s.app_figures {
+        let _ = writeln!(
+            out,
+            "pure_app_can_store{{app=\"{}\"}} {}",
+            a.name,
+            u8::from(a.failed.is_none())
+        );
+    }
+    family(
+        out,
+        "pure_app_turns_failed_total",
+        "counter",
+        "Turns of the app whose transaction failed and rolled back (nothing of them acked).",
+    );
+    for a in &s.app_figures {
+        let _ = writeln!(
+            out,
+            "pure_app_turns_failed_total{{app=\"{}\"}} {}",
+            a.name, a.turns_failed
+        );
+    }
+    family(
+        out,
+        "pure_app_queue_depth",
+        "gauge",
+        "Records offered to the app by its inner inlets and not yet stored by it.",
+    );
+    for a in &s.app_figures {
+        let _ = writeln!(
+            out,
+            "pure_app_queue_depth{{app=\"{}\"}} {}",
+            a.name, a.queue_depth
+        );
+    }
+    family(
+        out,
+        "pure_app_paused",
+        "gauge",
+        "1 while the app takes no input because an outlet is behind its max_lag_records.",
+    );
+    for a in &s.app_figures {
+        let _ = writeln!(
+            out,
+            "pure_app_paused{{app=\"{}\"}} {}",
+            a.name,
+            u8::from(a.paused_for_lag)
+        );
+    }
+    let outlets = || {
+        s.app_figures
+            .iter()
+            .flat_map(|a| a.outlets.iter().map(move |o| (a, o)))
+    };
+    family(
+        out,
+        "pure_outlet_lag_records",
+        "gauge",
+        "Records the app stored that the outlet's far side has not acknowledged (they wait in the store).",
+    );
+    for (a, o) in outlets() {
+        let _ = writeln!(
+            out,
+            "pure_outlet_lag_records{{app=\"{}\",outlet=\"{}\",kind=\"{}\"}} {}",
+            a.name, o.name, o.kind, o.lag_records
+        );
+    }
+    family(
+        out,
+        "pure_outlet_sent_total",
+        "counter",
+        "Records the outlet's far side acknowledged as stored since the node started.",
+    );
+    for (a, o) in outlets() {
+        let _ = writeln!(
+            out,
+            "pure_outlet_sent_total{{app=\"{}\",outlet=\"{}\"}} {}",
+            a.name, o.name, o.sent_records
+        );
+    }
+    family(
+        out,
+        "pure_outlet_held_bytes",
+        "gauge",
+        "Bytes of records the outlet holds in memory (bounded by its memory_bytes).",
+    );
+    for (a, o) in outlets() {
+        let _ = writeln!(
+            out,
+            "pure_outlet_held_bytes{{app=\"{}\",outlet=\"{}\"}} {}",
+            a.name, o.name, o.held_bytes
+        );
+    }
+    family(
+        out,
+        "pure_outlet_errors_total",
+        "counter",
+        "Outlet errors by kind: dns, connect, tls, http, timeout, socket, refused, far_state.",
+    );
+    for (a, o) in outlets() {
+        for (kind, n) in &o.errors {
+            let _ = writeln!(
+                out,
+                "pure_outlet_errors_total{{app=\"{}\",outlet=\"{}\",kind=\"{kind}\"}} {n}",
+                a.name, o.name
+            );
+        }
+    }
+    if let Some(alive) = s.sending_loop_alive {
+        family(
+            out,
+            "pure_sending_loop_up",
+            "gauge",
+            "1 while the sending loop beats.",
+        );
+        let _ = writeln!(out, "pure_sending_loop_up {}", u8::from(alive));
+    }
+}
+
+/// The health rule in full: the receive loop has turned recently, every app can store, and the sending loop (if
+/// there is one) beats. The error names what is wrong, for `/healthz`'s body.
+pub fn health(s: &Snapshot, loop_age: Option<Duration>) -> Result<(), String> {
+    let mut wrong = Vec::new();
+    match loop_age {
+        None => wrong.push("receive loop not started".to_string()),
+        Some(a) if a >= HEALTH_STALE => wrong.push(format!(
+            "receive loop stuck: last turned {:.1} s ago",
+            a.as_secs_f64()
+        )),
+        Some(_) => {}
+    }
+    for a in &s.app_figures {
+        if let Some(why) = &a.failed {
+            wrong.push(format!("app {} cannot store: {why}", a.name));
+        }
+    }
+    if s.sending_loop_alive == Some(false) {
+        wrong.push("sending loop stuck: its outlets do not run".to_string());
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("\n"))
+    }
 }
 
 #[cfg(test)]

@@ -782,6 +782,16 @@ impl ReadyNode {
             c.stored_records,
             self.node.sessions_active()
         );
+        for a in self.host.figures() {
+            if let Some(why) = &a.failed {
+                line.push_str(&format!("; app {} CANNOT STORE: {why}", a.name));
+            }
+            for o in &a.outlets {
+                if o.status == "failing" {
+                    line.push_str(&format!("; outlet {}/{} failing", a.name, o.name));
+                }
+            }
+        }
         if let Some(note) = &self.status_note {
             line.push_str("; ");
             line.push_str(note);

@@ -6,6 +6,7 @@
 //! updated in the same transaction as the chunk it covers, so a failed commit rolls both back and a record is
 //! stored exactly once.
 
+pub mod json;
 pub mod memo;
 
 use std::collections::HashMap;
@@ -152,6 +153,33 @@ pub struct Chunk {
 impl Chunk {
     pub fn records(&self) -> RecordIter<'_> {
         RecordIter::new(&self.body)
+    }
+
+    /// The chunk's records as views, from position `from` on (a record that does not parse ends the walk).
+    pub fn views(&self, from: u64) -> impl Iterator<Item = RecordView<'_>> {
+        let forwarded = self.format == RecordFormat::Forwarded;
+        (0u64..)
+            .zip(self.records())
+            .skip(from.saturating_sub(self.pos) as usize)
+            .map_while(move |(k, record)| {
+                let (origin, payload) = if forwarded {
+                    let f = Forwarded::parse(record).ok()?;
+                    (
+                        Some((std::str::from_utf8(f.origin).ok()?, f.origin_seq)),
+                        f.payload,
+                    )
+                } else {
+                    (None, record)
+                };
+                Some(RecordView {
+                    source: &self.source,
+                    seq: self.first_seq + k,
+                    pos: self.pos + k,
+                    stored_at_ms: self.stored_at_ms,
+                    origin,
+                    payload,
+                })
+            })
     }
 }
 
