@@ -414,7 +414,7 @@ impl Node {
             let needs_store = match flow.heard {
                 None => true,
                 // Known heard: a frame entirely at or below it is a duplicate and needs no turn.
-                Some(h) => d.count > 0 && d.first_seq + d.count - 1 > h,
+                Some(h) => d.count > 0 && d.first_seq + (d.count - 1) > h,
             };
             if !needs_store {
                 if d.count > 0 {
