@@ -773,3 +773,89 @@ fn a_replayer_on_the_path_and_a_reordering_return_path_lose_nothing() {
     }
 }
 
+/// A node that really went back (it lost its store) still gets the sender's records: the sender renumbers on
+/// the ACK that proves it (its ECHO shows the node had the packet with the first unacknowledged record), and
+/// from then on ignores node packets older than that one. Without that floor, an old ACK 40 from before the loss,
+/// arriving after the renumber, was "above the last numbered" and released the renumbered records unstored.
+#[test]
+fn after_a_node_lost_its_store_old_acks_from_before_the_loss_are_ignored() {
+    for delay in [Duration::from_micros(1), Duration::from_micros(300)] {
+        let mut sim = Sim::new(43, CLEAN, 1, FlowStart::At(1));
+        sim.queue(0, 40);
+        sim.run_until_idle(Duration::from_secs(5));
+        let ack40 = sim.devices[0].captured.last().unwrap().clone();
+        // The node restarts with an empty store (restored from nothing): its heard sequence is 0.
+        sim.stores = Stores::open_in_memory(&apps()).unwrap();
+        sim.node = Sim::make_node(&sim.node_identity, &sim.senders, 4300, sim.idle);
+        let lost_at = sim.devices[0].queued.len();
+        sim.queue(0, 5);
+        let events = sim.devices[0].events.len();
+        while !sim.devices[0].events[events..].iter().any(|e| {
+            matches!(
+                e,
+                SenderEvent::NodeBehind {
+                    node: 0,
+                    ours: 40,
+                    ..
+                }
+            )
+        }) {
+            sim.step();
+        }
+        // Renumbered 1–5 are on their way; the old ACK 40 arrives before their ACK.
+        sim.deliver_to_sender_later(0, ack40.clone(), delay);
+        sim.deliver_to_sender_later(0, ack40, delay * 3);
+        sim.run_until_idle(Duration::from_secs(5));
+        // The new store holds the five records the device still had, as 1–5, once each.
+        let mut got = Vec::new();
+        sim.stores
+            .app(0)
+            .unwrap()
+            .for_each_record(None, |_, seq, payload| {
+                got.push((seq, payload.to_vec()));
+                true
+            })
+            .unwrap();
+        let want: Vec<(u64, Vec<u8>)> = sim.devices[0].queued[lost_at..]
+            .iter()
+            .enumerate()
+            .map(|(k, p)| (k as u64 + 1, p.clone()))
+            .collect();
+        assert_eq!(got, want, "delay {delay:?}");
+        assert_eq!(sim.devices[0].sender.stored_through("main"), Some(5));
+        assert!(
+            !sim.devices[0]
+                .events
+                .iter()
+                .any(|e| matches!(e, SenderEvent::NodeAhead { .. })),
+            "{:?}",
+            sim.devices[0].events
+        );
+    }
+}
+
+/// A replayed node packet names a packet number the sender has already had an answer for: it must give no
+/// round-trip sample (each packet number gives at most one, and only an ECHO larger than any before), or the
+/// RTO climbs towards its 2 s ceiling.
+#[test]
+fn replayed_node_packets_give_no_round_trip_samples() {
+    let mut sim = Sim::new(47, CLEAN, 1, FlowStart::At(1));
+    sim.queue(0, 10);
+    sim.run_until_idle(Duration::from_secs(5));
+    let srtt = sim.devices[0].sender.srtt().unwrap();
+    assert!(srtt < Duration::from_millis(5), "{srtt:?}");
+    let old = sim.devices[0].captured.clone();
+    for _ in 0..20 {
+        sim.run_for(Duration::from_millis(100));
+        for p in &old {
+            sim.deliver_to_sender_later(0, p.clone(), Duration::ZERO);
+        }
+    }
+    sim.run_for(Duration::from_millis(10));
+    assert_eq!(sim.devices[0].sender.srtt(), Some(srtt));
+    // And the link still works at its measured pace.
+    sim.queue(0, 10);
+    sim.run_until_idle(Duration::from_secs(1));
+    assert!(sim.devices[0].sender.srtt().unwrap() < Duration::from_millis(5));
+    sim.assert_exactly_once();
+}
