@@ -171,7 +171,20 @@ pub struct Node {
     new_secrets: Vec<(PublicKeyBytes, [u8; 32])>,
     next_sweep: Option<Instant>,
     scratch: Vec<u8>,
+    /// The live sessions of the packet being handled (reused, so no allocation per packet).
+    found: Vec<SessionId>,
     counters: NodeCounters,
+}
+
+/// What the live sessions of a packet's (key id, run id) made of it.
+enum Found {
+    /// This session's key opened it.
+    Opened(SessionId),
+    /// No session opened it and no other sender could have sent it.
+    Rejected(DropReason),
+    /// No session opened it, but other listed senders share the key id (or there is no session): try them.
+    /// `replayed`: a live session had already seen this packet number.
+    TryCandidates { replayed: bool },
 }
 
 impl Node {
@@ -193,6 +206,7 @@ impl Node {
             new_secrets: Vec::new(),
             next_sweep: None,
             scratch: Vec::with_capacity(wire::MAX_DATAGRAM),
+            found: Vec::new(),
             counters: NodeCounters::default(),
         }
     }
@@ -252,30 +266,19 @@ impl Node {
         if header.packet_number >= 1 << 62 {
             return self.drop_packet(DropReason::Malformed);
         }
-        let session_id = match self.sessions.find(header.key_id, header.run_id) {
-            Some(id) => {
-                let session = self.sessions.get(id).expect("index and map agree");
-                if !session.replay.check(header.packet_number) {
-                    return self.drop_packet(DropReason::Replay);
+        let session_id = match self.find_session(&header, datagram) {
+            Found::Opened(id) => id,
+            Found::Rejected(reason) => return self.drop_packet(reason),
+            Found::TryCandidates { replayed } => {
+                match self.open_new_run(now, from, &header, datagram, memo) {
+                    Ok(id) => id,
+                    // Forged copies of a number a live session has seen are counted with the replays.
+                    Err(DropReason::Auth) if replayed => {
+                        return self.drop_packet(DropReason::Replay);
+                    }
+                    Err(reason) => return self.drop_packet(reason),
                 }
-                let key = session.k_s2n;
-                if crypto::open_copy(
-                    &key,
-                    header.packet_number,
-                    datagram,
-                    wire::SENDER_HEADER_LEN,
-                    &mut self.scratch,
-                )
-                .is_err()
-                {
-                    return self.drop_packet(DropReason::Auth);
-                }
-                id
             }
-            None => match self.open_new_run(now, from, &header, datagram, memo) {
-                Some(id) => id,
-                None => return,
-            },
         };
         // `scratch` now holds the datagram with its plaintext at SENDER_HEADER_LEN.
         let plain_len = datagram.len() - wire::SENDER_HEADER_LEN - wire::TAG_LEN;
@@ -294,8 +297,48 @@ impl Node {
         }
     }
 
-    /// Slow path: the first packet of a run (or of a run whose session was swept). Finds the sender among the
-    /// candidates of the key id, using the memo before paying for an X25519.
+    /// Fast path: the live sessions of (key id, run id) — usually none or one (docs/protocol.md 6, steps 2–3).
+    /// Each is asked in turn: its replay window first (no crypto), then its key.
+    fn find_session(&mut self, header: &SenderHeader, datagram: &[u8]) -> Found {
+        let mut ids = std::mem::take(&mut self.found);
+        self.sessions.find(header.key_id, header.run_id, &mut ids);
+        let mut replayed = false;
+        let mut shared = false;
+        let mut opened = None;
+        for &id in &ids {
+            let session = self.sessions.get(id).expect("index and map agree");
+            shared |= session.shared_key_id;
+            if !session.replay.check(header.packet_number) {
+                replayed = true;
+                continue;
+            }
+            let key = session.k_s2n;
+            let authentic = crypto::open_copy(
+                &key,
+                header.packet_number,
+                datagram,
+                wire::SENDER_HEADER_LEN,
+                &mut self.scratch,
+            )
+            .is_ok();
+            if authentic {
+                opened = Some(id);
+                break;
+            }
+        }
+        let found = match opened {
+            Some(id) => Found::Opened(id),
+            None if ids.is_empty() || shared => Found::TryCandidates { replayed },
+            None if replayed => Found::Rejected(DropReason::Replay),
+            None => Found::Rejected(DropReason::Auth),
+        };
+        self.found = ids;
+        found
+    }
+
+    /// Slow path: the first packet of a run (or of a run whose session was swept), or a packet under a colliding
+    /// key id that no live session of its (key id, run id) opened. Finds the sender among the candidates of the
+    /// key id that have no live session under this run id, using the memo before paying for an X25519.
     fn open_new_run(
         &mut self,
         now: Instant,
@@ -303,14 +346,23 @@ impl Node {
         header: &SenderHeader,
         datagram: &[u8],
         memo: &mut dyn SecretMemo,
-    ) -> Option<SessionId> {
+    ) -> Result<SessionId, DropReason> {
         let candidates = self.senders.candidates(header.key_id);
         if candidates.is_empty() {
-            self.drop_packet(DropReason::UnknownKey);
-            return None;
+            return Err(DropReason::UnknownKey);
         }
+        let shared_key_id = candidates.len() > 1;
+        // `found` still holds the live sessions of this (key id, run id): their senders were tried already.
+        let mut has_session = std::mem::take(&mut self.found);
         let node_public = *self.identity.public();
+        let mut made = None;
         for sender in candidates {
+            if has_session
+                .iter()
+                .any(|&id| self.sessions.get(id).is_some_and(|s| s.sender == sender))
+            {
+                continue;
+            }
             let sender_public = *self.senders.key(sender);
             let shared = match memo.get(&sender_public) {
                 Some(secret) => {
@@ -348,19 +400,22 @@ impl Node {
                 if self.next_sweep.is_none() {
                     self.next_sweep = Some(now + self.sweep_interval());
                 }
-                return Some(self.sessions.insert(
+                made = Some(self.sessions.insert(
                     sender,
                     header.key_id,
                     header.run_id,
+                    shared_key_id,
                     k_s2n,
                     k_n2s,
                     from,
                     now,
                 ));
+                break;
             }
         }
-        self.drop_packet(DropReason::Auth);
-        None
+        has_session.clear();
+        self.found = has_session;
+        made.ok_or(DropReason::Auth)
     }
 
     fn sweep_interval(&self) -> Duration {
@@ -593,6 +648,8 @@ impl Node {
         };
         let sessions_before = self.sessions.len();
         let removed = self.sessions.remap_senders(remap);
+        self.sessions
+            .set_shared_key_ids(|key_id| new.candidates(key_id).len() > 1);
         // The turn being filled holds sender indices too; frames of removed senders are dropped from it, as
         // their sessions are.
         let mut kept_items = Vec::with_capacity(self.turn.items.len());
