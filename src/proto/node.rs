@@ -438,8 +438,13 @@ impl Node {
         datagram_len: usize,
         plain: &[u8],
     ) -> Result<(), wire::WireError> {
-        // Parse everything before changing anything: a malformed packet applies nothing (protocol.md 5).
-        let frames = wire::parse_sender_frames(plain)?;
+        // Parse everything before applying anything: a malformed packet applies none of its frames
+        // (protocol.md 5). It did authenticate, so like any authentic packet it uses up its packet number (a copy
+        // of it is a replay), keeps the session awake and may move its peer address (protocol.md 6, step 5).
+        let (frames, malformed) = match wire::parse_sender_frames(plain) {
+            Ok(frames) => (frames, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
         let mut resolved: Vec<(Option<AppIndex>, &wire::DataFrame)> =
             Vec::with_capacity(frames.len());
         for SenderFrame::Data(d) in &frames {
@@ -454,6 +459,9 @@ impl Node {
         }
         session.last_heard = now;
         session.ack_budget = session.ack_budget.saturating_add(datagram_len);
+        if let Some(e) = malformed {
+            return Err(e);
+        }
         let sender = session.sender;
         let mut added = false;
         for (app, d) in resolved {
@@ -853,5 +861,60 @@ mod tests {
         node.handle_turn_failed(turn.id);
         assert!(node.replace_senders(Arc::new(AllowList::default())).is_ok());
         assert_eq!(node.sessions_active(), 0);
+    }
+
+    /// A sender packet made by hand (frames as given, padded to 96 bytes), for frames a [`Sender`] never writes.
+    fn raw_packet(
+        sender: &Identity,
+        node: &PublicKeyBytes,
+        run_id: u64,
+        pn: u64,
+        frames: &[u8],
+    ) -> Vec<u8> {
+        let shared = sender.shared_secret(node).unwrap();
+        let key = crypto::sender_to_node_key(&shared, run_id, sender.public(), node);
+        let mut p = Vec::new();
+        SenderHeader {
+            key_id: crypto::key_id(sender.public()),
+            run_id,
+            packet_number: pn,
+        }
+        .emit(&mut p);
+        p.extend_from_slice(frames);
+        while p.len() + wire::TAG_LEN < wire::MIN_SENDER_DATAGRAM {
+            p.push(wire::FRAME_PADDING);
+        }
+        crypto::seal(&key, pn, &mut p, wire::SENDER_HEADER_LEN);
+        p
+    }
+
+    #[test]
+    fn an_authentic_malformed_packet_uses_up_its_number_and_applies_nothing() {
+        let node_id = Identity::generate();
+        let a = Identity::generate();
+        let mut node = test_node(
+            &node_id,
+            Arc::new(AllowList::from_unique(vec![("a".into(), *a.public())])),
+        );
+        let mut frames = Vec::new();
+        wire::put_data_header(&mut frames, b"main", 1, 1);
+        wire::put_record(&mut frames, b"must not be stored");
+        frames.push(0x7f); // an unknown frame type
+        let bad = raw_packet(&a, node_id.public(), 9, 5, &frames);
+        let now = Instant::now();
+        node.handle_datagram(now, addr(1), &bad, &mut NoMemo);
+        assert_eq!(node.counters().dropped(DropReason::Malformed), 1);
+        assert_eq!(
+            node.sessions_active(),
+            1,
+            "it authenticated: the session stays"
+        );
+        assert!(node.take_turn().is_none(), "nothing of it is applied");
+        node.flush_acks();
+        assert!(node.poll_transmit().is_none(), "and nothing is answered");
+        // Its copy is a replay now, rejected before any crypto.
+        node.handle_datagram(now, addr(1), &bad, &mut NoMemo);
+        assert_eq!(node.counters().dropped(DropReason::Malformed), 1);
+        assert_eq!(node.counters().dropped(DropReason::Replay), 1);
     }
 }
