@@ -245,6 +245,12 @@ impl Sim {
         });
     }
 
+    /// Delivers `bytes` to the node after `delay` as if device `device` sent them, with no loss: a replay.
+    fn deliver_to_node_later(&mut self, device: usize, bytes: Vec<u8>, delay: Duration) {
+        let at = self.now + delay;
+        self.put_on_wire(at, device, &Dest::Node, bytes);
+    }
+
     /// Delivers `bytes` to device `device` after `delay`, with no loss: a late copy of an old node packet, or
     /// one replayed by anyone on the path.
     fn deliver_to_sender_later(&mut self, device: usize, bytes: Vec<u8>, delay: Duration) {
@@ -992,4 +998,41 @@ fn colliding_senders_under_one_run_id_are_both_served_while_both_are_live() {
     }
     sim.assert_exactly_once();
     assert_eq!(sim.node.sessions_active(), 2);
+}
+
+// ---- Issue 6: a replayed packet is answered once, not again after every sweep.
+
+/// The same captured sender packet sent every 50 ms with `--link-idle-ms 200`: the first copy after the sweep
+/// makes a session and is answered; the copies after it are replays, and since they authenticate they keep that
+/// session from being swept, so they are never answered again (before: about four answers a second).
+#[test]
+fn a_replayed_packet_is_answered_once_while_it_keeps_coming() {
+    let idle = Duration::from_millis(200);
+    let mut sim = Sim::with_identities(
+        61,
+        CLEAN,
+        vec![Identity::generate()],
+        FlowStart::At(1),
+        idle,
+    );
+    sim.queue(0, 5);
+    sim.run_until_idle(Duration::from_secs(5));
+    let captured = sim.devices[0].sent.last().unwrap().clone();
+    sim.run_for(idle * 3);
+    assert_eq!(sim.node.sessions_active(), 0);
+    let answers = sim.devices[0].captured.len();
+    for _ in 0..40 {
+        sim.deliver_to_node_later(0, captured.clone(), Duration::ZERO);
+        sim.run_for(Duration::from_millis(50));
+    }
+    assert_eq!(
+        sim.devices[0].captured.len() - answers,
+        1,
+        "answers to 40 copies in 2 s"
+    );
+    assert_eq!(sim.node.counters().dropped(DropReason::Replay), 39);
+    // When the copies stop, the session is swept as usual.
+    sim.run_for(idle * 3);
+    assert_eq!(sim.node.sessions_active(), 0);
+    sim.assert_exactly_once();
 }

@@ -266,7 +266,7 @@ impl Node {
         if header.packet_number >= 1 << 62 {
             return self.drop_packet(DropReason::Malformed);
         }
-        let session_id = match self.find_session(&header, datagram) {
+        let session_id = match self.find_session(now, &header, datagram) {
             Found::Opened(id) => id,
             Found::Rejected(reason) => return self.drop_packet(reason),
             Found::TryCandidates { replayed } => {
@@ -298,17 +298,21 @@ impl Node {
     }
 
     /// Fast path: the live sessions of (key id, run id) — usually none or one (docs/protocol.md 6, steps 2–3).
-    /// Each is asked in turn: its replay window first (no crypto), then its key.
-    fn find_session(&mut self, header: &SenderHeader, datagram: &[u8]) -> Found {
+    /// Each is asked in turn: its replay window first (no crypto), then its key. A copy its window rejects is
+    /// opened only if the session has been quiet for half of `idle`: an authentic copy then keeps the session
+    /// from being swept, so a replayed packet is not answered again after every sweep (protocol.md 9).
+    fn find_session(&mut self, now: Instant, header: &SenderHeader, datagram: &[u8]) -> Found {
         let mut ids = std::mem::take(&mut self.found);
         self.sessions.find(header.key_id, header.run_id, &mut ids);
         let mut replayed = false;
         let mut shared = false;
         let mut opened = None;
+        let mut known_replay = false;
         for &id in &ids {
             let session = self.sessions.get(id).expect("index and map agree");
             shared |= session.shared_key_id;
-            if !session.replay.check(header.packet_number) {
+            let fresh = session.replay.check(header.packet_number);
+            if !fresh && now.saturating_duration_since(session.last_heard) < self.idle / 2 {
                 replayed = true;
                 continue;
             }
@@ -321,6 +325,20 @@ impl Node {
                 &mut self.scratch,
             )
             .is_ok();
+            if !fresh {
+                replayed = true;
+                if authentic {
+                    // A copy of a packet this session had: it authenticated, so the run is being heard, and
+                    // no other sender's key needs trying.
+                    self.sessions
+                        .get_mut(id)
+                        .expect("index and map agree")
+                        .last_heard = now;
+                    known_replay = true;
+                    break;
+                }
+                continue;
+            }
             if authentic {
                 opened = Some(id);
                 break;
@@ -328,6 +346,7 @@ impl Node {
         }
         let found = match opened {
             Some(id) => Found::Opened(id),
+            None if known_replay => Found::Rejected(DropReason::Replay),
             None if ids.is_empty() || shared => Found::TryCandidates { replayed },
             None if replayed => Found::Rejected(DropReason::Replay),
             None => Found::Rejected(DropReason::Auth),
