@@ -907,6 +907,33 @@ mod tests {
         p
     }
 
+    /// Opens a node packet for (sender, run) and returns its frames' ACKs as (app, stored_through).
+    fn acks_in(
+        sender: &Identity,
+        node: &PublicKeyBytes,
+        run_id: u64,
+        epoch: u64,
+        bytes: &[u8],
+    ) -> Vec<(Vec<u8>, u64)> {
+        let shared = sender.shared_secret(node).unwrap();
+        let key = crypto::node_to_sender_key(&shared, run_id, epoch, sender.public(), node);
+        let header = wire::NodeHeader::parse(bytes).unwrap();
+        let mut buf = bytes.to_vec();
+        let len =
+            crypto::open(&key, header.packet_number, &mut buf, wire::NODE_HEADER_LEN).unwrap();
+        wire::parse_node_frames(&buf[wire::NODE_HEADER_LEN..wire::NODE_HEADER_LEN + len])
+            .unwrap()
+            .into_iter()
+            .filter_map(|f| match f {
+                wire::NodeFrame::Ack {
+                    app,
+                    stored_through,
+                } => Some((app.to_vec(), stored_through)),
+                _ => None,
+            })
+            .collect()
+    }
+
     #[test]
     fn an_authentic_malformed_packet_uses_up_its_number_and_applies_nothing() {
         let node_id = Identity::generate();
@@ -935,5 +962,68 @@ mod tests {
         node.handle_datagram(now, addr(1), &bad, &mut NoMemo);
         assert_eq!(node.counters().dropped(DropReason::Malformed), 1);
         assert_eq!(node.counters().dropped(DropReason::Replay), 1);
+    }
+
+    #[test]
+    fn acks_that_do_not_fit_the_answer_wait_for_the_next_packet() {
+        // Eleven hosted apps and a flow of each at a large heard sequence: a 96-byte packet of eleven probes
+        // earns an answer of at most 96 bytes, which holds only some of the eleven ACKs (protocol.md 5.3).
+        let apps: Vec<String> = (b'a'..=b'k').map(|c| (c as char).to_string()).collect();
+        let node_id = Identity::generate();
+        let a = Identity::generate();
+        let mut node = Node::new(
+            NodeConfig {
+                identity: node_id.clone(),
+                epoch: 3,
+                idle: Duration::from_secs(30),
+                apps: apps.clone(),
+            },
+            Arc::new(AllowList::from_unique(vec![("a".into(), *a.public())])),
+        );
+        let heard = 1u64 << 62;
+        let mut probes = Vec::new();
+        for app in &apps {
+            wire::put_data_header(&mut probes, app.as_bytes(), 0, 0);
+        }
+        let mut got: HashMap<Vec<u8>, u64> = HashMap::new();
+        let now = Instant::now();
+        for pn in 0..4 {
+            let p = raw_packet(
+                &a,
+                node_id.public(),
+                1,
+                pn,
+                &probes[..if pn == 0 { probes.len() } else { 4 }],
+            );
+            assert_eq!(p.len(), wire::MIN_SENDER_DATAGRAM);
+            node.handle_datagram(now, addr(1), &p, &mut NoMemo);
+            if let Some(turn) = node.take_turn() {
+                let committed = Committed {
+                    turn: turn.id,
+                    heard: turn
+                        .items
+                        .iter()
+                        .map(|i| crate::proto::turn::FlowHeard {
+                            sender: i.sender,
+                            app: i.app,
+                            heard,
+                        })
+                        .collect(),
+                    ..Committed::default()
+                };
+                node.handle_committed(&committed);
+            }
+            node.flush_acks();
+            let t = node.poll_transmit().expect("an answer");
+            assert!(t.bytes.len() <= p.len(), "{} > {}", t.bytes.len(), p.len());
+            let acks = acks_in(&a, node_id.public(), 1, 3, &t.bytes);
+            if pn == 0 {
+                assert!(acks.len() < apps.len(), "all {} ACKs fitted", acks.len());
+            }
+            got.extend(acks);
+        }
+        assert!(node.counters().ack_frames_deferred > 0);
+        assert_eq!(got.len(), apps.len(), "every flow got its ACK: {got:?}");
+        assert!(got.values().all(|&h| h == heard));
     }
 }
