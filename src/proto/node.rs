@@ -92,7 +92,10 @@ impl DropReason {
 pub struct NodeCounters {
     pub datagrams: u64,
     pub drops: [u64; DropReason::ALL.len()],
+    /// X25519 operations: one per candidate key not in the memo tried for a packet no session opened (forged
+    /// packets with a listed key id included). New runs are `sessions_made`.
     pub x25519: u64,
+    /// Shared secrets taken from the memo instead of an X25519, counted the same way as `x25519`.
     pub memo_hits: u64,
     pub sessions_made: u64,
     pub sessions_swept: u64,
