@@ -397,7 +397,7 @@ class Delivery(unittest.TestCase):
             self.assertEqual(raw[0], 0x12)
             self.assertLessEqual(len(raw), len(d))
             self.assertEqual(opened[2][0], ("echo", p.run.next_pn - 1))
-            # §6.4: a replayed packet is dropped
+            # §6, step 2: a replayed packet is dropped
             self.assertIsNone(p.ask(d, wait=QUIET))
             # §4 sizes: 95 bytes dropped, 96 and 1472 answered, 1473 dropped
             self.assertIsNone(p.ask(p.packet(S.probe_frame(b"main"), min_size=95), wait=QUIET))
