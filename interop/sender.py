@@ -46,7 +46,7 @@ REFUSE_REASONS = {1: "no such app on this node", 2: "this app does not accept th
 APP_CHARS = set(b"abcdefghijklmnopqrstuvwxyz0123456789_-")
 
 DEFAULT_WINDOW = 16384  # §7
-RTO_INITIAL, RTO_MIN, RTO_MAX, RTO_G = 0.250, 0.010, 2.0, 0.002  # §7
+RTO_INITIAL, RTO_MIN, RTO_MAX, RTO_G = 0.250, 0.050, 2.0, 0.002  # §7.4
 
 
 class Malformed(Exception):
@@ -260,22 +260,32 @@ class Delivery:
     """Delivers a list of payloads for one app over one run: probe or known start, go-back-N, RTO, give-up.
 
     Driven from outside: packets(now) gives datagrams to send, receive(dgram, now) takes node datagrams,
-    tick(now) runs the timers. State: done / failed (with .error)."""
+    tick(now) runs the timers. State: done / failed (with .error).
+
+    §7.2: a record gets its sequence when it is queued. With a known start that is at once; with a probe, the
+    payloads wait unnumbered until the probe's answer and are then all numbered, in order. From then on a
+    record keeps its number unless the node provably went back (§7.3)."""
 
     def __init__(self, run, app, payloads, start=None, window=DEFAULT_WINDOW, datagram=DEFAULT_DATAGRAM,
                  timeout=60.0, log=None, now=None):
         now = time.monotonic() if now is None else now
         self.run = run
         self.app = check_app(app)
-        self.queue = collections.deque(payloads)  # not yet numbered
-        self.total = len(self.queue)
-        self.unacked = collections.deque()  # (seq, payload), numbered and sent at least once
-        self.resend_from = 0  # index in unacked of the next record to (re)send (go-back-N)
+        self.pending = collections.deque(payloads)  # accepted, not numbered yet (only before a probe's answer)
+        self.total = len(self.pending)
+        self.records = collections.deque()  # [seq, payload]: numbered, not acknowledged; seq = acked + 1 + index
+        self.cursor = 0  # index in records of the next record to (re)send (go-back-N)
+        self.sent = 0  # records at the front of `records` sent at least once
         self.window = window
         self.datagram = datagram
         self.timeout = timeout
         self.log = log or (lambda msg: None)
         self.start = start
+        self.first_seq = None  # sequence of the first record we numbered
+        self.last_seq = None
+        self.base_pn = None  # packet number of the first packet that carried record acked + 1 (§7.3)
+        self.floor_echo = None  # ECHO of the node packet that made us renumber (§7.3)
+        self.largest_echo = None  # §7.4: only a larger ECHO gives a round-trip sample
         if start is None:
             self.next_seq = None  # unknown until the probe is answered
             self.acked = None
@@ -284,11 +294,10 @@ class Delivery:
             if start < 1:
                 raise ValueError("sequences start at 1 (§5.1)")
             self.next_seq = start
-            self.acked = start - 1
+            self.acked = start - 1  # §7.2: a flow started at n has acknowledged sequence n - 1
             self.probe_pending = False
+            self._number()
         self.probe_in_flight = False
-        self.first_seq = None  # sequence of the first record we numbered
-        self.last_seq = None
         self.sent_at = {}  # packet number -> send time, for ECHO samples
         self.srtt = None
         self.rttvar = None
@@ -300,27 +309,46 @@ class Delivery:
         self.packets_sent = 0
         self.retransmits = 0  # go-back-N rounds
         self.acks_received = 0
+        self.renumbered = 0  # times the node proved it went back (§7.3)
         self.error = None
         self.failed = False
         self.refused = None
         self.counter_behind = False  # the node held sequences we had numbered: those records were duplicates
-        for p in self.queue:
+        for p in list(self.pending) + [r[1] for r in self.records]:
             if 21 + TAG + 1 + 1 + len(self.app) + 10 + 3 + len(varint(len(p))) + len(p) > MAX_DATAGRAM:
                 raise ValueError("a record of %d bytes does not fit in one datagram (§5)" % len(p))
+
+    def _number(self):
+        """Numbers every pending payload, in order, from next_seq (§7.2)."""
+        while self.pending:
+            seq = self.next_seq
+            self.records.append([seq, self.pending.popleft()])
+            if self.first_seq is None:
+                self.first_seq = seq
+            self.last_seq = seq
+            self.next_seq += 1
 
     # -- state
 
     @property
     def done(self):
         return (not self.failed and self.next_seq is not None and not self.probe_pending
-                and not self.probe_in_flight and not self.queue and not self.unacked)
+                and not self.probe_in_flight and not self.pending and not self.records)
 
     @property
     def active(self):
         return not self.done and not self.failed
 
     def in_flight(self):
-        return self.probe_in_flight or bool(self.unacked)
+        return self.probe_in_flight or self.sent > 0
+
+    def has_sendable(self):
+        """Whether packets(now) would send something now."""
+        if self.failed or self.done:
+            return False
+        if self.probe_pending:
+            return True
+        return self.next_seq is not None and self.cursor < min(len(self.records), self.window)
 
     def fail(self, msg):
         if not self.failed:
@@ -336,43 +364,31 @@ class Delivery:
         self.packets_sent += 1
         if self.deadline is None:
             self.deadline = now + self.rto
-        return dgram
+        return pn, dgram
 
     def _fill(self, budget):
-        """A DATA frame of as many records as fit in budget plaintext bytes, from resend_from then new records."""
+        """A DATA frame of as many records as fit in budget plaintext bytes, from the cursor; (frame, count)."""
         recs = []
         first = None
         size = 1 + 1 + len(self.app)  # type, app_len, app
-        while True:
-            if self.resend_from + len(recs) < len(self.unacked):
-                seq, payload = self.unacked[self.resend_from + len(recs)]
-                fresh = False
-            elif self.queue and len(self.unacked) < self.window:
-                seq, payload = self.next_seq, self.queue[0]
-                fresh = True
-            else:
-                break
+        limit = min(len(self.records), self.window)
+        while self.cursor + len(recs) < limit:
+            seq, payload = self.records[self.cursor + len(recs)]
             if first is None:
                 first = seq
             add = len(varint(len(payload))) + len(payload)
             head = len(varint(first)) + len(varint(len(recs) + 1))
             if size + head + add > budget and recs:
                 break
-            if size + head + add > budget:  # a single record larger than the usual budget
-                if size + head + add > MAX_DATAGRAM - S2N_HEADER - TAG:
-                    raise ValueError("record too large")
-            if fresh:
-                self.queue.popleft()
-                self.unacked.append((seq, payload))
-                if self.first_seq is None:
-                    self.first_seq = seq
-                self.last_seq = seq
-                self.next_seq += 1
+            # §5: a single record larger than the usual budget goes alone in a datagram of up to 1472 bytes.
+            if size + head + add > MAX_DATAGRAM - S2N_HEADER - TAG:
+                raise ValueError("record too large")
             recs.append(payload)
             size += add
         if not recs:
             return None, 0
-        self.resend_from += len(recs)
+        self.cursor += len(recs)
+        self.sent = max(self.sent, self.cursor)
         return data_frame(self.app, first, recs), len(recs)
 
     def packets(self, now, limit=64):
@@ -383,16 +399,20 @@ class Delivery:
         if self.probe_pending:
             self.probe_pending = False
             self.probe_in_flight = True
-            out.append(self._seal(probe_frame(self.app), now))
+            out.append(self._seal(probe_frame(self.app), now)[1])
             return out
         if self.next_seq is None:
             return out
         budget = self.datagram - S2N_HEADER - TAG
         while len(out) < limit:
+            carries_first = self.cursor == 0
             frame, n = self._fill(budget)
             if frame is None:
                 break
-            out.append(self._seal(frame, now))
+            pn, dgram = self._seal(frame, now)
+            if carries_first and self.base_pn is None:
+                self.base_pn = pn
+            out.append(dgram)
         return out
 
     # -- timers
@@ -410,13 +430,13 @@ class Delivery:
             return
         if self.timeout and now - self.last_progress > self.timeout:
             self.fail("gave up: nothing acknowledged for %.1f s; %d of %d records not acknowledged"
-                      % (self.timeout, len(self.queue) + len(self.unacked), self.total))
+                      % (self.timeout, len(self.pending) + len(self.records), self.total))
             return
         if self.deadline is not None and now >= self.deadline:
             if self.in_flight():
-                # §7 Retransmission: go back to the first unacknowledged record, double the RTO.
+                # §7.5 Retransmission: go back to the first unacknowledged record, double the RTO.
                 self.retransmits += 1
-                self.resend_from = 0
+                self.cursor = 0
                 if self.probe_in_flight:
                     self.probe_in_flight = False
                     self.probe_pending = True
@@ -435,6 +455,17 @@ class Delivery:
             self.srtt = 0.875 * self.srtt + 0.125 * r
         self.rto = min(max(self.srtt + max(4 * self.rttvar, RTO_G), RTO_MIN), RTO_MAX)
 
+    def _echo(self, echo, now):
+        """§7.4: a sample only from an ECHO larger than any before, once per packet number."""
+        if self.largest_echo is not None and echo <= self.largest_echo:
+            return
+        self.largest_echo = echo
+        sent = self.sent_at.pop(echo, None)
+        if sent is not None:
+            self._rtt_sample(now - sent)
+        for old in [k for k in self.sent_at if k < echo]:
+            del self.sent_at[old]
+
     def receive(self, dgram, now):
         """Takes one datagram; returns True if it authenticated for this run."""
         opened = self.run.open(dgram)
@@ -447,14 +478,11 @@ class Delivery:
         epoch, pn, frames = opened
         if not self.active:
             return
+        echo = next((f[1] for f in frames if f[0] == "echo"), None)  # §5: ECHO comes first
+        if echo is not None:
+            self._echo(echo, now)
         for f in frames:
-            if f[0] == "echo":
-                sent = self.sent_at.pop(f[1], None)
-                if sent is not None:
-                    self._rtt_sample(now - sent)
-                for old in [k for k in self.sent_at if k < f[1]]:
-                    del self.sent_at[old]
-            elif f[0] == "refuse":
+            if f[0] == "refuse":
                 if f[1] == self.app:
                     self.refused = f[2]
                     self.fail("node refused app %s: reason %d (%s)" % (
@@ -462,48 +490,69 @@ class Delivery:
             elif f[0] == "ack":
                 if f[1] == self.app:
                     self.acks_received += 1
-                    self._ack(f[2], now)
+                    self._ack(f[2], echo, now)
 
-    def _ack(self, a, now):
+    def _progress(self, now):
+        self.last_progress = now
+        self.deadline = (now + self.rto) if self.in_flight() else None
+        if self.done:
+            self.finished = now
+
+    def _ack(self, a, echo, now):
+        if self.floor_echo is not None and (echo is None or echo < self.floor_echo):
+            return  # §7.3: built before the node went back; it speaks of records the node no longer has
         if self.next_seq is None:
-            # The probe's answer (§7 Sequences): number from stored_through + 1.
+            # The probe's answer (§7.2): number everything queued from stored_through + 1.
             self.probe_in_flight = False
             self.next_seq = a + 1
             self.acked = a
             self.start = a + 1
-            self.last_progress = now
-            self.deadline = None
+            self._number()
             self.log("probe: node holds %s through %d; numbering from %d" % (self.app.decode(), a, a + 1))
+            self.deadline = None
+            self._progress(now)
             return
-        if self.probe_in_flight:
-            self.probe_in_flight = False
-        if a <= self.acked:
-            # An ACK never lowers what the sender knows (§7). An ACK below our first record, answering a
-            # packet that carried it, means a gap only records we do not have could fill.
-            if self.first_seq is not None and a + 1 < self.first_seq:
-                self.fail("node holds %s through %d but our records start at %d: the gap %d-%d cannot be "
-                          "filled by this sender" % (self.app.decode(), a, self.first_seq, a + 1,
-                                                     self.first_seq - 1))
+        self.probe_in_flight = False
+        if a < self.acked:
+            # §7.3: believed only if the ECHO shows the node had the packet that first carried acked + 1;
+            # otherwise it is a late or replayed answer from before the ACK that raised `acked`.
+            if self.base_pn is None or echo is None or echo < self.base_pn:
+                return
+            delta = self.acked - a
+            self.log("node holds %s only through %d, below our acknowledged %d: renumbering our %d records "
+                     "from %d" % (self.app.decode(), a, self.acked, len(self.records), a + 1))
+            for i, r in enumerate(self.records):
+                r[0] = a + 1 + i
+            if self.first_seq is not None and self.first_seq > a:
+                self.first_seq -= delta
+            if self.last_seq is not None:
+                self.last_seq -= delta
+            self.acked = a
+            self.next_seq = a + 1 + len(self.records)
+            self.cursor = self.sent = 0
+            self.base_pn = None
+            self.floor_echo = echo
+            self.renumbered += 1
+            self._progress(now)
+            return
+        if a == self.acked:
             return
         released = 0
-        while self.unacked and self.unacked[0][0] <= a:
-            self.unacked.popleft()
+        while self.records and self.records[0][0] <= a:
+            self.records.popleft()
             released += 1
-        self.resend_from = max(0, self.resend_from - released)
+        self.cursor = max(0, self.cursor - released)
+        self.sent = max(0, self.sent - released)
         self.acked = a
+        self.base_pn = None
         highest = self.next_seq - 1
         if a > highest:
-            # §7 Acks: the node holds records the sender does not know; continue from a + 1.
+            # §7.3: the node holds records the sender does not know; continue from a + 1.
             self.log("node holds %s through %d, above the highest sequence we numbered (%d): continuing from %d"
                      % (self.app.decode(), a, highest, a + 1))
             self.next_seq = a + 1
-            self.resend_from = 0
             self.counter_behind = True
-        if released or a > highest:
-            self.last_progress = now
-            self.deadline = (now + self.rto) if self.in_flight() else None
-        if self.done:
-            self.finished = now
+        self._progress(now)
 
 
 # ---------------------------------------------------------------- I/O
@@ -576,9 +625,7 @@ def deliver_one(args):
         send_all(sock, d.packets(now))
         t = d.next_timer()
         wait = 0.05 if t is None else max(0.0, min(t - now, 0.05))
-        if d.unacked and d.resend_from < len(d.unacked):
-            wait = 0
-        if d.queue and len(d.unacked) < d.window:
+        if d.has_sendable():
             wait = 0
         if sel.select(wait):
             now = time.monotonic()
@@ -595,7 +642,7 @@ def deliver_one(args):
     elapsed = time.monotonic() - d.started
     if d.failed:
         print(d.error, file=sys.stderr)
-        return 3 if d.refused is not None or "gap" in d.error else 1
+        return 3 if d.refused is not None else 1
     app = d.app.decode()
     if d.counter_behind:
         # §7 says to continue from a + 1; it does not say what became of the records we had numbered <= a.
@@ -604,6 +651,11 @@ def deliver_one(args):
               "at or below %d were dropped as duplicates (our counter was behind the node)"
               % (d.first_seq, app, d.acked, d.acked), file=sys.stderr)
         return 4
+    if d.renumbered:
+        # §7.3: the node's heard sequence was below our start (e.g. it lost its store, or --start was too far):
+        # our records were renumbered to follow it, and are stored under those numbers.
+        print("warning: the node held %s below our start; our records were renumbered and stored as %d-%d"
+              % (app, d.first_seq, d.last_seq), file=sys.stderr)
     if d.total:
         print("stored %d records for app %s (seq %d-%d) in %.2f s" % (d.total, app, d.first_seq, d.last_seq, elapsed))
     else:

@@ -178,6 +178,104 @@ def expect(testcase, node, source, payloads, first=1):
         testcase.assertEqual(r["app"], "main")
 
 
+class SenderRules(unittest.TestCase):
+    """The sender's rules of §7 against node packets made here (no node process): stale and replayed ACKs,
+    renumbering, RTT samples, numbering on enqueue."""
+
+    EPOCH = bytes(7) + b"\x01"
+
+    def setUp(self):
+        self.node_priv = S.X25519PrivateKey.generate()
+        self.run = S.Run(S.X25519PrivateKey.generate(), S.raw_public(self.node_priv))
+        self.node_pn = 0
+        self.now = 100.0
+
+    def node_packet(self, echo, *acks, epoch=None):
+        """A node packet for this run (§4.2): ECHO first, then ACK frames (app, stored_through)."""
+        epoch = epoch or self.EPOCH
+        frames = bytes((S.F_ECHO,)) + S.varint(echo)
+        for app, st in acks:
+            frames += bytes((S.F_ACK, len(app))) + app + S.varint(st)
+        pn = self.node_pn
+        self.node_pn += 1
+        header = bytes((S.TYPE_N2S,)) + epoch + pn.to_bytes(8, "big")
+        return header + self.run.k_n2s(epoch).encrypt(bytes(4) + pn.to_bytes(8, "big"), frames, header)
+
+    def deliver(self, d, packet):
+        self.now += 0.001
+        self.assertTrue(d.receive(packet, self.now))
+
+    def sent_pns(self, d, n=64):
+        before = self.run.next_pn
+        d.packets(self.now, limit=n)
+        return list(range(before, self.run.next_pn))
+
+    def acked_through_40_then_41_to_45_lost(self):
+        """A flow started at 1 with 45 records: acked through 40, then 41-45's first copy lost (not delivered)."""
+        d = S.Delivery(self.run, "main", [b"r%d" % i for i in range(1, 46)], start=1)
+        first = self.sent_pns(d)
+        self.deliver(d, self.node_packet(first[-1], (b"main", 20)))
+        old20 = self.node_packet(first[-1], (b"main", 20))  # a copy of that answer, to come back late
+        self.deliver(d, self.node_packet(first[-1], (b"main", 40)))
+        self.assertEqual((d.acked, [r[0] for r in d.records]), (40, [41, 42, 43, 44, 45]))
+        self.now = d.deadline  # the RTO resends 41-45, in a packet that is lost
+        d.tick(self.now)
+        lost = self.sent_pns(d)
+        self.assertEqual(d.base_pn, lost[0])
+        return d, old20, lost
+
+    def test_a_late_or_replayed_old_ack_does_not_renumber(self):
+        d, old20, lost = self.acked_through_40_then_41_to_45_lost()
+        for _ in range(3):
+            self.deliver(d, old20)
+        self.assertEqual(d.renumbered, 0)
+        self.assertEqual((d.acked, [r[0] for r in d.records]), (40, [41, 42, 43, 44, 45]))
+        self.deliver(d, self.node_packet(lost[-1], (b"main", 45)))
+        self.assertTrue(d.done)
+        self.assertFalse(d.counter_behind)
+
+    def test_a_node_that_went_back_is_believed_and_older_acks_are_then_ignored(self):
+        d, old20, lost = self.acked_through_40_then_41_to_45_lost()
+        old40 = self.node_packet(lost[0] - 1, (b"main", 40))
+        # The node lost its store: its answer to the packet that carried 41 says 0.
+        self.deliver(d, self.node_packet(lost[-1], (b"main", 0), epoch=bytes(7) + b"\x02"))
+        self.assertEqual(d.renumbered, 1)
+        self.assertEqual((d.acked, [r[0] for r in d.records]), (0, [1, 2, 3, 4, 5]))
+        self.assertEqual([r[1] for r in d.records], [b"r41", b"r42", b"r43", b"r44", b"r45"])
+        # Answers from before it went back are ignored: they speak of records it no longer has.
+        self.deliver(d, old40)
+        self.deliver(d, old20)
+        self.assertEqual((d.acked, len(d.records), d.counter_behind), (0, 5, False))
+        again = self.sent_pns(d)
+        self.deliver(d, self.node_packet(again[-1], (b"main", 5), epoch=bytes(7) + b"\x02"))
+        self.assertTrue(d.done)
+
+    def test_replayed_node_packets_give_no_rtt_samples(self):
+        d = S.Delivery(self.run, "main", [b"x"] * 10, start=1)
+        pns = self.sent_pns(d)
+        answer = self.node_packet(pns[-1], (b"main", 5))
+        self.deliver(d, answer)
+        srtt = d.srtt
+        self.assertIsNotNone(srtt)
+        for _ in range(5):
+            self.now += 1.0
+            self.deliver(d, answer)
+        self.assertEqual(d.srtt, srtt)
+        # nor does an older ECHO, such as a node's answer to a replay of our old packet after a sweep
+        self.now += 1.0
+        self.deliver(d, self.node_packet(pns[0], (b"main", 5)))
+        self.assertEqual(d.srtt, srtt)
+
+    def test_records_are_numbered_when_queued_not_when_first_sent(self):
+        d = S.Delivery(self.run, "main", [b"p%d" % i for i in range(10)], window=2)
+        probe = self.sent_pns(d)
+        self.assertEqual(len(probe), 1)
+        self.deliver(d, self.node_packet(probe[0], (b"main", 7)))
+        self.assertEqual([r[0] for r in d.records], list(range(8, 18)))  # all ten, though two may be in flight
+        self.sent_pns(d)
+        self.assertEqual(d.cursor, 2)
+
+
 class Delivery(unittest.TestCase):
     """One node; senders in both flow-start modes; tampering and strangers; protocol details."""
 
@@ -228,11 +326,13 @@ class Delivery(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertNotIn("probe", err)
         expect(self, self.node, "known", a + b)
-        # a start beyond heard + 1 leaves a gap no one can fill: the sender says so instead of spinning
-        rc, _, err = run_sender(self.node, self.keys["known"], [b"too far"], "--start", "5000", "--timeout", "5")
-        self.assertEqual(rc, 3, err)
-        self.assertIn("gap", err)
-        expect(self, self.node, "known", a + b)
+        # a start beyond heard + 1 is a gap no one can fill: the node's answer to that packet proves (by its
+        # ECHO) that it is behind, and the sender renumbers after the node's heard sequence (§7.3)
+        rc, out, err = run_sender(self.node, self.keys["known"], [b"too far"], "--start", "5000", "--timeout", "5")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("renumbering", err)
+        self.assertIn("stored 1 records for app main (seq 2101-2101)", out)
+        expect(self, self.node, "known", a + b + [b"too far"])
 
     def test_known_start_first_packet_carries_data(self):
         run = S.Run(S.load_private_key(self.keys["raw"]), self.node.pub_raw)
@@ -297,7 +397,7 @@ class Delivery(unittest.TestCase):
             self.assertEqual(raw[0], 0x12)
             self.assertLessEqual(len(raw), len(d))
             self.assertEqual(opened[2][0], ("echo", p.run.next_pn - 1))
-            # §6.4: a replayed packet is dropped
+            # §6, step 2: a replayed packet is dropped
             self.assertIsNone(p.ask(d, wait=QUIET))
             # §4 sizes: 95 bytes dropped, 96 and 1472 answered, 1473 dropped
             self.assertIsNone(p.ask(p.packet(S.probe_frame(b"main"), min_size=95), wait=QUIET))

@@ -20,7 +20,7 @@ use base64::engine::general_purpose::STANDARD;
 use thiserror::Error;
 
 use crate::proto::allow_list::{AllowList, SourceStamp};
-use crate::proto::crypto::PublicKeyBytes;
+use crate::proto::crypto::{self, PublicKeyBytes};
 
 /// Longest sender name; names are stored as the `source` of every record.
 pub const MAX_NAME_LEN: usize = 64;
@@ -167,6 +167,15 @@ pub fn encode(path: &Path, text: &[u8], stamp: SourceStamp) -> Result<Vec<u8>, S
                     "public key of {name} is all zeros, which no key pair has; copy the key again"
                 ),
             }),
+            Ok(32) if crypto::is_low_order(key_buf[..32].try_into().expect("32 bytes")) => {
+                problems.push(LineProblem {
+                    line,
+                    what: format!(
+                        "public key of {name} is a low-order point, which no key pair has (X25519 with it is all \
+                         zeros); copy the key again"
+                    ),
+                })
+            }
             Ok(32) => {
                 let mut k = [0u8; 32];
                 k.copy_from_slice(&key_buf[..32]);
@@ -416,6 +425,36 @@ mod tests {
             err.contains("s.txt:1: public key of nil is all zeros"),
             "{err}"
         );
+        // Every other low-order point too, with or without the top bit X25519 ignores (protocol.md 2).
+        let mut one = [0u8; 32];
+        one[0] = 1;
+        let mut p_minus_1 = [0xffu8; 32];
+        p_minus_1[0] = 0xec;
+        let mut order8 = [0u8; 32];
+        order8[..8].copy_from_slice(&[0xe0, 0xeb, 0x7a, 0x7c, 0x3b, 0x41, 0xb8, 0xae]);
+        order8[8..].copy_from_slice(&[
+            0x16, 0x56, 0xe3, 0xfa, 0xf1, 0x9f, 0xc4, 0x6a, 0xda, 0x09, 0x8d, 0xeb, 0x9c, 0x32,
+            0xb1, 0xfd, 0x86, 0x62, 0x05, 0x16, 0x5f, 0x49, 0xb8, 0x80,
+        ]);
+        let text = format!(
+            "one {}\nminus {}\neight {}\nfine {}\n",
+            encode_key(&one),
+            encode_key(&p_minus_1),
+            encode_key(&order8),
+            k(1)
+        );
+        let err = parse(Path::new("s.txt"), text.as_bytes())
+            .unwrap_err()
+            .to_string();
+        for (line, name) in [(1, "one"), (2, "minus"), (3, "eight")] {
+            assert!(
+                err.contains(&format!(
+                    "s.txt:{line}: public key of {name} is a low-order point"
+                )),
+                "{err}"
+            );
+        }
+        assert!(!err.contains("s.txt:4"), "{err}");
     }
 
     #[test]

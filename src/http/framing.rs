@@ -1,5 +1,5 @@
 //! The body of `POST /link` and of its answer (docs/protocol.md, "Links over HTTP"): zero or more packets, each a
-//! 2-byte big-endian length (1 to 1472, the largest datagram of the link protocol) followed by that many bytes.
+//! 2-byte big-endian length (1 to 1600, the largest datagram a node accepts: protocol.md 4 and 5.4) followed by that many bytes.
 //!
 //! The packets are exactly the datagrams a sender would send over UDP, and the answer's are exactly the node's
 //! datagrams; the framing only puts them one after another in a stream. Parse, don't validate: [`Framed::parse`]
@@ -7,7 +7,7 @@
 
 use thiserror::Error;
 
-use crate::proto::wire::MAX_DATAGRAM;
+use crate::proto::wire::MAX_ACCEPTED_DATAGRAM as MAX_DATAGRAM;
 
 /// Bytes of a packet's length prefix.
 pub const LENGTH_PREFIX: usize = 2;
@@ -106,7 +106,7 @@ impl Framed {
                     len: p.len(),
                 });
             }
-            // Fits: checked against MAX_DATAGRAM (1472) just above.
+            // Fits: checked against MAX_DATAGRAM (1600) just above.
             bytes.extend_from_slice(&(p.len() as u16).to_be_bytes());
             bytes.extend_from_slice(p);
         }
@@ -186,7 +186,7 @@ mod tests {
         let too_long = (MAX_DATAGRAM as u16 + 1).to_be_bytes().to_vec();
         assert!(matches!(
             Framed::parse(too_long),
-            Err(FramingError::TooLong { len: 1473, .. })
+            Err(FramingError::TooLong { len: 1601, .. })
         ));
         assert_eq!(
             Framed::parse(vec![0, 5, 1, 2]),

@@ -156,6 +156,35 @@ mod tests {
     }
 
     #[test]
+    fn a_low_order_sender_key_is_a_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let senders = dir.path().join("senders");
+        let mut order8 = [0u8; 32];
+        order8.copy_from_slice(&[
+            0x5f, 0x9c, 0x95, 0xbc, 0xa3, 0x50, 0x8c, 0x24, 0xb1, 0xd0, 0xb1, 0x55, 0x9c, 0x83,
+            0xef, 0x5b, 0x04, 0x44, 0x5c, 0xc4, 0x58, 0x1c, 0x8e, 0x86, 0xd8, 0x22, 0x4e, 0xdd,
+            0xd0, 0x9f, 0x11, 0x57,
+        ]);
+        std::fs::write(
+            &senders,
+            format!("small {}\n", crate::keys::encode_key(&order8)),
+        )
+        .unwrap();
+        let r = check(&CheckInput {
+            state_dir: dir.path().to_path_buf(),
+            key_file: dir.path().join("node.key"),
+            senders_file: Some(senders),
+            apps_file: None,
+        });
+        assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
+        assert!(
+            r.problems[0].contains("senders:1: public key of small is a low-order point"),
+            "{:?}",
+            r.problems
+        );
+    }
+
+    #[test]
     fn a_fresh_machine_is_fine() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");

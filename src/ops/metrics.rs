@@ -173,13 +173,13 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
         (
             "pure_x25519_total",
             "counter",
-            "X25519 operations (new runs of senders not in the memo).",
+            "X25519 operations: one per candidate key not in the memo, tried for a packet no session opened (forged packets included).",
             c.x25519,
         ),
         (
             "pure_memo_hits_total",
             "counter",
-            "New runs whose shared secret came from the memo (no X25519).",
+            "Shared secrets taken from the memo instead of an X25519: one per candidate key tried for a packet no session opened (forged packets included).",
             c.memo_hits,
         ),
         (

@@ -33,6 +33,52 @@ pub fn key_id(public: &PublicKeyBytes) -> u32 {
     u32::from_be_bytes([public[0], public[1], public[2], public[3]])
 }
 
+/// The low-order points of Curve25519 and its twist (order dividing 8), as 32-byte little-endian u-coordinates
+/// with the top bit clear (X25519 ignores that bit, RFC 7748 5): 0, 1, the two points of order 8, p − 1, and the
+/// non-canonical p and p + 1. X25519 of any private key with one of these is all zeros, so no key pair has
+/// such a public key, and a listed one would cost an X25519 per packet that can never succeed (protocol.md 2).
+/// This is the list libsodium and others check against.
+const LOW_ORDER: [[u8; 32]; 7] = [
+    [0; 32],
+    [
+        1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0,
+    ],
+    [
+        0xe0, 0xeb, 0x7a, 0x7c, 0x3b, 0x41, 0xb8, 0xae, 0x16, 0x56, 0xe3, 0xfa, 0xf1, 0x9f, 0xc4,
+        0x6a, 0xda, 0x09, 0x8d, 0xeb, 0x9c, 0x32, 0xb1, 0xfd, 0x86, 0x62, 0x05, 0x16, 0x5f, 0x49,
+        0xb8, 0x00,
+    ],
+    [
+        0x5f, 0x9c, 0x95, 0xbc, 0xa3, 0x50, 0x8c, 0x24, 0xb1, 0xd0, 0xb1, 0x55, 0x9c, 0x83, 0xef,
+        0x5b, 0x04, 0x44, 0x5c, 0xc4, 0x58, 0x1c, 0x8e, 0x86, 0xd8, 0x22, 0x4e, 0xdd, 0xd0, 0x9f,
+        0x11, 0x57,
+    ],
+    [
+        0xec, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        0xff, 0x7f,
+    ],
+    [
+        0xed, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        0xff, 0x7f,
+    ],
+    [
+        0xee, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        0xff, 0x7f,
+    ],
+];
+
+/// Whether `public` is a low-order point (see [`LOW_ORDER`]): a few byte comparisons, no X25519, so a senders
+/// file of a million keys is checked in milliseconds.
+pub fn is_low_order(public: &PublicKeyBytes) -> bool {
+    let mut u = *public;
+    u[31] &= 0x7f;
+    LOW_ORDER.contains(&u)
+}
+
 /// A static X25519 identity.
 #[derive(Clone)]
 pub struct Identity {
@@ -207,6 +253,32 @@ mod tests {
             n.shared_secret(&[0u8; 32]),
             Err(CryptoError::NotContributory)
         );
+    }
+
+    #[test]
+    fn the_low_order_list_is_what_x25519_finds_and_real_keys_are_not_on_it() {
+        let n = Identity::generate();
+        for point in LOW_ORDER {
+            for top in [0, 0x80] {
+                let mut p = point;
+                p[31] |= top;
+                assert!(is_low_order(&p), "{p:02x?}");
+                assert_eq!(
+                    n.shared_secret(&p),
+                    Err(CryptoError::NotContributory),
+                    "X25519 gives zeros with {p:02x?}"
+                );
+            }
+        }
+        for _ in 0..64 {
+            let real = Identity::generate();
+            assert!(!is_low_order(real.public()));
+            assert!(n.shared_secret(real.public()).is_ok());
+        }
+        // Neighbours of the listed points are ordinary keys.
+        let mut near = LOW_ORDER[2];
+        near[0] ^= 1;
+        assert!(!is_low_order(&near));
     }
 
     #[test]

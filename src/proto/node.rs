@@ -92,7 +92,10 @@ impl DropReason {
 pub struct NodeCounters {
     pub datagrams: u64,
     pub drops: [u64; DropReason::ALL.len()],
+    /// X25519 operations: one per candidate key not in the memo tried for a packet no session opened (forged
+    /// packets with a listed key id included). New runs are `sessions_made`.
     pub x25519: u64,
+    /// Shared secrets taken from the memo instead of an X25519, counted the same way as `x25519`.
     pub memo_hits: u64,
     pub sessions_made: u64,
     pub sessions_swept: u64,
@@ -218,7 +221,20 @@ pub struct Node {
     new_secrets: Vec<(PublicKeyBytes, [u8; 32])>,
     next_sweep: Option<Instant>,
     scratch: Vec<u8>,
+    /// The live sessions of the packet being handled (reused, so no allocation per packet).
+    found: Vec<SessionId>,
     counters: NodeCounters,
+}
+
+/// What the live sessions of a packet's (key id, run id) made of it.
+enum Found {
+    /// This session's key opened it.
+    Opened(SessionId),
+    /// No session opened it and no other sender could have sent it.
+    Rejected(DropReason),
+    /// No session opened it, but other listed senders share the key id (or there is no session): try them.
+    /// `replayed`: a live session had already seen this packet number.
+    TryCandidates { replayed: bool },
 }
 
 impl Node {
@@ -241,6 +257,7 @@ impl Node {
             new_secrets: Vec::new(),
             next_sweep: None,
             scratch: Vec::with_capacity(wire::MAX_DATAGRAM),
+            found: Vec::new(),
             counters: NodeCounters::default(),
         }
     }
@@ -328,30 +345,19 @@ impl Node {
         if header.packet_number >= 1 << 62 {
             return self.drop_packet(DropReason::Malformed);
         }
-        let session_id = match self.sessions.find(header.key_id, header.run_id) {
-            Some(id) => {
-                let session = self.sessions.get(id).expect("index and map agree");
-                if !session.replay.check(header.packet_number) {
-                    return self.drop_packet(DropReason::Replay);
+        let session_id = match self.find_session(now, &header, datagram) {
+            Found::Opened(id) => id,
+            Found::Rejected(reason) => return self.drop_packet(reason),
+            Found::TryCandidates { replayed } => {
+                match self.open_new_run(now, from, &header, datagram, memo) {
+                    Ok(id) => id,
+                    // Forged copies of a number a live session has seen are counted with the replays.
+                    Err(DropReason::Auth) if replayed => {
+                        return self.drop_packet(DropReason::Replay);
+                    }
+                    Err(reason) => return self.drop_packet(reason),
                 }
-                let key = session.k_s2n;
-                if crypto::open_copy(
-                    &key,
-                    header.packet_number,
-                    datagram,
-                    wire::SENDER_HEADER_LEN,
-                    &mut self.scratch,
-                )
-                .is_err()
-                {
-                    return self.drop_packet(DropReason::Auth);
-                }
-                id
             }
-            None => match self.open_new_run(now, from, &header, datagram, memo) {
-                Some(id) => id,
-                None => return,
-            },
         };
         // `scratch` now holds the datagram with its plaintext at SENDER_HEADER_LEN.
         let plain_len = datagram.len() - wire::SENDER_HEADER_LEN - wire::TAG_LEN;
@@ -370,8 +376,67 @@ impl Node {
         }
     }
 
-    /// Slow path: the first packet of a run (or of a run whose session was swept). Finds the sender among the
-    /// candidates of the key id, using the memo before paying for an X25519.
+    /// Fast path: the live sessions of (key id, run id) — usually none or one (docs/protocol.md 6, steps 2–3).
+    /// Each is asked in turn: its replay window first (no crypto), then its key. A copy its window rejects is
+    /// opened only if the session has been quiet for half of `idle`: an authentic copy then keeps the session
+    /// from being swept, so a replayed packet is not answered again after every sweep (protocol.md 9).
+    fn find_session(&mut self, now: Instant, header: &SenderHeader, datagram: &[u8]) -> Found {
+        let mut ids = std::mem::take(&mut self.found);
+        self.sessions.find(header.key_id, header.run_id, &mut ids);
+        let mut replayed = false;
+        let mut shared = false;
+        let mut opened = None;
+        let mut known_replay = false;
+        for &id in &ids {
+            let session = self.sessions.get(id).expect("index and map agree");
+            shared |= session.shared_key_id;
+            let fresh = session.replay.check(header.packet_number);
+            if !fresh && now.saturating_duration_since(session.last_heard) < self.idle / 2 {
+                replayed = true;
+                continue;
+            }
+            let key = session.k_s2n;
+            let authentic = crypto::open_copy(
+                &key,
+                header.packet_number,
+                datagram,
+                wire::SENDER_HEADER_LEN,
+                &mut self.scratch,
+            )
+            .is_ok();
+            if !fresh {
+                replayed = true;
+                if authentic {
+                    // A copy of a packet this session had: it authenticated, so the run is being heard, and
+                    // no other sender's key needs trying.
+                    self.sessions
+                        .get_mut(id)
+                        .expect("index and map agree")
+                        .last_heard = now;
+                    known_replay = true;
+                    break;
+                }
+                continue;
+            }
+            if authentic {
+                opened = Some(id);
+                break;
+            }
+        }
+        let found = match opened {
+            Some(id) => Found::Opened(id),
+            None if known_replay => Found::Rejected(DropReason::Replay),
+            None if ids.is_empty() || shared => Found::TryCandidates { replayed },
+            None if replayed => Found::Rejected(DropReason::Replay),
+            None => Found::Rejected(DropReason::Auth),
+        };
+        self.found = ids;
+        found
+    }
+
+    /// Slow path: the first packet of a run (or of a run whose session was swept), or a packet under a colliding
+    /// key id that no live session of its (key id, run id) opened. Finds the sender among the candidates of the
+    /// key id that have no live session under this run id, using the memo before paying for an X25519.
     fn open_new_run(
         &mut self,
         now: Instant,
@@ -379,14 +444,23 @@ impl Node {
         header: &SenderHeader,
         datagram: &[u8],
         memo: &mut dyn SecretMemo,
-    ) -> Option<SessionId> {
+    ) -> Result<SessionId, DropReason> {
         let candidates = self.senders.candidates(header.key_id);
         if candidates.is_empty() {
-            self.drop_packet(DropReason::UnknownKey);
-            return None;
+            return Err(DropReason::UnknownKey);
         }
+        let shared_key_id = candidates.len() > 1;
+        // `found` still holds the live sessions of this (key id, run id): their senders were tried already.
+        let mut has_session = std::mem::take(&mut self.found);
         let node_public = *self.identity.public();
+        let mut made = None;
         for sender in candidates {
+            if has_session
+                .iter()
+                .any(|&id| self.sessions.get(id).is_some_and(|s| s.sender == sender))
+            {
+                continue;
+            }
             let sender_public = *self.senders.key(sender);
             let shared = match memo.get(&sender_public) {
                 Some(secret) => {
@@ -424,19 +498,22 @@ impl Node {
                 if self.next_sweep.is_none() {
                     self.next_sweep = Some(now + self.sweep_interval());
                 }
-                return Some(self.sessions.insert(
+                made = Some(self.sessions.insert(
                     sender,
                     header.key_id,
                     header.run_id,
+                    shared_key_id,
                     k_s2n,
                     k_n2s,
                     from,
                     now,
                 ));
+                break;
             }
         }
-        self.drop_packet(DropReason::Auth);
-        None
+        has_session.clear();
+        self.found = has_session;
+        made.ok_or(DropReason::Auth)
     }
 
     fn sweep_interval(&self) -> Duration {
@@ -459,8 +536,13 @@ impl Node {
         datagram_len: usize,
         plain: &[u8],
     ) -> Result<(), wire::WireError> {
-        // Parse everything before changing anything: a malformed packet applies nothing (protocol.md 5).
-        let frames = wire::parse_sender_frames(plain)?;
+        // Parse everything before applying anything: a malformed packet applies none of its frames
+        // (protocol.md 5). It did authenticate, so like any authentic packet it uses up its packet number (a copy
+        // of it is a replay), keeps the session awake and may move its peer address (protocol.md 6, step 5).
+        let (frames, malformed) = match wire::parse_sender_frames(plain) {
+            Ok(frames) => (frames, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
         let mut resolved: Vec<(Option<AppIndex>, &wire::DataFrame)> =
             Vec::with_capacity(frames.len());
         for SenderFrame::Data(d) in &frames {
@@ -480,6 +562,9 @@ impl Node {
         }
         session.last_heard = now;
         session.ack_budget = session.ack_budget.saturating_add(datagram_len);
+        if let Some(e) = malformed {
+            return Err(e);
+        }
         let sender = session.sender;
         let mut added = false;
         for (app, d) in resolved {
@@ -520,7 +605,7 @@ impl Node {
             let needs_store = match flow.heard {
                 None => true,
                 // Known heard: a frame entirely at or below it is a duplicate and needs no turn.
-                Some(h) => d.count > 0 && d.first_seq + d.count - 1 > h,
+                Some(h) => d.count > 0 && d.first_seq + (d.count - 1) > h,
             };
             if !needs_store {
                 if d.count > 0 {
@@ -702,6 +787,8 @@ impl Node {
         };
         let sessions_before = self.sessions.len();
         let removed = self.sessions.remap_senders(remap);
+        self.sessions
+            .set_shared_key_ids(|key_id| new.candidates(key_id).len() > 1);
         // The turn being filled holds sender indices too; frames of removed senders are dropped from it, as
         // their sessions are.
         let mut kept_items = Vec::with_capacity(self.turn.items.len());
@@ -905,5 +992,150 @@ mod tests {
         node.handle_turn_failed(turn.id);
         assert!(node.replace_senders(Arc::new(AllowList::default())).is_ok());
         assert_eq!(node.sessions_active(), 0);
+    }
+
+    /// A sender packet made by hand (frames as given, padded to 96 bytes), for frames a [`Sender`] never writes.
+    fn raw_packet(
+        sender: &Identity,
+        node: &PublicKeyBytes,
+        run_id: u64,
+        pn: u64,
+        frames: &[u8],
+    ) -> Vec<u8> {
+        let shared = sender.shared_secret(node).unwrap();
+        let key = crypto::sender_to_node_key(&shared, run_id, sender.public(), node);
+        let mut p = Vec::new();
+        SenderHeader {
+            key_id: crypto::key_id(sender.public()),
+            run_id,
+            packet_number: pn,
+        }
+        .emit(&mut p);
+        p.extend_from_slice(frames);
+        while p.len() + wire::TAG_LEN < wire::MIN_SENDER_DATAGRAM {
+            p.push(wire::FRAME_PADDING);
+        }
+        crypto::seal(&key, pn, &mut p, wire::SENDER_HEADER_LEN);
+        p
+    }
+
+    /// Opens a node packet for (sender, run) and returns its frames' ACKs as (app, stored_through).
+    fn acks_in(
+        sender: &Identity,
+        node: &PublicKeyBytes,
+        run_id: u64,
+        epoch: u64,
+        bytes: &[u8],
+    ) -> Vec<(Vec<u8>, u64)> {
+        let shared = sender.shared_secret(node).unwrap();
+        let key = crypto::node_to_sender_key(&shared, run_id, epoch, sender.public(), node);
+        let header = wire::NodeHeader::parse(bytes).unwrap();
+        let mut buf = bytes.to_vec();
+        let len =
+            crypto::open(&key, header.packet_number, &mut buf, wire::NODE_HEADER_LEN).unwrap();
+        wire::parse_node_frames(&buf[wire::NODE_HEADER_LEN..wire::NODE_HEADER_LEN + len])
+            .unwrap()
+            .into_iter()
+            .filter_map(|f| match f {
+                wire::NodeFrame::Ack {
+                    app,
+                    stored_through,
+                } => Some((app.to_vec(), stored_through)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_authentic_malformed_packet_uses_up_its_number_and_applies_nothing() {
+        let node_id = Identity::generate();
+        let a = Identity::generate();
+        let mut node = test_node(
+            &node_id,
+            Arc::new(AllowList::from_unique(vec![("a".into(), *a.public())])),
+        );
+        let mut frames = Vec::new();
+        wire::put_data_header(&mut frames, b"main", 1, 1);
+        wire::put_record(&mut frames, b"must not be stored");
+        frames.push(0x7f); // an unknown frame type
+        let bad = raw_packet(&a, node_id.public(), 9, 5, &frames);
+        let now = Instant::now();
+        node.handle_datagram(now, addr(1), &bad, &mut NoMemo);
+        assert_eq!(node.counters().dropped(DropReason::Malformed), 1);
+        assert_eq!(
+            node.sessions_active(),
+            1,
+            "it authenticated: the session stays"
+        );
+        assert!(node.take_turn().is_none(), "nothing of it is applied");
+        node.flush_acks();
+        assert!(node.poll_transmit().is_none(), "and nothing is answered");
+        // Its copy is a replay now, rejected before any crypto.
+        node.handle_datagram(now, addr(1), &bad, &mut NoMemo);
+        assert_eq!(node.counters().dropped(DropReason::Malformed), 1);
+        assert_eq!(node.counters().dropped(DropReason::Replay), 1);
+    }
+
+    #[test]
+    fn acks_that_do_not_fit_the_answer_wait_for_the_next_packet() {
+        // Eleven hosted apps and a flow of each at a large heard sequence: a 96-byte packet of eleven probes
+        // earns an answer of at most 96 bytes, which holds only some of the eleven ACKs (protocol.md 5.3).
+        let apps: Vec<String> = (b'a'..=b'k').map(|c| (c as char).to_string()).collect();
+        let node_id = Identity::generate();
+        let a = Identity::generate();
+        let mut node = Node::new(
+            NodeConfig {
+                identity: node_id.clone(),
+                epoch: 3,
+                idle: Duration::from_secs(30),
+                apps: apps.clone(),
+            },
+            Arc::new(AllowList::from_unique(vec![("a".into(), *a.public())])),
+        );
+        let heard = 1u64 << 62;
+        let mut probes = Vec::new();
+        for app in &apps {
+            wire::put_data_header(&mut probes, app.as_bytes(), 0, 0);
+        }
+        let mut got: HashMap<Vec<u8>, u64> = HashMap::new();
+        let now = Instant::now();
+        for pn in 0..4 {
+            let p = raw_packet(
+                &a,
+                node_id.public(),
+                1,
+                pn,
+                &probes[..if pn == 0 { probes.len() } else { 4 }],
+            );
+            assert_eq!(p.len(), wire::MIN_SENDER_DATAGRAM);
+            node.handle_datagram(now, addr(1), &p, &mut NoMemo);
+            if let Some(turn) = node.take_turn() {
+                let committed = Committed {
+                    turn: turn.id,
+                    heard: turn
+                        .items
+                        .iter()
+                        .map(|i| crate::proto::turn::FlowHeard {
+                            sender: i.sender,
+                            app: i.app,
+                            heard,
+                        })
+                        .collect(),
+                    ..Committed::default()
+                };
+                node.handle_committed(&committed);
+            }
+            node.flush_acks();
+            let t = node.poll_transmit().expect("an answer");
+            assert!(t.bytes.len() <= p.len(), "{} > {}", t.bytes.len(), p.len());
+            let acks = acks_in(&a, node_id.public(), 1, 3, &t.bytes);
+            if pn == 0 {
+                assert!(acks.len() < apps.len(), "all {} ACKs fitted", acks.len());
+            }
+            got.extend(acks);
+        }
+        assert!(node.counters().ack_frames_deferred > 0);
+        assert_eq!(got.len(), apps.len(), "every flow got its ACK: {got:?}");
+        assert!(got.values().all(|&h| h == heard));
     }
 }

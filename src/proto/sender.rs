@@ -74,8 +74,12 @@ struct Flow {
     cursor: u64,
     /// Packet number of the first packet that carried record `acked + 1` since `acked` last changed. An ACK
     /// below `acked` is only believed if its ECHO shows the node had received that packet: an older ACK that
-    /// arrives late is not mistaken for a node that went back.
+    /// arrives late (or is replayed) is not mistaken for a node that went back (docs/protocol.md 7.3).
     base_sent_pn: Option<u64>,
+    /// The ECHO of the node packet that last made this flow renumber. ACKs of this flow in node packets with a
+    /// smaller ECHO (or none) were built before the node went back and are ignored: they speak of records the
+    /// node no longer has (docs/protocol.md 7.3).
+    floor_echo: Option<u64>,
     refused: bool,
 }
 
@@ -166,7 +170,11 @@ pub struct Sender {
     allow_oversize: bool,
     window: u64,
     flows: Vec<Flow>,
+    /// Send time per packet number not yet answered, oldest first; an entry is removed once an ECHO reaches it.
     sent_times: VecDeque<(u64, Instant)>,
+    /// The largest ECHO seen from the node in this run: only a larger one may give a round-trip sample, so a
+    /// late or replayed node packet (or a node answering a replay of an old packet of ours) gives none.
+    largest_echo: Option<u64>,
     rtt: Rtt,
     rto_deadline: Option<Instant>,
     backoff: u32,
@@ -209,6 +217,7 @@ impl Sender {
             window: config.window.max(1),
             flows: Vec::new(),
             sent_times: VecDeque::new(),
+            largest_echo: None,
             rtt: Rtt {
                 srtt: None,
                 rttvar: Duration::ZERO,
@@ -272,6 +281,7 @@ impl Sender {
             records: VecDeque::new(),
             cursor: acked + 1,
             base_sent_pn: None,
+            floor_echo: None,
             refused: false,
         });
         Ok(())
@@ -529,11 +539,7 @@ impl Sender {
             match frame {
                 NodeFrame::Echo { packet_number } => {
                     echoed = Some(packet_number);
-                    if let Some(&(_, sent)) =
-                        self.sent_times.iter().find(|(pn, _)| *pn == packet_number)
-                    {
-                        self.rtt.sample(now.saturating_duration_since(sent));
-                    }
+                    self.take_rtt_sample(now, packet_number);
                 }
                 NodeFrame::Ack {
                     app,
@@ -543,6 +549,10 @@ impl Sender {
                         continue;
                     };
                     let f = &mut self.flows[i];
+                    if f.floor_echo.is_some() && echoed < f.floor_echo {
+                        // Built before the node went back (docs/protocol.md 7.3): about records it lost.
+                        continue;
+                    }
                     if !f.synced {
                         f.synced = true;
                         f.probe_outstanding = false;
@@ -569,6 +579,7 @@ impl Sender {
                         f.acked = stored_through;
                         f.cursor = stored_through + 1;
                         f.base_sent_pn = None;
+                        f.floor_echo = echoed;
                         progress = true;
                         continue;
                     }
@@ -619,6 +630,21 @@ impl Sender {
             } else {
                 None
             };
+        }
+    }
+
+    /// A round-trip sample from an ECHO (docs/protocol.md 7.4): only from an ECHO larger than any before in this
+    /// run, and only once per packet number, since the entries it reaches are removed.
+    fn take_rtt_sample(&mut self, now: Instant, echo: u64) {
+        if self.largest_echo.is_some_and(|largest| echo <= largest) {
+            return;
+        }
+        self.largest_echo = Some(echo);
+        if let Some(&(_, sent)) = self.sent_times.iter().find(|(pn, _)| *pn == echo) {
+            self.rtt.sample(now.saturating_duration_since(sent));
+        }
+        while self.sent_times.front().is_some_and(|&(pn, _)| pn <= echo) {
+            self.sent_times.pop_front();
         }
     }
 

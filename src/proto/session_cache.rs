@@ -5,6 +5,7 @@
 //! Sessions keep key bytes, not cipher contexts.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -74,6 +75,9 @@ pub struct Session {
     pub sender: SenderIndex,
     pub key_id: u32,
     pub run_id: u64,
+    /// Other listed senders share this key id. Only then may a packet under this (key id, run id) that this
+    /// session's key does not open belong to someone else, and be tried against their keys (protocol.md 6).
+    pub shared_key_id: bool,
     pub k_s2n: PacketKey,
     pub k_n2s: PacketKey,
     pub peer: SocketAddr,
@@ -107,11 +111,42 @@ impl Session {
 }
 
 /// All active sessions, found by (key id, run id) — the two cleartext fields of a sender packet.
+///
+/// Several sessions may share one (key id, run id), one per sender: senders whose key ids collide are told apart
+/// only by their keys, and the run id travels in clear, so one listed sender can send under another's run id.
+/// Each keeps its own session, so neither can take over or block the other's run (protocol.md 6).
 #[derive(Debug, Default)]
 pub struct SessionCache {
+    /// The first session of each (key id, run id).
     by_run: HashMap<(u32, u64), SessionId>,
+    /// Any further sessions under the same (key id, run id): only ever filled for colliding key ids.
+    more: HashMap<(u32, u64), Vec<SessionId>>,
     sessions: HashMap<SessionId, Session>,
     next_id: SessionId,
+}
+
+/// Takes session `id` out of the index of (key id, run id) `key`.
+fn unindex(
+    by_run: &mut HashMap<(u32, u64), SessionId>,
+    more: &mut HashMap<(u32, u64), Vec<SessionId>>,
+    key: (u32, u64),
+    id: SessionId,
+) {
+    if by_run.get(&key) == Some(&id) {
+        match more.get_mut(&key).and_then(|v| v.pop()) {
+            Some(next) => {
+                by_run.insert(key, next);
+            }
+            None => {
+                by_run.remove(&key);
+            }
+        }
+    } else if let Some(v) = more.get_mut(&key) {
+        v.retain(|&other| other != id);
+    }
+    if more.get(&key).is_some_and(|v| v.is_empty()) {
+        more.remove(&key);
+    }
 }
 
 impl SessionCache {
@@ -121,8 +156,16 @@ impl SessionCache {
     pub fn is_empty(&self) -> bool {
         self.sessions.is_empty()
     }
-    pub fn find(&self, key_id: u32, run_id: u64) -> Option<SessionId> {
-        self.by_run.get(&(key_id, run_id)).copied()
+    /// Puts the sessions of (key id, run id) into `out` (cleared first): usually none or one.
+    pub fn find(&self, key_id: u32, run_id: u64, out: &mut Vec<SessionId>) {
+        out.clear();
+        let key = (key_id, run_id);
+        if let Some(&id) = self.by_run.get(&key) {
+            out.push(id);
+            if let Some(v) = self.more.get(&key) {
+                out.extend_from_slice(v);
+            }
+        }
     }
     pub fn get(&self, id: SessionId) -> Option<&Session> {
         self.sessions.get(&id)
@@ -136,6 +179,7 @@ impl SessionCache {
         sender: SenderIndex,
         key_id: u32,
         run_id: u64,
+        shared_key_id: bool,
         k_s2n: PacketKey,
         k_n2s: PacketKey,
         peer: SocketAddr,
@@ -143,10 +187,14 @@ impl SessionCache {
     ) -> SessionId {
         let id = self.next_id;
         self.next_id += 1;
-        if let Some(old) = self.by_run.insert((key_id, run_id), id) {
-            // Two allowed senders with the same key id drew the same run id (about 2^-64 per pair): the older
-            // session loses its index entry and is swept when idle.
-            let _ = old;
+        let key = (key_id, run_id);
+        match self.by_run.entry(key) {
+            // Another sender of this key id under the same run id (by chance, about 2^-64 per pair, or on
+            // purpose): both sessions stay, each opened by its own key.
+            Entry::Occupied(_) => self.more.entry(key).or_default().push(id),
+            Entry::Vacant(slot) => {
+                slot.insert(id);
+            }
         }
         self.sessions.insert(
             id,
@@ -155,6 +203,7 @@ impl SessionCache {
                 sender,
                 key_id,
                 run_id,
+                shared_key_id,
                 k_s2n,
                 k_n2s,
                 peer,
@@ -171,13 +220,13 @@ impl SessionCache {
     /// Removes sessions quiet for `idle` with nothing waiting; returns how many.
     pub fn sweep(&mut self, now: Instant, idle: Duration) -> usize {
         let before = self.sessions.len();
-        let by_run = &mut self.by_run;
+        let (by_run, more) = (&mut self.by_run, &mut self.more);
         self.sessions.retain(|_, s| {
             let keep = s.turns_waiting > 0
                 || s.owes_ack()
                 || now.saturating_duration_since(s.last_heard) < idle;
-            if !keep && by_run.get(&(s.key_id, s.run_id)) == Some(&s.id) {
-                by_run.remove(&(s.key_id, s.run_id));
+            if !keep {
+                unindex(by_run, more, (s.key_id, s.run_id), s.id);
             }
             keep
         });
@@ -192,21 +241,25 @@ impl SessionCache {
         mut remap: impl FnMut(SenderIndex) -> Option<SenderIndex>,
     ) -> Vec<SessionId> {
         let mut removed = Vec::new();
-        let by_run = &mut self.by_run;
+        let (by_run, more) = (&mut self.by_run, &mut self.more);
         self.sessions.retain(|_, s| match remap(s.sender) {
             Some(index) => {
                 s.sender = index;
                 true
             }
             None => {
-                if by_run.get(&(s.key_id, s.run_id)) == Some(&s.id) {
-                    by_run.remove(&(s.key_id, s.run_id));
-                }
+                unindex(by_run, more, (s.key_id, s.run_id), s.id);
                 removed.push(s.id);
                 false
             }
         });
         removed
+    }
+    /// Sets each session's `shared_key_id` anew (after a reload changed who shares a key id).
+    pub fn set_shared_key_ids(&mut self, mut shared: impl FnMut(u32) -> bool) {
+        for s in self.sessions.values_mut() {
+            s.shared_key_id = shared(s.key_id);
+        }
     }
     pub fn ids(&self) -> Vec<SessionId> {
         self.sessions.keys().copied().collect()
@@ -231,5 +284,45 @@ mod tests {
         assert!(!w.check(100 - REPLAY_WINDOW));
         assert!(w.check(100 - REPLAY_WINDOW + 1));
         assert!(!w.check(0));
+    }
+
+    fn insert(
+        cache: &mut SessionCache,
+        sender: SenderIndex,
+        run_id: u64,
+        now: Instant,
+    ) -> SessionId {
+        let peer = SocketAddr::from(([127, 0, 0, 1], 1));
+        cache.insert(sender, 7, run_id, true, [0; 16], [0; 16], peer, now)
+    }
+
+    #[test]
+    fn senders_sharing_a_key_id_and_run_id_each_keep_their_session() {
+        let now = Instant::now();
+        let idle = Duration::from_secs(1);
+        let mut cache = SessionCache::default();
+        let mut found = Vec::new();
+        let a = insert(&mut cache, 0, 42, now);
+        let b = insert(&mut cache, 1, 42, now + idle / 2);
+        let c = insert(&mut cache, 2, 42, now + idle);
+        let other = insert(&mut cache, 0, 43, now + idle);
+        cache.find(7, 42, &mut found);
+        assert_eq!(found, vec![a, b, c]);
+        // a is swept first: b and c are still found, the first of them now in a's place.
+        assert_eq!(cache.sweep(now + idle, idle), 1);
+        cache.find(7, 42, &mut found);
+        found.sort_unstable();
+        assert_eq!(found, vec![b, c]);
+        // A middle one removed by a reload.
+        assert_eq!(cache.remap_senders(|s| (s != 2).then_some(s)), vec![c]);
+        cache.find(7, 42, &mut found);
+        assert_eq!(found, vec![b]);
+        assert!(cache.more.is_empty());
+        assert_eq!(cache.sweep(now + idle * 3, idle), 2);
+        cache.find(7, 42, &mut found);
+        assert!(found.is_empty());
+        cache.find(7, 43, &mut found);
+        assert!(found.is_empty(), "{other}");
+        assert!(cache.by_run.is_empty() && cache.more.is_empty());
     }
 }

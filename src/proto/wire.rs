@@ -332,7 +332,9 @@ pub fn parse_sender_frames(plain: &[u8]) -> Result<Vec<SenderFrame<'_>>, WireErr
                 if count > 0 && first_seq == 0 {
                     return Err(WireError::SequenceOverflow);
                 }
-                if first_seq.checked_add(count).is_none() {
+                // The last sequence, first_seq + count - 1, may be 2^64 - 1 itself; only passing it is an
+                // overflow (protocol.md 5.1).
+                if count > 0 && first_seq.checked_add(count - 1).is_none() {
                     return Err(WireError::SequenceOverflow);
                 }
                 let records = skip_records(&mut r, count, format)?;
@@ -562,6 +564,45 @@ mod tests {
             Err(WireError::BadOrigin),
             "origin_seq 0"
         );
+    }
+
+    #[test]
+    fn the_last_sequence_may_be_the_largest_u64_but_not_pass_it() {
+        let frame = |first: u64, count: u64| {
+            let mut p = Vec::new();
+            put_data_header(&mut p, b"main", first, count);
+            for _ in 0..count {
+                put_record(&mut p, b"r");
+            }
+            p
+        };
+        for (first, count) in [(u64::MAX, 1), (u64::MAX - 1, 2), (1, 3)] {
+            let p = frame(first, count);
+            let frames = parse_sender_frames(&p).unwrap();
+            let SenderFrame::Data(d) = &frames[0];
+            assert_eq!((d.first_seq, d.count), (first, count));
+        }
+        for (first, count) in [(u64::MAX, 2), (u64::MAX - 1, 3)] {
+            assert_eq!(
+                parse_sender_frames(&frame(first, count)),
+                Err(WireError::SequenceOverflow)
+            );
+        }
+    }
+
+    #[test]
+    fn a_data_frame_ends_after_count_records_and_zero_bytes_inside_it_are_empty_records() {
+        // count 3 with one record written: the two PADDING bytes after it are read as two empty records, and
+        // what follows the third record is the next frame (protocol.md 5).
+        let mut p = Vec::new();
+        put_data_header(&mut p, b"main", 1, 3);
+        put_record(&mut p, b"x");
+        p.extend_from_slice(&[FRAME_PADDING, FRAME_PADDING, FRAME_PADDING]);
+        let frames = parse_sender_frames(&p).unwrap();
+        assert_eq!(frames.len(), 1);
+        let SenderFrame::Data(d) = &frames[0];
+        let recs: Vec<_> = RecordIter::new(d.records).collect();
+        assert_eq!(recs, vec![&b"x"[..], &b""[..], &b""[..]]);
     }
 
     #[test]

@@ -414,7 +414,8 @@ impl AppStore {
                     if piece.count == 0 {
                         continue;
                     }
-                    let last = piece.first_seq + piece.count - 1;
+                    // Never first_seq + count - 1: the last sequence may be 2^64 - 1 (protocol.md 5.1).
+                    let last = piece.first_seq + (piece.count - 1);
                     if last <= heard {
                         applied.duplicate += piece.count;
                         continue;
@@ -910,7 +911,7 @@ mod tests {
         };
         for &(sender, first_seq, count) in frames {
             let start = t.arena.len();
-            for s in first_seq..first_seq + count {
+            for s in (0..count).map(|k| first_seq + k) {
                 put_record(&mut t.arena, s.to_string().as_bytes());
             }
             t.items.push(Apply {
@@ -979,6 +980,23 @@ mod tests {
             .collect();
         assert_eq!(got, want);
         assert_eq!(stores.app(0).unwrap().heard().unwrap()["a"], 8);
+    }
+
+    #[test]
+    fn sequences_past_the_signed_range_are_a_gap_up_to_the_largest_u64() {
+        let senders = list();
+        let mut stores = Stores::open_in_memory(&["main".into()]).unwrap();
+        let c = stores
+            .apply_turn(
+                &turn(1, &[(0, 1, 2), (0, u64::MAX, 1), (0, u64::MAX - 1, 2)]),
+                &senders,
+            )
+            .unwrap();
+        assert_eq!(
+            (c.stored_records, c.duplicate_records, c.gap_records),
+            (2, 0, 3)
+        );
+        assert_eq!(stores.app(0).unwrap().heard().unwrap()["a"], 2);
     }
 }
 
