@@ -173,8 +173,17 @@ fn target_of(kind: &OutletKind) -> Option<Target> {
             far_app: app.clone(),
             ca_file: ca_file.clone(),
         })),
-        // Webhooks join the sending loop in the next step of issue 7.
-        OutletKind::Webhook { .. } => None,
+        OutletKind::Webhook {
+            url,
+            ca_file,
+            headers,
+            batch_records,
+        } => Some(Target::Webhook(crate::outlets::webhook::WebhookTarget {
+            url: url.clone(),
+            ca_file: ca_file.clone(),
+            headers: headers.clone(),
+            batch_records: *batch_records,
+        })),
         OutletKind::App { .. } => None,
     }
 }
@@ -242,14 +251,15 @@ impl Host {
         let mut outlets = Vec::new();
         for o in &config.outlets {
             if let Some(target) = target_of(&o.kind) {
-                let outlet = self.make_outlet(&config.name, o, &target);
+                let was = acked.get(&o.name).copied().unwrap_or(0);
+                let outlet = self.make_outlet(&config.name, o, &target, was);
                 changes.start.push((outlet.clone(), target.clone()));
                 outlets.push(RemoteOutlet {
                     outlet,
                     target,
                     fed_next: None,
                     max_lag: o.max_lag_records,
-                    acked_written: acked.get(&o.name).copied().unwrap_or(0),
+                    acked_written: was,
                 });
             }
         }
@@ -270,17 +280,21 @@ impl Host {
         app: &str,
         o: &super::config::OutletConfig,
         target: &Target,
+        acked: u64,
     ) -> Arc<Outlet> {
         let id = self.next_outlet_id;
         self.next_outlet_id += 1;
-        Arc::new(Outlet::new(
-            id,
-            app,
-            &o.name,
-            target.kind(),
-            o.memory_bytes,
-            self.wake.clone(),
-        ))
+        Arc::new(
+            Outlet::new(
+                id,
+                app,
+                &o.name,
+                target.kind(),
+                o.memory_bytes,
+                self.wake.clone(),
+            )
+            .with_acked(acked),
+        )
     }
 
     /// Inner outlets from the config, keeping what is known of those that stay.
@@ -789,7 +803,8 @@ impl Host {
                     continue;
                 }
                 if let Some(target) = target_of(&o.kind) {
-                    let outlet = self.make_outlet(&config.name, o, &target);
+                    let was = acked.get(&o.name).copied().unwrap_or(0);
+                    let outlet = self.make_outlet(&config.name, o, &target, was);
                     done.outlets.start.push((outlet.clone(), target.clone()));
                     done.applied
                         .push(format!("app {}: outlet {} started", config.name, o.name));
@@ -798,7 +813,7 @@ impl Host {
                         target,
                         fed_next: None,
                         max_lag: o.max_lag_records,
-                        acked_written: acked.get(&o.name).copied().unwrap_or(0),
+                        acked_written: was,
                     });
                 }
             }

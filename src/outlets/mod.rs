@@ -6,7 +6,7 @@
 //!
 //! - [`link`]: sealed UDP to another node (docs/protocol.md), this node's key as the sender key;
 //! - [`wire`]: the same sealed packets in HTTP/1.1 POSTs to another node's `--http-port` ([`http`] is the client);
-//! - `webhook`: JSON batches POSTed to any HTTP(S) endpoint;
+//! - [`webhook`]: JSON batches POSTed to any HTTP(S) endpoint (at least once);
 //! - inner outlets (to another app of this host) have no socket and no state here: the app host moves their records
 //!   inside its turns ([`crate::apps`]).
 //!
@@ -22,6 +22,7 @@
 
 pub mod http;
 pub mod link;
+pub mod webhook;
 pub mod wire;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -46,6 +47,8 @@ pub enum Target {
     },
     /// Sealed packets in HTTP POSTs to `url`, whose node key is `node_key`, into its app `far_app`.
     Wire(wire::WireTarget),
+    /// JSON batches POSTed to any HTTP(S) endpoint.
+    Webhook(webhook::WebhookTarget),
 }
 
 impl Target {
@@ -53,6 +56,7 @@ impl Target {
         match self {
             Target::Link { .. } => "link",
             Target::Wire(_) => "wire",
+            Target::Webhook(_) => "webhook",
         }
     }
 }
@@ -106,6 +110,12 @@ pub struct OutletState {
 const LOG_EVERY: Duration = Duration::from_secs(60);
 
 impl Outlet {
+    /// Sets what the far side is known to have acknowledged (from the store at start): where a webhook resumes.
+    pub fn with_acked(self, acked: u64) -> Self {
+        self.acked.store(acked, Ordering::Release);
+        self
+    }
+
     pub fn new(
         id: u64,
         app: &str,

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::ops::metrics::Heartbeat;
-use crate::outlets::{Outlet, Target, link, wire};
+use crate::outlets::{Outlet, Target, link, webhook, wire};
 use crate::proto::crypto::Identity;
 
 /// How often the loop beats its heartbeat.
@@ -128,6 +128,12 @@ async fn run(
                             outlet,
                             link::LinkTarget { to, node_key, far_app },
                             settings.identity.clone(),
+                            resolver.clone(),
+                        )),
+                        Target::Webhook(w) => tokio::spawn(webhook::run(
+                            outlet,
+                            w,
+                            crate::keys::encode_key(settings.identity.public()),
                             resolver.clone(),
                         )),
                         Target::Wire(w) => tokio::spawn(wire::run(
