@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 
+use crate::apps::config::AppsConfig;
 use crate::proto::crypto::Identity;
 use crate::receive::LocalNode;
 use crate::sender::UdpLink;
@@ -32,6 +33,46 @@ pub struct DemoArgs {
     /// with `pure-serve records --state DIR/state`).
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
+    /// Also forward: app `main` gets an inner outlet to a second app `copy` and a link outlet to app `ingest` of a
+    /// second node in this process (docs/apps.md); the demo then checks that both ends got every record once,
+    /// with its origin, and says how fast they were forwarded.
+    #[arg(long)]
+    pub forward: bool,
+}
+
+/// Counts each origin's records in `app` of `state` and checks they are 1..=per_origin once each, in order.
+/// Returns (records, origins, exactly once).
+fn check_forwarded(
+    state: &std::path::Path,
+    app: &str,
+    per_origin: u64,
+) -> anyhow::Result<(u64, usize, bool)> {
+    let s =
+        store::open_app_for_reading(state, app).with_context(|| format!("opening store {app}"))?;
+    let mut last = std::collections::HashMap::<String, u64>::new();
+    let mut ok = true;
+    let mut n = 0;
+    s.for_each_record_view(None, 1, |r| {
+        n += 1;
+        match r.origin {
+            Some((origin, seq)) => {
+                let l = last.entry(origin.to_string()).or_insert(0);
+                ok &= seq == *l + 1;
+                *l = seq;
+            }
+            None => ok = false,
+        }
+        true
+    })?;
+    ok &= last.values().all(|&l| l == per_origin);
+    Ok((n, last.len(), ok))
+}
+
+fn head_of(state: &std::path::Path, app: &str) -> u64 {
+    store::open_app_for_reading(state, app)
+        .and_then(|s| s.read_head())
+        .map(|h| h - 1)
+        .unwrap_or(0)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -61,7 +102,44 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         .enumerate()
         .map(|(i, id)| (format!("device-{i}"), *id.public()))
         .collect();
-    let node = LocalNode::start(&state_dir, &listed, Duration::from_secs(30), 4 << 20)?;
+    // With --forward: node B first (node A's link outlet needs its address and key), then A, whose key B lists.
+    let far = if args.forward {
+        let dir_b = state_dir.join("node-b");
+        let dir_a = state_dir.join("node-a");
+        std::fs::create_dir_all(&dir_b)?;
+        std::fs::create_dir_all(&dir_a)?;
+        let key_a = Identity::generate();
+        crate::keys::write_new_identity(&dir_a.join("node.key"), &key_a)?;
+        let b_apps = AppsConfig::parse(
+            std::path::Path::new("demo-b.toml"),
+            "[apps.ingest]\naccept = [\"node-a\"]\n",
+        )?;
+        let b = LocalNode::start_apps(
+            &dir_b,
+            &[("node-a".to_string(), *key_a.public())],
+            b_apps,
+            Duration::from_secs(30),
+            4 << 20,
+        )?;
+        Some((b, dir_a))
+    } else {
+        None
+    };
+    let node = match &far {
+        Some((b, dir_a)) => {
+            let text = format!(
+                "[apps.main]\n\
+                 [apps.main.outlets.to-b]\nkind = \"link\"\nto = \"{}\"\nnode_key = \"{}\"\napp = \"ingest\"\n\
+                 [apps.main.outlets.copy]\nkind = \"app\"\napp = \"copy\"\n\
+                 [apps.copy]\naccept = []\n",
+                b.addr,
+                crate::keys::encode_key(&b.public)
+            );
+            let apps = AppsConfig::parse(std::path::Path::new("demo-a.toml"), &text)?;
+            LocalNode::start_apps(dir_a, &listed, apps, Duration::from_secs(30), 4 << 20)?
+        }
+        None => LocalNode::start(&state_dir, &listed, Duration::from_secs(30), 4 << 20)?,
+    };
     let (addr, node_key, stats) = (node.addr, node.public, node.stats.clone());
     let state_dir = node.state_dir.clone();
     let total = (args.senders * args.records) as u64;
@@ -130,6 +208,35 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
             .map_err(|_| anyhow::anyhow!("a sender thread panicked"))??;
         latencies.extend(l);
     }
+    let forwarded = match &far {
+        Some((b, _)) => {
+            // The senders are done; now wait for both ends of main's outlets to have everything.
+            let started = Instant::now();
+            let mut shown = Instant::now();
+            loop {
+                let (on_b, copied) = (head_of(&b.state_dir, "ingest"), head_of(&state_dir, "copy"));
+                if on_b >= total && copied >= total {
+                    break;
+                }
+                if started.elapsed() > Duration::from_secs(120) {
+                    bail!(
+                        "forwarding did not finish within 120 s: node B has {on_b}, copy has {copied} of {total}"
+                    );
+                }
+                if show && shown.elapsed() >= Duration::from_millis(200) {
+                    shown = Instant::now();
+                    eprint!("\rforwarded: node B {on_b}, copy {copied} of {total}");
+                    let _ = std::io::stderr().flush();
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if show {
+                eprintln!();
+            }
+            Some(start.elapsed())
+        }
+        None => None,
+    };
     let counters = node.stop()?;
     // Check exactly-once in the store itself, not in the node's counters.
     let s = store::open_app_for_reading(&state_dir, "main").context("opening the demo's store")?;
@@ -175,6 +282,31 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     );
     if stored != total || !in_order {
         bail!("the store does not hold every record exactly once");
+    }
+    if let (Some((b, _)), Some(all_done)) = (far, forwarded) {
+        let b_dir = b.state_dir.clone();
+        b.stop()?;
+        let per = args.records as u64;
+        let (n_copy, o_copy, ok_copy) = check_forwarded(&state_dir, "copy", per)?;
+        let (n_b, o_b, ok_b) = check_forwarded(&b_dir, "ingest", per)?;
+        let yes = |ok: bool| if ok { "yes" } else { "NO" };
+        println!(
+            "inner outlet main → copy: {n_copy} records from {o_copy} origins, each exactly once: {}",
+            yes(ok_copy && n_copy == total)
+        );
+        println!(
+            "link outlet main → node B ingest: {n_b} records from {o_b} origins, each exactly once: {} \
+             (source node-a, origin and sequence of each device kept)",
+            yes(ok_b && n_b == total)
+        );
+        println!(
+            "stored at the far ends {:.2} s after the start: {:.0} records/s end to end",
+            all_done.as_secs_f64(),
+            total as f64 / all_done.as_secs_f64()
+        );
+        if !(ok_copy && ok_b && n_copy == total && n_b == total) {
+            bail!("a far end does not hold every record exactly once");
+        }
     }
     Ok(())
 }
