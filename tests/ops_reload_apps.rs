@@ -1,0 +1,104 @@
+//! SIGHUP re-reads the apps file, end to end (issue 7): a new app with an inner outlet takes effect without a
+//! restart (and is filled with what was stored before), an accept list change refuses a sender (REFUSE reason 2),
+//! a bad file is refused naming its line and the apps in force stay, and removing an app is reported as needing a
+//! restart.
+
+mod ops_util;
+
+use std::time::Instant;
+
+use ops_util::*;
+
+fn reload(node: &NodeProcess, notify: &NotifySocket) {
+    node.signal(libc::SIGHUP);
+    notify.until("RELOADING=1");
+    notify.until("READY=1");
+}
+
+fn count(state: &std::path::Path, app: &str) -> usize {
+    pure_serve::store::open_app_for_reading(state, app)
+        .and_then(|s| s.read_head())
+        .map_or(0, |h| (h - 1) as usize)
+}
+
+fn wait_for_log(node: &NodeProcess, needle: &str) -> String {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let err = node.stderr_text();
+        if err.contains(needle) {
+            return err;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "log never said {needle:?}: {err}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn apps_reload_adds_apps_changes_accept_lists_and_refuses_bad_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    write_atomic(&senders, &format!("dev {public}\n"));
+    let apps = dir.path().join("apps.toml");
+    write_atomic(&apps, "[apps.main]\n");
+    let notify = NotifySocket::path();
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(
+        &state,
+        &[
+            "--senders",
+            senders.to_str().unwrap(),
+            "--apps",
+            apps.to_str().unwrap(),
+        ],
+        Some(&notify),
+    );
+    notify.until("READY=1");
+    let batch = |tag: &str| (1..=10).map(|i| format!("{tag} {i}")).collect::<Vec<_>>();
+    assert!(node.send(&key, &batch("first"), "30").0);
+
+    // A new app fed by an inner outlet: it gets main's records from the start, without a restart.
+    write_atomic(
+        &apps,
+        "[apps.main]\n[apps.main.outlets.copy]\nkind = \"app\"\napp = \"copy\"\n[apps.copy]\naccept = []\n",
+    );
+    reload(&node, &notify);
+    wait_for_log(&node, "app copy added");
+    let deadline = Instant::now() + DEADLINE;
+    while count(&state, "copy") < 10 {
+        assert!(Instant::now() < deadline, "copy never got main's records");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(node.send(&key, &batch("second"), "30").0);
+    let deadline = Instant::now() + DEADLINE;
+    while count(&state, "copy") < 20 {
+        assert!(Instant::now() < deadline, "copy never got the new records");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    // A bad file: refused with its file and line; the apps in force stay (dev may still send to main).
+    write_atomic(&apps, "[apps.main]\naccept = [\"dev\"\n");
+    reload(&node, &notify);
+    let log = wait_for_log(&node, "reload of");
+    assert!(log.contains("apps.toml:2"), "{log}");
+    assert!(log.contains("the apps in force stay"), "{log}");
+    assert!(node.send(&key, &batch("third"), "30").0);
+
+    // Only `other` may send to main now, and copy is gone from the file: dev is refused (reason 2), and copy keeps
+    // running until a restart, as the log says.
+    write_atomic(&apps, "[apps.main]\naccept = [\"other\"]\n");
+    reload(&node, &notify);
+    let log = wait_for_log(&node, "no longer in the file");
+    assert!(log.contains("app copy"), "{log}");
+    let (ok, out) = node.send(&key, &batch("refused"), "10");
+    assert!(!ok, "{out}");
+    assert!(out.contains("refused"), "{out}");
+    assert_eq!(
+        count(&state, "main"),
+        30,
+        "nothing of the refused sender stored"
+    );
+}
