@@ -1138,4 +1138,85 @@ mod tests {
         assert_eq!(got.len(), apps.len(), "every flow got its ACK: {got:?}");
         assert!(got.values().all(|&h| h == heard));
     }
+
+    /// Apps' rules in the core: an accept list refuses with reason 2, a paused app takes nothing (and owes no ack),
+    /// and a busy app past its share of a turn leaves room for the others.
+    #[test]
+    fn accept_lists_pauses_and_turn_shares() {
+        let node_id = Identity::generate();
+        let (a, b) = (Identity::generate(), Identity::generate());
+        let list = Arc::new(AllowList::from_unique(vec![
+            ("a".to_string(), *a.public()),
+            ("b".to_string(), *b.public()),
+        ]));
+        let mut node = test_node(&node_id, list);
+        let only_b = AppAccept::Only(["b".into()].into_iter().collect());
+        node.set_apps(vec![
+            HostedApp {
+                turn_records: 10,
+                ..HostedApp::open("main")
+            },
+            HostedApp {
+                accept: only_b,
+                ..HostedApp::open("quiet")
+            },
+        ]);
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let mut sa = Sender::new(SenderConfig::new(a, *node_id.public())).unwrap();
+        sa.open_flow("main", crate::proto::sender::FlowStart::At(1))
+            .unwrap();
+        sa.open_flow("quiet", crate::proto::sender::FlowStart::At(1))
+            .unwrap();
+        for i in 0..8u8 {
+            sa.queue("main", vec![i]).unwrap();
+        }
+        sa.queue("quiet", vec![1]).unwrap();
+        assert!(sa.poll_transmit(now, &mut out));
+        node.handle_datagram(now, addr(1), &out, &mut NoMemo);
+        // main has 8 of its 10 in the turn; b's frame of 5 for main does not fit its share, b's frame for quiet
+        // goes in.
+        let mut sb = Sender::new(SenderConfig::new(b, *node_id.public())).unwrap();
+        sb.open_flow("main", crate::proto::sender::FlowStart::At(1))
+            .unwrap();
+        sb.open_flow("quiet", crate::proto::sender::FlowStart::At(1))
+            .unwrap();
+        for i in 0..5u8 {
+            sb.queue("main", vec![i]).unwrap();
+        }
+        sb.queue("quiet", vec![9]).unwrap();
+        assert!(sb.poll_transmit(now, &mut out));
+        node.handle_datagram(now, addr(2), &out, &mut NoMemo);
+        assert_eq!(node.counters().busy_records, 5);
+        let turn = node.take_turn().unwrap();
+        let taken: Vec<(AppIndex, u64)> = turn.items.iter().map(|i| (i.app, i.count)).collect();
+        assert_eq!(taken, vec![(0, 8), (1, 1)]);
+        node.handle_turn_failed(turn.id);
+        // a may not send to quiet: refused, reason 2 (in the answer after the turn).
+        node.flush_acks();
+        let mut refused = Vec::new();
+        while let Some(t) = node.poll_transmit() {
+            if t.to != addr(1) {
+                continue;
+            }
+            sa.handle_datagram(now, &t.bytes);
+            while let Some(e) = sa.poll_event() {
+                if let crate::proto::sender::SenderEvent::Refused { app, reason } = e {
+                    refused.push((app, reason));
+                }
+            }
+        }
+        assert_eq!(refused, vec![("quiet".to_string(), 2)]);
+        // Paused: nothing of main is taken.
+        node.set_app_paused(0, true);
+        sb.handle_timeout(now + Duration::from_secs(5));
+        while sb.poll_transmit(now + Duration::from_secs(5), &mut out) {
+            node.handle_datagram(now + Duration::from_secs(5), addr(2), &out, &mut NoMemo);
+        }
+        assert_eq!(node.counters().paused_records, 5);
+        assert!(
+            node.take_turn()
+                .is_none_or(|t| t.items.iter().all(|i| i.app != 0))
+        );
+    }
 }
