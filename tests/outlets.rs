@@ -138,3 +138,62 @@ accept = []
     a.stop().unwrap();
     b.stop().unwrap();
 }
+
+#[test]
+fn an_app_whose_outlet_is_past_its_lag_budget_stops_taking_input_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = Identity::generate();
+    // The far side is a port nobody listens on: the outlet cannot deliver, its lag grows.
+    let dead = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    let a = LocalNode::start_apps(
+        dir.path(),
+        &[("dev".into(), *device.public())],
+        apps(&format!(
+            "[apps.main]\n[apps.main.outlets.away]\nkind = \"link\"\nto = \"{dead_addr}\"\n\
+             node_key = \"{}\"\napp = \"far\"\nmax_lag_records = 100\n",
+            encode_key(Identity::generate().public())
+        )),
+        Duration::from_secs(30),
+        4 << 20,
+    )
+    .unwrap();
+    let mut link = UdpLink::connect(device, a.public, a.addr).unwrap();
+    for i in 1..=200 {
+        link.sender()
+            .queue("main", format!("r{i}").into_bytes())
+            .unwrap();
+    }
+    assert_eq!(
+        link.deliver(Some(Duration::from_secs(10))).unwrap().unacked,
+        0
+    );
+    // 200 stored, 200 behind a budget of 100: the app takes no more.
+    wait_for("the app to pause", Duration::from_secs(10), || {
+        a.stats
+            .snapshot
+            .lock()
+            .unwrap()
+            .app_figures
+            .first()
+            .is_some_and(|f| f.paused_for_lag)
+    });
+    for i in 201..=300 {
+        link.sender()
+            .queue("main", format!("r{i}").into_bytes())
+            .unwrap();
+    }
+    let outcome = link.deliver(Some(Duration::from_secs(2))).unwrap();
+    assert_eq!(outcome.unacked, 100, "nothing acked while paused");
+    assert_eq!(
+        records(&a.state_dir, "main").len(),
+        200,
+        "nothing stored while paused"
+    );
+    let figures = a.stats.snapshot.lock().unwrap().app_figures.clone();
+    let out = &figures[0].outlets[0];
+    assert_eq!(out.lag_records, 200);
+    assert!(out.held_bytes <= 1 << 20);
+    a.stop().unwrap();
+}
