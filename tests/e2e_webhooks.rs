@@ -3,7 +3,8 @@
 //! receiver answers 500 to some batches and drops the connection of one, and A is killed with SIGKILL once in the
 //! middle: every record still reaches the receiver at least once, exactly once after deduplication by
 //! `(source, seq)`, and the batches have the shape docs/apps.md gives. And outlets to HTTPS servers whose
-//! certificate is not trusted (no `ca_file`, or another CA's) deliver nothing and say so.
+//! certificate is not to be trusted (no `ca_file`, another CA's, expired, for another name) deliver nothing and say
+//! so.
 
 mod http_util;
 mod ops_util;
@@ -264,6 +265,11 @@ fn outlets_to_untrusted_certificates_deliver_nothing_and_say_so() {
     let ca = http_util::test_ca(&ca_dir);
     let other = http_util::test_ca(&other_dir);
     let server = HookServer::start(&ca.cert_file, &ca.key_file, |_| Answer::Ok);
+    // Signed by the trusted CA, but expired.
+    let expired_dir = dir.path().join("expired");
+    std::fs::create_dir_all(&expired_dir).unwrap();
+    let expired = http_util::test_ca_with(&expired_dir, true);
+    let expired_server = HookServer::start(&expired.cert_file, &expired.key_file, |_| Answer::Ok);
 
     // Node B serves HTTPS with the test CA's certificate.
     let (key_a, pub_a) = keygen(dir.path(), "node-a");
@@ -305,10 +311,16 @@ fn outlets_to_untrusted_certificates_deliver_nothing_and_say_so() {
              ca_file = \"{other}\"\n\
              [apps.main.outlets.wire-other-ca]\nkind = \"wire\"\nurl = \"https://localhost:{http_b}/link\"\n\
              node_key = \"{key_b}\"\napp = \"secure\"\nca_file = \"{other}\"\n\
+             [apps.main.outlets.expired]\nkind = \"webhook\"\nurl = \"https://localhost:{expired_port}/expired\"\n\
+             ca_file = \"{expired_ca}\"\n\
+             [apps.main.outlets.wrong-name]\nkind = \"webhook\"\nurl = \"https://127.0.0.1:{port}/wrong-name\"\n\
+             ca_file = \"{ca}\"\n\
              [apps.main.outlets.good]\nkind = \"webhook\"\nurl = \"https://localhost:{port}/good\"\n\
              ca_file = \"{ca}\"\n",
             other = other.ca_file.display(),
             ca = ca.ca_file.display(),
+            expired_ca = expired.ca_file.display(),
+            expired_port = expired_server.port(),
             http_b = b.http.port(),
             key_b = b.public_key,
         ),
@@ -336,17 +348,22 @@ fn outlets_to_untrusted_certificates_deliver_nothing_and_say_so() {
         .unwrap();
     assert_sent(send, "dev0");
 
+    // (outlet, kind, what its log line says is wrong; both test CAs have one name, so another CA's certificate
+    // fails on its signature)
     let bad = [
-        ("system-roots", "webhook"),
-        ("other-ca", "webhook"),
-        ("wire-other-ca", "wire"),
+        ("system-roots", "webhook", "UnknownIssuer"),
+        ("other-ca", "webhook", "BadSignature"),
+        ("wire-other-ca", "wire", "BadSignature"),
+        ("expired", "webhook", "certificate expired"),
+        ("wrong-name", "webhook", "not valid for name"),
     ];
     wait_until("the good webhook to deliver everything", || {
         lag(&a, "main", "good", "webhook") == Some(0.0)
     });
     // Each untrusted outlet has failed its handshake more than once, so the log shows its rate limit.
     wait_until("two TLS errors on each untrusted outlet", || {
-        bad.iter().all(|(o, _)| errors(&a, "main", o, "tls") >= 2.0)
+        bad.iter()
+            .all(|(o, _, _)| errors(&a, "main", o, "tls") >= 2.0)
     });
 
     let requests = server.requests();
@@ -364,7 +381,7 @@ fn outlets_to_untrusted_certificates_deliver_nothing_and_say_so() {
     );
     assert!(records(&state_b, "secure").is_empty(), "B got nothing");
     let stderr = a.stderr_text();
-    for (outlet, kind) in bad {
+    for (outlet, kind, why) in bad {
         assert_eq!(
             lag(&a, "main", outlet, kind),
             Some(RECORDS as f64),
@@ -374,11 +391,13 @@ fn outlets_to_untrusted_certificates_deliver_nothing_and_say_so() {
         // Said once (at most once a minute), with what is wrong.
         assert_eq!(lines.len(), 1, "{outlet}: {lines:#?}");
         assert!(
-            lines[0].contains("TLS") && lines[0].contains("certificate"),
+            lines[0].contains("TLS") && lines[0].contains("certificate") && lines[0].contains(why),
             "{outlet}: {}",
             lines[0]
         );
         assert!(lines[0].contains("WARN"), "{}", lines[0]);
     }
-    eprintln!("{}", log_lines(&stderr, "main", "system-roots")[0]);
+    for (outlet, _, _) in bad {
+        eprintln!("{}", log_lines(&stderr, "main", outlet)[0]);
+    }
 }

@@ -226,6 +226,11 @@ pub struct TestCa {
 }
 
 pub fn test_ca(dir: &Path) -> TestCa {
+    test_ca_with(dir, false)
+}
+
+/// As [`test_ca`]; with `expired`, the server certificate was valid only in the year 2000.
+pub fn test_ca_with(dir: &Path, expired: bool) -> TestCa {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
         KeyPair, KeyUsagePurpose,
@@ -251,6 +256,10 @@ pub fn test_ca(dir: &Path) -> TestCa {
     params.use_authority_key_identifier_extension = true;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    if expired {
+        params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+    }
     let cert = params.signed_by(&key, &issuer).unwrap();
     let cert_file = dir.join("server.pem");
     let key_file = dir.join("server.key");
