@@ -215,14 +215,22 @@ impl AsTcp for TlsStream {
     }
 }
 
-/// A test CA and a server certificate for `localhost` signed by it, written as PEM into `dir`.
+/// A test CA and a server certificate for `localhost` signed by it, written as PEM into `dir` (`ca.pem`,
+/// `server.pem`, `server.key`: give each CA a directory of its own).
 pub struct TestCa {
     pub ca_der: Vec<u8>,
+    /// The CA's certificate as PEM, for an apps file's `ca_file`.
+    pub ca_file: PathBuf,
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
 }
 
 pub fn test_ca(dir: &Path) -> TestCa {
+    test_ca_with(dir, false)
+}
+
+/// As [`test_ca`]; with `expired`, the server certificate was valid only in the year 2000.
+pub fn test_ca_with(dir: &Path, expired: bool) -> TestCa {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
         KeyPair, KeyUsagePurpose,
@@ -248,13 +256,20 @@ pub fn test_ca(dir: &Path) -> TestCa {
     params.use_authority_key_identifier_extension = true;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    if expired {
+        params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+    }
     let cert = params.signed_by(&key, &issuer).unwrap();
     let cert_file = dir.join("server.pem");
     let key_file = dir.join("server.key");
+    let ca_file = dir.join("ca.pem");
     std::fs::write(&cert_file, cert.pem()).unwrap();
     std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    std::fs::write(&ca_file, ca_cert.pem()).unwrap();
     TestCa {
         ca_der: ca_cert.der().to_vec(),
+        ca_file,
         cert_file,
         key_file,
     }
