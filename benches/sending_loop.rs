@@ -7,7 +7,9 @@
 //!
 //! Arguments (after `cargo bench --bench sending_loop --`): `--round N` (written into each line), `--only
 //! PART[,PART]` with PART one of `limits`, `forward`, `wake`, `threads` (default: all), `--records N` (records in
-//! the source app, each forwarded once per outlet; default 1,000,000).
+//! the source app, each forwarded once per outlet; default 1,000,000), `--shapes S[,S]` with S one of `link/1`,
+//! `link/4`, `wire/1`, `wire/4` (default: all), `--far-turn-records N` (the far apps' `turn_records`; default the
+//! default, 16,384).
 //!
 //! The setup: **two nodes in one process**, each the real receive loop (`receive::ReadyNode`) on a thread of its
 //! own with real SQLite stores (WAL, `synchronous=FULL`) in a temporary directory, on loopback. Node A hosts app
@@ -296,11 +298,18 @@ fn run(mut ready: ReadyNode, name: &str, http: bool) -> (RunningNode, Option<Soc
     )
 }
 
+/// `turn_records` of the far node's apps (`--far-turn-records`; 0: the default, 16,384).
+static FAR_TURN_RECORDS: AtomicU64 = AtomicU64::new(0);
+
 /// Node B: apps `d1`..`dN`, each accepting only node A.
 fn start_far(dir: &Path, a_public: &[u8; 32], n: usize) -> (RunningNode, SocketAddr) {
     let mut toml = String::new();
+    let share = FAR_TURN_RECORDS.load(Ordering::Relaxed);
     for i in 1..=n {
         toml.push_str(&format!("[apps.d{i}]\naccept = [\"{NODE_A}\"]\n"));
+        if share > 0 {
+            toml.push_str(&format!("turn_records = {share}\n"));
+        }
     }
     let ready = prepare(dir, &format!("{NODE_A} {}\n", encode_key(a_public)), &toml);
     let (node, http) = run(ready, "b-recv", true);
@@ -477,6 +486,18 @@ fn forward(out: &Out, source: &Path, n: u64, kind: Kind, outlets: usize, mode: F
         (b.duplicate_records - b0.duplicate_records) as f64,
         "count",
     );
+    // Records the far node did not store at once: past a hole (a lost or dropped packet), or beyond the app's share
+    // of a turn (`turn_records`); either is sent again after a retransmission timeout.
+    out.emit(
+        &format!("{name}/far_gap_records"),
+        (b.gap_records - b0.gap_records) as f64,
+        "count",
+    );
+    out.emit(
+        &format!("{name}/far_busy_records"),
+        (b.busy_records - b0.busy_records) as f64,
+        "count",
+    );
     if kind == Kind::Wire {
         out.emit(
             &format!("{name}/records_per_request"),
@@ -550,6 +571,26 @@ fn udp_plain(out: &Out, size: usize, budget: Duration) {
         got as f64 / secs,
         "packets/s",
     );
+}
+
+/// What one durable commit costs here at least: a 4 KiB write and an fdatasync, 100 times; p50 and p90. This VM's
+/// disk switches between ~0.1 ms and several ms (research/001), which moves every figure that commits.
+fn fsync_floor(out: &Out) {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut f = std::fs::File::create(dir.path().join("sync")).expect("file");
+    let block = [0x5au8; 4096];
+    let mut times = Vec::with_capacity(100);
+    for i in 0..100u64 {
+        f.seek(SeekFrom::Start((i % 16) * 4096)).expect("seek");
+        f.write_all(&block).expect("write");
+        let t = Instant::now();
+        f.sync_data().expect("fdatasync");
+        times.push(t.elapsed());
+    }
+    times.sort();
+    out.emit("limit/fsync_4k/p50_ms", times[50].as_secs_f64() * 1e3, "ms");
+    out.emit("limit/fsync_4k/p90_ms", times[90].as_secs_f64() * 1e3, "ms");
 }
 
 /// Frames of a turn: (first sequence, records, their bytes in the turn's body).
@@ -631,8 +672,9 @@ fn read_alone(out: &Out, source: &Path, n: u64) {
     );
 }
 
-/// The sans-IO sender alone, as an outlet drives it: each record made a forwarded record (its origin prefixed),
-/// queued, then every packet built and sealed; no socket, no acks (the window is lifted).
+/// The sans-IO sender alone, as an outlet drives it: each record queued as a forwarded record (its origin
+/// prefixed, `Sender::queue_forwarded`), then every packet built and sealed; no socket, no acks (the window is
+/// lifted).
 fn sender_alone(out: &Out, source: &Path, n: u64) {
     let s = AppStore::open_read(source).expect("source");
     let chunks = s.read_from(1, n, usize::MAX).expect("read");
@@ -648,13 +690,9 @@ fn sender_alone(out: &Out, source: &Path, n: u64) {
     let t = Instant::now();
     for c in &chunks {
         for (k, record) in (0u64..).zip(c.records()) {
-            let mut v = Vec::with_capacity(Forwarded::len(
-                ORIGIN.as_bytes(),
-                c.first_seq + k,
-                record.len(),
-            ));
-            Forwarded::put_bare(&mut v, c.source.as_bytes(), c.first_seq + k, record);
-            sender.queue("d1", v).expect("queue");
+            sender
+                .queue_forwarded("d1", c.source.as_bytes(), c.first_seq + k, record)
+                .expect("queue");
         }
     }
     let queued = t.elapsed();
@@ -818,6 +856,7 @@ fn main() {
     let mut round = 1;
     let mut parts: Vec<String> = Vec::new();
     let mut n: u64 = 1_000_000;
+    let mut shapes_wanted: Vec<String> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -831,6 +870,18 @@ fn main() {
                     .collect()
             }
             "--records" => n = args.next().and_then(|v| v.parse().ok()).unwrap_or(n),
+            "--far-turn-records" => FAR_TURN_RECORDS.store(
+                args.next().and_then(|v| v.parse().ok()).unwrap_or(0),
+                Ordering::Relaxed,
+            ),
+            "--shapes" => {
+                shapes_wanted = args
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(str::to_string)
+                    .collect()
+            }
             // `cargo bench` passes --bench; anything else is ignored too.
             _ => {}
         }
@@ -850,6 +901,7 @@ fn main() {
     eprintln!("source store: {n} records in {:?}", t.elapsed());
     if want(&parts, "limits") {
         eprintln!("limits");
+        fsync_floor(&out);
         udp_plain(&out, wire::MAX_DATAGRAM, Duration::from_millis(500));
         store_alone(&out, 1, Duration::from_millis(700));
         store_alone(&out, 4, Duration::from_millis(700));
@@ -871,6 +923,9 @@ fn main() {
     if want(&parts, "wake") {
         runs.extend(shapes.map(|(k, o)| (k, o, FeedMode::RecordsPushPerTurn)));
         runs.extend(shapes.map(|(k, o)| (k, o, FeedMode::RecordsPushPerRecord)));
+    }
+    if !shapes_wanted.is_empty() {
+        runs.retain(|(k, o, _)| shapes_wanted.contains(&format!("{}/{o}", k.name())));
     }
     if !runs.is_empty() {
         let turn = round as usize % runs.len();
