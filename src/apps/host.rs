@@ -139,6 +139,24 @@ pub struct Host {
     inner: Vec<InnerOutlet>,
     wake: Arc<Wake>,
     next_outlet_id: u64,
+    /// How outlets are fed: [`FeedMode::Chunks`] always, but for research/006 ([`Host::set_feed_mode`]).
+    feed_mode: FeedMode,
+}
+
+/// How the host hands records to its link, wire and webhook outlets. The daemon always feeds [`FeedMode::Chunks`];
+/// the others exist **for measurement only** (research/006, `benches/sending_loop.rs`), to show what feeding whole
+/// chunks and pushing once per turn buys — BRIEF.md's lesson "wake per turn, not per record".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FeedMode {
+    /// The turn's chunks as they are, then one push per outlet per turn.
+    #[default]
+    Chunks,
+    /// Each record as a chunk of its own, then one push per outlet per turn (the cost of cutting, without the
+    /// wakes).
+    RecordsPushPerTurn,
+    /// Each record as a chunk of its own, and a push after every record: an owner that wakes the sending loop per
+    /// record.
+    RecordsPushPerRecord,
 }
 
 fn hosted(config: &AppConfig) -> HostedApp {
@@ -227,6 +245,7 @@ impl Host {
             inner: Vec::new(),
             wake,
             next_outlet_id: 1,
+            feed_mode: FeedMode::Chunks,
         };
         let mut changes = OutletChanges::default();
         for app in &config.apps {
@@ -349,6 +368,11 @@ impl Host {
 
     pub fn stores(&self) -> &Stores {
         &self.stores
+    }
+
+    /// **For measurement only** (research/006): how outlets are fed ([`FeedMode`]). Nothing in the daemon calls it.
+    pub fn set_feed_mode(&mut self, mode: FeedMode) {
+        self.feed_mode = mode;
     }
 
     /// Runs one turn (module docs). `node` gets the outcome of its turn, if it had one.
@@ -578,11 +602,28 @@ impl Host {
                         }
                     }
                 }
-                if !fed.is_empty() {
-                    o.outlet.feed(fed);
-                    o.fed_next = Some(at);
-                    o.outlet.push();
+                if fed.is_empty() {
+                    continue;
                 }
+                o.fed_next = Some(at);
+                match self.feed_mode {
+                    FeedMode::Chunks => o.outlet.feed(fed),
+                    // research/006's contrasts, never the daemon's path (see `FeedMode`).
+                    FeedMode::RecordsPushPerTurn => {
+                        for c in &fed {
+                            o.outlet.feed(single_records(c).map(Arc::new));
+                        }
+                    }
+                    FeedMode::RecordsPushPerRecord => {
+                        for c in &fed {
+                            for one in single_records(c) {
+                                o.outlet.feed([Arc::new(one)]);
+                                o.outlet.push();
+                            }
+                        }
+                    }
+                }
+                o.outlet.push();
             }
         }
     }
@@ -841,6 +882,23 @@ impl Host {
         node.set_apps(self.hosted_apps());
         Ok(done)
     }
+}
+
+/// `chunk` cut into chunks of one record each (research/006's [`FeedMode`]s).
+fn single_records(chunk: &Chunk) -> impl Iterator<Item = Chunk> + '_ {
+    (0u64..).zip(chunk.records()).map(move |(k, record)| {
+        let mut body = Vec::with_capacity(record.len() + 3);
+        crate::proto::wire::put_record(&mut body, record);
+        Chunk {
+            pos: chunk.pos + k,
+            source: chunk.source.clone(),
+            first_seq: chunk.first_seq + k,
+            count: 1,
+            format: chunk.format,
+            stored_at_ms: chunk.stored_at_ms,
+            body,
+        }
+    })
 }
 
 /// An inner outlet's chunk for its destination: the first `take` records, as forwarded records (a plain record's

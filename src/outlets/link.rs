@@ -23,7 +23,7 @@ use tokio::net::UdpSocket;
 use super::{Held, Outlet};
 use crate::proto::crypto::{Identity, PublicKeyBytes};
 use crate::proto::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
-use crate::proto::wire::{self, Forwarded, RecordFormat};
+use crate::proto::wire::{self, RecordFormat};
 use crate::sending::dns::Resolver;
 use crate::store::Chunk;
 
@@ -89,8 +89,8 @@ async fn open_socket(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     Ok(socket)
 }
 
-/// Appends the records of `chunk` from position `from` on to the sender's flow, as forwarded records. Returns the
-/// bytes queued.
+/// Appends the records of `chunk` from position `from` on to the sender's flow, as forwarded records, written
+/// straight into the sender's queue (no allocation per record). Returns the bytes queued.
 fn queue_chunk(
     sender: &mut Sender,
     far_app: &str,
@@ -98,26 +98,19 @@ fn queue_chunk(
     from: u64,
 ) -> Result<usize, String> {
     let mut bytes = 0;
-    for (pos, record) in (chunk.pos..).zip(chunk.records()) {
-        if pos < from {
-            continue;
-        }
-        let forwarded = match chunk.format {
+    let skip = from.saturating_sub(chunk.pos) as usize;
+    for (pos, record) in (chunk.pos..).zip(chunk.records()).skip(skip) {
+        let queued = match chunk.format {
             // A record that came from a device here: its origin is its source and sequence here.
             RecordFormat::Plain => {
                 let seq = chunk.first_seq + (pos - chunk.pos);
-                let mut v =
-                    Vec::with_capacity(Forwarded::len(chunk.source.as_bytes(), seq, record.len()));
-                Forwarded::put_bare(&mut v, chunk.source.as_bytes(), seq, record);
-                v
+                sender.queue_forwarded(far_app, chunk.source.as_bytes(), seq, record)
             }
             // Already forwarded: its origin stays (protocol.md 5.4).
-            RecordFormat::Forwarded => record.to_vec(),
+            RecordFormat::Forwarded => sender.queue_slice(far_app, record).map(|()| record.len()),
         };
-        bytes += forwarded.len();
-        sender
-            .queue(far_app, forwarded)
-            .map_err(|e| format!("record at position {pos} cannot be forwarded: {e}"))?;
+        bytes +=
+            queued.map_err(|e| format!("record at position {pos} cannot be forwarded: {e}"))?;
     }
     Ok(bytes)
 }

@@ -330,6 +330,12 @@ impl ReadyNode {
         self.socket.local_addr().unwrap_or(self.settings.link_addr)
     }
 
+    /// **For measurement only** (research/006): how the host feeds its outlets, e.g. a record at a time with a
+    /// wake of the sending loop after each instead of one push per turn ([`crate::apps::host::FeedMode`]).
+    pub fn set_feed_mode(&mut self, mode: crate::apps::host::FeedMode) {
+        self.host.set_feed_mode(mode);
+    }
+
     pub fn public_key(&self) -> String {
         keys::encode_key(self.node.public_key())
     }
