@@ -50,7 +50,7 @@ pub use links::LINK_BYTES_PER_ROUND;
 pub use local::LocalNode;
 
 /// Datagrams read per round before the turn is applied (BRIEF.md: bound the work per round).
-const BATCH: usize = 1024;
+const BATCH: usize = 4096;
 /// Longest the loop sleeps without looking at the stop flag.
 const MAX_WAIT: Duration = Duration::from_millis(100);
 /// How often a summary line is logged while traffic flows.
