@@ -62,6 +62,12 @@ pub struct NodeArgs {
     /// /etc/hosts is read first either way. Lookups never stop other outlets.
     #[arg(long, value_name = "ADDR", value_parser = parse_dns_server)]
     pub dns: Option<SocketAddr>,
+    /// Start even though the state directory looks like it lost data: the key file missing beside the stores, a
+    /// different key than the one the state belongs to, or the store of an app that existed gone (STATE/identity
+    /// records what was there; docs/durability.md). What is missing is made anew: a new key locks out every sender
+    /// until they are given its public key, and a new store starts its senders' flows from 0.
+    #[arg(long)]
+    pub accept_lost_state: bool,
 }
 
 fn parse_dns_server(s: &str) -> Result<SocketAddr, String> {
@@ -107,6 +113,7 @@ impl NodeArgs {
             apps_file: self.apps.clone(),
             recv_buffer: self.recv_buffer,
             dns: crate::sending::dns::DnsSettings { server: self.dns },
+            accept_lost_state: self.accept_lost_state,
             state_dir,
         })
     }

@@ -43,6 +43,7 @@ use crate::sending::dns::DnsSettings;
 use crate::sending::{LoopSettings, SendingLoop};
 use crate::store::StoreError;
 use crate::store::memo::Memo;
+use crate::store::state::{self, StateError, StateLock};
 
 mod links;
 mod local;
@@ -67,6 +68,8 @@ pub enum NodeError {
     Senders(#[from] SendersError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    State(#[from] StateError),
     #[error("cannot create state directory {path}: {source}")]
     StateDir {
         path: PathBuf,
@@ -107,6 +110,8 @@ pub struct NodeSettings {
     pub recv_buffer: usize,
     /// Name servers for outlets given by name.
     pub dns: DnsSettings,
+    /// Start even where the state looks like it lost data (`--accept-lost-state`; [`state::judge`]).
+    pub accept_lost_state: bool,
 }
 
 /// Live figures a caller (the demo, tests, later metrics) may read while the node runs.
@@ -175,6 +180,10 @@ pub struct ReadyNode {
     next_link_request: u64,
     /// The link requests taken this round, waiting for their answers.
     link_round: links::LinkRound,
+    /// The state directory's lock: held while this node serves from it.
+    _lock: StateLock,
+    /// What `STATE/identity` says (kept current as apps are added).
+    state_identity: state::Identity,
 }
 
 fn create_private_dir(path: &Path) -> Result<(), NodeError> {
@@ -235,7 +244,8 @@ impl ReadyNode {
     /// Loads the key (making one if missing), the senders file and the stores, and binds the socket.
     pub fn prepare(settings: NodeSettings) -> Result<Self, NodeError> {
         create_private_dir(&settings.state_dir)?;
-        let (identity, key_created) = keys::load_or_create_identity(&settings.key_file)?;
+        let lock = StateLock::acquire(&settings.state_dir)?;
+        let (identity, key_created, state_identity) = check_state(&settings)?;
         let (senders, senders_source) = match &settings.senders_file {
             Some(path) => {
                 let (list, how) = senders::load_indexed(path, &settings.state_dir)?;
@@ -267,6 +277,7 @@ impl ReadyNode {
         let wake = Arc::new(Wake::new().map_err(NodeError::Socket)?);
         let (host, outlets) = Host::open(&settings.state_dir, &settings.apps, wake.clone())?;
         let memo = Memo::open(&settings.state_dir.join("memo.sqlite"))?;
+        let state_identity = record_apps(&settings.state_dir, state_identity, &host.app_names())?;
         let socket = bind_udp(settings.link_addr, settings.recv_buffer)?;
         let mut node = Node::new(
             NodeConfig {
@@ -310,6 +321,8 @@ impl ReadyNode {
             links: None,
             next_link_request: 0,
             link_round: links::LinkRound::default(),
+            _lock: lock,
+            state_identity,
         })
     }
 
@@ -629,6 +642,16 @@ impl ReadyNode {
                 }
                 self.apply_outlet_changes(done.outlets);
                 self.settings.apps = new;
+                match record_apps(
+                    &self.settings.state_dir,
+                    self.state_identity.clone(),
+                    &self.host.app_names(),
+                ) {
+                    Ok(id) => self.state_identity = id,
+                    Err(e) => tracing::warn!(
+                        "{e}; a restart cannot tell if the new apps' stores go missing"
+                    ),
+                }
                 self.publish();
             }
             Err(e) => tracing::error!(
@@ -829,6 +852,69 @@ impl ReadyNode {
             .sessions
             .store(self.node.sessions_active() as u64, Ordering::Relaxed);
     }
+}
+
+/// Loads the node's key (or makes one) once the state directory has been compared with its identity file: a state
+/// that looks like it lost data is refused unless `accept_lost_state` ([`state::judge`]). Returns the key, whether
+/// it was made, and the identity the state now has (written by [`record_apps`]).
+fn check_state(
+    settings: &NodeSettings,
+) -> Result<(crypto::Identity, bool, state::Identity), NodeError> {
+    let dir = &settings.state_dir;
+    let recorded = state::Identity::read(dir)?;
+    let existing = if settings.key_file.exists() {
+        Some(keys::read_identity(&settings.key_file)?)
+    } else {
+        None
+    };
+    let stores = crate::store::list_apps(dir);
+    let apps: Vec<String> = settings.apps.apps.iter().map(|a| a.name.clone()).collect();
+    let problems = state::judge(&state::Found {
+        dir,
+        identity: recorded.as_ref(),
+        key_file: &settings.key_file,
+        key: existing.as_ref().map(|k| *k.public()),
+        stores: &stores,
+        apps: &apps,
+    });
+    if !problems.is_empty() {
+        if !settings.accept_lost_state {
+            return Err(StateError::LooksLost {
+                dir: dir.clone(),
+                problems,
+            }
+            .into());
+        }
+        for p in &problems {
+            tracing::warn!("{}: starting anyway: {p}", state::ACCEPT_FLAG);
+        }
+    }
+    let (identity, created) = match existing {
+        Some(id) => (id, false),
+        None => keys::load_or_create_identity(&settings.key_file)?,
+    };
+    let mut recorded = recorded.unwrap_or_default();
+    if recorded.public_key != *identity.public() {
+        recorded = state::Identity {
+            public_key: *identity.public(),
+            apps: Default::default(),
+        };
+    }
+    Ok((identity, created, recorded))
+}
+
+/// Adds `apps` (whose stores are open) to the state's identity file, writing it only when it changes.
+fn record_apps(
+    dir: &Path,
+    mut identity: state::Identity,
+    apps: &[String],
+) -> Result<state::Identity, StateError> {
+    let before = identity.clone();
+    identity.apps.extend(apps.iter().cloned());
+    if identity != before || !state::Identity::path(dir).exists() {
+        identity.write(dir)?;
+    }
+    Ok(identity)
 }
 
 /// The apps file's warnings (accept lists naming senders the senders file does not list), with one pass over the

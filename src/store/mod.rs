@@ -8,6 +8,7 @@
 
 pub mod json;
 pub mod memo;
+pub mod state;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
