@@ -276,8 +276,9 @@ impl ReadyNode {
         }
         let wake = Arc::new(Wake::new().map_err(NodeError::Socket)?);
         let (host, outlets) = Host::open(&settings.state_dir, &settings.apps, wake.clone())?;
-        let memo = Memo::open(&settings.state_dir.join("memo.sqlite"))?;
-        let state_identity = record_apps(&settings.state_dir, state_identity, &host.app_names())?;
+        let memo = Memo::open_or_none(&settings.state_dir.join("memo.sqlite"));
+        let state_identity =
+            record_apps(&settings.state_dir, state_identity, &host.open_app_names())?;
         let socket = bind_udp(settings.link_addr, settings.recv_buffer)?;
         let mut node = Node::new(
             NodeConfig {
@@ -645,7 +646,7 @@ impl ReadyNode {
                 match record_apps(
                     &self.settings.state_dir,
                     self.state_identity.clone(),
-                    &self.host.app_names(),
+                    &self.host.open_app_names(),
                 ) {
                     Ok(id) => self.state_identity = id,
                     Err(e) => tracing::warn!(

@@ -110,10 +110,15 @@ impl StateLock {
             }
             return Err(lock_err(e));
         }
-        file.set_len(0)
-            .and_then(|_| file.rewind())
-            .and_then(|_| writeln!(file, "{}", std::process::id()))
-            .map_err(lock_err)?;
+        // The pid is written over the old one in place, padded to a fixed width, so that on a full disk (where
+        // a new block cannot be had) the lock still works; only the pid it shows may then be stale.
+        let pid = format!("{:<20}\n", std::process::id());
+        if let Err(e) = file.rewind().and_then(|_| file.write_all(pid.as_bytes())) {
+            tracing::warn!(
+                "cannot write this node's pid into {} ({e}); the lock holds all the same",
+                path.display()
+            );
+        }
         Ok(StateLock { _file: file, path })
     }
 
