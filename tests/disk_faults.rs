@@ -226,6 +226,11 @@ fn disk_full_while_serving_then_freed(fs: &SmallFs) {
     fs.free();
     let (ok, text) = finish(sending);
     assert!(ok, "the send resumes once there is room: {text}");
+    assert!(
+        text.contains("the node cannot store app main now"),
+        "{text}"
+    );
+    assert!(text.contains("the node stores app main again"), "{text}");
     assert!(alive(&mut node), "no restart: {}", node.stderr_text());
     wait_until("/healthz ok again", || node.http_get("/healthz").0 == 200);
     let mut all = a;
@@ -341,6 +346,11 @@ fn a_store_deleted_while_serving_is_noticed_and_nothing_is_acked_after() {
             b.len()
         )),
         "nothing after the deletion is acked: {text}"
+    );
+    // The node told the sender why (NOT_STORED), and send says it.
+    assert!(
+        text.contains("the node said it cannot store app main"),
+        "{text}"
     );
     let body = wait_unhealthy(&node, "app main cannot store");
     assert!(body.contains("main.sqlite was deleted"), "{body}");

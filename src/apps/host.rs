@@ -188,6 +188,7 @@ fn hosted(config: &AppConfig) -> HostedApp {
         },
         turn_records: config.turn_records.max(1),
         paused: false,
+        cannot_store: false,
     }
 }
 
@@ -379,6 +380,7 @@ impl Host {
             .map(|a| {
                 let mut h = hosted(&a.config);
                 h.paused = a.failure.is_some() || a.lag_paused;
+                h.cannot_store = a.failure.is_some();
                 h
             })
             .collect()
@@ -489,6 +491,7 @@ impl Host {
                     );
                     app.failure = Some(Failure::new(why, now));
                     node.set_app_paused(i as AppIndex, true);
+                    node.set_app_cannot_store(i as AppIndex, true);
                 }
             }
         }
@@ -686,6 +689,7 @@ impl Host {
                     );
                     app.failure = None;
                     node.set_app_paused(i as AppIndex, app.lag_paused);
+                    node.set_app_cannot_store(i as AppIndex, false);
                 }
                 Err(e) => {
                     f.why = e.to_string();
