@@ -106,6 +106,15 @@ pub fn parse(path: &Path, text: &[u8]) -> Result<AllowList, SendersError> {
     Ok(AllowList::from_backing(Box::new(bytes)).expect("a freshly encoded list is well formed"))
 }
 
+/// A name as a message shows it: quoted, and cut after 40 characters (a 10 kB line is not echoed whole).
+fn shown(name: &str) -> String {
+    const SHOWN: usize = 40;
+    match name.char_indices().nth(SHOWN) {
+        Some((at, _)) => format!("{:?}… ({} bytes)", &name[..at], name.len()),
+        None => format!("{name:?}"),
+    }
+}
+
 /// FNV-1a: a fast hash to bring equal names next to each other when sorting; equality is then checked in full.
 fn name_hash(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -122,6 +131,8 @@ pub fn encode(path: &Path, text: &[u8], stamp: SourceStamp) -> Result<Vec<u8>, S
     let mut names: Vec<&str> = Vec::with_capacity(guess);
     let mut lines: Vec<u32> = Vec::with_capacity(guess);
     let mut key_buf = [0u8; 48];
+    // A byte order mark some editors put first is not part of the first name.
+    let text = text.strip_prefix(b"\xef\xbb\xbf").unwrap_or(text);
     for (i, raw) in text.split(|&b| b == b'\n').enumerate() {
         let line = i + 1;
         let content = match raw.iter().position(|&b| b == b'#') {
@@ -155,7 +166,8 @@ pub fn encode(path: &Path, text: &[u8], stamp: SourceStamp) -> Result<Vec<u8>, S
             problems.push(LineProblem {
                 line,
                 what: format!(
-                    "name {name:?} is not 1–{MAX_NAME_LEN} characters of letters, digits and . _ : @ -"
+                    "name {} is not 1–{MAX_NAME_LEN} characters of letters, digits and . _ : @ -",
+                    shown(name)
                 ),
             });
             continue;
@@ -193,7 +205,10 @@ pub fn encode(path: &Path, text: &[u8], stamp: SourceStamp) -> Result<Vec<u8>, S
             }),
             Err(_) => problems.push(LineProblem {
                 line,
-                what: format!("public key of {name} is not valid base64"),
+                what: match crate::keys::base64_shape_problem(key) {
+                    Some(shape) => format!("public key of {name} {shape}"),
+                    None => format!("public key of {name} is not valid base64"),
+                },
             }),
         }
     }
@@ -455,6 +470,45 @@ mod tests {
             );
         }
         assert!(!err.contains("s.txt:4"), "{err}");
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_not_part_of_the_first_name() {
+        let text = format!("\u{feff}alpha {}\n", k(1));
+        let list = parse(Path::new("s.txt"), text.as_bytes()).unwrap();
+        assert_eq!(list.find(&[1; 32]).map(|i| list.name(i)), Some("alpha"));
+    }
+
+    #[test]
+    fn a_long_bad_name_is_not_echoed_whole() {
+        let name = "é".repeat(5000);
+        let text = format!("{name} {}\n", k(1));
+        let err = parse(Path::new("s.txt"), text.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("… (10000 bytes)"), "{err}");
+        assert!(err.len() < 400, "{} bytes: {err}", err.len());
+    }
+
+    #[test]
+    fn near_miss_base64_keys_say_what_was_expected() {
+        let mut key = [7u8; 32];
+        key[0] = 0xfb;
+        key[1] = 0xff;
+        let url = base64::engine::general_purpose::URL_SAFE.encode(key);
+        let unpadded = STANDARD.encode(key).trim_end_matches('=').to_string();
+        let text = format!("a {url}\nb {unpadded}\n");
+        let err = parse(Path::new("s.txt"), text.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("s.txt:1: public key of a is URL-safe base64"),
+            "{err}"
+        );
+        assert!(
+            err.contains("s.txt:2: public key of b lacks its = padding"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -56,7 +56,7 @@ pub struct NodeArgs {
     /// Socket receive buffer to ask the kernel for, in bytes. Bursts beyond it are dropped by the kernel and sent
     /// again by the senders; 4 MiB kept four links at full speed without loss (research/004). Past
     /// net.core.rmem_max only as root or with CAP_NET_ADMIN; the node warns when it got less.
-    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20, value_parser = parse_recv_buffer)]
     pub recv_buffer: usize,
     /// Name server for outlets given by name (`IP` or `IP:PORT`). Default: the system's, from /etc/resolv.conf;
     /// /etc/hosts is read first either way. Lookups never stop other outlets.
@@ -68,6 +68,30 @@ pub struct NodeArgs {
     /// until they are given its public key, and a new store starts its senders' flows from 0.
     #[arg(long)]
     pub accept_lost_state: bool,
+}
+
+/// Smallest `--recv-buffer` taken: below it a burst of one sender overflows the buffer and the node crawls
+/// through retransmissions (a buffer of 1 byte was measured 300× slower than the default).
+pub const MIN_RECV_BUFFER: usize = 64 << 10;
+/// Largest: the kernel keeps SO_RCVBUF in an int and doubles what it is asked for.
+pub const MAX_RECV_BUFFER: usize = (i32::MAX / 2) as usize;
+
+fn parse_recv_buffer(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of bytes (e.g. 4194304 for 4 MiB)"))?;
+    if n < MIN_RECV_BUFFER {
+        return Err(format!(
+            "{n} bytes is too small: bursts beyond it are dropped and resent, which makes the node crawl; give at \
+             least {MIN_RECV_BUFFER} (the default is 4194304)"
+        ));
+    }
+    if n > MAX_RECV_BUFFER {
+        return Err(format!(
+            "{n} bytes is more than the kernel can give a socket; give at most {MAX_RECV_BUFFER}"
+        ));
+    }
+    Ok(n)
 }
 
 fn parse_dns_server(s: &str) -> Result<SocketAddr, String> {

@@ -76,7 +76,8 @@ pub enum NodeError {
         source: std::io::Error,
     },
     #[error(
-        "cannot listen on UDP {addr}: {source} (is another node on that port? choose one with --link-port)"
+        "cannot listen on UDP {addr}: {}",
+        crate::ops::bind_problem(source, *addr, "--link-port")
     )]
     Bind {
         addr: SocketAddr,
@@ -250,6 +251,13 @@ impl ReadyNode {
             Some(path) => {
                 let (list, how) = senders::load_indexed(path, &settings.state_dir)?;
                 let n = list.len();
+                if n == 0 {
+                    tracing::warn!(
+                        "senders file {} lists no senders: nobody can send until it does (add `NAME \
+                         PUBLIC_KEY` lines and reload with SIGHUP)",
+                        path.display()
+                    );
+                }
                 let how = match how {
                     senders::IndexUse::Mapped => "index unchanged",
                     senders::IndexUse::Rebuilt => "index rebuilt",

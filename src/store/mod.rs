@@ -1344,3 +1344,68 @@ mod layout_tests {
         assert_eq!(AppStore::open_read(&path).unwrap().head(), 5);
     }
 }
+
+#[cfg(test)]
+mod guard_cost {
+    use super::*;
+    use std::time::Instant;
+
+    /// research/008-full-disk: what the file guard (three stats per commit, and the -shm kept allocated ahead)
+    /// costs a commit of one record with `synchronous=FULL`, beside the same store without it. Prints one JSON
+    /// line; run with `cargo test --release --lib guard_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn commit_cost_with_and_without_the_file_guard() {
+        const COMMITS: u64 = 2000;
+        let dir = tempfile::tempdir().unwrap();
+        let record = {
+            let mut v = Vec::new();
+            crate::proto::wire::put_record(&mut v, &[7u8; 100]);
+            v
+        };
+        let mut results = Vec::new();
+        for round in 0..3 {
+            for guarded in [true, false] {
+                let path = dir.path().join(format!("apps/{round}-{guarded}.sqlite"));
+                let mut s = AppStore::open(&path).unwrap();
+                if !guarded {
+                    s.guard = None;
+                }
+                let started = Instant::now();
+                for seq in 1..=COMMITS {
+                    let mut pieces = [Piece {
+                        source: "dev",
+                        first_seq: seq,
+                        count: 1,
+                        format: RecordFormat::Plain,
+                        records: &record,
+                    }];
+                    s.apply(&mut pieces, &[], false).unwrap();
+                }
+                let us = started.elapsed().as_secs_f64() * 1e6 / COMMITS as f64;
+                results.push((guarded, us));
+            }
+        }
+        let mut g = disk::FileGuard::new(&dir.path().join("apps/0-true.sqlite")).unwrap();
+        let started = Instant::now();
+        for _ in 0..100_000 {
+            g.verify().unwrap();
+        }
+        let verify_ns = started.elapsed().as_secs_f64() * 1e9 / 100_000.0;
+        let median = |want: bool| {
+            let mut v: Vec<f64> = results
+                .iter()
+                .filter(|(g, _)| *g == want)
+                .map(|(_, us)| *us)
+                .collect();
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        println!(
+            "{{\"bench\":\"guard_cost\",\"commits\":{COMMITS},\"runs\":{results:?},\"guarded_us_median\":{:.1},\
+             \"unguarded_us_median\":{:.1},\"verify_ns\":{verify_ns:.0}}}",
+            median(true),
+            median(false)
+        );
+    }
+}

@@ -284,14 +284,8 @@ pub fn judge(f: &Found<'_>) -> Vec<String> {
             stores_list(),
             f.dir.join("apps").display()
         )),
-        (None, Some(k)) if f.stores.is_empty() && f.key_file.parent() == Some(f.dir) => {
-            problems.push(format!(
-                "the key file {} (node {}) is here but the stores and {} are not: were they deleted?",
-                f.key_file.display(),
-                key_text(&k),
-                Identity::path(f.dir).display()
-            ))
-        }
+        // A key with neither stores nor an identity file is a first start with a key made beforehand (with
+        // `keygen`, in the state directory or elsewhere): nothing says data was there.
         _ => {}
     }
     if let Some(id) = f.identity {
@@ -383,8 +377,8 @@ mod tests {
         assert!(p[0].contains("says this state belongs to node"), "{p:?}");
         let p = f(None, None, &["main"]);
         assert!(p[0].contains("missing beside the stores of main"), "{p:?}");
-        let p = f(None, Some([1; 32]), &[]);
-        assert!(p[0].contains("were they deleted"), "{p:?}");
+        // A key made beforehand, first start.
+        assert!(f(None, Some([1; 32]), &[]).is_empty());
         let p = f(Some(&id), Some([1; 32]), &[]);
         assert!(p[0].contains("store of app main"), "{p:?}");
         // A key kept outside the state directory, first start: fine.
