@@ -938,6 +938,29 @@ mod tests {
     }
 
     #[test]
+    fn short_long_and_foreign_datagrams_are_dropped_by_their_stage_before_any_crypto() {
+        let node_id = Identity::generate();
+        let dev = Identity::generate();
+        let list = Arc::new(AllowList::from_unique(vec![("dev".into(), *dev.public())]));
+        let mut node = test_node(&node_id, list);
+        let now = Instant::now();
+        node.handle_datagram(now, addr(1), &[wire::TYPE_SENDER; 10], &mut NoMemo);
+        node.handle_datagram(now, addr(1), &vec![wire::TYPE_SENDER; 4000], &mut NoMemo);
+        let mut foreign = vec![0u8; 96];
+        foreign[0] = 0x21; // version 2
+        node.handle_datagram(now, addr(1), &foreign, &mut NoMemo);
+        let mut huge_pn = vec![0u8; 96];
+        huge_pn[0] = wire::TYPE_SENDER;
+        huge_pn[13] = 0xff; // packet number ≥ 2^62
+        node.handle_datagram(now, addr(1), &huge_pn, &mut NoMemo);
+        let c = node.counters();
+        assert_eq!(c.dropped(DropReason::Size), 2);
+        assert_eq!(c.dropped(DropReason::Version), 1);
+        assert_eq!(c.dropped(DropReason::Malformed), 1);
+        assert_eq!(c.x25519, 0, "no public-key work for any of them");
+    }
+
+    #[test]
     fn reload_keeps_listed_runs_and_refuses_removed_senders() {
         let node_id = Identity::generate();
         let (a, b) = (Identity::generate(), Identity::generate());

@@ -1350,62 +1350,124 @@ mod guard_cost {
     use super::*;
     use std::time::Instant;
 
-    /// research/008-full-disk: what the file guard (three stats per commit, and the -shm kept allocated ahead)
-    /// costs a commit of one record with `synchronous=FULL`, beside the same store without it. Prints one JSON
-    /// line; run with `cargo test --release --lib guard_cost -- --ignored --nocapture`.
+    /// research/008-full-disk: what the file guard (two stats before and two after each commit, and the `-shm`
+    /// kept allocated ahead) costs a commit of one record with `synchronous=FULL`. One store, the guard switched on
+    /// and off every 100 commits, so both modes meet the same disk at the same moments; prints one JSON line. Run
+    /// with `cargo test --release --lib guard_cost -- --ignored --nocapture`.
     #[test]
     #[ignore]
     fn commit_cost_with_and_without_the_file_guard() {
-        const COMMITS: u64 = 2000;
+        const BLOCKS: u64 = 40;
+        const PER_BLOCK: u64 = 100;
         let dir = tempfile::tempdir().unwrap();
         let record = {
             let mut v = Vec::new();
             crate::proto::wire::put_record(&mut v, &[7u8; 100]);
             v
         };
-        let mut results = Vec::new();
-        for round in 0..3 {
-            for guarded in [true, false] {
-                let path = dir.path().join(format!("apps/{round}-{guarded}.sqlite"));
-                let mut s = AppStore::open(&path).unwrap();
-                if !guarded {
-                    s.guard = None;
+        let path = dir.path().join("apps/guard.sqlite");
+        let mut s = AppStore::open(&path).unwrap();
+        let mut parked = None;
+        let (mut on, mut off) = (Vec::new(), Vec::new());
+        let mut seq = 0;
+        for block in 0..BLOCKS {
+            // GUARD_COST_ODD: the guard on in the odd blocks instead, to see any bias of the order.
+            let guarded = (block % 2 == 0) != std::env::var_os("GUARD_COST_ODD").is_some();
+            if guarded {
+                if let Some(g) = parked.take() {
+                    s.guard = Some(g);
                 }
-                let started = Instant::now();
-                for seq in 1..=COMMITS {
-                    let mut pieces = [Piece {
-                        source: "dev",
-                        first_seq: seq,
-                        count: 1,
-                        format: RecordFormat::Plain,
-                        records: &record,
-                    }];
-                    s.apply(&mut pieces, &[], false).unwrap();
-                }
-                let us = started.elapsed().as_secs_f64() * 1e6 / COMMITS as f64;
-                results.push((guarded, us));
+            } else {
+                parked = s.guard.take();
             }
+            let started = Instant::now();
+            for _ in 0..PER_BLOCK {
+                seq += 1;
+                let mut pieces = [Piece {
+                    source: "dev",
+                    first_seq: seq,
+                    count: 1,
+                    format: RecordFormat::Plain,
+                    records: &record,
+                }];
+                // GUARD_COST_PARTS=verify: the off blocks do the guard's two checks by hand, without its -shm
+                // allocation (to tell the parts' costs apart).
+                let by_hand = !guarded && std::env::var_os("GUARD_COST_PARTS").is_some();
+                if by_hand && let Some(g) = parked.as_mut() {
+                    let _ = g.verify();
+                }
+                s.apply(&mut pieces, &[], false).unwrap();
+                if by_hand && let Some(g) = parked.as_mut() {
+                    let _ = g.verify();
+                }
+            }
+            let us = started.elapsed().as_secs_f64() * 1e6 / PER_BLOCK as f64;
+            if guarded { on.push(us) } else { off.push(us) }
         }
-        let mut g = disk::FileGuard::new(&dir.path().join("apps/0-true.sqlite")).unwrap();
+        if let Some(g) = parked.take() {
+            s.guard = Some(g);
+        }
+        let g = s.guard.as_mut().unwrap();
         let started = Instant::now();
         for _ in 0..100_000 {
             g.verify().unwrap();
         }
         let verify_ns = started.elapsed().as_secs_f64() * 1e9 / 100_000.0;
-        let median = |want: bool| {
-            let mut v: Vec<f64> = results
-                .iter()
-                .filter(|(g, _)| *g == want)
-                .map(|(_, us)| *us)
-                .collect();
+        let median = |v: &mut Vec<f64>| {
             v.sort_by(|a, b| a.total_cmp(b));
             v[v.len() / 2]
         };
         println!(
-            "{{\"bench\":\"guard_cost\",\"commits\":{COMMITS},\"runs\":{results:?},\"guarded_us_median\":{:.1},\
+            "{{\"bench\":\"guard_cost\",\"commits_per_mode\":{},\"guarded_us_median\":{:.1},\
              \"unguarded_us_median\":{:.1},\"verify_ns\":{verify_ns:.0}}}",
-            median(true),
-            median(false)
+            BLOCKS / 2 * PER_BLOCK,
+            median(&mut on),
+            median(&mut off)
         );
+    }
+
+    /// docs/durability.md: what `synchronous` costs, side by side — commits of 1 and of 256 records with FULL (the
+    /// node's setting: on disk before the ack, through power loss), NORMAL (a power loss may lose the last commits
+    /// of WAL, a process crash none) and OFF. Prints one JSON line per setting and batch: records per second and
+    /// the median and 99th-percentile commit time (the part of an ack's latency the store adds). Run with
+    /// `cargo test --release --lib durability_costs -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn durability_costs() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut one = Vec::new();
+        crate::proto::wire::put_record(&mut one, &[7u8; 100]);
+        for batch in [1u64, 256] {
+            let records: Vec<u8> = (0..batch).flat_map(|_| one.clone()).collect();
+            let commits = if batch == 1 { 2000 } else { 400 };
+            for sync in ["FULL", "NORMAL", "OFF"] {
+                let path = dir.path().join(format!("apps/{sync}-{batch}.sqlite"));
+                let mut s = AppStore::open(&path).unwrap();
+                s.conn.pragma_update(None, "synchronous", sync).unwrap();
+                let mut times = Vec::with_capacity(commits);
+                let started = Instant::now();
+                for c in 0..commits as u64 {
+                    let mut pieces = [Piece {
+                        source: "dev",
+                        first_seq: c * batch + 1,
+                        count: batch,
+                        format: RecordFormat::Plain,
+                        records: &records,
+                    }];
+                    let t = Instant::now();
+                    s.apply(&mut pieces, &[], false).unwrap();
+                    times.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                let secs = started.elapsed().as_secs_f64();
+                times.sort_by(|a, b| a.total_cmp(b));
+                println!(
+                    "{{\"bench\":\"durability\",\"synchronous\":\"{sync}\",\"records_per_commit\":{batch},\
+                     \"commits\":{commits},\"records_per_s\":{:.0},\"commit_us_p50\":{:.0},\"commit_us_p99\":{:.0}}}",
+                    (commits as u64 * batch) as f64 / secs,
+                    times[times.len() / 2],
+                    times[times.len() * 99 / 100]
+                );
+            }
+        }
     }
 }
