@@ -483,6 +483,9 @@ impl ReadyNode {
                             let path = p.path.clone();
                             pending = None;
                             self.finish_reload(&path, result, notifier);
+                            // The reading thread's buffers (a million lines' worth) and, after a good reload,
+                            // the old list are freed now: give them back rather than keep them in the heap.
+                            release_freed_memory();
                         }
                         Err(TryRecvError::Empty) => {}
                         Err(TryRecvError::Disconnected) => {
