@@ -144,6 +144,7 @@ impl NodeArgs {
 }
 
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
+    crate::receive::fix_malloc_thresholds();
     let settings = args.settings().context("the node did not start")?;
     let state = settings.state_dir.clone();
     let key_file = settings.key_file.clone();

@@ -388,6 +388,8 @@ impl ReadyNode {
         // The socket is bound (prepare did it) and the loop is about to turn: from here a datagram is served.
         self.stats.heartbeat.beat(Instant::now());
         self.publish();
+        // What reading the senders file and opening the stores freed goes back before serving starts.
+        release_freed_memory();
         if let Some(n) = notifier {
             last_status = self.status_line();
             n.ready(&last_status);
@@ -982,6 +984,20 @@ const SENDING_STALE: Duration = Duration::from_secs(3);
 
 /// Sessions swept in one sweep that make it worth giving freed heap back to the kernel.
 const TRIM_AFTER_SWEPT: u64 = 1024;
+
+/// Fixes glibc's thresholds at their defaults for a fresh process: blocks of 128 KiB and more are mapped of their
+/// own (and unmapped when freed), and a heap top of more than 128 KiB free is trimmed. Left alone, glibc raises both
+/// after the first large free (up to 32 and 64 MiB), so the arrays of a big senders file read on the reload thread
+/// stayed in that thread's arena — which `malloc_trim` cannot shrink from the top — 20 MB and more after every
+/// reload (research/002, reload memory). Called once, before the senders file is first read.
+pub fn fix_malloc_thresholds() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets glibc's tuning parameters; it has no preconditions.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 * 1024);
+    }
+}
 
 /// Returns free heap pages to the kernel. Sessions are small allocations made and freed in bursts, between
 /// long-lived ones; glibc keeps such freed memory in the process unless asked (BRIEF.md: memory is not returned
