@@ -221,6 +221,22 @@ fn check_beside_a_running_node_warns_of_its_ports_and_finds_lost_data() {
         t.contains("in use, presumably by the node serving from this state"),
         "{t}"
     );
+    // Checked against another state directory (the operator's `check --senders FILE` before a reload, the node
+    // under systemd): the node's ports are still warnings, told by its HTTP port.
+    let other = dir.path().join("elsewhere");
+    let out = check(&[
+        "--state",
+        other.to_str().unwrap(),
+        "--bind",
+        "127.0.0.1",
+        "--link-port",
+        &node.link.port().to_string(),
+        "--http-port",
+        &node.http.port().to_string(),
+    ]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("in use by a running pure-serve"), "{t}");
     drop(node);
     std::fs::remove_file(state.join("node.key")).unwrap();
     let out = check(&[

@@ -46,6 +46,29 @@ fn writable(path: &Path) -> bool {
     unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
+/// Whether a pure-serve node answers HTTP on `addr` (its root page names it), within a second.
+fn answers_as_a_node(addr: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let mut to = addr;
+    if to.ip().is_unspecified() {
+        to.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let second = std::time::Duration::from_secs(1);
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&to, second) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(second));
+    let _ = s.set_write_timeout(Some(second));
+    if s.write_all(b"GET / HTTP/1.1\r\nHost: check\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut buf = Vec::new();
+    let _ = s.take(4096).read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).contains("pure-serve:")
+}
+
 /// Checks the configuration.
 pub fn check(input: &CheckInput) -> Report {
     let mut r = Report::default();
@@ -134,6 +157,9 @@ pub fn check(input: &CheckInput) -> Report {
             Err(e) => r.problems.push(e.to_string()),
         }
     }
+    // A node serving from another state directory (the operator's usual `check --senders FILE` before a reload,
+    // with the node under systemd) holds the ports too: its HTTP port says so.
+    let node_on_http = input.http_addr.is_some_and(answers_as_a_node);
     for (addr, udp, flag) in [
         (input.link_addr, true, "--link-port"),
         (input.http_addr, false, "--http-port"),
@@ -150,6 +176,12 @@ pub fn check(input: &CheckInput) -> Report {
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && running.is_some() => {
                 r.warnings.push(format!(
                     "{proto} {addr}: in use, presumably by the node serving from this state"
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && node_on_http => {
+                r.warnings.push(format!(
+                    "{proto} {addr}: in use by a running pure-serve (its HTTP port answers); fine if it is the \
+                     node this configuration is for, else choose another with {flag}"
                 ))
             }
             Err(e) => r.problems.push(format!(
