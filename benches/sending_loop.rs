@@ -259,6 +259,7 @@ fn prepare(dir: &Path, senders: &str, apps_toml: &str) -> ReadyNode {
         apps_file: None,
         recv_buffer: RECV_BUFFER,
         dns: Default::default(),
+        accept_lost_state: false,
     })
     .expect("node")
 }

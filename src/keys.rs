@@ -18,6 +18,10 @@ use crate::proto::crypto::{Identity, PublicKeyBytes};
 pub enum KeyError {
     #[error("not valid base64")]
     Base64,
+    #[error("{0}")]
+    Base64Shape(&'static str),
+    #[error("key file {path} is a directory; give the key file itself")]
+    IsDir { path: PathBuf },
     #[error("decodes to {0} bytes, a key is 32 bytes")]
     Length(usize),
     #[error("cannot read key file {path}: {source}")]
@@ -46,8 +50,27 @@ pub fn encode_key(key: &[u8; 32]) -> String {
     STANDARD.encode(key)
 }
 
+/// What is wrong with text that is not a key in standard base64, when it is a near miss: URL-safe base64 (`-`
+/// and `_`), or standard base64 without its `=` padding. `None`: not base64 of 32 bytes in any usual shape.
+pub fn base64_shape_problem(text: &str) -> Option<&'static str> {
+    use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    let len = |r: Result<Vec<u8>, _>| r.ok().map(|b| b.len());
+    if len(URL_SAFE.decode(text)) == Some(32) || len(URL_SAFE_NO_PAD.decode(text)) == Some(32) {
+        return Some(
+            "is URL-safe base64 (with - or _); a key is standard base64: 44 characters of A-Z a-z 0-9 + /, ending in =",
+        );
+    }
+    if len(STANDARD_NO_PAD.decode(text)) == Some(32) {
+        return Some("lacks its = padding; a key is 44 characters of standard base64, ending in =");
+    }
+    None
+}
+
 pub fn decode_key(text: &str) -> Result<[u8; 32], KeyError> {
-    let bytes = STANDARD.decode(text.trim()).map_err(|_| KeyError::Base64)?;
+    let text = text.trim();
+    let bytes = STANDARD
+        .decode(text)
+        .map_err(|_| base64_shape_problem(text).map_or(KeyError::Base64, KeyError::Base64Shape))?;
     bytes
         .as_slice()
         .try_into()
@@ -60,6 +83,11 @@ pub fn read_identity(path: &Path) -> Result<Identity, KeyError> {
         path: path.to_path_buf(),
         source,
     })?;
+    if meta.is_dir() {
+        return Err(KeyError::IsDir {
+            path: path.to_path_buf(),
+        });
+    }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(KeyError::TooOpen {
@@ -147,6 +175,29 @@ mod tests {
             write_new_identity(&path, &id),
             Err(KeyError::Exists { .. })
         ));
+    }
+
+    #[test]
+    fn a_directory_is_not_told_to_chmod() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = read_identity(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("is a directory"), "{err}");
+        assert!(!err.contains("chmod"), "{err}");
+    }
+
+    #[test]
+    fn near_miss_base64_says_what_was_expected() {
+        let mut key = [0u8; 32];
+        key[0] = 0xfb; // encodes to a leading + in standard base64, - in URL-safe
+        key[1] = 0xff;
+        let url = base64::engine::general_purpose::URL_SAFE.encode(key);
+        assert!(url.contains('-') || url.contains('_'), "{url}");
+        let err = decode_key(&url).unwrap_err().to_string();
+        assert!(err.contains("URL-safe"), "{err}");
+        let unpadded = encode_key(&key).trim_end_matches('=').to_string();
+        let err = decode_key(&unpadded).unwrap_err().to_string();
+        assert!(err.contains("lacks its = padding"), "{err}");
+        assert_eq!(decode_key(&encode_key(&key)).unwrap(), key);
     }
 
     #[test]

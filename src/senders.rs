@@ -11,7 +11,6 @@
 
 use std::fmt;
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -106,6 +105,15 @@ pub fn parse(path: &Path, text: &[u8]) -> Result<AllowList, SendersError> {
     Ok(AllowList::from_backing(Box::new(bytes)).expect("a freshly encoded list is well formed"))
 }
 
+/// A name as a message shows it: quoted, and cut after 40 characters (a 10 kB line is not echoed whole).
+fn shown(name: &str) -> String {
+    const SHOWN: usize = 40;
+    match name.char_indices().nth(SHOWN) {
+        Some((at, _)) => format!("{:?}… ({} bytes)", &name[..at], name.len()),
+        None => format!("{name:?}"),
+    }
+}
+
 /// FNV-1a: a fast hash to bring equal names next to each other when sorting; equality is then checked in full.
 fn name_hash(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -115,174 +123,282 @@ fn name_hash(name: &str) -> u64 {
 
 /// Parses a senders file and encodes it in the allow-list layout, or reports every bad line.
 pub fn encode(path: &Path, text: &[u8], stamp: SourceStamp) -> Result<Vec<u8>, SendersError> {
-    let mut problems: Vec<LineProblem> = Vec::new();
-    // A line is at least ~46 bytes; reserving for that avoids regrowing the arrays of a big file.
-    let guess = text.len() / 46 + 1;
-    let mut keys: Vec<PublicKeyBytes> = Vec::with_capacity(guess);
-    let mut names: Vec<&str> = Vec::with_capacity(guess);
-    let mut lines: Vec<u32> = Vec::with_capacity(guess);
-    let mut key_buf = [0u8; 48];
-    for (i, raw) in text.split(|&b| b == b'\n').enumerate() {
-        let line = i + 1;
+    let mut parser = Parser::with_capacity(text.len() / 46 + 1);
+    for raw in text.split(|&b| b == b'\n') {
+        parser.line(raw);
+    }
+    let sorted = parser.finish(path)?;
+    let mut out = vec![0u8; sorted.encoded_len()];
+    sorted.write(stamp, &mut out);
+    Ok(out)
+}
+
+/// The senders file read line by line into flat arrays: one key of 32 bytes, one name in a shared byte arena and
+/// one line number per sender, and the problems found. Nothing per line is allocated, and the text itself is not
+/// kept: a reload of a big file holds the arrays, not the file (issue 8, item 7).
+struct Parser {
+    keys: Vec<PublicKeyBytes>,
+    /// Every name, one after another; `name_ends[i]` is where the i-th ends.
+    names: Vec<u8>,
+    name_ends: Vec<u32>,
+    lines: Vec<u32>,
+    problems: Vec<LineProblem>,
+    /// Lines seen so far.
+    line: usize,
+    /// Set when the names outgrow the layout's 4-byte offsets (more than 4 GiB of names).
+    too_many: bool,
+}
+
+/// The indices `0..keys.len()` in the order of the keys' first 8 bytes (ties in index order): a least-significant-
+/// byte-first radix sort of the permutation, with one scratch buffer of the same size.
+fn order_by_prefix(keys: &[PublicKeyBytes]) -> Vec<u32> {
+    let n = keys.len();
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    let mut scratch = vec![0u32; n];
+    for byte in (0..8).rev() {
+        let mut starts = [0usize; 256];
+        for &i in &order {
+            starts[keys[i as usize][byte] as usize] += 1;
+        }
+        if starts.contains(&n) {
+            // Every key has the same byte here: the pass would change nothing.
+            continue;
+        }
+        let mut at = 0;
+        for s in starts.iter_mut() {
+            let count = *s;
+            *s = at;
+            at += count;
+        }
+        for &i in &order {
+            let b = keys[i as usize][byte] as usize;
+            scratch[starts[b]] = i;
+            starts[b] += 1;
+        }
+        std::mem::swap(&mut order, &mut scratch);
+    }
+    order
+}
+
+/// A parsed, checked list in key order, ready to be written in the allow-list layout.
+struct Sorted {
+    parser: Parser,
+    /// Sender indices in key order.
+    order: Vec<u32>,
+}
+
+impl Parser {
+    fn with_capacity(senders: usize) -> Self {
+        Parser {
+            keys: Vec::with_capacity(senders),
+            names: Vec::with_capacity(senders * 12),
+            name_ends: Vec::with_capacity(senders),
+            lines: Vec::with_capacity(senders),
+            problems: Vec::new(),
+            line: 0,
+            too_many: false,
+        }
+    }
+
+    fn name(&self, i: usize) -> &str {
+        let start = if i == 0 {
+            0
+        } else {
+            self.name_ends[i - 1] as usize
+        };
+        // Only names that passed `valid_name` (ASCII) are pushed.
+        std::str::from_utf8(&self.names[start..self.name_ends[i] as usize]).unwrap_or("")
+    }
+
+    /// Takes the next line of the file (without its `\n`).
+    fn line(&mut self, raw: &[u8]) {
+        self.line += 1;
+        let line = self.line;
+        // A byte order mark some editors put first is not part of the first name.
+        let raw = if line == 1 {
+            raw.strip_prefix(b"\xef\xbb\xbf").unwrap_or(raw)
+        } else {
+            raw
+        };
         let content = match raw.iter().position(|&b| b == b'#') {
             Some(at) => &raw[..at],
             None => raw,
         };
         let content = content.trim_ascii();
         if content.is_empty() {
-            continue;
+            return;
         }
         let Ok(content) = std::str::from_utf8(content) else {
-            problems.push(LineProblem {
+            self.problems.push(LineProblem {
                 line,
                 what: "is not UTF-8 text".into(),
             });
-            continue;
+            return;
         };
         let mut fields = content.split_ascii_whitespace();
         let (Some(name), Some(key), None) = (fields.next(), fields.next(), fields.next()) else {
             let n = content.split_ascii_whitespace().count();
-            problems.push(LineProblem {
+            self.problems.push(LineProblem {
                 line,
                 what: format!(
                     "has {n} field{}, expected 2: a name and a base64 public key",
                     if n == 1 { "" } else { "s" }
                 ),
             });
-            continue;
+            return;
         };
         if !valid_name(name) {
-            problems.push(LineProblem {
+            self.problems.push(LineProblem {
                 line,
                 what: format!(
-                    "name {name:?} is not 1–{MAX_NAME_LEN} characters of letters, digits and . _ : @ -"
+                    "name {} is not 1–{MAX_NAME_LEN} characters of letters, digits and . _ : @ -",
+                    shown(name)
                 ),
             });
-            continue;
+            return;
         }
-        match STANDARD.decode_slice(key, &mut key_buf) {
-            Ok(32) if key_buf[..32] == [0u8; 32] => problems.push(LineProblem {
-                line,
-                what: format!(
-                    "public key of {name} is all zeros, which no key pair has; copy the key again"
-                ),
-            }),
-            Ok(32) if crypto::is_low_order(key_buf[..32].try_into().expect("32 bytes")) => {
-                problems.push(LineProblem {
-                    line,
-                    what: format!(
-                        "public key of {name} is a low-order point, which no key pair has (X25519 with it is all \
-                         zeros); copy the key again"
-                    ),
-                })
-            }
+        let mut key_buf = [0u8; 48];
+        let what = match STANDARD.decode_slice(key, &mut key_buf) {
+            Ok(32) if key_buf[..32] == [0u8; 32] => format!(
+                "public key of {name} is all zeros, which no key pair has; copy the key again"
+            ),
+            Ok(32) if crypto::is_low_order(key_buf[..32].try_into().expect("32 bytes")) => format!(
+                "public key of {name} is a low-order point, which no key pair has (X25519 with it is all zeros); \
+                 copy the key again"
+            ),
             Ok(32) => {
+                let end = self.names.len() + name.len();
+                let Ok(end) = u32::try_from(end) else {
+                    self.too_many = true;
+                    return;
+                };
                 let mut k = [0u8; 32];
                 k.copy_from_slice(&key_buf[..32]);
-                keys.push(k);
-                names.push(name);
-                lines.push(line as u32);
+                self.keys.push(k);
+                self.names.extend_from_slice(name.as_bytes());
+                self.name_ends.push(end);
+                self.lines.push(u32::try_from(line).unwrap_or(u32::MAX));
+                return;
             }
-            Ok(n) => problems.push(LineProblem {
-                line,
-                what: format!("public key of {name} decodes to {n} bytes, a key is 32 bytes"),
-            }),
-            Err(base64::DecodeSliceError::OutputSliceTooSmall) => problems.push(LineProblem {
-                line,
-                what: format!("public key of {name} is too long: a key is 44 characters of base64"),
-            }),
-            Err(_) => problems.push(LineProblem {
-                line,
-                what: format!("public key of {name} is not valid base64"),
-            }),
-        }
+            Ok(n) => format!("public key of {name} decodes to {n} bytes, a key is 32 bytes"),
+            Err(base64::DecodeSliceError::OutputSliceTooSmall) => {
+                format!("public key of {name} is too long: a key is 44 characters of base64")
+            }
+            Err(_) => match crate::keys::base64_shape_problem(key) {
+                Some(shape) => format!("public key of {name} {shape}"),
+                None => format!("public key of {name} is not valid base64"),
+            },
+        };
+        self.problems.push(LineProblem { line, what });
     }
-    if keys.len() > u32::MAX as usize {
-        return Err(SendersError::TooMany {
-            path: path.to_path_buf(),
-            count: keys.len(),
-            max: u32::MAX as usize,
-        });
-    }
-    // Sort by key through a compact (prefix, index) array: contiguous, so a million entries sort in tens of ms.
-    let mut by_key: Vec<(u64, u32)> = keys
-        .iter()
-        .enumerate()
-        .map(|(i, k)| {
-            (
-                u64::from_be_bytes(k[..8].try_into().expect("8 bytes")),
-                i as u32,
-            )
-        })
-        .collect();
-    by_key.sort_unstable();
-    // Equal 64-bit prefixes (in practice only duplicate keys) are ordered by the whole key.
-    let mut at = 0;
-    while at < by_key.len() {
-        let mut end = at + 1;
-        while end < by_key.len() && by_key[end].0 == by_key[at].0 {
-            end += 1;
-        }
-        if end - at > 1 {
-            by_key[at..end].sort_unstable_by(|a, b| {
-                keys[a.1 as usize]
-                    .cmp(&keys[b.1 as usize])
-                    .then(a.1.cmp(&b.1))
+
+    /// Checks duplicates and sorts by key, or reports every problem.
+    fn finish(mut self, path: &Path) -> Result<Sorted, SendersError> {
+        let n = self.keys.len();
+        if self.too_many || n > u32::MAX as usize {
+            return Err(SendersError::TooMany {
+                path: path.to_path_buf(),
+                count: n,
+                max: u32::MAX as usize,
             });
-            for w in at + 1..end {
-                let (first, dup) = (by_key[w - 1].1 as usize, by_key[w].1 as usize);
-                if keys[first] == keys[dup] {
-                    let (first, dup) = (first.min(dup), first.max(dup));
-                    problems.push(LineProblem {
-                        line: lines[dup] as usize,
-                        what: format!(
-                            "duplicate key: line {} ({}) has the same public key; each sender needs its own key pair",
-                            lines[first], names[first]
-                        ),
-                    });
+        }
+        // Duplicate names first, through (32-bit hash, index) pairs: 8 bytes per sender, where names of equal hash
+        // are put in name order so that equal names sit side by side.
+        let mut by_name: Vec<(u32, u32)> = (0..n)
+            .map(|i| (name_hash(self.name(i)) as u32, i as u32))
+            .collect();
+        by_name.sort_unstable_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then_with(|| self.name(a.1 as usize).cmp(self.name(b.1 as usize)))
+                .then(a.1.cmp(&b.1))
+        });
+        for w in by_name.windows(2) {
+            let (first, dup) = (w[0].1 as usize, w[1].1 as usize);
+            if w[0].0 == w[1].0 && self.name(first) == self.name(dup) {
+                self.problems.push(LineProblem {
+                    line: self.lines[dup] as usize,
+                    what: format!(
+                        "duplicate name {}: line {} already has it; each sender needs its own name",
+                        self.name(dup),
+                        self.lines[first]
+                    ),
+                });
+            }
+        }
+        drop(by_name);
+        // Then the key order: a radix sort of the indices by the keys' first 8 bytes (8 bytes per sender beside
+        // the keys, where sorting (prefix, index) pairs took 20; research/002, reload memory).
+        let mut order = order_by_prefix(&self.keys);
+        // Equal 64-bit prefixes (in practice only duplicate keys) are ordered by the whole key.
+        let prefix = |i: u32| -> [u8; 8] {
+            self.keys[i as usize][..8]
+                .try_into()
+                .expect("a key has 32 bytes")
+        };
+        let mut at = 0;
+        while at < order.len() {
+            let mut end = at + 1;
+            while end < order.len() && prefix(order[end]) == prefix(order[at]) {
+                end += 1;
+            }
+            if end - at > 1 {
+                let keys = &self.keys;
+                order[at..end].sort_unstable_by(|a, b| {
+                    keys[*a as usize].cmp(&keys[*b as usize]).then(a.cmp(b))
+                });
+                for w in at + 1..end {
+                    let (first, dup) = (order[w - 1] as usize, order[w] as usize);
+                    if self.keys[first] == self.keys[dup] {
+                        let (first, dup) = (first.min(dup), first.max(dup));
+                        self.problems.push(LineProblem {
+                            line: self.lines[dup] as usize,
+                            what: format!(
+                                "duplicate key: line {} ({}) has the same public key; each sender needs its own key pair",
+                                self.lines[first],
+                                self.name(first)
+                            ),
+                        });
+                    }
                 }
             }
+            at = end;
         }
-        at = end;
-    }
-    let mut by_name: Vec<(u64, u32)> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (name_hash(n), i as u32))
-        .collect();
-    by_name.sort_unstable();
-    for w in by_name.windows(2) {
-        if w[0].0 == w[1].0 && names[w[0].1 as usize] == names[w[1].1 as usize] {
-            let (first, dup) = (w[0].1 as usize, w[1].1 as usize);
-            problems.push(LineProblem {
-                line: lines[dup] as usize,
-                what: format!(
-                    "duplicate name {}: line {} already has it; each sender needs its own name",
-                    names[dup], lines[first]
-                ),
+        if !self.problems.is_empty() {
+            let mut problems = std::mem::take(&mut self.problems);
+            problems.sort_by_key(|p| p.line);
+            let more = problems.len().saturating_sub(MAX_REPORTED);
+            problems.truncate(MAX_REPORTED);
+            return Err(SendersError::Bad {
+                path: path.to_path_buf(),
+                problems,
+                more,
             });
         }
+        Ok(Sorted {
+            parser: self,
+            order,
+        })
     }
-    drop(by_name);
-    if !problems.is_empty() {
-        problems.sort_by_key(|p| p.line);
-        let more = problems.len().saturating_sub(MAX_REPORTED);
-        problems.truncate(MAX_REPORTED);
-        return Err(SendersError::Bad {
-            path: path.to_path_buf(),
-            problems,
-            more,
-        });
+}
+
+impl Sorted {
+    fn encoded_len(&self) -> usize {
+        AllowList::encoded_len(self.order.len(), self.parser.names.len())
     }
-    let names_len = names.iter().map(|n| n.len()).sum();
-    Ok(AllowList::encode_sorted(
-        keys.len(),
-        names_len,
-        stamp,
-        by_key
-            .iter()
-            .map(|&(_, i)| (names[i as usize], &keys[i as usize])),
-    ))
+
+    /// Writes the list in the allow-list layout into `out` (exactly [`Sorted::encoded_len`] bytes).
+    fn write(&self, stamp: SourceStamp, out: &mut [u8]) {
+        let p = &self.parser;
+        AllowList::encode_sorted_into(
+            self.order.len(),
+            p.names.len(),
+            stamp,
+            self.order
+                .iter()
+                .map(|&i| (p.name(i as usize), &p.keys[i as usize])),
+            out,
+        );
+    }
 }
 
 /// The stamp of a file as it is now.
@@ -331,10 +447,27 @@ pub fn load_indexed(path: &Path, state_dir: &Path) -> Result<(AllowList, IndexUs
     {
         return Ok((list, IndexUse::Mapped));
     }
-    let text = std::fs::read(path).map_err(read_err)?;
-    let bytes = encode(path, &text, stamp)?;
-    drop(text);
-    match write_index(&index, &bytes) {
+    // Read line by line into the parser's flat arrays: the text is never held whole, and the index is written
+    // straight into its mapped file, so a reload of a million lines holds the arrays and nothing else (issue 8,
+    // item 7; research/009).
+    let mut parser =
+        Parser::with_capacity((std::fs::metadata(path).map_or(0, |m| m.len()) / 46) as usize + 1);
+    let file = File::open(path).map_err(read_err)?;
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+    let mut line = Vec::with_capacity(256);
+    loop {
+        line.clear();
+        let n = std::io::BufRead::read_until(&mut reader, b'\n', &mut line).map_err(read_err)?;
+        if n == 0 {
+            break;
+        }
+        let raw = line.strip_suffix(b"\n").unwrap_or(&line);
+        parser.line(raw);
+    }
+    drop(line);
+    drop(reader);
+    let sorted = parser.finish(path)?;
+    match write_index(&index, &sorted, stamp) {
         Ok(()) => {
             if let Some(list) = map_index(&index) {
                 return Ok((list, IndexUse::Rebuilt));
@@ -349,17 +482,38 @@ pub fn load_indexed(path: &Path, state_dir: &Path) -> Result<(AllowList, IndexUs
             index.display()
         ),
     }
+    let mut bytes = vec![0u8; sorted.encoded_len()];
+    sorted.write(stamp, &mut bytes);
+    drop(sorted);
     let list =
         AllowList::from_backing(Box::new(bytes)).expect("a freshly encoded list is well formed");
     Ok((list, IndexUse::InMemory))
 }
 
-/// Writes the index beside its final name, syncs it, and renames it into place, so a crash leaves either the old
-/// index or the whole new one.
-fn write_index(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes the index beside its final name — allocated first (a full disk is an error here, not a SIGBUS in the
+/// mapping), mapped, filled, synced — and renames it into place, so a crash leaves either the old index or the
+/// whole new one.
+fn write_index(path: &Path, sorted: &Sorted, stamp: SourceStamp) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
     let tmp = path.with_extension("idx.tmp");
-    let mut file = File::create(&tmp)?;
-    file.write_all(bytes)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
+    let len = sorted.encoded_len();
+    // SAFETY: posix_fallocate on a descriptor we own; it only allocates the file's blocks.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    // SAFETY: the file was made just now by this process beside the index, under the state directory, and every
+    // block of it is allocated; nothing else writes or truncates it while it is mapped here.
+    let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }?;
+    sorted.write(stamp, &mut map);
+    map.flush()?;
+    drop(map);
     file.sync_all()?;
     drop(file);
     std::fs::rename(&tmp, path)
@@ -455,6 +609,96 @@ mod tests {
             );
         }
         assert!(!err.contains("s.txt:4"), "{err}");
+    }
+
+    #[test]
+    fn the_streamed_index_is_the_same_bytes_as_the_parsed_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("senders");
+        let mut text = String::from("\u{feff}# many\r\n\n");
+        for i in 0..2000u32 {
+            let mut key = [0u8; 32];
+            key[..4].copy_from_slice(&i.to_be_bytes());
+            key[31] = 0x40;
+            text.push_str(&format!(
+                "dev-{i} {}{}\n",
+                encode_key(&key),
+                if i % 7 == 0 { " # c" } else { "" }
+            ));
+        }
+        text.push_str(&format!("last {}", k(9))); // no newline at the end
+        std::fs::write(&file, &text).unwrap();
+        let (list, how) = load_indexed(&file, dir.path()).unwrap();
+        assert_eq!((list.len(), how), (2001, IndexUse::Rebuilt));
+        let stamp = stamp_of(&std::fs::metadata(&file).unwrap());
+        let want = encode(&file, text.as_bytes(), stamp).unwrap();
+        assert_eq!(std::fs::read(dir.path().join(INDEX_FILE)).unwrap(), want);
+        // A bad line is named with the same line number either way.
+        std::fs::write(&file, format!("{text}\nbroken\n")).unwrap();
+        let err = load_indexed(&file, dir.path()).unwrap_err().to_string();
+        assert!(err.contains("senders:2004: has 1 field"), "{err}");
+    }
+
+    #[test]
+    fn the_radix_order_is_the_order_of_the_key_prefixes() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let keys: Vec<PublicKeyBytes> = (0..5000)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let mut k = [0u8; 32];
+                k[..8].copy_from_slice(&x.to_be_bytes());
+                if i % 10 == 0 {
+                    k[..8].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, (i % 3) as u8]); // shared prefixes
+                }
+                k[8..16].copy_from_slice(&(i as u64).to_be_bytes());
+                k
+            })
+            .collect();
+        let got = order_by_prefix(&keys);
+        let mut want: Vec<u32> = (0..keys.len() as u32).collect();
+        want.sort_by_key(|&i| (keys[i as usize][..8].to_vec(), i));
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_not_part_of_the_first_name() {
+        let text = format!("\u{feff}alpha {}\n", k(1));
+        let list = parse(Path::new("s.txt"), text.as_bytes()).unwrap();
+        assert_eq!(list.find(&[1; 32]).map(|i| list.name(i)), Some("alpha"));
+    }
+
+    #[test]
+    fn a_long_bad_name_is_not_echoed_whole() {
+        let name = "é".repeat(5000);
+        let text = format!("{name} {}\n", k(1));
+        let err = parse(Path::new("s.txt"), text.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("… (10000 bytes)"), "{err}");
+        assert!(err.len() < 400, "{} bytes: {err}", err.len());
+    }
+
+    #[test]
+    fn near_miss_base64_keys_say_what_was_expected() {
+        let mut key = [7u8; 32];
+        key[0] = 0xfb;
+        key[1] = 0xff;
+        let url = base64::engine::general_purpose::URL_SAFE.encode(key);
+        let unpadded = STANDARD.encode(key).trim_end_matches('=').to_string();
+        let text = format!("a {url}\nb {unpadded}\n");
+        let err = parse(Path::new("s.txt"), text.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("s.txt:1: public key of a is URL-safe base64"),
+            "{err}"
+        );
+        assert!(
+            err.contains("s.txt:2: public key of b lacks its = padding"),
+            "{err}"
+        );
     }
 
     #[test]

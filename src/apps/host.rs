@@ -71,6 +71,42 @@ struct Failure {
     backoff: Duration,
 }
 
+impl Failure {
+    fn new(why: String, now: Instant) -> Self {
+        Failure {
+            why,
+            since: now,
+            retry_at: now + RETRY_FIRST,
+            backoff: RETRY_FIRST,
+        }
+    }
+}
+
+/// Opens an app's store into `stores`, or, when the disk under it fails (full, read-only, gone), adds it closed
+/// and returns why: the node serves its other apps and tries this one again. A store that is wrong in itself (a
+/// newer layout, not a database) is an error.
+fn open_or_close(
+    stores: &mut Stores,
+    path: PathBuf,
+    app: &str,
+) -> Result<Option<String>, StoreError> {
+    match AppStore::open(&path) {
+        Ok(s) => {
+            stores.push(s);
+            Ok(None)
+        }
+        Err(e) if e.is_fatal_at_open() => Err(e),
+        Err(e) => {
+            let why = e.to_string();
+            tracing::error!(
+                "app {app} cannot store, its senders get no acks until it can (tried again with backoff): {why}"
+            );
+            stores.push_closed(path);
+            Ok(Some(why))
+        }
+    }
+}
+
 struct App {
     config: AppConfig,
     outlets: Vec<RemoteOutlet>,
@@ -170,6 +206,7 @@ fn hosted(config: &AppConfig) -> HostedApp {
         },
         turn_records: config.turn_records.max(1),
         paused: false,
+        cannot_store: false,
     }
 }
 
@@ -215,12 +252,31 @@ impl Host {
         wake: Arc<Wake>,
     ) -> Result<(Self, OutletChanges), StoreError> {
         let mut stores = Stores::open(state_dir, &[])?;
+        let mut closed = Vec::new();
         for app in &config.apps {
-            stores.push(AppStore::open(&store::app_store_path(
-                state_dir, &app.name,
-            ))?);
+            let path = store::app_store_path(state_dir, &app.name);
+            match open_or_close(&mut stores, path, &app.name)? {
+                Some(why) => closed.push((stores.len() - 1, why)),
+                None => continue,
+            }
         }
-        Self::with_stores(Some(state_dir.to_path_buf()), stores, config, wake)
+        let (mut host, changes) =
+            Self::with_stores(Some(state_dir.to_path_buf()), stores, config, wake)?;
+        let now = Instant::now();
+        for (i, why) in closed {
+            host.apps[i].failure = Some(Failure::new(why, now));
+        }
+        Ok((host, changes))
+    }
+
+    /// The apps whose stores are open, by name (a closed one may have no file yet).
+    pub fn open_app_names(&self) -> Vec<String> {
+        self.apps
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.stores.app(*i as AppIndex).is_some())
+            .map(|(_, a)| a.config.name.clone())
+            .collect()
     }
 
     /// A host over stores in memory (tests).
@@ -357,6 +413,7 @@ impl Host {
             .map(|a| {
                 let mut h = hosted(&a.config);
                 h.paused = a.failure.is_some() || a.lag_paused;
+                h.cannot_store = a.failure.is_some();
                 h
             })
             .collect()
@@ -470,13 +527,9 @@ impl Host {
                         "app {} cannot store, its senders get no acks until it can: {why}",
                         app.config.name
                     );
-                    app.failure = Some(Failure {
-                        why,
-                        since: now,
-                        retry_at: now + RETRY_FIRST,
-                        backoff: RETRY_FIRST,
-                    });
+                    app.failure = Some(Failure::new(why, now));
                     node.set_app_paused(i as AppIndex, true);
+                    node.set_app_cannot_store(i as AppIndex, true);
                 }
             }
         }
@@ -682,13 +735,8 @@ impl Host {
             if now < f.retry_at {
                 continue;
             }
-            let probe = self
-                .stores
-                .app_mut(i as AppIndex)
-                .map(|s| s.probe_write())
-                .unwrap_or(Ok(()));
-            match probe {
-                Ok(()) => {
+            match self.stores.retry(i as AppIndex) {
+                Ok(_) => {
                     tracing::info!(
                         "app {} can store again (it could not for {:.1} s)",
                         app.config.name,
@@ -696,6 +744,7 @@ impl Host {
                     );
                     app.failure = None;
                     node.set_app_paused(i as AppIndex, app.lag_paused);
+                    node.set_app_cannot_store(i as AppIndex, false);
                 }
                 Err(e) => {
                     f.why = e.to_string();
@@ -866,13 +915,22 @@ impl Host {
             .cloned()
             .collect::<Vec<_>>()
         {
-            let store = match &self.state_dir {
-                Some(dir) => AppStore::open(&store::app_store_path(dir, &new.name))?,
-                None => AppStore::open_in_memory(&new.name)?,
+            let closed = match &self.state_dir {
+                Some(dir) => open_or_close(
+                    &mut self.stores,
+                    store::app_store_path(dir, &new.name),
+                    &new.name,
+                )?,
+                None => {
+                    self.stores.push(AppStore::open_in_memory(&new.name)?);
+                    None
+                }
             };
-            self.stores.push(store);
             done.applied.push(format!("app {} added", new.name));
             self.add_app(new, &mut done.outlets)?;
+            if let (Some(why), Some(app)) = (closed, self.apps.last_mut()) {
+                app.failure = Some(Failure::new(why, Instant::now()));
+            }
         }
         let full = AppsConfig {
             apps: effective,

@@ -91,6 +91,15 @@ pub struct CheckArgs {
     /// accept names that the senders file does not have. Without it: the node's one app `main`.
     #[arg(long, value_name = "FILE")]
     pub apps: Option<PathBuf>,
+    /// The address the node listens on, as the node's --bind: its ports are tried (bound and let go).
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
+    pub bind: std::net::IpAddr,
+    /// The node's UDP port for links, to try (0: not tried).
+    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_LINK_PORT)]
+    pub link_port: u16,
+    /// The node's TCP port for HTTP, to try (0: not tried).
+    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_HTTP_PORT)]
+    pub http_port: u16,
 }
 
 pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
@@ -105,6 +114,10 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
             p.exists().then_some(p)
         }),
         apps_file: args.apps.clone(),
+        link_addr: (args.link_port != 0)
+            .then(|| std::net::SocketAddr::new(args.bind, args.link_port)),
+        http_addr: (args.http_port != 0)
+            .then(|| std::net::SocketAddr::new(args.bind, args.http_port)),
         state_dir,
     };
     let report = crate::ops::check::check(&input);

@@ -56,12 +56,42 @@ pub struct NodeArgs {
     /// Socket receive buffer to ask the kernel for, in bytes. Bursts beyond it are dropped by the kernel and sent
     /// again by the senders; 4 MiB kept four links at full speed without loss (research/004). Past
     /// net.core.rmem_max only as root or with CAP_NET_ADMIN; the node warns when it got less.
-    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20, value_parser = parse_recv_buffer)]
     pub recv_buffer: usize,
     /// Name server for outlets given by name (`IP` or `IP:PORT`). Default: the system's, from /etc/resolv.conf;
     /// /etc/hosts is read first either way. Lookups never stop other outlets.
     #[arg(long, value_name = "ADDR", value_parser = parse_dns_server)]
     pub dns: Option<SocketAddr>,
+    /// Start even though the state directory looks like it lost data: the key file missing beside the stores, a
+    /// different key than the one the state belongs to, or the store of an app that existed gone (STATE/identity
+    /// records what was there; docs/durability.md). What is missing is made anew: a new key locks out every sender
+    /// until they are given its public key, and a new store starts its senders' flows from 0.
+    #[arg(long)]
+    pub accept_lost_state: bool,
+}
+
+/// Smallest `--recv-buffer` taken: below it a burst of one sender overflows the buffer and the node crawls
+/// through retransmissions (a buffer of 1 byte was measured 300× slower than the default).
+pub const MIN_RECV_BUFFER: usize = 64 << 10;
+/// Largest: the kernel keeps SO_RCVBUF in an int and doubles what it is asked for.
+pub const MAX_RECV_BUFFER: usize = (i32::MAX / 2) as usize;
+
+fn parse_recv_buffer(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of bytes (e.g. 4194304 for 4 MiB)"))?;
+    if n < MIN_RECV_BUFFER {
+        return Err(format!(
+            "{n} bytes is too small: bursts beyond it are dropped and resent, which makes the node crawl; give at \
+             least {MIN_RECV_BUFFER} (the default is 4194304)"
+        ));
+    }
+    if n > MAX_RECV_BUFFER {
+        return Err(format!(
+            "{n} bytes is more than the kernel can give a socket; give at most {MAX_RECV_BUFFER}"
+        ));
+    }
+    Ok(n)
 }
 
 fn parse_dns_server(s: &str) -> Result<SocketAddr, String> {
@@ -107,12 +137,14 @@ impl NodeArgs {
             apps_file: self.apps.clone(),
             recv_buffer: self.recv_buffer,
             dns: crate::sending::dns::DnsSettings { server: self.dns },
+            accept_lost_state: self.accept_lost_state,
             state_dir,
         })
     }
 }
 
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
+    crate::receive::fix_malloc_thresholds();
     let settings = args.settings().context("the node did not start")?;
     let state = settings.state_dir.clone();
     let key_file = settings.key_file.clone();

@@ -81,6 +81,8 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
     let mut first_seq: Option<u64> = None;
     let mut through = 0;
     let mut refused = false;
+    // The app the node last said it cannot store, until it stores again.
+    let mut cannot_store: Option<String> = None;
     loop {
         // Take what input there is, up to the sender's window, without waiting for it.
         while input_open && link.sender().unacked_total() < LINE_QUEUE {
@@ -120,6 +122,17 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
                     }
                     through = t;
                     last_progress = Instant::now();
+                    if let Some(app) = cannot_store.take() {
+                        eprintln!("the node stores app {app} again");
+                    }
+                }
+                SenderEvent::NotStored { app, reason } => {
+                    eprintln!(
+                        "the node cannot store app {app} now (reason {reason}: {}; its /healthz says which); \
+                         sending again until it can",
+                        not_stored_reason(reason)
+                    );
+                    cannot_store = Some(app);
                 }
                 SenderEvent::Refused { app, reason } => {
                     eprintln!(
@@ -174,10 +187,13 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
         bail!(
             "gave up: {unacked} of {lines} records not acknowledged by {to}; nothing was acknowledged for {:.1} s{}",
             args.timeout,
-            if first_seq.is_none() {
-                " and the node never answered (is it running there, with this key in its senders file, and is --node its public key?)"
-            } else {
-                ""
+            match (&cannot_store, first_seq) {
+                (Some(app), _) => format!(
+                    ": the node said it cannot store app {app} ({}; its /healthz says which)",
+                    not_stored_reason(crate::proto::wire::NOT_STORED_STORE_FAILING)
+                ),
+                (None, None) => " and the node never answered (is it running there, with this key in its senders file, and is --node its public key?)".to_string(),
+                (None, Some(_)) => String::new(),
             }
         );
     }
@@ -188,6 +204,15 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
         lines as f64 / secs.max(1e-9)
     );
     Ok(())
+}
+
+fn not_stored_reason(reason: u8) -> &'static str {
+    match reason {
+        crate::proto::wire::NOT_STORED_STORE_FAILING => {
+            "its store fails: a full or read-only disk, or a store deleted under it"
+        }
+        _ => "unknown reason",
+    }
 }
 
 fn refuse_reason(reason: u8) -> &'static str {

@@ -52,7 +52,8 @@ use crate::receive::LiveStats;
 #[derive(Debug, Error)]
 pub enum HttpError {
     #[error(
-        "cannot listen on TCP {addr} for HTTP: {source} (is another node on that port? choose one with --http-port)"
+        "cannot listen on TCP {addr} for HTTP: {}",
+        crate::ops::bind_problem(source, *addr, "--http-port")
     )]
     Bind {
         addr: SocketAddr,

@@ -9,6 +9,7 @@
 //! then the warnings that need the senders file (accept names it lacks) and the node's key (an outlet to itself).
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use crate::apps::config::{AppsConfig, DEFAULT_APP};
@@ -22,6 +23,9 @@ pub struct CheckInput {
     pub senders_file: Option<PathBuf>,
     /// `None`: no `--apps`; the node hosts the one app `main`.
     pub apps_file: Option<PathBuf>,
+    /// The UDP and TCP addresses the node would listen on (`None`: not checked).
+    pub link_addr: Option<SocketAddr>,
+    pub http_addr: Option<SocketAddr>,
 }
 
 /// The findings: facts that are fine, problems (each says what is wrong and how to fix it), and warnings (allowed,
@@ -40,6 +44,29 @@ fn writable(path: &Path) -> bool {
     };
     // SAFETY: a valid NUL-terminated path; access(2) only reads it.
     unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
+/// Whether a pure-serve node answers HTTP on `addr` (its root page names it), within a second.
+fn answers_as_a_node(addr: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let mut to = addr;
+    if to.ip().is_unspecified() {
+        to.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let second = std::time::Duration::from_secs(1);
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&to, second) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(second));
+    let _ = s.set_write_timeout(Some(second));
+    if s.write_all(b"GET / HTTP/1.1\r\nHost: check\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut buf = Vec::new();
+    let _ = s.take(4096).read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).contains("pure-serve:")
 }
 
 /// Checks the configuration.
@@ -61,7 +88,20 @@ pub fn check(input: &CheckInput) -> Report {
             dir.display()
         )),
     }
+    // A node serving from this state holds its lock (and its ports): checking its configuration before a reload is
+    // the usual case, so that is said, not a problem.
+    let running = crate::store::state::StateLock::holder(dir);
+    if let Some(pid) = &running {
+        r.fine.push(format!(
+            "state directory {}: a node (pid {pid}) is serving from it now",
+            dir.display()
+        ));
+    }
     let mut own_key = None;
+    let key_dir = input
+        .key_file
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty());
     if input.key_file.exists() {
         match crate::keys::read_identity(&input.key_file) {
             Ok(id) => {
@@ -74,23 +114,100 @@ pub fn check(input: &CheckInput) -> Report {
             }
             Err(e) => r.problems.push(e.to_string()),
         }
+    } else if let Some(parent) = key_dir.filter(|d| *d != dir.as_path() && !d.is_dir()) {
+        r.problems.push(format!(
+            "key {}: its directory {} does not exist, so the node cannot make the key there; create the \
+             directory, or give --key a path in one that exists",
+            input.key_file.display(),
+            parent.display()
+        ));
     } else {
         r.fine.push(format!(
             "key {}: missing; the node will make one (mode 0600)",
             input.key_file.display()
         ));
     }
+    // What the node refuses at start as lost data (store/state.rs).
+    if dir.is_dir() {
+        let recorded = crate::store::state::Identity::read(dir);
+        match recorded {
+            Ok(recorded) => {
+                let stores = crate::store::list_apps(dir);
+                let apps: Vec<String> = match &input.apps_file {
+                    Some(path) => AppsConfig::load(path)
+                        .map(|a| a.apps.iter().map(|x| x.name.clone()).collect())
+                        .unwrap_or_default(),
+                    None => vec![DEFAULT_APP.to_string()],
+                };
+                let lost = crate::store::state::judge(&crate::store::state::Found {
+                    dir,
+                    identity: recorded.as_ref(),
+                    key_file: &input.key_file,
+                    key: own_key,
+                    stores: &stores,
+                    apps: &apps,
+                });
+                for p in lost {
+                    r.problems.push(format!(
+                        "{p}; the node refuses to start on this unless given {}",
+                        crate::store::state::ACCEPT_FLAG
+                    ));
+                }
+            }
+            Err(e) => r.problems.push(e.to_string()),
+        }
+    }
+    // A node serving from another state directory (the operator's usual `check --senders FILE` before a reload,
+    // with the node under systemd) holds the ports too: its HTTP port says so.
+    let node_on_http = input.http_addr.is_some_and(answers_as_a_node);
+    for (addr, udp, flag) in [
+        (input.link_addr, true, "--link-port"),
+        (input.http_addr, false, "--http-port"),
+    ] {
+        let Some(addr) = addr else { continue };
+        let proto = if udp { "UDP" } else { "TCP" };
+        let bound = if udp {
+            std::net::UdpSocket::bind(addr).map(drop)
+        } else {
+            std::net::TcpListener::bind(addr).map(drop)
+        };
+        match bound {
+            Ok(()) => r.fine.push(format!("{proto} {addr}: free to listen on")),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && running.is_some() => {
+                r.warnings.push(format!(
+                    "{proto} {addr}: in use, presumably by the node serving from this state"
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && node_on_http => {
+                r.warnings.push(format!(
+                    "{proto} {addr}: in use by a running pure-serve (its HTTP port answers); fine if it is the \
+                     node this configuration is for, else choose another with {flag}"
+                ))
+            }
+            Err(e) => r.problems.push(format!(
+                "{proto} {addr}: {}",
+                super::bind_problem(&e, addr, flag)
+            )),
+        }
+    }
     // Sender names, for the apps file's accept lists: `None` when the senders file is bad (already a problem).
     let mut sender_names: Option<HashSet<String>> = Some(HashSet::new());
     match &input.senders_file {
         Some(path) => match crate::senders::load(path) {
             Ok(list) => {
-                r.fine.push(format!(
-                    "senders {}: {} sender{}",
-                    path.display(),
-                    list.len(),
-                    if list.len() == 1 { "" } else { "s" }
-                ));
+                if list.is_empty() {
+                    r.warnings.push(format!(
+                        "senders {}: lists no senders, so nobody can send; add `NAME PUBLIC_KEY` lines",
+                        path.display()
+                    ));
+                } else {
+                    r.fine.push(format!(
+                        "senders {}: {} sender{}",
+                        path.display(),
+                        list.len(),
+                        if list.len() == 1 { "" } else { "s" }
+                    ));
+                }
                 if input.apps_file.is_some() {
                     sender_names = Some(
                         (0..list.len() as u32)
@@ -148,6 +265,8 @@ mod tests {
             key_file: key,
             senders_file: Some(senders),
             apps_file: None,
+            link_addr: None,
+            http_addr: None,
         });
         assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
         assert!(r.problems[0].contains("node.key"), "{:?}", r.problems);
@@ -175,6 +294,8 @@ mod tests {
             key_file: dir.path().join("node.key"),
             senders_file: Some(senders),
             apps_file: None,
+            link_addr: None,
+            http_addr: None,
         });
         assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
         assert!(
@@ -193,6 +314,8 @@ mod tests {
             state_dir: state,
             senders_file: None,
             apps_file: None,
+            link_addr: None,
+            http_addr: None,
         });
         assert!(r.problems.is_empty(), "{:?}", r.problems);
         assert_eq!(r.fine.len(), 4);
@@ -213,6 +336,8 @@ mod tests {
             key_file: dir.path().join("node.key"),
             senders_file: None,
             apps_file: Some(apps.clone()),
+            link_addr: None,
+            http_addr: None,
         });
         assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
         assert!(
@@ -249,6 +374,8 @@ mod tests {
             key_file: key,
             senders_file: Some(senders),
             apps_file: Some(apps.clone()),
+            link_addr: None,
+            http_addr: None,
         };
         let r = check(&input);
         assert!(r.problems.is_empty(), "{:?}", r.problems);

@@ -20,3 +20,23 @@ pub mod metrics;
 pub mod notify;
 pub mod signals;
 pub mod wake;
+
+/// Why a socket could not be bound to `addr`, in words that point at the flag to change: a port in use is the
+/// port's flag, an address this host does not have is `--bind`, a low port is a privilege.
+pub fn bind_problem(e: &std::io::Error, addr: std::net::SocketAddr, port_flag: &str) -> String {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::AddrInUse => format!(
+            "port {} is in use by another program (another node?): choose another with {port_flag}",
+            addr.port()
+        ),
+        ErrorKind::AddrNotAvailable => format!(
+            "{} is not an address of this host: give one it has with --bind (0.0.0.0 listens on all)",
+            addr.ip()
+        ),
+        ErrorKind::PermissionDenied if addr.port() < 1024 => format!(
+            "ports below 1024 need root or CAP_NET_BIND_SERVICE: choose a higher one with {port_flag}"
+        ),
+        _ => e.to_string(),
+    }
+}

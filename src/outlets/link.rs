@@ -240,6 +240,15 @@ impl Forwarding {
                     outlet.release(self.held.bytes());
                     return Err(RunEnd::Again);
                 }
+                SenderEvent::NotStored { .. } => {
+                    outlet.error(
+                        "not_stored",
+                        format!(
+                            "{} app {} cannot store now (its store fails); sending again later",
+                            self.far, self.far_app
+                        ),
+                    );
+                }
                 SenderEvent::Refused { reason, .. } => {
                     let why = match reason {
                         wire::REFUSE_NO_APP => "has no such app".to_string(),

@@ -125,8 +125,26 @@ impl AllowList {
         stamp: SourceStamp,
         sorted: impl Iterator<Item = (&'a str, &'a PublicKeyBytes)>,
     ) -> Vec<u8> {
+        let mut out = vec![0u8; Self::encoded_len(count, names_len)];
+        Self::encode_sorted_into(count, names_len, stamp, sorted, &mut out);
+        out
+    }
+
+    /// Bytes of the layout for `count` senders whose names take `names_len` bytes.
+    pub fn encoded_len(count: usize, names_len: usize) -> usize {
+        HEADER_LEN + 36 * count + names_len
+    }
+
+    /// [`AllowList::encode_sorted`] into `out`, which is exactly [`AllowList::encoded_len`] bytes (a mapped file,
+    /// so a big list is written without a copy in the heap).
+    pub fn encode_sorted_into<'a>(
+        count: usize,
+        names_len: usize,
+        stamp: SourceStamp,
+        sorted: impl Iterator<Item = (&'a str, &'a PublicKeyBytes)>,
+        out: &mut [u8],
+    ) {
         let n = count;
-        let mut out = vec![0u8; HEADER_LEN + 36 * n + names_len];
         out[0..8].copy_from_slice(MAGIC);
         out[8..16].copy_from_slice(&(n as u64).to_le_bytes());
         out[16..24].copy_from_slice(&(names_len as u64).to_le_bytes());
@@ -140,7 +158,6 @@ impl AllowList {
             out[ends_at + 4 * i..ends_at + 4 * (i + 1)]
                 .copy_from_slice(&(end as u32).to_le_bytes());
         }
-        out
     }
 
     /// Builds a list in memory from (name, key) pairs with unique names and keys.

@@ -183,6 +183,9 @@ pub struct HostedApp {
     /// Set by the host when the app must not take input (its store cannot commit, or an outlet is past its lag
     /// budget): its frames are dropped unacknowledged, so its senders retry later and nothing is lost.
     pub paused: bool,
+    /// Set by the host while the app's store cannot commit: its senders are told so (NOT_STORED) rather than
+    /// left to time out.
+    pub cannot_store: bool,
 }
 
 impl HostedApp {
@@ -193,6 +196,7 @@ impl HostedApp {
             accept: AppAccept::All,
             turn_records: TURN_RECORDS,
             paused: false,
+            cannot_store: false,
         }
     }
 }
@@ -292,6 +296,13 @@ impl Node {
         );
         self.turn_app_records.resize(apps.len(), 0);
         self.apps = apps;
+    }
+
+    /// Says whether an app's store can commit (see [`HostedApp::cannot_store`]).
+    pub fn set_app_cannot_store(&mut self, app: AppIndex, cannot: bool) {
+        if let Some(a) = self.apps.get_mut(app as usize) {
+            a.cannot_store = cannot;
+        }
     }
 
     /// Stops or resumes taking input for one app (see [`HostedApp::paused`]).
@@ -606,6 +617,12 @@ impl Node {
             if hosted.paused {
                 // No ack: the sender keeps the records and sends them again (docs/protocol.md 6, backpressure).
                 self.counters.paused_records += d.count;
+                // A store that cannot commit is said (NOT_STORED, docs/protocol.md 5), once per answer per app.
+                if hosted.cannot_store && !session.not_stored.iter().any(|(a, _)| &a[..] == d.app) {
+                    session
+                        .not_stored
+                        .push((d.app.into(), wire::NOT_STORED_STORE_FAILING));
+                }
                 continue;
             }
             let in_turn = self.turn_app_records[app as usize];
@@ -739,6 +756,15 @@ impl Node {
                 wire::put_refuse(&mut packet, &app, reason);
             } else {
                 session.refusals.push((app, reason));
+                deferred += 1;
+            }
+        }
+        let not_stored = std::mem::take(&mut session.not_stored);
+        for (app, reason) in not_stored {
+            if packet.len() + 3 + app.len() + wire::TAG_LEN <= budget {
+                wire::put_not_stored(&mut packet, &app, reason);
+            } else {
+                session.not_stored.push((app, reason));
                 deferred += 1;
             }
         }
@@ -925,6 +951,29 @@ mod tests {
                 return;
             }
         }
+    }
+
+    #[test]
+    fn short_long_and_foreign_datagrams_are_dropped_by_their_stage_before_any_crypto() {
+        let node_id = Identity::generate();
+        let dev = Identity::generate();
+        let list = Arc::new(AllowList::from_unique(vec![("dev".into(), *dev.public())]));
+        let mut node = test_node(&node_id, list);
+        let now = Instant::now();
+        node.handle_datagram(now, addr(1), &[wire::TYPE_SENDER; 10], &mut NoMemo);
+        node.handle_datagram(now, addr(1), &vec![wire::TYPE_SENDER; 4000], &mut NoMemo);
+        let mut foreign = vec![0u8; 96];
+        foreign[0] = 0x21; // version 2
+        node.handle_datagram(now, addr(1), &foreign, &mut NoMemo);
+        let mut huge_pn = vec![0u8; 96];
+        huge_pn[0] = wire::TYPE_SENDER;
+        huge_pn[13] = 0xff; // packet number ≥ 2^62
+        node.handle_datagram(now, addr(1), &huge_pn, &mut NoMemo);
+        let c = node.counters();
+        assert_eq!(c.dropped(DropReason::Size), 2);
+        assert_eq!(c.dropped(DropReason::Version), 1);
+        assert_eq!(c.dropped(DropReason::Malformed), 1);
+        assert_eq!(c.x25519, 0, "no public-key work for any of them");
     }
 
     #[test]

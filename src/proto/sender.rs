@@ -42,6 +42,9 @@ pub enum SenderEvent {
     Stored { app: String, through: u64 },
     /// The node refused the app (reason as in protocol.md 5); its records were dropped.
     Refused { app: String, reason: u8 },
+    /// The node cannot store the app's records now (NOT_STORED, reason as in protocol.md 5): they stay queued
+    /// and are sent again. Said once until the node stores something of the flow again.
+    NotStored { app: String, reason: u8 },
     /// The node holds records of this flow past anything this sender numbered (it lost its counter). What was
     /// queued is released (the node counted it as duplicates) and numbering continues after `node`.
     NodeAhead { app: String, node: u64, ours: u64 },
@@ -81,6 +84,8 @@ struct Flow {
     /// node no longer has (docs/protocol.md 7.3).
     floor_echo: Option<u64>,
     refused: bool,
+    /// The node said it cannot store this flow now (NOT_STORED), and has acknowledged nothing of it since.
+    not_stored: bool,
 }
 
 impl Flow {
@@ -343,6 +348,7 @@ impl Sender {
             base_sent_pn: None,
             floor_echo: None,
             refused: false,
+            not_stored: false,
         });
         Ok(())
     }
@@ -640,6 +646,8 @@ impl Sender {
                         // Built before the node went back (docs/protocol.md 7.3): about records it lost.
                         continue;
                     }
+                    // An ACK comes only after a commit: the node stores this flow again.
+                    f.not_stored = false;
                     if !f.synced {
                         f.synced = true;
                         f.probe_outstanding = false;
@@ -692,6 +700,19 @@ impl Sender {
                         app: f.app.clone(),
                         through: stored_through,
                     });
+                }
+                NodeFrame::NotStored { app, reason } => {
+                    let Some(i) = self.flows.iter().position(|f| f.app.as_bytes() == app) else {
+                        continue;
+                    };
+                    let f = &mut self.flows[i];
+                    if !f.not_stored {
+                        f.not_stored = true;
+                        self.events.push_back(SenderEvent::NotStored {
+                            app: f.app.clone(),
+                            reason,
+                        });
+                    }
                 }
                 NodeFrame::Refuse { app, reason } => {
                     let Some(i) = self.flows.iter().position(|f| f.app.as_bytes() == app) else {

@@ -86,6 +86,8 @@ pub struct Session {
     pub flows: Vec<SessionFlow>,
     /// REFUSE frames owed: (app name, reason).
     pub refusals: Vec<(Box<[u8]>, u8)>,
+    /// NOT_STORED frames owed: (app name, reason).
+    pub not_stored: Vec<(Box<[u8]>, u8)>,
     /// Bytes received from this session since its last ack: the ack may not be larger (docs/protocol.md 9).
     pub ack_budget: usize,
     /// Turns not yet committed that hold frames of this session; a session with any is never swept.
@@ -106,7 +108,9 @@ impl Session {
         self.flows.last_mut().expect("flow was just pushed")
     }
     pub fn owes_ack(&self) -> bool {
-        !self.refusals.is_empty() || self.flows.iter().any(|f| f.ack_owed)
+        !self.refusals.is_empty()
+            || !self.not_stored.is_empty()
+            || self.flows.iter().any(|f| f.ack_owed)
     }
 }
 
@@ -211,6 +215,7 @@ impl SessionCache {
                 last_heard: now,
                 flows: Vec::new(),
                 refusals: Vec::new(),
+                not_stored: Vec::new(),
                 ack_budget: 0,
                 turns_waiting: 0,
             },

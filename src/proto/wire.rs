@@ -32,6 +32,9 @@ pub const FRAME_ECHO: u8 = 0x03;
 pub const FRAME_REFUSE: u8 = 0x04;
 /// A DATA frame whose records are forwarded records (protocol.md 5.4): sent by a node's outlets.
 pub const FRAME_FORWARD: u8 = 0x05;
+/// Node → sender: the app cannot store now; the records were not taken and should be sent again later
+/// (docs/protocol.md 5, NOT_STORED).
+pub const FRAME_NOT_STORED: u8 = 0x06;
 
 /// Largest sender datagram a node accepts. Devices send at most [`MAX_DATAGRAM`]; a node forwarding a record adds
 /// its origin (up to 75 bytes), so the one datagram that carries a record too large for [`MAX_DATAGRAM`] with its
@@ -44,6 +47,8 @@ pub const MAX_ORIGIN_LEN: usize = 64;
 pub const REFUSE_NO_APP: u8 = 1;
 /// REFUSE reason: the app does not accept this sender.
 pub const REFUSE_NOT_ACCEPTED: u8 = 2;
+/// NOT_STORED reason: the app's store cannot commit (a full or read-only disk, a store deleted under the node).
+pub const NOT_STORED_STORE_FAILING: u8 = 1;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum WireError {
@@ -237,6 +242,7 @@ pub enum NodeFrame<'a> {
     Ack { app: &'a [u8], stored_through: u64 },
     Echo { packet_number: u64 },
     Refuse { app: &'a [u8], reason: u8 },
+    NotStored { app: &'a [u8], reason: u8 },
 }
 
 /// Walks `count` records from the reader and returns the bytes they span; forwarded records are checked to be
@@ -346,7 +352,7 @@ pub fn parse_sender_frames(plain: &[u8]) -> Result<Vec<SenderFrame<'_>>, WireErr
                     records,
                 }));
             }
-            t @ (FRAME_ACK | FRAME_ECHO | FRAME_REFUSE) => {
+            t @ (FRAME_ACK | FRAME_ECHO | FRAME_REFUSE | FRAME_NOT_STORED) => {
                 return Err(WireError::WrongDirection(t));
             }
             t => return Err(WireError::UnknownFrame(t)),
@@ -377,6 +383,11 @@ pub fn parse_node_frames(plain: &[u8]) -> Result<Vec<NodeFrame<'_>>, WireError> 
                 let app = r.app()?;
                 let reason = r.u8()?;
                 frames.push(NodeFrame::Refuse { app, reason });
+            }
+            FRAME_NOT_STORED => {
+                let app = r.app()?;
+                let reason = r.u8()?;
+                frames.push(NodeFrame::NotStored { app, reason });
             }
             t @ (FRAME_DATA | FRAME_FORWARD) => return Err(WireError::WrongDirection(t)),
             t => return Err(WireError::UnknownFrame(t)),
@@ -440,6 +451,13 @@ pub fn put_echo(out: &mut Vec<u8>, packet_number: u64) {
 
 pub fn put_refuse(out: &mut Vec<u8>, app: &[u8], reason: u8) {
     out.push(FRAME_REFUSE);
+    out.push(app.len() as u8);
+    out.extend_from_slice(app);
+    out.push(reason);
+}
+
+pub fn put_not_stored(out: &mut Vec<u8>, app: &[u8], reason: u8) {
+    out.push(FRAME_NOT_STORED);
     out.push(app.len() as u8);
     out.extend_from_slice(app);
     out.push(reason);
@@ -619,6 +637,33 @@ mod tests {
             parse_node_frames(&p),
             Err(WireError::WrongDirection(FRAME_DATA))
         );
+    }
+
+    #[test]
+    fn not_stored_round_trips_and_is_node_to_sender_only() {
+        let mut p = Vec::new();
+        put_echo(&mut p, 9);
+        put_not_stored(&mut p, b"main", NOT_STORED_STORE_FAILING);
+        put_ack(&mut p, b"other", 4);
+        let frames = parse_node_frames(&p).unwrap();
+        assert_eq!(
+            frames,
+            vec![
+                NodeFrame::Echo { packet_number: 9 },
+                NodeFrame::NotStored {
+                    app: b"main",
+                    reason: NOT_STORED_STORE_FAILING
+                },
+                NodeFrame::Ack {
+                    app: b"other",
+                    stored_through: 4
+                },
+            ]
+        );
+        assert!(matches!(
+            parse_sender_frames(&p[2..]),
+            Err(WireError::WrongDirection(FRAME_NOT_STORED))
+        ));
     }
 
     #[test]

@@ -71,6 +71,7 @@ impl LocalNode {
             apps_file: None,
             recv_buffer,
             dns: Default::default(),
+            accept_lost_state: false,
         })?;
         let addr = ready.local_addr();
         let public = ready.identity_public();

@@ -43,6 +43,7 @@ use crate::sending::dns::DnsSettings;
 use crate::sending::{LoopSettings, SendingLoop};
 use crate::store::StoreError;
 use crate::store::memo::Memo;
+use crate::store::state::{self, StateError, StateLock};
 
 mod links;
 mod local;
@@ -67,13 +68,16 @@ pub enum NodeError {
     Senders(#[from] SendersError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    State(#[from] StateError),
     #[error("cannot create state directory {path}: {source}")]
     StateDir {
         path: PathBuf,
         source: std::io::Error,
     },
     #[error(
-        "cannot listen on UDP {addr}: {source} (is another node on that port? choose one with --link-port)"
+        "cannot listen on UDP {addr}: {}",
+        crate::ops::bind_problem(source, *addr, "--link-port")
     )]
     Bind {
         addr: SocketAddr,
@@ -107,6 +111,8 @@ pub struct NodeSettings {
     pub recv_buffer: usize,
     /// Name servers for outlets given by name.
     pub dns: DnsSettings,
+    /// Start even where the state looks like it lost data (`--accept-lost-state`; [`state::judge`]).
+    pub accept_lost_state: bool,
 }
 
 /// Live figures a caller (the demo, tests, later metrics) may read while the node runs.
@@ -175,6 +181,10 @@ pub struct ReadyNode {
     next_link_request: u64,
     /// The link requests taken this round, waiting for their answers.
     link_round: links::LinkRound,
+    /// The state directory's lock: held while this node serves from it.
+    _lock: StateLock,
+    /// What `STATE/identity` says (kept current as apps are added).
+    state_identity: state::Identity,
 }
 
 fn create_private_dir(path: &Path) -> Result<(), NodeError> {
@@ -235,11 +245,19 @@ impl ReadyNode {
     /// Loads the key (making one if missing), the senders file and the stores, and binds the socket.
     pub fn prepare(settings: NodeSettings) -> Result<Self, NodeError> {
         create_private_dir(&settings.state_dir)?;
-        let (identity, key_created) = keys::load_or_create_identity(&settings.key_file)?;
+        let lock = StateLock::acquire(&settings.state_dir)?;
+        let (identity, key_created, state_identity) = check_state(&settings)?;
         let (senders, senders_source) = match &settings.senders_file {
             Some(path) => {
                 let (list, how) = senders::load_indexed(path, &settings.state_dir)?;
                 let n = list.len();
+                if n == 0 {
+                    tracing::warn!(
+                        "senders file {} lists no senders: nobody can send until it does (add `NAME \
+                         PUBLIC_KEY` lines and reload with SIGHUP)",
+                        path.display()
+                    );
+                }
                 let how = match how {
                     senders::IndexUse::Mapped => "index unchanged",
                     senders::IndexUse::Rebuilt => "index rebuilt",
@@ -266,7 +284,9 @@ impl ReadyNode {
         }
         let wake = Arc::new(Wake::new().map_err(NodeError::Socket)?);
         let (host, outlets) = Host::open(&settings.state_dir, &settings.apps, wake.clone())?;
-        let memo = Memo::open(&settings.state_dir.join("memo.sqlite"))?;
+        let memo = Memo::open_or_none(&settings.state_dir.join("memo.sqlite"));
+        let state_identity =
+            record_apps(&settings.state_dir, state_identity, &host.open_app_names())?;
         let socket = bind_udp(settings.link_addr, settings.recv_buffer)?;
         let mut node = Node::new(
             NodeConfig {
@@ -310,6 +330,8 @@ impl ReadyNode {
             links: None,
             next_link_request: 0,
             link_round: links::LinkRound::default(),
+            _lock: lock,
+            state_identity,
         })
     }
 
@@ -372,6 +394,8 @@ impl ReadyNode {
         // The socket is bound (prepare did it) and the loop is about to turn: from here a datagram is served.
         self.stats.heartbeat.beat(Instant::now());
         self.publish();
+        // What reading the senders file and opening the stores freed goes back before serving starts.
+        release_freed_memory();
         if let Some(n) = notifier {
             last_status = self.status_line();
             n.ready(&last_status);
@@ -467,6 +491,9 @@ impl ReadyNode {
                             let path = p.path.clone();
                             pending = None;
                             self.finish_reload(&path, result, notifier);
+                            // The reading thread's buffers (a million lines' worth) and, after a good reload,
+                            // the old list are freed now: give them back rather than keep them in the heap.
+                            release_freed_memory();
                         }
                         Err(TryRecvError::Empty) => {}
                         Err(TryRecvError::Disconnected) => {
@@ -635,6 +662,16 @@ impl ReadyNode {
                 }
                 self.apply_outlet_changes(done.outlets);
                 self.settings.apps = new;
+                match record_apps(
+                    &self.settings.state_dir,
+                    self.state_identity.clone(),
+                    &self.host.open_app_names(),
+                ) {
+                    Ok(id) => self.state_identity = id,
+                    Err(e) => tracing::warn!(
+                        "{e}; a restart cannot tell if the new apps' stores go missing"
+                    ),
+                }
                 self.publish();
             }
             Err(e) => tracing::error!(
@@ -837,6 +874,69 @@ impl ReadyNode {
     }
 }
 
+/// Loads the node's key (or makes one) once the state directory has been compared with its identity file: a state
+/// that looks like it lost data is refused unless `accept_lost_state` ([`state::judge`]). Returns the key, whether
+/// it was made, and the identity the state now has (written by [`record_apps`]).
+fn check_state(
+    settings: &NodeSettings,
+) -> Result<(crypto::Identity, bool, state::Identity), NodeError> {
+    let dir = &settings.state_dir;
+    let recorded = state::Identity::read(dir)?;
+    let existing = if settings.key_file.exists() {
+        Some(keys::read_identity(&settings.key_file)?)
+    } else {
+        None
+    };
+    let stores = crate::store::list_apps(dir);
+    let apps: Vec<String> = settings.apps.apps.iter().map(|a| a.name.clone()).collect();
+    let problems = state::judge(&state::Found {
+        dir,
+        identity: recorded.as_ref(),
+        key_file: &settings.key_file,
+        key: existing.as_ref().map(|k| *k.public()),
+        stores: &stores,
+        apps: &apps,
+    });
+    if !problems.is_empty() {
+        if !settings.accept_lost_state {
+            return Err(StateError::LooksLost {
+                dir: dir.clone(),
+                problems,
+            }
+            .into());
+        }
+        for p in &problems {
+            tracing::warn!("{}: starting anyway: {p}", state::ACCEPT_FLAG);
+        }
+    }
+    let (identity, created) = match existing {
+        Some(id) => (id, false),
+        None => keys::load_or_create_identity(&settings.key_file)?,
+    };
+    let mut recorded = recorded.unwrap_or_default();
+    if recorded.public_key != *identity.public() {
+        recorded = state::Identity {
+            public_key: *identity.public(),
+            apps: Default::default(),
+        };
+    }
+    Ok((identity, created, recorded))
+}
+
+/// Adds `apps` (whose stores are open) to the state's identity file, writing it only when it changes.
+fn record_apps(
+    dir: &Path,
+    mut identity: state::Identity,
+    apps: &[String],
+) -> Result<state::Identity, StateError> {
+    let before = identity.clone();
+    identity.apps.extend(apps.iter().cloned());
+    if identity != before || !state::Identity::path(dir).exists() {
+        identity.write(dir)?;
+    }
+    Ok(identity)
+}
+
 /// The apps file's warnings (accept lists naming senders the senders file does not list), with one pass over the
 /// allow-list however many names the accept lists hold.
 fn accept_warnings(apps: &AppsConfig, senders: &AllowList) -> Vec<String> {
@@ -890,6 +990,20 @@ const SENDING_STALE: Duration = Duration::from_secs(3);
 
 /// Sessions swept in one sweep that make it worth giving freed heap back to the kernel.
 const TRIM_AFTER_SWEPT: u64 = 1024;
+
+/// Fixes glibc's thresholds at their defaults for a fresh process: blocks of 128 KiB and more are mapped of their
+/// own (and unmapped when freed), and a heap top of more than 128 KiB free is trimmed. Left alone, glibc raises both
+/// after the first large free (up to 32 and 64 MiB), so the arrays of a big senders file read on the reload thread
+/// stayed in that thread's arena — which `malloc_trim` cannot shrink from the top — 20 MB and more after every
+/// reload (research/002, reload memory). Called once, before the senders file is first read.
+pub fn fix_malloc_thresholds() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets glibc's tuning parameters; it has no preconditions.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 * 1024);
+    }
+}
 
 /// Returns free heap pages to the kernel. Sessions are small allocations made and freed in bursts, between
 /// long-lived ones; glibc keeps such freed memory in the process unless asked (BRIEF.md: memory is not returned

@@ -6,8 +6,10 @@
 //! updated in the same transaction as the chunk it covers, so a failed commit rolls both back and a record is
 //! stored exactly once.
 
+pub mod disk;
 pub mod json;
 pub mod memo;
+pub mod state;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -46,6 +48,29 @@ pub enum StoreError {
         found: i64,
         known: i64,
     },
+    #[error(
+        "store {path}: {free} bytes are free on its filesystem, {wanted} are wanted (for its wal-index and a \
+         commit); free some space there and the app stores again, without a restart"
+    )]
+    NoRoom {
+        path: PathBuf,
+        free: u64,
+        wanted: u64,
+    },
+    #[error(
+        "store {path}: cannot allocate its wal-index {}: {source}; free some space on its filesystem",
+        disk::shm_path(path).display()
+    )]
+    Shm {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{what}: nothing more is acknowledged for its app, and the records acknowledged into it are gone unless \
+         the file is restored; restart the node once it is back (or with --accept-lost-state to start the app \
+         with an empty store)"
+    )]
+    Gone { path: PathBuf, what: String },
     #[error("no store for app {app} in {dir} (stores there: {known})")]
     NoSuchApp {
         app: String,
@@ -101,6 +126,23 @@ PRAGMA user_version = 2;
 COMMIT;
 ";
 
+/// `path` with the symbolic links it is (not its directories) followed, up to 8 deep; a link to a file not yet made
+/// gives the path the file will have.
+fn follow_links(path: &Path) -> PathBuf {
+    let mut p = path.to_path_buf();
+    for _ in 0..8 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => match std::fs::read_link(&p) {
+                Ok(target) if target.is_absolute() => p = target,
+                Ok(target) => p = p.parent().map_or(target.clone(), |d| d.join(&target)),
+                Err(_) => break,
+            },
+            _ => break,
+        }
+    }
+    p
+}
+
 /// Path of an app's store under the state directory.
 pub fn app_store_path(state_dir: &Path, app: &str) -> PathBuf {
     state_dir.join("apps").join(format!("{app}.sqlite"))
@@ -110,6 +152,9 @@ pub fn app_store_path(state_dir: &Path, app: &str) -> PathBuf {
 pub struct AppStore {
     conn: Connection,
     path: PathBuf,
+    /// The files opened, to notice a store deleted or replaced under the node, and the `-shm` allocated ahead
+    /// (`None` for stores in memory and readers).
+    guard: Option<disk::FileGuard>,
     /// The position the next stored record gets: records `1 .. head` are stored (docs/store.md, positions).
     head: u64,
 }
@@ -217,6 +262,10 @@ impl AppStore {
     /// Opens (creating if needed) an app's store for writing: WAL, and `synchronous=FULL` so a commit is on disk
     /// before the node acks it. A store of layout 1 is migrated to layout 2 in one transaction.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        // A store may be a symbolic link (an app's store on another disk): SQLite keeps its -wal and -shm beside
+        // the file the link names, so the guards below must look there too.
+        let real = follow_links(path);
+        let path = real.as_path();
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
                 path: dir.to_path_buf(),
@@ -227,12 +276,72 @@ impl AppStore {
             path: path.to_path_buf(),
             source,
         };
+        // SQLite's own first mapping of the wal-index, at open, is the one the store cannot allocate ahead of
+        // (store/disk.rs): open only where there is room for it.
+        if let Err((free, wanted)) = disk::room_to_open(path) {
+            return Err(StoreError::NoRoom {
+                path: path.to_path_buf(),
+                free,
+                wanted,
+            });
+        }
         let conn = Connection::open(path).map_err(sql)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(sql)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(sql)?;
-        Self::prepare_layout(conn, path.to_path_buf())
+        let mut store = Self::prepare_layout(conn, path.to_path_buf())?;
+        let mut guard = disk::FileGuard::new(path).map_err(|source| StoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let wal = guard
+            .verify()
+            .map_err(|disk::Gone(what)| StoreError::Gone {
+                path: path.to_path_buf(),
+                what,
+            })?;
+        guard
+            .keep_shm_ahead(wal)
+            .map_err(|source| StoreError::Shm {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        store.guard = Some(guard);
+        Ok(store)
+    }
+
+    /// Before a commit: the files are still the store's, and the wal-index is allocated ahead of what the WAL
+    /// may need (store/disk.rs). Nothing is written when this fails.
+    fn before_commit(&mut self) -> Result<(), StoreError> {
+        let Some(guard) = &mut self.guard else {
+            return Ok(());
+        };
+        let wal = guard
+            .verify()
+            .map_err(|disk::Gone(what)| StoreError::Gone {
+                path: self.path.clone(),
+                what,
+            })?;
+        guard.keep_shm_ahead(wal).map_err(|source| StoreError::Shm {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// After a commit, before anything of it is acknowledged: it went into the files at the store's path, not into
+    /// one deleted or replaced meanwhile.
+    fn after_commit(&mut self) -> Result<(), StoreError> {
+        let Some(guard) = &mut self.guard else {
+            return Ok(());
+        };
+        guard
+            .verify()
+            .map(|_| ())
+            .map_err(|disk::Gone(what)| StoreError::Gone {
+                path: self.path.clone(),
+                what,
+            })
     }
 
     fn prepare_layout(conn: Connection, path: PathBuf) -> Result<Self, StoreError> {
@@ -271,6 +380,7 @@ impl AppStore {
         Ok(AppStore {
             conn,
             path,
+            guard: None,
             head: head.max(1) as u64,
         })
     }
@@ -287,14 +397,32 @@ impl AppStore {
 
     /// Opens an existing store to read (the node may be writing it at the same time; WAL allows that).
     pub fn open_read(path: &Path) -> Result<Self, StoreError> {
-        let conn = Connection::open_with_flags(
-            path,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(|source| StoreError::Sqlite {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        Self::open_read_with(path, false)
+    }
+
+    /// [`AppStore::open_read`]; `alone` (no node runs on the store, and its disk is full) reads with the
+    /// wal-index in this process's memory instead of the mapped `-shm`, which SQLite would otherwise grow and
+    /// could fault on (store/disk.rs). A node starting meanwhile finds the store locked and tries again.
+    pub fn open_read_with(path: &Path, alone: bool) -> Result<Self, StoreError> {
+        // SQLite reads a WAL store without a shared wal-index only on a connection that could write (a read-only
+        // one cannot take the exclusive lock that needs). It writes nothing but what closing does: a checkpoint.
+        let flags = if alone {
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX
+        } else {
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX
+        };
+        let conn =
+            Connection::open_with_flags(path, flags).map_err(|source| StoreError::Sqlite {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if alone {
+            conn.pragma_update(None, "locking_mode", "EXCLUSIVE")
+                .map_err(|source| StoreError::Sqlite {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+        }
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(|source| StoreError::Sqlite {
@@ -311,6 +439,7 @@ impl AppStore {
         let mut store = AppStore {
             conn,
             path: path.to_path_buf(),
+            guard: None,
             head: 1,
         };
         store.head = store.read_head()?;
@@ -367,6 +496,7 @@ impl AppStore {
             path: path.clone(),
             source,
         };
+        self.before_commit()?;
         let stored_at = now_ms();
         let mut head = self.head;
         let tx = self.conn.transaction().map_err(sql)?;
@@ -518,6 +648,7 @@ impl AppStore {
             }
         }
         tx.commit().map_err(sql)?;
+        self.after_commit()?;
         self.head = head;
         Ok(applied)
     }
@@ -543,6 +674,18 @@ impl AppStore {
     /// Writes and commits nothing of consequence (the header's layout version, unchanged): whether this store can
     /// commit now. A host asks before it lets an app that failed take input again.
     pub fn probe_write(&mut self) -> Result<(), StoreError> {
+        self.before_commit()?;
+        // A commit may fit in the WAL's old space on a full disk and the next one not: an app that failed comes
+        // back only when the filesystem has room again, so it does not flap.
+        if self.guard.is_some()
+            && let Err((free, wanted)) = disk::room_to_open(&self.path)
+        {
+            return Err(StoreError::NoRoom {
+                path: self.path.clone(),
+                free,
+                wanted,
+            });
+        }
         self.conn
             .execute_batch("BEGIN IMMEDIATE; PRAGMA user_version = 2; COMMIT;")
             .map_err(|source| {
@@ -551,7 +694,8 @@ impl AppStore {
                     path: self.path.clone(),
                     source,
                 }
-            })
+            })?;
+        self.after_commit()
     }
 
     /// Heard sequence of every source, by name.
@@ -741,16 +885,39 @@ impl AppStore {
     }
 }
 
-/// The stores of all apps of a node, by app index.
+/// An app's store as the node holds it: open, or not (yet) openable — its path kept to try again.
+enum Slot {
+    Open(AppStore),
+    Closed(PathBuf),
+}
+
+/// The stores of all apps of a node, by app index. A store that could not be opened (a full or read-only disk)
+/// has a closed slot: its app cannot store until [`Stores::retry`] opens it.
 pub struct Stores {
-    apps: Vec<AppStore>,
+    apps: Vec<Slot>,
+}
+
+impl StoreError {
+    /// Whether this error is about the store's configuration or contents (a layout from a newer pure-serve, a file
+    /// that is not a database) rather than the disk under it: such a store is refused at start; a disk that fails
+    /// only stops its app, which is tried again.
+    pub fn is_fatal_at_open(&self) -> bool {
+        match self {
+            StoreError::Layout { .. } | StoreError::Corrupt { .. } => true,
+            StoreError::Sqlite { source, .. } => matches!(
+                source.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt)
+            ),
+            _ => false,
+        }
+    }
 }
 
 impl Stores {
     pub fn open(state_dir: &Path, apps: &[String]) -> Result<Self, StoreError> {
         let apps = apps
             .iter()
-            .map(|a| AppStore::open(&app_store_path(state_dir, a)))
+            .map(|a| AppStore::open(&app_store_path(state_dir, a)).map(Slot::Open))
             .collect::<Result<_, _>>()?;
         Ok(Stores { apps })
     }
@@ -759,19 +926,25 @@ impl Stores {
     pub fn open_in_memory(apps: &[String]) -> Result<Self, StoreError> {
         let apps = apps
             .iter()
-            .map(|a| AppStore::open_in_memory(a))
+            .map(|a| AppStore::open_in_memory(a).map(Slot::Open))
             .collect::<Result<_, _>>()?;
         Ok(Stores { apps })
     }
 
-    /// The store of one app.
+    /// The store of one app, if it is open.
     pub fn app(&self, app: AppIndex) -> Option<&AppStore> {
-        self.apps.get(app as usize)
+        match self.apps.get(app as usize) {
+            Some(Slot::Open(s)) => Some(s),
+            _ => None,
+        }
     }
 
-    /// The store of one app, to write.
+    /// The store of one app, to write, if it is open.
     pub fn app_mut(&mut self, app: AppIndex) -> Option<&mut AppStore> {
-        self.apps.get_mut(app as usize)
+        match self.apps.get_mut(app as usize) {
+            Some(Slot::Open(s)) => Some(s),
+            _ => None,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -784,8 +957,31 @@ impl Stores {
 
     /// Adds the store of a new app (a reload that added one); it gets the next app index.
     pub fn push(&mut self, store: AppStore) -> AppIndex {
-        self.apps.push(store);
+        self.apps.push(Slot::Open(store));
         (self.apps.len() - 1) as AppIndex
+    }
+
+    /// Adds an app whose store could not be opened at `path`; [`Stores::retry`] tries again.
+    pub fn push_closed(&mut self, path: PathBuf) -> AppIndex {
+        self.apps.push(Slot::Closed(path));
+        (self.apps.len() - 1) as AppIndex
+    }
+
+    /// Whether an app's store can commit now: an open one is probed ([`AppStore::probe_write`]), a closed one is
+    /// opened. Returns whether it was opened just now.
+    pub fn retry(&mut self, app: AppIndex) -> Result<bool, StoreError> {
+        match self.apps.get_mut(app as usize) {
+            Some(Slot::Open(s)) => s.probe_write().map(|_| false),
+            Some(slot) => {
+                let Slot::Closed(path) = &*slot else {
+                    return Ok(false);
+                };
+                let store = AppStore::open(path)?;
+                *slot = Slot::Open(store);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// Applies a turn: one transaction per app it touches, in app order. On error the failing app's transaction
@@ -801,8 +997,9 @@ impl Stores {
             ..Committed::default()
         };
         let mut per_app = pieces_of_turn(turn, senders, self.apps.len());
-        for (i, store) in self.apps.iter_mut().enumerate() {
+        for (i, slot) in self.apps.iter_mut().enumerate() {
             let pieces = &mut per_app[i];
+            let Slot::Open(store) = slot else { continue };
             if pieces.is_empty() {
                 continue;
             }
@@ -871,7 +1068,10 @@ pub fn open_app_for_reading(state_dir: &Path, app: &str) -> Result<AppStore, Sto
             known: list_apps(state_dir).join(", "),
         });
     }
-    AppStore::open_read(&path)
+    // A store whose node is stopped is read without the mapped wal-index when its disk is full (store/disk.rs);
+    // with a node running, the node has allocated it whole and reading maps only what is there.
+    let alone = state::StateLock::holder(state_dir).is_none() && disk::room_to_open(&path).is_err();
+    AppStore::open_read_with(&path, alone)
 }
 
 /// Names of the apps that have a store under `state_dir`, sorted.
@@ -1163,5 +1363,132 @@ mod layout_tests {
         // Opening again does not migrate twice.
         assert_eq!(AppStore::open(&path).unwrap().head(), 5);
         assert_eq!(AppStore::open_read(&path).unwrap().head(), 5);
+    }
+}
+
+#[cfg(test)]
+mod guard_cost {
+    use super::*;
+    use std::time::Instant;
+
+    /// research/008-full-disk: what the file guard (two stats before and two after each commit, and the `-shm`
+    /// kept allocated ahead) costs a commit of one record with `synchronous=FULL`. One store, the guard switched on
+    /// and off every 100 commits, so both modes meet the same disk at the same moments; prints one JSON line. Run
+    /// with `cargo test --release --lib guard_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn commit_cost_with_and_without_the_file_guard() {
+        const BLOCKS: u64 = 40;
+        const PER_BLOCK: u64 = 100;
+        let dir = tempfile::tempdir().unwrap();
+        let record = {
+            let mut v = Vec::new();
+            crate::proto::wire::put_record(&mut v, &[7u8; 100]);
+            v
+        };
+        let path = dir.path().join("apps/guard.sqlite");
+        let mut s = AppStore::open(&path).unwrap();
+        let mut parked = None;
+        let (mut on, mut off) = (Vec::new(), Vec::new());
+        let mut seq = 0;
+        for block in 0..BLOCKS {
+            // GUARD_COST_ODD: the guard on in the odd blocks instead, to see any bias of the order.
+            let guarded = (block % 2 == 0) != std::env::var_os("GUARD_COST_ODD").is_some();
+            if guarded {
+                if let Some(g) = parked.take() {
+                    s.guard = Some(g);
+                }
+            } else {
+                parked = s.guard.take();
+            }
+            let started = Instant::now();
+            for _ in 0..PER_BLOCK {
+                seq += 1;
+                let mut pieces = [Piece {
+                    source: "dev",
+                    first_seq: seq,
+                    count: 1,
+                    format: RecordFormat::Plain,
+                    records: &record,
+                }];
+                // GUARD_COST_PARTS=verify: the off blocks do the guard's two checks by hand, without its -shm
+                // allocation (to tell the parts' costs apart).
+                let by_hand = !guarded && std::env::var_os("GUARD_COST_PARTS").is_some();
+                if by_hand && let Some(g) = parked.as_mut() {
+                    let _ = g.verify();
+                }
+                s.apply(&mut pieces, &[], false).unwrap();
+                if by_hand && let Some(g) = parked.as_mut() {
+                    let _ = g.verify();
+                }
+            }
+            let us = started.elapsed().as_secs_f64() * 1e6 / PER_BLOCK as f64;
+            if guarded { on.push(us) } else { off.push(us) }
+        }
+        if let Some(g) = parked.take() {
+            s.guard = Some(g);
+        }
+        let g = s.guard.as_mut().unwrap();
+        let started = Instant::now();
+        for _ in 0..100_000 {
+            g.verify().unwrap();
+        }
+        let verify_ns = started.elapsed().as_secs_f64() * 1e9 / 100_000.0;
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        println!(
+            "{{\"bench\":\"guard_cost\",\"commits_per_mode\":{},\"guarded_us_median\":{:.1},\
+             \"unguarded_us_median\":{:.1},\"verify_ns\":{verify_ns:.0}}}",
+            BLOCKS / 2 * PER_BLOCK,
+            median(&mut on),
+            median(&mut off)
+        );
+    }
+
+    /// docs/durability.md: what `synchronous` costs, side by side — commits of 1 and of 256 records with FULL (the
+    /// node's setting: on disk before the ack, through power loss), NORMAL (a power loss may lose the last commits
+    /// of WAL, a process crash none) and OFF. Prints one JSON line per setting and batch: records per second and
+    /// the median and 99th-percentile commit time (the part of an ack's latency the store adds). Run with
+    /// `cargo test --release --lib durability_costs -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn durability_costs() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut one = Vec::new();
+        crate::proto::wire::put_record(&mut one, &[7u8; 100]);
+        for batch in [1u64, 256] {
+            let records: Vec<u8> = (0..batch).flat_map(|_| one.clone()).collect();
+            let commits = if batch == 1 { 2000 } else { 400 };
+            for sync in ["FULL", "NORMAL", "OFF"] {
+                let path = dir.path().join(format!("apps/{sync}-{batch}.sqlite"));
+                let mut s = AppStore::open(&path).unwrap();
+                s.conn.pragma_update(None, "synchronous", sync).unwrap();
+                let mut times = Vec::with_capacity(commits);
+                let started = Instant::now();
+                for c in 0..commits as u64 {
+                    let mut pieces = [Piece {
+                        source: "dev",
+                        first_seq: c * batch + 1,
+                        count: batch,
+                        format: RecordFormat::Plain,
+                        records: &records,
+                    }];
+                    let t = Instant::now();
+                    s.apply(&mut pieces, &[], false).unwrap();
+                    times.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                let secs = started.elapsed().as_secs_f64();
+                times.sort_by(|a, b| a.total_cmp(b));
+                println!(
+                    "{{\"bench\":\"durability\",\"synchronous\":\"{sync}\",\"records_per_commit\":{batch},\
+                     \"commits\":{commits},\"records_per_s\":{:.0},\"commit_us_p50\":{:.0},\"commit_us_p99\":{:.0}}}",
+                    (commits as u64 * batch) as f64 / secs,
+                    times[times.len() / 2],
+                    times[times.len() * 99 / 100]
+                );
+            }
+        }
     }
 }
