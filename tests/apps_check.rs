@@ -7,6 +7,8 @@ use std::process::{Command, Output};
 fn check(dir: &Path, apps: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pure-serve"))
         .arg("check")
+        // Ports are not what these tests check: 0 leaves them untried (tests run side by side).
+        .args(["--link-port", "0", "--http-port", "0"])
         .arg("--state")
         .arg(dir.join("state"))
         .arg("--apps")

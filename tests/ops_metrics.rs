@@ -63,6 +63,8 @@ fn check_lists_every_problem_and_fails() {
     std::fs::write(&key, "x\n").unwrap();
     let out = Command::new(bin())
         .arg("check")
+        // Ports are not what this test checks: 0 leaves them untried (tests run side by side).
+        .args(["--link-port", "0", "--http-port", "0"])
         .arg("--senders")
         .arg(&senders)
         .arg("--key")
@@ -84,6 +86,8 @@ fn check_lists_every_problem_and_fails() {
     std::fs::write(&senders, format!("dev {public}\n")).unwrap();
     let out = Command::new(bin())
         .arg("check")
+        // Ports are not what this test checks: 0 leaves them untried (tests run side by side).
+        .args(["--link-port", "0", "--http-port", "0"])
         .arg("--senders")
         .arg(&senders)
         .arg("--state")
