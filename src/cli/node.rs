@@ -58,6 +58,14 @@ pub struct NodeArgs {
     /// net.core.rmem_max only as root or with CAP_NET_ADMIN; the node warns when it got less.
     #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
     pub recv_buffer: usize,
+    /// X25519 operations per second that input which does not authenticate may cost the node, in total; one
+    /// source prefix (/24, /56) may use an eighth of it. A first packet of a sender not yet known costs one X25519
+    /// (~66 µs on the development machines); a real sender's is given back, so this bounds only what forged
+    /// packets cost. Beyond it first packets are answered with a cookie (docs/protocol.md 4.4, 6.1). The default
+    /// was measured in research/007-overload.
+    #[arg(long, value_name = "PER_SECOND", default_value_t = crate::proto::admission::DEFAULT_X25519_BUDGET,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub x25519_budget: u32,
     /// Name server for outlets given by name (`IP` or `IP:PORT`). Default: the system's, from /etc/resolv.conf;
     /// /etc/hosts is read first either way. Lookups never stop other outlets.
     #[arg(long, value_name = "ADDR", value_parser = parse_dns_server)]
@@ -106,6 +114,7 @@ impl NodeArgs {
             apps,
             apps_file: self.apps.clone(),
             recv_buffer: self.recv_buffer,
+            x25519_budget: self.x25519_budget,
             dns: crate::sending::dns::DnsSettings { server: self.dns },
             state_dir,
         })

@@ -33,6 +33,8 @@ pub struct Snapshot {
     pub app_figures: Vec<crate::apps::host::AppFigures>,
     /// Whether the sending loop beats (`None`: no outlets, no loop).
     pub sending_loop_alive: Option<bool>,
+    /// The X25519 budget in force, per second.
+    pub x25519_budget: u32,
 }
 
 /// When the receive loop last turned, as microseconds since `base` (0: never).
@@ -139,7 +141,7 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
             c.stored_records
         );
     }
-    let simple: [(&str, &str, &str, u64); 12] = [
+    let simple: [(&str, &str, &str, u64); 17] = [
         (
             "pure_records_duplicate_total",
             "counter",
@@ -175,6 +177,36 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
             "counter",
             "X25519 operations: one per candidate key not in the memo, tried for a packet no session opened (forged packets included).",
             c.x25519,
+        ),
+        (
+            "pure_x25519_authentic_total",
+            "counter",
+            "X25519 operations whose packet authenticated (a real sender's first contact); the rest of pure_x25519_total is what unauthenticated input cost, bounded by the budget.",
+            c.x25519_authentic,
+        ),
+        (
+            "pure_x25519_budget",
+            "gauge",
+            "X25519 operations per second that input which does not authenticate may cost (--x25519-budget).",
+            u64::from(s.x25519_budget),
+        ),
+        (
+            "pure_cookies_sent_total",
+            "counter",
+            "COOKIE packets sent: first packets refused an X25519 for want of a cookie, under load (docs/protocol.md 4.4).",
+            c.cookies_sent,
+        ),
+        (
+            "pure_cookies_withheld_total",
+            "counter",
+            "First packets refused for want of a cookie that got no COOKIE: the COOKIE rate limits were reached.",
+            c.cookies_withheld,
+        ),
+        (
+            "pure_cookies_invalid_total",
+            "counter",
+            "Packets that echoed a cookie not valid for their address (expired, another address, forged).",
+            c.cookies_invalid,
         ),
         (
             "pure_memo_hits_total",

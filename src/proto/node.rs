@@ -13,10 +13,11 @@
 //! [`SecretMemo`] so tests can keep it in memory.
 
 use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::admission::{self, Admission, AdmissionConfig, Refusal, Validated};
 use super::allow_list::{AllowList, SenderIndex};
 use super::crypto::{self, Identity, PublicKeyBytes};
 use super::session_cache::SessionCache;
@@ -63,10 +64,16 @@ pub enum DropReason {
     Malformed,
     /// The current turn is full and the store has not caught up: dropped before any crypto.
     TurnFull,
+    /// A first packet from an address that echoed a valid cookie (or came over TCP) that needed an X25519 when
+    /// the budget had none left (protocol.md 6.1): dropped unanswered before the X25519.
+    X25519Budget,
+    /// A first packet that needed an X25519 beyond the share of the budget for unvalidated addresses: dropped
+    /// before the X25519, answered with a COOKIE packet when the reply limits allow (protocol.md 4.4, 6.1).
+    CookieRequired,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 9] = [
         DropReason::Size,
         DropReason::Version,
         DropReason::UnknownKey,
@@ -74,6 +81,8 @@ impl DropReason {
         DropReason::Replay,
         DropReason::Malformed,
         DropReason::TurnFull,
+        DropReason::X25519Budget,
+        DropReason::CookieRequired,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -84,6 +93,8 @@ impl DropReason {
             DropReason::Replay => "replay",
             DropReason::Malformed => "malformed",
             DropReason::TurnFull => "turn_full",
+            DropReason::X25519Budget => "x25519_budget",
+            DropReason::CookieRequired => "cookie_required",
         }
     }
 }
@@ -97,6 +108,16 @@ pub struct NodeCounters {
     pub x25519: u64,
     /// Shared secrets taken from the memo instead of an X25519, counted the same way as `x25519`.
     pub memo_hits: u64,
+    /// X25519 whose packet authenticated (a real sender's first contact): the rest, `x25519 - x25519_authentic`,
+    /// is what unauthenticated input cost, which the budget bounds.
+    pub x25519_authentic: u64,
+    /// COOKIE packets sent (protocol.md 4.4).
+    pub cookies_sent: u64,
+    /// Packets that needed a cookie whose COOKIE the reply limits did not allow.
+    pub cookies_withheld: u64,
+    /// Packets that echoed a cookie not valid for their address (expired, another address, forged), looked at
+    /// because they needed an X25519.
+    pub cookies_invalid: u64,
     pub sessions_made: u64,
     pub sessions_swept: u64,
     pub acks_sent: u64,
@@ -223,7 +244,29 @@ pub struct Node {
     scratch: Vec<u8>,
     /// The live sessions of the packet being handled (reused, so no allocation per packet).
     found: Vec<SessionId>,
+    /// The X25519 budget and cookies (protocol.md 6.1).
+    admission: Admission,
     counters: NodeCounters,
+}
+
+/// The sizes of a received packet: the sender packet itself, and the datagram it came in (its cookie included).
+#[derive(Debug, Clone, Copy)]
+struct Lens {
+    /// The sender packet (type 1): what the size rules of protocol.md 4 and 5.4 apply to.
+    packet: usize,
+    /// The bytes received: what the answer's budget counts (protocol.md 9).
+    received: usize,
+}
+
+/// Where a packet came from, as admission sees it.
+#[derive(Debug, Clone, Copy)]
+struct Origin<'a> {
+    /// The address whose prefix pays for its X25519: the UDP source, or the TCP peer of a link request.
+    ip: IpAddr,
+    /// Came over TCP: the address is proven without a cookie.
+    transport: bool,
+    /// The cookie it echoed, if any (not yet checked).
+    cookie: Option<&'a [u8]>,
 }
 
 /// What the live sessions of a packet's (key id, run id) made of it.
@@ -258,8 +301,28 @@ impl Node {
             next_sweep: None,
             scratch: Vec::with_capacity(wire::MAX_DATAGRAM),
             found: Vec::new(),
+            admission: Admission::new(AdmissionConfig::new(
+                admission::DEFAULT_X25519_BUDGET,
+                crypto::random_array(),
+            )),
             counters: NodeCounters::default(),
         }
+    }
+
+    /// Puts an X25519 budget in force (`--x25519-budget`), with a cookie key drawn by the caller. The node starts
+    /// with [`admission::DEFAULT_X25519_BUDGET`] and a random key.
+    pub fn set_admission(&mut self, config: AdmissionConfig) {
+        self.admission = Admission::new(config);
+    }
+
+    /// The X25519 budget per second in force.
+    pub fn x25519_budget(&self) -> u32 {
+        self.admission.budget()
+    }
+
+    /// Source address prefixes the admission holds state for (bounded; empty again after a burst).
+    pub fn prefixes_tracked(&self) -> usize {
+        self.admission.prefixes_tracked()
     }
 
     pub fn counters(&self) -> &NodeCounters {
@@ -316,7 +379,8 @@ impl Node {
         self.turn.record_count >= TURN_RECORDS
     }
 
-    /// Takes one received datagram. Anything worth storing goes into the current turn; nothing is sent here.
+    /// Takes one received datagram. Anything worth storing goes into the current turn; nothing is sent here but,
+    /// under load, a COOKIE packet (protocol.md 4.4), which [`Node::poll_transmit`] returns.
     pub fn handle_datagram(
         &mut self,
         now: Instant,
@@ -324,32 +388,70 @@ impl Node {
         datagram: &[u8],
         memo: &mut dyn SecretMemo,
     ) {
+        self.handle_packet(now, from, from.ip(), false, datagram, memo);
+    }
+
+    /// Takes a sender packet that came in a link request over HTTP (protocol.md 10) from the TCP peer `peer`;
+    /// `from` is the request's pseudo peer address, where its answers go. Its X25519 are paid for by `peer`'s
+    /// prefix, as a validated address (the TCP handshake proved it), so it never needs a cookie.
+    pub fn handle_link_packet(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        peer: IpAddr,
+        datagram: &[u8],
+        memo: &mut dyn SecretMemo,
+    ) {
+        self.handle_packet(now, from, peer, true, datagram, memo);
+    }
+
+    fn handle_packet(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        ip: IpAddr,
+        transport: bool,
+        datagram: &[u8],
+        memo: &mut dyn SecretMemo,
+    ) {
         self.counters.datagrams += 1;
-        // Cheap checks first, before any crypto (BRIEF.md: drop early).
-        if datagram.len() < wire::MIN_SENDER_DATAGRAM
-            || datagram.len() > wire::MAX_ACCEPTED_DATAGRAM
-        {
+        // Cheap checks first, before any crypto (BRIEF.md: drop early). A packet that echoes a cookie is the
+        // cookie's 17 bytes and then a whole sender packet (protocol.md 4.4); the cookie is looked at only if the
+        // packet needs an X25519.
+        let (cookie, packet) = match datagram.first() {
+            Some(&wire::TYPE_SENDER_COOKIE) if datagram.len() >= wire::COOKIE_PREFIX_LEN => (
+                Some(&datagram[1..wire::COOKIE_PREFIX_LEN]),
+                &datagram[wire::COOKIE_PREFIX_LEN..],
+            ),
+            _ => (None, datagram),
+        };
+        if packet.len() < wire::MIN_SENDER_DATAGRAM || packet.len() > wire::MAX_ACCEPTED_DATAGRAM {
             return self.drop_packet(DropReason::Size);
         }
-        if datagram[0] != wire::TYPE_SENDER {
+        if packet[0] != wire::TYPE_SENDER {
             return self.drop_packet(DropReason::Version);
         }
         // A turn twice over its bound means the store is behind: stop investing work in new input.
         if self.turn.record_count >= 2 * TURN_RECORDS {
             return self.drop_packet(DropReason::TurnFull);
         }
-        let Ok(header) = SenderHeader::parse(datagram) else {
+        let Ok(header) = SenderHeader::parse(packet) else {
             return self.drop_packet(DropReason::Size);
         };
         // Packet numbers stay below 2^62 (protocol.md 3): anything above is malformed, refused before crypto.
         if header.packet_number >= 1 << 62 {
             return self.drop_packet(DropReason::Malformed);
         }
-        let session_id = match self.find_session(now, &header, datagram) {
+        let origin = Origin {
+            ip,
+            transport,
+            cookie,
+        };
+        let session_id = match self.find_session(now, &header, packet) {
             Found::Opened(id) => id,
             Found::Rejected(reason) => return self.drop_packet(reason),
             Found::TryCandidates { replayed } => {
-                match self.open_new_run(now, from, &header, datagram, memo) {
+                match self.open_new_run(now, from, origin, &header, packet, memo) {
                     Ok(id) => id,
                     // Forged copies of a number a live session has seen are counted with the replays.
                     Err(DropReason::Auth) if replayed => {
@@ -359,15 +461,18 @@ impl Node {
                 }
             }
         };
-        // `scratch` now holds the datagram with its plaintext at SENDER_HEADER_LEN.
-        let plain_len = datagram.len() - wire::SENDER_HEADER_LEN - wire::TAG_LEN;
+        // `scratch` now holds the packet with its plaintext at SENDER_HEADER_LEN.
+        let plain_len = packet.len() - wire::SENDER_HEADER_LEN - wire::TAG_LEN;
         let plain = std::mem::take(&mut self.scratch);
         let result = self.apply_frames(
             now,
             from,
             session_id,
             &header,
-            datagram.len(),
+            Lens {
+                packet: packet.len(),
+                received: datagram.len(),
+            },
             &plain[wire::SENDER_HEADER_LEN..wire::SENDER_HEADER_LEN + plain_len],
         );
         self.scratch = plain;
@@ -437,10 +542,15 @@ impl Node {
     /// Slow path: the first packet of a run (or of a run whose session was swept), or a packet under a colliding
     /// key id that no live session of its (key id, run id) opened. Finds the sender among the candidates of the
     /// key id that have no live session under this run id, using the memo before paying for an X25519.
+    ///
+    /// Each X25519 needs a token of the budget (protocol.md 6.1); the tokens of a packet that authenticates are
+    /// given back. A packet refused a token is dropped before the X25519 (`cookie_required`, answered with a
+    /// COOKIE when the reply limits allow, or `x25519_budget` for a validated address).
     fn open_new_run(
         &mut self,
         now: Instant,
         from: SocketAddr,
+        origin: Origin<'_>,
         header: &SenderHeader,
         datagram: &[u8],
         memo: &mut dyn SecretMemo,
@@ -454,6 +564,9 @@ impl Node {
         let mut has_session = std::mem::take(&mut self.found);
         let node_public = *self.identity.public();
         let mut made = None;
+        let mut validated: Option<Validated> = None;
+        let mut charged = 0u32;
+        let mut refused: Option<Refusal> = None;
         for sender in candidates {
             if has_session
                 .iter()
@@ -468,6 +581,20 @@ impl Node {
                     secret
                 }
                 None => {
+                    let v = match validated {
+                        Some(v) => v,
+                        None => {
+                            let v = self.validate(now, origin);
+                            validated = Some(v);
+                            v
+                        }
+                    };
+                    if let Err(why) = self.admission.try_x25519(now, origin.ip, v) {
+                        // Other candidates may still be in the memo; this one is not tried.
+                        refused = Some(why);
+                        continue;
+                    }
+                    charged += 1;
                     self.counters.x25519 += 1;
                     let Ok(secret) = self.identity.shared_secret(&sender_public) else {
                         continue;
@@ -513,7 +640,54 @@ impl Node {
         }
         has_session.clear();
         self.found = has_session;
-        made.ok_or(DropReason::Auth)
+        let v = validated.unwrap_or(Validated::No);
+        if made.is_some() {
+            // Work caused by a real sender: not what the budget bounds.
+            self.counters.x25519_authentic += u64::from(charged);
+            self.admission.refund(now, origin.ip, v, charged);
+        }
+        match (made, refused) {
+            (Some(id), _) => Ok(id),
+            (None, Some(Refusal::CookieRequired)) => {
+                self.send_cookie(now, from, header);
+                Err(DropReason::CookieRequired)
+            }
+            (None, Some(Refusal::Budget)) => Err(DropReason::X25519Budget),
+            (None, None) => Err(DropReason::Auth),
+        }
+    }
+
+    /// What the packet proved about its address: only looked at when it needs an X25519.
+    fn validate(&mut self, now: Instant, origin: Origin<'_>) -> Validated {
+        if origin.transport {
+            return Validated::Transport;
+        }
+        match origin.cookie {
+            None => Validated::No,
+            Some(c) if self.admission.check_cookie(now, origin.ip, c) => Validated::Cookie,
+            Some(_) => {
+                self.counters.cookies_invalid += 1;
+                Validated::No
+            }
+        }
+    }
+
+    /// Answers a first packet refused for want of a cookie with a COOKIE packet (protocol.md 4.4), if the reply
+    /// limits allow. It is 37 bytes, smaller than any sender packet (at least 96): no amplification.
+    fn send_cookie(&mut self, now: Instant, to: SocketAddr, answers: &SenderHeader) {
+        if !self.admission.may_send_cookie(now, to.ip()) {
+            self.counters.cookies_withheld += 1;
+            return;
+        }
+        let cookie = self.admission.cookie(now, to.ip());
+        let mut bytes = Vec::with_capacity(wire::COOKIE_PACKET_LEN);
+        wire::CookiePacket {
+            answers: *answers,
+            cookie,
+        }
+        .emit(&mut bytes);
+        self.counters.cookies_sent += 1;
+        self.outbox.push(Transmit { to, bytes });
     }
 
     fn sweep_interval(&self) -> Duration {
@@ -533,9 +707,13 @@ impl Node {
         from: SocketAddr,
         session_id: SessionId,
         header: &SenderHeader,
-        datagram_len: usize,
+        lens: Lens,
         plain: &[u8],
     ) -> Result<(), wire::WireError> {
+        let Lens {
+            packet: packet_len,
+            received: received_len,
+        } = lens;
         // Parse everything before applying anything: a malformed packet applies none of its frames
         // (protocol.md 5). It did authenticate, so like any authentic packet it uses up its packet number (a copy
         // of it is a replay), keeps the session awake and may move its peer address (protocol.md 6, step 5).
@@ -548,7 +726,7 @@ impl Node {
         for SenderFrame::Data(d) in &frames {
             // Only a forwarding node may exceed a device's datagram, and only for forwarded records
             // (protocol.md 5.4): this keeps every stored record small enough to be forwarded again.
-            if datagram_len > wire::MAX_DATAGRAM && d.format == wire::RecordFormat::Plain {
+            if packet_len > wire::MAX_DATAGRAM && d.format == wire::RecordFormat::Plain {
                 return Err(wire::WireError::Oversized);
             }
             resolved.push((self.app_index(d.app), d));
@@ -561,7 +739,7 @@ impl Node {
             session.peer = from;
         }
         session.last_heard = now;
-        session.ack_budget = session.ack_budget.saturating_add(datagram_len);
+        session.ack_budget = session.ack_budget.saturating_add(received_len);
         if let Some(e) = malformed {
             return Err(e);
         }
@@ -833,8 +1011,9 @@ impl Node {
         self.next_sweep
     }
 
-    /// Sweeps idle sessions.
+    /// Sweeps idle sessions (and forgets admission state that has nothing to remember).
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.admission.maybe_sweep(now);
         if let Some(at) = self.next_sweep
             && now >= at
         {

@@ -70,6 +70,7 @@ impl LocalNode {
             apps,
             apps_file: None,
             recv_buffer,
+            x25519_budget: crate::proto::admission::DEFAULT_X25519_BUDGET,
             dns: Default::default(),
         })?;
         let addr = ready.local_addr();

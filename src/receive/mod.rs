@@ -35,6 +35,7 @@ use crate::keys::{self, KeyError};
 use crate::ops::metrics::{Heartbeat, Snapshot};
 use crate::ops::notify::{Notifier, WatchdogTimer};
 use crate::ops::wake::Wake;
+use crate::proto::admission::AdmissionConfig;
 use crate::proto::allow_list::AllowList;
 use crate::proto::crypto;
 use crate::proto::node::{DropReason, Node, NodeConfig, NodeCounters, Transmit};
@@ -105,6 +106,8 @@ pub struct NodeSettings {
     /// The apps file they came from, re-read on a reload (`None`: the single app `main`).
     pub apps_file: Option<PathBuf>,
     pub recv_buffer: usize,
+    /// X25519 per second that input which does not authenticate may cost (`--x25519-budget`, protocol.md 6.1).
+    pub x25519_budget: u32,
     /// Name servers for outlets given by name.
     pub dns: DnsSettings,
 }
@@ -278,6 +281,10 @@ impl ReadyNode {
             Arc::new(senders),
         );
         node.set_apps(host.hosted_apps());
+        node.set_admission(AdmissionConfig::new(
+            settings.x25519_budget,
+            crypto::random_array(),
+        ));
         let sending = if outlets.start.is_empty() {
             None
         } else {
@@ -564,11 +571,14 @@ impl ReadyNode {
             self.next_link_request += 1;
             let from = link::pseudo_peer(id);
             self.link_round.open(id, request.reply);
+            // Admission pays for their X25519 from the TCP peer's prefix, as a proven address (no cookies).
+            let peer = request.peer.ip();
             for packet in request.packets.iter() {
                 if self.node.turn_is_full() {
                     self.turn()?;
                 }
-                self.node.handle_datagram(now, from, packet, &mut self.memo);
+                self.node
+                    .handle_link_packet(now, from, peer, packet, &mut self.memo);
             }
         }
         Ok(true)
@@ -816,6 +826,7 @@ impl ReadyNode {
             s.reloads_ok = self.reloads_ok;
             s.reloads_failed = self.reloads_failed;
             s.commit_seconds = self.commit_time.as_secs_f64();
+            s.x25519_budget = self.node.x25519_budget();
         }
         self.stats
             .stored_records
@@ -871,6 +882,8 @@ fn log_summary(before: &NodeCounters, now: &NodeCounters, sessions: usize) {
         duplicates = now.duplicate_records - before.duplicate_records,
         sessions,
         x25519 = now.x25519 - before.x25519,
+        x25519_wasted = (now.x25519 - now.x25519_authentic) - (before.x25519 - before.x25519_authentic),
+        cookies = now.cookies_sent - before.cookies_sent,
         drops = %if drops.is_empty() { "none".to_string() } else { drops.join(" ") },
         "link summary"
     );
