@@ -66,6 +66,16 @@ pub struct NodeArgs {
     #[arg(long, value_name = "PER_SECOND", default_value_t = crate::proto::admission::DEFAULT_X25519_BUDGET,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub x25519_budget: u32,
+    /// Most runs (sessions) one sender may have active at once: a device has one per boot, a node forwarding here
+    /// one per outlet. A new run past it makes the sender's least recently heard idle run go (it costs only a memo
+    /// lookup to come back); if none is idle the new run waits (docs/protocol.md 6.2).
+    #[arg(long, value_name = "N", default_value_t = crate::proto::node::DEFAULT_SESSIONS_PER_SENDER,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub sessions_per_sender: usize,
+    /// Most active runs in all. Default: a quarter of the machine's memory at 1 KiB each (~600 B measured); past it
+    /// new runs wait and quiet ones are swept sooner (docs/protocol.md 6.2).
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_sessions: Option<usize>,
     /// Name server for outlets given by name (`IP` or `IP:PORT`). Default: the system's, from /etc/resolv.conf;
     /// /etc/hosts is read first either way. Lookups never stop other outlets.
     #[arg(long, value_name = "ADDR", value_parser = parse_dns_server)]
@@ -115,6 +125,10 @@ impl NodeArgs {
             apps_file: self.apps.clone(),
             recv_buffer: self.recv_buffer,
             x25519_budget: self.x25519_budget,
+            sessions_per_sender: self.sessions_per_sender,
+            max_sessions: self
+                .max_sessions
+                .unwrap_or_else(crate::receive::max_sessions_for_memory),
             dns: crate::sending::dns::DnsSettings { server: self.dns },
             state_dir,
         })

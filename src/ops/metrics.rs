@@ -141,7 +141,7 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
             c.stored_records
         );
     }
-    let simple: [(&str, &str, &str, u64); 17] = [
+    let simple: [(&str, &str, &str, u64); 18] = [
         (
             "pure_records_duplicate_total",
             "counter",
@@ -225,6 +225,12 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
             "counter",
             "Sessions forgotten after --link-idle-ms of quiet.",
             c.sessions_swept,
+        ),
+        (
+            "pure_sessions_evicted_total",
+            "counter",
+            "Idle sessions forgotten to make room for a new run of a sender at its --sessions-per-sender.",
+            c.sessions_evicted,
         ),
         (
             "pure_sessions_active",

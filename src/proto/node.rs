@@ -20,9 +20,15 @@ use std::time::{Duration, Instant};
 use super::admission::{self, Admission, AdmissionConfig, Refusal, Validated};
 use super::allow_list::{AllowList, SenderIndex};
 use super::crypto::{self, Identity, PublicKeyBytes};
-use super::session_cache::SessionCache;
+use super::session_cache::{Room, SessionCache};
 use super::turn::{AppIndex, Apply, Committed, SessionId, Turn};
 use super::wire::{self, SenderFrame, SenderHeader};
+
+/// Sessions (runs) one sender may hold at once by default (docs/protocol.md 6.2): a device has one run per boot, a
+/// node forwarding to this one a run per outlet. Past it the sender's least recently heard idle session goes.
+pub const DEFAULT_SESSIONS_PER_SENDER: usize = 16;
+/// Sessions in all by default, when the driver does not size it from memory (about 600 B each, research/007).
+pub const DEFAULT_MAX_SESSIONS: usize = 1 << 20;
 
 /// Records in one turn before the node stops adding to it (BRIEF.md: bound the work per round). Measured in
 /// research/001: big enough that the fsync of a commit is shared by many records.
@@ -70,10 +76,13 @@ pub enum DropReason {
     /// A first packet that needed an X25519 beyond the share of the budget for unvalidated addresses: dropped
     /// before the X25519, answered with a COOKIE packet when the reply limits allow (protocol.md 4.4, 6.1).
     CookieRequired,
+    /// A new run of a sender that holds its cap of sessions, all busy, or a new session when the node holds its
+    /// total (protocol.md 6.2): dropped before any crypto.
+    SessionCap,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 9] = [
+    pub const ALL: [DropReason; 10] = [
         DropReason::Size,
         DropReason::Version,
         DropReason::UnknownKey,
@@ -83,6 +92,7 @@ impl DropReason {
         DropReason::TurnFull,
         DropReason::X25519Budget,
         DropReason::CookieRequired,
+        DropReason::SessionCap,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -95,6 +105,7 @@ impl DropReason {
             DropReason::TurnFull => "turn_full",
             DropReason::X25519Budget => "x25519_budget",
             DropReason::CookieRequired => "cookie_required",
+            DropReason::SessionCap => "session_cap",
         }
     }
 }
@@ -120,6 +131,8 @@ pub struct NodeCounters {
     pub cookies_invalid: u64,
     pub sessions_made: u64,
     pub sessions_swept: u64,
+    /// Idle sessions forgotten to make room for another run of the same sender at its cap (protocol.md 6.2).
+    pub sessions_evicted: u64,
     pub acks_sent: u64,
     pub ack_frames_deferred: u64,
     pub refused_frames: u64,
@@ -246,6 +259,11 @@ pub struct Node {
     found: Vec<SessionId>,
     /// The X25519 budget and cookies (protocol.md 6.1).
     admission: Admission,
+    /// Most sessions of one sender, and in all (protocol.md 6.2).
+    sessions_per_sender: usize,
+    max_sessions: usize,
+    /// The total was reached: the next sweep takes sessions quiet for a quarter of `idle`, not all of it.
+    pressure: bool,
     counters: NodeCounters,
 }
 
@@ -305,8 +323,23 @@ impl Node {
                 admission::DEFAULT_X25519_BUDGET,
                 crypto::random_array(),
             )),
+            sessions_per_sender: DEFAULT_SESSIONS_PER_SENDER,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            pressure: false,
             counters: NodeCounters::default(),
         }
+    }
+
+    /// Bounds the sessions one sender may hold and the sessions in all (protocol.md 6.2); both at least 1.
+    pub fn set_session_limits(&mut self, per_sender: usize, total: usize) {
+        self.sessions_per_sender = per_sender.max(1);
+        self.max_sessions = total.max(1);
+    }
+
+    /// Sessions `sender`'s key id holds for it now (for tests and figures).
+    pub fn sessions_of(&self, sender: SenderIndex) -> usize {
+        let key_id = crypto::key_id(self.senders.key(sender));
+        self.sessions.sessions_of(key_id, sender)
     }
 
     /// Puts an X25519 budget in force (`--x25519-budget`), with a cookie key drawn by the caller. The node starts
@@ -567,11 +600,30 @@ impl Node {
         let mut validated: Option<Validated> = None;
         let mut charged = 0u32;
         let mut refused: Option<Refusal> = None;
+        let mut capped = false;
         for sender in candidates {
             if has_session
                 .iter()
                 .any(|&id| self.sessions.get(id).is_some_and(|s| s.sender == sender))
             {
+                continue;
+            }
+            // Room for a session of this sender, before any crypto (protocol.md 6.2): at its cap, its least
+            // recently heard idle session goes once this packet authenticates; none idle, or the node full and
+            // nothing of this sender's to give up: not tried.
+            let room = self
+                .sessions
+                .room_for(header.key_id, sender, self.sessions_per_sender);
+            if room == Room::Full {
+                capped = true;
+                continue;
+            }
+            if room == Room::Free && self.sessions.len() >= self.max_sessions {
+                capped = true;
+                if !self.pressure {
+                    self.pressure = true;
+                    self.next_sweep = Some(now);
+                }
                 continue;
             }
             let sender_public = *self.senders.key(sender);
@@ -621,6 +673,11 @@ impl Node {
                     &sender_public,
                     &node_public,
                 );
+                if let Room::Evict(old) = room
+                    && self.sessions.remove(old)
+                {
+                    self.counters.sessions_evicted += 1;
+                }
                 self.counters.sessions_made += 1;
                 if self.next_sweep.is_none() {
                     self.next_sweep = Some(now + self.sweep_interval());
@@ -653,6 +710,7 @@ impl Node {
                 Err(DropReason::CookieRequired)
             }
             (None, Some(Refusal::Budget)) => Err(DropReason::X25519Budget),
+            (None, None) if capped => Err(DropReason::SessionCap),
             (None, None) => Err(DropReason::Auth),
         }
     }
@@ -1017,7 +1075,13 @@ impl Node {
         if let Some(at) = self.next_sweep
             && now >= at
         {
-            let swept = self.sessions.sweep(now, self.idle);
+            // Under pressure (the total was reached) sessions quiet for a quarter of `idle` go too.
+            let idle = if std::mem::take(&mut self.pressure) {
+                self.idle / 4
+            } else {
+                self.idle
+            };
+            let swept = self.sessions.sweep(now, idle);
             self.counters.sessions_swept += swept as u64;
             self.next_sweep = if self.sessions.is_empty() {
                 None

@@ -108,6 +108,9 @@ pub struct NodeSettings {
     pub recv_buffer: usize,
     /// X25519 per second that input which does not authenticate may cost (`--x25519-budget`, protocol.md 6.1).
     pub x25519_budget: u32,
+    /// Most sessions (runs) one sender may hold at once, and in all (protocol.md 6.2).
+    pub sessions_per_sender: usize,
+    pub max_sessions: usize,
     /// Name servers for outlets given by name.
     pub dns: DnsSettings,
 }
@@ -285,6 +288,7 @@ impl ReadyNode {
             settings.x25519_budget,
             crypto::random_array(),
         ));
+        node.set_session_limits(settings.sessions_per_sender, settings.max_sessions);
         let sending = if outlets.start.is_empty() {
             None
         } else {
@@ -887,6 +891,23 @@ fn log_summary(before: &NodeCounters, now: &NodeCounters, sessions: usize) {
         drops = %if drops.is_empty() { "none".to_string() } else { drops.join(" ") },
         "link summary"
     );
+}
+
+/// What a session may cost the node, generously: ~600 B measured (research/007), with the tables' slack.
+const SESSION_BYTES: u64 = 1024;
+
+/// The default bound on sessions in all: a quarter of the machine's memory at [`SESSION_BYTES`] each (about 250k on
+/// a 1 GB Raspberry Pi), or [`crate::proto::node::DEFAULT_MAX_SESSIONS`] if the memory cannot be read.
+pub fn max_sessions_for_memory() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    });
+    match total {
+        Some(kib) => ((kib * 1024 / 4 / SESSION_BYTES) as usize).max(1024),
+        None => crate::proto::node::DEFAULT_MAX_SESSIONS,
+    }
 }
 
 /// How often the loop looks for a reload's result while the senders file is being read.
