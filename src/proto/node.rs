@@ -79,10 +79,14 @@ pub enum DropReason {
     /// A new run of a sender that holds its cap of sessions, all busy, or a new session when the node holds its
     /// total (protocol.md 6.2): dropped before any crypto.
     SessionCap,
+    /// Dropped by the kernel because the socket's receive buffer was full (SO_RXQ_OVFL): the node never saw it.
+    /// Counted by the driver ([`Node::count_drops`]).
+    Kernel,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 10] = [
+    pub const ALL: [DropReason; 11] = [
+        DropReason::Kernel,
         DropReason::Size,
         DropReason::Version,
         DropReason::UnknownKey,
@@ -106,6 +110,7 @@ impl DropReason {
             DropReason::X25519Budget => "x25519_budget",
             DropReason::CookieRequired => "cookie_required",
             DropReason::SessionCap => "session_cap",
+            DropReason::Kernel => "kernel",
         }
     }
 }
@@ -405,6 +410,12 @@ impl Node {
 
     fn drop_packet(&mut self, reason: DropReason) {
         self.counters.drops[reason as usize] += 1;
+    }
+
+    /// Counts drops the driver made or saw before the node core (the kernel's, stage `kernel`), so every drop is in
+    /// one place.
+    pub fn count_drops(&mut self, reason: DropReason, n: u64) {
+        self.counters.drops[reason as usize] += n;
     }
 
     /// Whether the turn being filled has reached its bound; the driver should take it.
