@@ -841,9 +841,11 @@ impl Node {
                 continue;
             }
             let in_turn = self.turn_app_records[app as usize];
-            if in_turn > 0 && in_turn + d.count > hosted.turn_records {
+            if in_turn >= hosted.turn_records {
                 // The app has its share of this turn; the rest waits for the sender's resend, so one busy app
-                // cannot crowd out the others (docs/apps.md, turn_records).
+                // cannot crowd out the others (docs/apps.md, turn_records). The frame that reaches the share is
+                // still taken whole, as the turn's own bound lets the last packet take it past: dropping it would
+                // make a gap, and every later frame of its flow in the turn would be thrown away with it.
                 self.counters.busy_records += d.count;
                 continue;
             }
