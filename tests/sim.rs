@@ -1407,3 +1407,60 @@ fn at_the_total_of_sessions_new_runs_wait_and_all_are_delivered() {
     sim.assert_exactly_once();
     assert!(sim.node.counters().dropped(DropReason::SessionCap) > 0);
 }
+
+// ---- Issue 9, item 3: backpressure before decryption.
+
+/// While every app a run sends to is paused (its store cannot commit, an outlet is behind), the run's packets are
+/// dropped before they are opened (`backpressure`), not opened and thrown away; when the app takes input again the
+/// sender's resends deliver everything, once.
+#[test]
+fn packets_for_paused_apps_only_are_dropped_before_decryption() {
+    let mut sim = Sim::new(103, CLEAN, 2, FlowStart::At(1));
+    sim.queue(0, 10);
+    sim.queue(1, 10);
+    sim.run_until_idle(Duration::from_secs(5));
+    sim.node.set_app_paused(0, true);
+    sim.queue(0, 50);
+    sim.run_for(Duration::from_secs(3));
+    let c = sim.node.counters().clone();
+    assert!(c.dropped(DropReason::Backpressure) > 0, "{c:?}");
+    assert_eq!(c.paused_records, 0, "nothing was opened to be thrown away");
+    assert_eq!(c.stored_records, 20);
+    sim.node.set_app_paused(0, false);
+    sim.run_until_idle(Duration::from_secs(10));
+    sim.assert_exactly_once();
+}
+
+/// A run that also sends to an app that takes input is opened: its frames for the other app are stored, those for
+/// the paused app held back after decryption.
+#[test]
+fn a_run_sending_to_a_paused_and_an_open_app_is_still_opened() {
+    let mut sim = Sim::new(107, CLEAN, 1, FlowStart::At(1));
+    sim.devices[0]
+        .sender
+        .open_flow("second", FlowStart::At(1))
+        .unwrap();
+    sim.queue(0, 5);
+    sim.devices[0]
+        .sender
+        .queue("second", b"s1".to_vec())
+        .unwrap();
+    sim.run_until_idle(Duration::from_secs(5));
+    sim.node.set_app_paused(0, true);
+    sim.queue(0, 5);
+    sim.devices[0]
+        .sender
+        .queue("second", b"s2".to_vec())
+        .unwrap();
+    sim.run_for(Duration::from_secs(1));
+    let c = sim.node.counters().clone();
+    assert!(c.paused_records > 0, "{c:?}");
+    assert_eq!(
+        sim.devices[0].sender.unacked("second"),
+        0,
+        "second took its record"
+    );
+    sim.node.set_app_paused(0, false);
+    sim.run_until_idle(Duration::from_secs(10));
+    sim.assert_exactly_once();
+}

@@ -287,6 +287,22 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
     let _ = writeln!(out, "pure_commit_seconds_total {}", s.commit_seconds);
     family(
         &mut out,
+        "pure_records_held_back_total",
+        "counter",
+        "Records decrypted but not taken, unacknowledged (the sender resends): their app was paused, or had its share of the turn.",
+    );
+    let _ = writeln!(
+        out,
+        "pure_records_held_back_total{{why=\"paused\"}} {}",
+        c.paused_records
+    );
+    let _ = writeln!(
+        out,
+        "pure_records_held_back_total{{why=\"busy\"}} {}",
+        c.busy_records
+    );
+    family(
+        &mut out,
         "pure_drops_total",
         "counter",
         "Datagrams dropped, by the stage that dropped them.",

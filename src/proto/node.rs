@@ -79,13 +79,17 @@ pub enum DropReason {
     /// A new run of a sender that holds its cap of sessions, all busy, or a new session when the node holds its
     /// total (protocol.md 6.2): dropped before any crypto.
     SessionCap,
+    /// A packet of a session whose every flow is for an app that takes no input now (paused by the host: its
+    /// store cannot commit or an outlet is past its lag budget; or it has its share of the turn being filled):
+    /// dropped before decryption (protocol.md 6.3).
+    Backpressure,
     /// Dropped by the kernel because the socket's receive buffer was full (SO_RXQ_OVFL): the node never saw it.
     /// Counted by the driver ([`Node::count_drops`]).
     Kernel,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 11] = [
+    pub const ALL: [DropReason; 12] = [
         DropReason::Kernel,
         DropReason::Size,
         DropReason::Version,
@@ -97,6 +101,7 @@ impl DropReason {
         DropReason::X25519Budget,
         DropReason::CookieRequired,
         DropReason::SessionCap,
+        DropReason::Backpressure,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -111,6 +116,7 @@ impl DropReason {
             DropReason::CookieRequired => "cookie_required",
             DropReason::SessionCap => "session_cap",
             DropReason::Kernel => "kernel",
+            DropReason::Backpressure => "backpressure",
         }
     }
 }
@@ -147,9 +153,11 @@ pub struct NodeCounters {
     /// Turns the store committed, and turns it failed to apply (rolled back, nothing acked).
     pub turns_committed: u64,
     pub turns_failed: u64,
-    /// Records not taken because their app was paused (backpressure or a store that cannot commit).
+    /// Records not taken, after decryption, because their app was paused (a store that cannot commit, an outlet
+    /// past its lag budget): packets that also named an app taking input. Packets for paused apps only are dropped
+    /// before decryption (`backpressure`).
     pub paused_records: u64,
-    /// Records not taken because their app had its share of the turn.
+    /// Records not taken, after decryption, because their app had its share of the turn.
     pub busy_records: u64,
 }
 
@@ -536,12 +544,19 @@ impl Node {
         let mut shared = false;
         let mut opened = None;
         let mut known_replay = false;
+        let mut held_back = false;
         for &id in &ids {
             let session = self.sessions.get(id).expect("index and map agree");
             shared |= session.shared_key_id;
             let fresh = session.replay.check(header.packet_number);
             if !fresh && now.saturating_duration_since(session.last_heard) < self.idle / 2 {
                 replayed = true;
+                continue;
+            }
+            // Backpressure before decryption (protocol.md 6.3): every app this run sends to takes no input now, so
+            // whatever the packet holds would be thrown away after the open. The sender's RTO brings it again.
+            if fresh && self.gated(session) {
+                held_back = true;
                 continue;
             }
             let key = session.k_s2n;
@@ -575,6 +590,7 @@ impl Node {
         let found = match opened {
             Some(id) => Found::Opened(id),
             None if known_replay => Found::Rejected(DropReason::Replay),
+            None if held_back && !shared => Found::Rejected(DropReason::Backpressure),
             None if ids.is_empty() || shared => Found::TryCandidates { replayed },
             None if replayed => Found::Rejected(DropReason::Replay),
             None => Found::Rejected(DropReason::Auth),
@@ -757,6 +773,20 @@ impl Node {
         .emit(&mut bytes);
         self.counters.cookies_sent += 1;
         self.outbox.push(Transmit { to, bytes });
+    }
+
+    /// Whether an app takes no input now: the host paused it, or it has its share of the turn being filled (the
+    /// high-water mark; the turn being taken is the low one). The host's pauses have their own hysteresis and
+    /// retry timers (src/apps/host.rs); a full share opens again with the next turn, at most a round away.
+    fn app_gated(&self, app: AppIndex) -> bool {
+        self.apps
+            .get(app as usize)
+            .is_some_and(|a| a.paused || self.turn_app_records[app as usize] >= a.turn_records)
+    }
+
+    /// Whether every app a session has sent to takes no input now (a session that has sent nothing yet is not).
+    fn gated(&self, session: &super::session_cache::Session) -> bool {
+        !session.flows.is_empty() && session.flows.iter().all(|f| self.app_gated(f.app))
     }
 
     fn sweep_interval(&self) -> Duration {
