@@ -241,6 +241,62 @@ impl BatchReceiver {
     }
 }
 
+/// Datagrams sent per `sendmmsg`.
+const SEND_BATCH: usize = 64;
+
+/// Sends node packets with as few system calls as it can (sendmmsg, up to [`SEND_BATCH`] a call). A datagram the
+/// kernel will not take (a full send buffer, an unreachable peer) is lost, as any datagram may be: the sender's
+/// resend earns another answer.
+pub fn send_all(socket: &std::net::UdpSocket, out: &[crate::proto::node::Transmit]) {
+    use std::os::fd::AsRawFd;
+    for chunk in out.chunks(SEND_BATCH) {
+        let names: Vec<socket2::SockAddr> = chunk.iter().map(|t| t.to.into()).collect();
+        let mut iovs: Vec<libc::iovec> = chunk
+            .iter()
+            .map(|t| libc::iovec {
+                iov_base: t.bytes.as_ptr() as *mut libc::c_void,
+                iov_len: t.bytes.len(),
+            })
+            .collect();
+        let mut hdrs: Vec<libc::mmsghdr> = iovs
+            .iter_mut()
+            .zip(&names)
+            .map(|(iov, name)| {
+                // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
+                let mut h: libc::mmsghdr = unsafe { mem::zeroed() };
+                h.msg_hdr.msg_name = name.as_ptr() as *mut libc::c_void;
+                h.msg_hdr.msg_namelen = name.len();
+                h.msg_hdr.msg_iov = iov;
+                h.msg_hdr.msg_iovlen = 1;
+                h
+            })
+            .collect();
+        let mut at = 0;
+        while at < hdrs.len() {
+            // SAFETY: the headers point at names, iovecs and packet bytes alive for the call.
+            let n = unsafe {
+                libc::sendmmsg(
+                    socket.as_raw_fd(),
+                    hdrs[at..].as_mut_ptr(),
+                    (hdrs.len() - at) as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 {
+                at += n as usize;
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            // The first datagram of the rest failed: it is lost (logged at debug); go on with the others.
+            tracing::debug!("datagram to {} not sent: {e}", chunk[at].to);
+            at += 1;
+        }
+    }
+}
+
 /// The source address the kernel wrote (IPv4 or IPv6; nothing else comes to a UDP socket).
 fn decode_addr(name: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match libc::c_int::from(name.ss_family) {
@@ -337,6 +393,28 @@ mod tests {
         assert_eq!(datagrams.len(), 10, "gro {}", r.gro());
         for (k, d) in datagrams.iter().enumerate() {
             assert_eq!(d, &vec![k as u8; 100]);
+        }
+    }
+
+    #[test]
+    fn sends_many_datagrams_to_many_peers() {
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let peers: Vec<UdpSocket> = (0..3)
+            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let out: Vec<crate::proto::node::Transmit> = (0..150u8)
+            .map(|i| crate::proto::node::Transmit {
+                to: peers[i as usize % 3].local_addr().unwrap(),
+                bytes: vec![i; 37],
+            })
+            .collect();
+        send_all(&tx, &out);
+        let mut buf = [0u8; 64];
+        for (k, p) in peers.iter().enumerate() {
+            for i in (k..150).step_by(3) {
+                let n = p.recv(&mut buf).unwrap();
+                assert_eq!(&buf[..n], &[i as u8; 37][..]);
+            }
         }
     }
 

@@ -185,6 +185,8 @@ pub struct ReadyNode {
     rx: batch::BatchReceiver,
     /// Kernel drops already counted into the node core.
     kernel_drops_counted: u64,
+    /// The turn's UDP datagrams, sent together (kept to reuse its allocation).
+    udp_out: Vec<Transmit>,
 }
 
 fn create_private_dir(path: &Path) -> Result<(), NodeError> {
@@ -329,6 +331,7 @@ impl ReadyNode {
             link_round: links::LinkRound::default(),
             rx,
             kernel_drops_counted: 0,
+            udp_out: Vec::new(),
         })
     }
 
@@ -539,9 +542,15 @@ impl ReadyNode {
         let report = self.host.turn(&mut self.node, started);
         self.commit_time += started.elapsed();
         self.node.flush_acks();
+        let mut udp = std::mem::take(&mut self.udp_out);
         while let Some(t) = self.node.poll_transmit() {
-            self.route(t);
+            if let Some(t) = self.route(t) {
+                udp.push(t);
+            }
         }
+        batch::send_all(&self.socket, &udp);
+        udp.clear();
+        self.udp_out = udp;
         let secrets = self.node.take_new_secrets();
         if let Err(e) = self.memo.put_all(&secrets) {
             tracing::warn!(
@@ -551,22 +560,19 @@ impl ReadyNode {
         Ok(report.more)
     }
 
-    /// Sends a node packet where its peer is: the UDP socket, or the answer of the link request whose pseudo peer
-    /// address it is sent to (docs/protocol.md, Links over HTTP). The one place that tells the two apart.
-    fn route(&mut self, t: Transmit) {
+    /// Routes a node packet to where its peer is: the answer of the link request whose pseudo peer address it is
+    /// sent to (docs/protocol.md, Links over HTTP), or the UDP socket — then it is handed back, for the round's
+    /// datagrams to go out together. The one place that tells the two apart.
+    fn route(&mut self, t: Transmit) -> Option<Transmit> {
         match link::request_of(t.to) {
-            None => {
-                if let Err(e) = self.socket.send_to(&t.bytes, t.to) {
-                    // A full send buffer or unreachable peer loses this ack; the sender's resend earns another.
-                    tracing::debug!("ack to {} not sent: {e}", t.to);
-                }
-            }
+            None => Some(t),
             Some(request) => {
                 if !self.link_round.push(request, t.bytes) {
                     self.stats
                         .link_packets_unrouted
                         .fetch_add(1, Ordering::Relaxed);
                 }
+                None
             }
         }
     }
