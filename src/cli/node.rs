@@ -54,9 +54,10 @@ pub struct NodeArgs {
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     pub link_idle_ms: u64,
     /// Socket receive buffer to ask the kernel for, in bytes. Bursts beyond it are dropped by the kernel and sent
-    /// again by the senders; 4 MiB kept four links at full speed without loss (research/004). Past
+    /// again by the senders. 8 MiB was the best of 208 KB to 8 MB at overload, with floods and without
+    /// (research/007; 4 MiB had kept four links at full speed without loss, research/004). Past
     /// net.core.rmem_max only as root or with CAP_NET_ADMIN; the node warns when it got less.
-    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
+    #[arg(long, value_name = "BYTES", default_value_t = 8 << 20)]
     pub recv_buffer: usize,
     /// X25519 operations per second that input which does not authenticate may cost the node, in total; one
     /// source prefix (/24, /56) may use an eighth of it. A first packet of a sender not yet known costs one X25519
