@@ -1180,6 +1180,48 @@ fn garbage_first_packets_with_a_valid_key_id_beyond_the_budget_cost_no_x25519() 
     assert!(wasted >= 100, "the budget is used, not starved: {wasted}");
 }
 
+/// Forged first packets for listed senders the node has in its memo cost no X25519, but each a memo lookup, HKDF
+/// and an open: those tries have a budget too (20 times the X25519 one), beyond which the packet is dropped before
+/// the lookup.
+#[test]
+fn forged_packets_for_memoised_senders_cost_at_most_the_budget_of_tries() {
+    let (mut sim, key_ids) = flood_sim(109, 0, 100);
+    // Every victim in the memo (the node had worked out their secrets once).
+    let victims: Vec<PublicKeyBytes> = (0..sim.senders.len())
+        .map(|i| {
+            *sim.senders
+                .key(i as pure_serve::proto::allow_list::SenderIndex)
+        })
+        .collect();
+    for v in &victims {
+        sim.memo.insert(*v, [1; 32]);
+    }
+    let start = sim.now;
+    for ms in 0..2_000u64 {
+        let at = start + Duration::from_millis(ms);
+        for k in 0..50u64 {
+            let n = ms * 50 + k;
+            let p = forged_first_packet(&key_ids, n);
+            sim.node
+                .handle_datagram(at, flood_addr(n % 512), &p, &mut sim.memo);
+        }
+    }
+    let c = sim.node.counters();
+    assert_eq!(c.x25519, 0);
+    let wasted = c.new_run_tries - c.new_run_tries_authentic;
+    // 2 s at 2000 tries/s, plus a burst of 200.
+    assert!(
+        wasted <= 200 + 2_000 * 2,
+        "{wasted} tries of 100,000 forged packets"
+    );
+    assert!(wasted >= 2_000, "{wasted}");
+    assert_eq!(c.memo_hits, c.new_run_tries, "every try was a memo hit");
+    assert_eq!(
+        c.dropped(DropReason::CookieRequired) + c.dropped(DropReason::Auth),
+        100_000
+    );
+}
+
 #[test]
 fn answers_to_unauthenticated_packets_are_cookies_never_larger_than_the_packet() {
     let (mut sim, key_ids) = flood_sim(73, 0, 100);

@@ -141,7 +141,7 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
             c.stored_records
         );
     }
-    let simple: [(&str, &str, &str, u64); 18] = [
+    let simple: [(&str, &str, &str, u64); 20] = [
         (
             "pure_records_duplicate_total",
             "counter",
@@ -189,6 +189,18 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
             "gauge",
             "X25519 operations per second that input which does not authenticate may cost (--x25519-budget).",
             u64::from(s.x25519_budget),
+        ),
+        (
+            "pure_new_run_tries_total",
+            "counter",
+            "Candidate senders tried for packets no session opened (a memo lookup, HKDF, an open; an X25519 if not in the memo), forged packets included.",
+            c.new_run_tries,
+        ),
+        (
+            "pure_new_run_tries_authentic_total",
+            "counter",
+            "Tries whose packet authenticated; the rest of pure_new_run_tries_total is what forged packets cost, bounded by 20 x the X25519 budget per second.",
+            c.new_run_tries_authentic,
         ),
         (
             "pure_cookies_sent_total",

@@ -22,6 +22,10 @@
 //!   total ([`COOKIE_REPLIES_PER_SECOND`], generous: a new sender gets its cookie with the chance replies/flood)
 //!   and per prefix, and are smaller than any packet they answer (no amplification, protocol.md 9).
 //!
+//! Tries of a candidate sender (the memo lookup, HKDF and open of step 3, a few µs) have a budget of their own with
+//! the same rules ([`Work::Try`], 20 times the X25519 one): forged packets for senders in the memo cost no X25519
+//! but would otherwise cost a try each without limit.
+//!
 //! Prefix state is bounded ([`MAX_PREFIXES`]); a prefix whose buckets are all full is the same as one never seen
 //! and is forgotten by [`Admission::sweep`], so the table is empty again after a burst.
 
@@ -42,6 +46,9 @@ pub const COOKIE_PERIOD: Duration = Duration::from_secs(120);
 /// smallest. New senders do not need more: their X25519s are given back, and during a flood they come in with a
 /// cookie from the reserve.
 pub const DEFAULT_X25519_BUDGET: u32 = 250;
+/// Tries of candidate senders (memo lookup, HKDF, open: a few µs each) per second that input which does not
+/// authenticate may cost, as a multiple of the X25519 budget: about the same CPU as the X25519s.
+const TRY_FACTOR: f32 = 20.0;
 /// One prefix may have this share of the budget: 1/8.
 const PREFIX_SHARE: f32 = 8.0;
 /// The bucket holds this many seconds of its rate (its burst).
@@ -145,13 +152,23 @@ impl Bucket {
     }
 }
 
+/// The two kinds of work a first packet can cost, cheapest last to be asked for (protocol.md 6.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// Trying one candidate sender for a packet no session opened: a memo lookup, then HKDF-Expand and an AES-GCM
+    /// open (a few µs), or an X25519 too when the sender is not in the memo.
+    Try = 0,
+    /// One X25519 (~66 µs).
+    X25519 = 1,
+}
+
 /// The buckets of one prefix, refilled together.
 #[derive(Debug, Clone, Copy)]
 struct PrefixState {
-    /// X25519 for packets from unvalidated addresses of the prefix.
-    unvalidated: Bucket,
-    /// X25519 for packets from validated addresses of the prefix (only real addresses can drain it).
-    validated: Bucket,
+    /// Work for packets from unvalidated addresses of the prefix, per kind.
+    unvalidated: [Bucket; 2],
+    /// Work for packets from validated addresses of the prefix (only real addresses can drain it).
+    validated: [Bucket; 2],
     /// COOKIE packets sent to the prefix.
     replies: Bucket,
     /// Milliseconds since the admission's base at the last refill (wrapping; differences stay far below 49 days
@@ -159,36 +176,45 @@ struct PrefixState {
     last_ms: u32,
 }
 
+/// A rate and its burst.
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    per_s: f32,
+    burst: f32,
+}
+
+impl Rate {
+    fn of(per_s: f32, least_burst: f32) -> Rate {
+        Rate {
+            per_s,
+            burst: (per_s * BURST_SECONDS).max(least_burst),
+        }
+    }
+}
+
 /// Rates and bursts derived from the budget.
 #[derive(Debug, Clone, Copy)]
 struct Rates {
-    global: f32,
-    global_burst: f32,
-    prefix: f32,
-    prefix_burst: f32,
-    replies: f32,
-    replies_burst: f32,
-    prefix_replies: f32,
-    prefix_replies_burst: f32,
+    /// Per kind of work, in total and per prefix.
+    global: [Rate; 2],
+    prefix: [Rate; 2],
+    replies: Rate,
+    prefix_replies: Rate,
 }
 
 impl Rates {
     fn of(budget: u32) -> Rates {
-        let global = budget.max(1) as f32;
-        let prefix = global / PREFIX_SHARE;
-        let replies = COOKIE_REPLIES_PER_SECOND;
-        let prefix_replies = COOKIE_REPLIES_PER_PREFIX;
-        let burst = |rate: f32, least: f32| (rate * BURST_SECONDS).max(least);
+        let x25519 = budget.max(1) as f32;
+        let tries = x25519 * TRY_FACTOR;
         Rates {
-            global,
-            // At least 2, so that the reserve leaves unvalidated input a token when nobody floods.
-            global_burst: burst(global, 2.0),
-            prefix,
-            prefix_burst: burst(prefix, 1.0),
-            replies,
-            replies_burst: burst(replies, 1.0),
-            prefix_replies,
-            prefix_replies_burst: burst(prefix_replies, 1.0),
+            // At least 2 in total, so that the reserve leaves unvalidated input a token when nobody floods.
+            global: [Rate::of(tries, 2.0), Rate::of(x25519, 2.0)],
+            prefix: [
+                Rate::of(tries / PREFIX_SHARE, 1.0),
+                Rate::of(x25519 / PREFIX_SHARE, 1.0),
+            ],
+            replies: Rate::of(COOKIE_REPLIES_PER_SECOND, 1.0),
+            prefix_replies: Rate::of(COOKIE_REPLIES_PER_PREFIX, 1.0),
         }
     }
 }
@@ -196,7 +222,8 @@ impl Rates {
 /// The admission state of a node (module docs).
 pub struct Admission {
     rates: Rates,
-    global: Bucket,
+    /// Per kind of work.
+    global: [Bucket; 2],
     global_last: Option<Instant>,
     replies: Bucket,
     prefixes: HashMap<Prefix, PrefixState>,
@@ -235,9 +262,9 @@ impl Admission {
         let rates = Rates::of(config.x25519_per_second);
         Admission {
             rates,
-            global: Bucket::full(rates.global_burst),
+            global: rates.global.map(|r| Bucket::full(r.burst)),
             global_last: None,
-            replies: Bucket::full(rates.replies_burst),
+            replies: Bucket::full(rates.replies.burst),
             prefixes: HashMap::new(),
             overflow: Self::fresh(&rates, 0),
             base: None,
@@ -248,17 +275,18 @@ impl Admission {
     }
 
     fn fresh(rates: &Rates, now_ms: u32) -> PrefixState {
+        let full = rates.prefix.map(|r| Bucket::full(r.burst));
         PrefixState {
-            unvalidated: Bucket::full(rates.prefix_burst),
-            validated: Bucket::full(rates.prefix_burst),
-            replies: Bucket::full(rates.prefix_replies_burst),
+            unvalidated: full,
+            validated: full,
+            replies: Bucket::full(rates.prefix_replies.burst),
             last_ms: now_ms,
         }
     }
 
     /// The X25519 budget per second in force.
     pub fn budget(&self) -> u32 {
-        self.rates.global as u32
+        self.rates.global[Work::X25519 as usize].per_s as u32
     }
 
     /// Source prefixes with state now.
@@ -280,8 +308,11 @@ impl Admission {
         let elapsed = now.saturating_duration_since(last).as_secs_f32();
         if elapsed > 0.0 {
             let r = self.rates;
-            self.global.refill(elapsed, r.global, r.global_burst);
-            self.replies.refill(elapsed, r.replies, r.replies_burst);
+            for (b, rate) in self.global.iter_mut().zip(r.global) {
+                b.refill(elapsed, rate.per_s, rate.burst);
+            }
+            self.replies
+                .refill(elapsed, r.replies.per_s, r.replies.burst);
             self.global_last = Some(now);
         }
     }
@@ -300,44 +331,56 @@ impl Admission {
         };
         let elapsed = now_ms.wrapping_sub(state.last_ms) as f32 / 1000.0;
         if elapsed > 0.0 {
-            state
-                .unvalidated
-                .refill(elapsed, rates.prefix, rates.prefix_burst);
-            state
-                .validated
-                .refill(elapsed, rates.prefix, rates.prefix_burst);
-            state
-                .replies
-                .refill(elapsed, rates.prefix_replies, rates.prefix_replies_burst);
+            for k in 0..2 {
+                let r = rates.prefix[k];
+                state.unvalidated[k].refill(elapsed, r.per_s, r.burst);
+                state.validated[k].refill(elapsed, r.per_s, r.burst);
+            }
+            state.replies.refill(
+                elapsed,
+                rates.prefix_replies.per_s,
+                rates.prefix_replies.burst,
+            );
             state.last_ms = now_ms;
         }
         state
     }
 
-    /// Asks for one X25519 for a packet from `ip`. On success the token is taken; give it back with
-    /// [`Admission::refund`] if the packet authenticates.
+    /// Asks for one X25519 for a packet from `ip` ([`Admission::try_work`]).
     pub fn try_x25519(
         &mut self,
         now: Instant,
         ip: IpAddr,
         validated: Validated,
     ) -> Result<(), Refusal> {
+        self.try_work(now, ip, validated, Work::X25519)
+    }
+
+    /// Asks for one unit of `work` for a packet from `ip`. On success the token is taken; give it back with
+    /// [`Admission::refund`] if the packet authenticates.
+    pub fn try_work(
+        &mut self,
+        now: Instant,
+        ip: IpAddr,
+        validated: Validated,
+        work: Work,
+    ) -> Result<(), Refusal> {
         self.maybe_sweep(now);
         self.refill_global(now);
+        let k = work as usize;
+        let burst = self.rates.global[k].burst;
         let floor = if validated.is_validated() {
             1.0
         } else {
             // Unvalidated input keeps off the reserve; with the least burst (2) it may still take one token.
-            1.0 + (self.rates.global_burst * RESERVE)
-                .floor()
-                .min(self.rates.global_burst - 1.0)
+            1.0 + (burst * RESERVE).floor().min(burst - 1.0)
         };
-        let global_ok = self.global.tokens >= floor;
+        let global_ok = self.global[k].tokens >= floor;
         let state = self.prefix_state(now, Prefix::of(ip));
         let bucket = if validated.is_validated() {
-            &mut state.validated
+            &mut state.validated[k]
         } else {
-            &mut state.unvalidated
+            &mut state.unvalidated[k]
         };
         if !global_ok || bucket.tokens < 1.0 {
             return Err(if validated.is_validated() {
@@ -347,24 +390,25 @@ impl Admission {
             });
         }
         bucket.tokens -= 1.0;
-        self.global.tokens -= 1.0;
+        self.global[k].tokens -= 1.0;
         Ok(())
     }
 
-    /// Gives back `n` tokens taken by [`Admission::try_x25519`] for a packet from `ip` that authenticated.
-    pub fn refund(&mut self, now: Instant, ip: IpAddr, validated: Validated, n: u32) {
+    /// Gives back `n` tokens of `work` taken for a packet from `ip` that authenticated.
+    pub fn refund(&mut self, now: Instant, ip: IpAddr, validated: Validated, work: Work, n: u32) {
         if n == 0 {
             return;
         }
+        let k = work as usize;
         let r = self.rates;
-        self.global.tokens = (self.global.tokens + n as f32).min(r.global_burst);
+        self.global[k].tokens = (self.global[k].tokens + n as f32).min(r.global[k].burst);
         let state = self.prefix_state(now, Prefix::of(ip));
         let bucket = if validated.is_validated() {
-            &mut state.validated
+            &mut state.validated[k]
         } else {
-            &mut state.unvalidated
+            &mut state.unvalidated[k]
         };
-        bucket.tokens = (bucket.tokens + n as f32).min(r.prefix_burst);
+        bucket.tokens = (bucket.tokens + n as f32).min(r.prefix[k].burst);
     }
 
     /// Whether a COOKIE packet may be sent to `ip` now (the reply limits, in total and per prefix); takes the
@@ -450,10 +494,10 @@ impl Admission {
         let r = self.rates;
         self.prefixes.retain(|_, s| {
             let elapsed = now_ms.wrapping_sub(s.last_ms) as f32 / 1000.0;
-            let full = |b: &Bucket, rate: f32, burst: f32| b.tokens + elapsed * rate >= burst;
-            !(full(&s.unvalidated, r.prefix, r.prefix_burst)
-                && full(&s.validated, r.prefix, r.prefix_burst)
-                && full(&s.replies, r.prefix_replies, r.prefix_replies_burst))
+            let full = |b: &Bucket, rate: Rate| b.tokens + elapsed * rate.per_s >= rate.burst;
+            !((0..2).all(|k| {
+                full(&s.unvalidated[k], r.prefix[k]) && full(&s.validated[k], r.prefix[k])
+            }) && full(&s.replies, r.prefix_replies))
         });
         if self.prefixes.capacity() > 2 * self.prefixes.len() + 64 {
             self.prefixes.shrink_to(self.prefixes.len() * 2);
@@ -516,7 +560,7 @@ mod tests {
                 granted += 1;
             }
         }
-        let limit = (budget as f32 * 10.0 + a.rates.global_burst) as u32;
+        let limit = (budget as f32 * 10.0 + a.rates.global[Work::X25519 as usize].burst) as u32;
         assert!(granted <= limit, "{granted} > {limit}");
         assert!(
             granted > limit / 2,
@@ -530,7 +574,7 @@ mod tests {
                 a.try_x25519(now, ip("192.0.2.1"), Validated::No).is_ok(),
                 "{i}"
             );
-            a.refund(now, ip("192.0.2.1"), Validated::No, 1);
+            a.refund(now, ip("192.0.2.1"), Validated::No, Work::X25519, 1);
         }
     }
 
@@ -544,7 +588,11 @@ mod tests {
                 from_one += 1;
             }
         }
-        assert_eq!(from_one, a.rates.prefix_burst as u32, "a prefix's burst");
+        assert_eq!(
+            from_one,
+            a.rates.prefix[Work::X25519 as usize].burst as u32,
+            "a prefix's burst"
+        );
         // Many prefixes together drain the unvalidated half of the global bucket, and stop at the reserve.
         for i in 0..=255u8 {
             while a
@@ -584,6 +632,30 @@ mod tests {
         );
     }
 
+    /// Tries of candidates have a budget of their own, 20 times the X25519 one, with the same rules.
+    #[test]
+    fn tries_have_their_own_larger_budget() {
+        let mut a = admission(100);
+        let now = Instant::now();
+        let mut tries = 0;
+        for i in 0..=255u8 {
+            while a
+                .try_work(now, IpAddr::from([203, 0, i, 1]), Validated::No, Work::Try)
+                .is_ok()
+            {
+                tries += 1;
+            }
+        }
+        // The unvalidated half of a burst of 0.1 s of 2000/s.
+        assert_eq!(tries, 100);
+        // X25519s are counted apart.
+        assert_eq!(a.try_x25519(now, ip("192.0.2.1"), Validated::No), Ok(()));
+        assert_eq!(
+            a.try_work(now, ip("192.0.2.1"), Validated::Cookie, Work::Try),
+            Ok(())
+        );
+    }
+
     #[test]
     fn cookies_are_bound_to_the_address_and_the_period() {
         let mut a = admission(1000);
@@ -617,14 +689,14 @@ mod tests {
         while a.may_send_cookie(now, ip("192.0.2.1")) {
             to_one += 1;
         }
-        assert_eq!(to_one, a.rates.prefix_replies_burst as u32);
+        assert_eq!(to_one, a.rates.prefix_replies.burst as u32);
         let mut total = to_one;
         for i in 0..=255u8 {
             while a.may_send_cookie(now, IpAddr::from([203, 0, i, 1])) {
                 total += 1;
             }
         }
-        assert_eq!(total, a.rates.replies_burst as u32);
+        assert_eq!(total, a.rates.replies.burst as u32);
     }
 
     #[test]

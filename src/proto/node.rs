@@ -17,7 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::admission::{self, Admission, AdmissionConfig, Refusal, Validated};
+use super::admission::{self, Admission, AdmissionConfig, Refusal, Validated, Work};
 use super::allow_list::{AllowList, SenderIndex};
 use super::crypto::{self, Identity, PublicKeyBytes};
 use super::session_cache::{Room, SessionCache};
@@ -73,9 +73,12 @@ pub enum DropReason {
     /// A first packet from an address that echoed a valid cookie (or came over TCP) that needed an X25519 when
     /// the budget had none left (protocol.md 6.1): dropped unanswered before the X25519.
     X25519Budget,
-    /// A first packet that needed an X25519 beyond the share of the budget for unvalidated addresses: dropped
-    /// before the X25519, answered with a COOKIE packet when the reply limits allow (protocol.md 4.4, 6.1).
+    /// A first packet that needed an X25519, or a try of a candidate (memo lookup, HKDF, open), beyond the share of
+    /// the budget for unvalidated addresses: dropped before that work, answered with a COOKIE packet when the
+    /// reply limits allow (protocol.md 4.4, 6.1).
     CookieRequired,
+    /// Like `X25519Budget`, for the budget of tries of candidate senders (protocol.md 6.1).
+    TryBudget,
     /// A new run of a sender that holds its cap of sessions, all busy, or a new session when the node holds its
     /// total (protocol.md 6.2): dropped before any crypto.
     SessionCap,
@@ -89,7 +92,7 @@ pub enum DropReason {
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 12] = [
+    pub const ALL: [DropReason; 13] = [
         DropReason::Kernel,
         DropReason::Size,
         DropReason::Version,
@@ -100,6 +103,7 @@ impl DropReason {
         DropReason::TurnFull,
         DropReason::X25519Budget,
         DropReason::CookieRequired,
+        DropReason::TryBudget,
         DropReason::SessionCap,
         DropReason::Backpressure,
     ];
@@ -114,6 +118,7 @@ impl DropReason {
             DropReason::TurnFull => "turn_full",
             DropReason::X25519Budget => "x25519_budget",
             DropReason::CookieRequired => "cookie_required",
+            DropReason::TryBudget => "try_budget",
             DropReason::SessionCap => "session_cap",
             DropReason::Kernel => "kernel",
             DropReason::Backpressure => "backpressure",
@@ -133,6 +138,11 @@ pub struct NodeCounters {
     /// X25519 whose packet authenticated (a real sender's first contact): the rest, `x25519 - x25519_authentic`,
     /// is what unauthenticated input cost, which the budget bounds.
     pub x25519_authentic: u64,
+    /// Candidate senders tried for packets no session opened (each a memo lookup, HKDF-Expand and an open, and an
+    /// X25519 when not in the memo), and those of packets that authenticated: the rest is what forged packets cost,
+    /// which the budget of tries bounds (protocol.md 6.1).
+    pub new_run_tries: u64,
+    pub new_run_tries_authentic: u64,
     /// COOKIE packets sent (protocol.md 4.4).
     pub cookies_sent: u64,
     /// Packets that needed a cookie whose COOKIE the reply limits did not allow.
@@ -626,7 +636,8 @@ impl Node {
         let mut made = None;
         let mut validated: Option<Validated> = None;
         let mut charged = 0u32;
-        let mut refused: Option<Refusal> = None;
+        let mut tried = 0u32;
+        let mut refused: Option<(Refusal, Work)> = None;
         let mut capped = false;
         for sender in candidates {
             if has_session
@@ -653,6 +664,22 @@ impl Node {
                 }
                 continue;
             }
+            // Trying this candidate (a memo lookup, HKDF, an open) takes a token of the budget for tries, before the
+            // lookup (protocol.md 6.1).
+            let v = match validated {
+                Some(v) => v,
+                None => {
+                    let v = self.validate(now, origin);
+                    validated = Some(v);
+                    v
+                }
+            };
+            if let Err(why) = self.admission.try_work(now, origin.ip, v, Work::Try) {
+                refused = Some((why, Work::Try));
+                continue;
+            }
+            tried += 1;
+            self.counters.new_run_tries += 1;
             let sender_public = *self.senders.key(sender);
             let shared = match memo.get(&sender_public) {
                 Some(secret) => {
@@ -660,17 +687,9 @@ impl Node {
                     secret
                 }
                 None => {
-                    let v = match validated {
-                        Some(v) => v,
-                        None => {
-                            let v = self.validate(now, origin);
-                            validated = Some(v);
-                            v
-                        }
-                    };
                     if let Err(why) = self.admission.try_x25519(now, origin.ip, v) {
                         // Other candidates may still be in the memo; this one is not tried.
-                        refused = Some(why);
+                        refused = Some((why, Work::X25519));
                         continue;
                     }
                     charged += 1;
@@ -728,15 +747,19 @@ impl Node {
         if made.is_some() {
             // Work caused by a real sender: not what the budget bounds.
             self.counters.x25519_authentic += u64::from(charged);
-            self.admission.refund(now, origin.ip, v, charged);
+            self.counters.new_run_tries_authentic += u64::from(tried);
+            self.admission
+                .refund(now, origin.ip, v, Work::X25519, charged);
+            self.admission.refund(now, origin.ip, v, Work::Try, tried);
         }
         match (made, refused) {
             (Some(id), _) => Ok(id),
-            (None, Some(Refusal::CookieRequired)) => {
+            (None, Some((Refusal::CookieRequired, _))) => {
                 self.send_cookie(now, from, header);
                 Err(DropReason::CookieRequired)
             }
-            (None, Some(Refusal::Budget)) => Err(DropReason::X25519Budget),
+            (None, Some((Refusal::Budget, Work::X25519))) => Err(DropReason::X25519Budget),
+            (None, Some((Refusal::Budget, Work::Try))) => Err(DropReason::TryBudget),
             (None, None) if capped => Err(DropReason::SessionCap),
             (None, None) => Err(DropReason::Auth),
         }
