@@ -24,6 +24,8 @@
 //!
 //! Usage: cargo bench --bench overload -- --bin target/release/pure-serve [options]; see `args()`.
 
+#![recursion_limit = "256"]
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -261,6 +263,8 @@ struct LegitOut {
     go_back: AtomicU64,
     cookies: AtomicU64,
     cpu_us: AtomicU64,
+    /// The senders' smoothed round-trip times, mean, in µs.
+    srtt_us: AtomicU64,
 }
 
 fn record(tag: u64) -> Vec<u8> {
@@ -341,6 +345,15 @@ fn legit(
         out.go_back.store(go_back, Ordering::Relaxed);
         let cookies: u64 = links.iter().map(|l| l.1.stats().cookies_received).sum();
         out.cookies.store(cookies, Ordering::Relaxed);
+        let srtt: Vec<u64> = links
+            .iter()
+            .filter_map(|l| l.1.srtt())
+            .map(|d| d.as_micros() as u64)
+            .collect();
+        if !srtt.is_empty() {
+            out.srtt_us
+                .store(srtt.iter().sum::<u64>() / srtt.len() as u64, Ordering::Relaxed);
+        }
         out.cpu_us
             .store(((thread_cpu() - cpu0) * 1e6) as u64, Ordering::Relaxed);
         // Wait for any socket or 1 ms.
@@ -734,6 +747,7 @@ fn main() {
         "legit_packets_per_s": l_packets as f64 / secs,
         "legit_go_back_total": lout.go_back.load(Ordering::Relaxed),
         "legit_cookies_total": lout.cookies.load(Ordering::Relaxed),
+        "legit_srtt_ms": lout.srtt_us.load(Ordering::Relaxed) as f64 / 1000.0,
         "x25519_per_s": x / secs,
         "x25519_wasted_per_s": (x - xa) / secs,
         "memo_hits_per_s": d("pure_memo_hits_total") / secs,

@@ -70,8 +70,9 @@ pub struct NodeArgs {
     /// Most runs (sessions) one sender may have active at once: a device has one per boot, a node forwarding here
     /// one per outlet. A new run past it makes the sender's least recently heard idle run go (it costs only a memo
     /// lookup to come back); if none is idle the new run waits (docs/protocol.md 6.2).
+    /// At most 1024: a sender's sessions are kept in one short list, looked through for each of its packets.
     #[arg(long, value_name = "N", default_value_t = crate::proto::node::DEFAULT_SESSIONS_PER_SENDER,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub sessions_per_sender: usize,
     /// Most active runs in all. Default: a quarter of the machine's memory at 1 KiB each (~600 B measured); past it
     /// new runs wait and quiet ones are swept sooner (docs/protocol.md 6.2).

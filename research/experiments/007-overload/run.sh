@@ -34,5 +34,5 @@ for round in $(seq "$ROUNDS"); do
 done
 # One sender starting a new run with every packet: 50k runs/s for 20 s, with its cap of 16 sessions and without.
 run runs/cap16 --senders 1 --mix runs --flood 50000 --prefixes 1 --seconds 20
-run runs/nocap --senders 1 --mix runs --flood 50000 --prefixes 1 --seconds 20 --node-arg --sessions-per-sender --node-arg 1000000000
+run runs/cap1024 --senders 1 --mix runs --flood 50000 --prefixes 1 --seconds 20 --node-arg --sessions-per-sender --node-arg 1024  # runs 1 and 2 used 10^9, before the flag was bounded
 uptime >> research/experiments/007-overload/machine.txt
