@@ -351,8 +351,10 @@ fn legit(
             .map(|d| d.as_micros() as u64)
             .collect();
         if !srtt.is_empty() {
-            out.srtt_us
-                .store(srtt.iter().sum::<u64>() / srtt.len() as u64, Ordering::Relaxed);
+            out.srtt_us.store(
+                srtt.iter().sum::<u64>() / srtt.len() as u64,
+                Ordering::Relaxed,
+            );
         }
         out.cpu_us
             .store(((thread_cpu() - cpu0) * 1e6) as u64, Ordering::Relaxed);
