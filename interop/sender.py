@@ -33,6 +33,12 @@ from cryptography.hazmat.primitives.serialization import Encoding, PrivateFormat
 SALT = b"pure-serve link v1"
 TYPE_S2N = 0x11  # version 1, type 1 (§4.1)
 TYPE_N2S = 0x12  # version 1, type 2 (§4.2)
+TYPE_COOKIE = 0x13  # version 1, type 3: COOKIE, node -> sender (§4.4)
+TYPE_S2N_COOKIE = 0x14  # version 1, type 4: a cookie, then a whole type-1 packet (§4.4)
+COOKIE_LEN = 16
+COOKIE_PACKET = 1 + 4 + 8 + 8 + COOKIE_LEN  # 37 bytes exactly (§4.4)
+COOKIE_PREFIX = 1 + COOKIE_LEN  # what a cookie adds in front of a packet
+COOKIE_USE = 120.0  # §4.4: echoed until the first authenticated node packet, or 120 s
 S2N_HEADER = 21
 N2S_HEADER = 17
 TAG = 16
@@ -212,6 +218,10 @@ class Run:
         self.epoch = None  # latest epoch that authenticated (§7 "Node epochs")
         self.epochs_seen = 0
         self.next_pn = 0
+        self.cookie = None  # §4.4: (cookie bytes, time it arrived), echoed in front of every packet while held
+        self.cookie_resend_from = 0  # only a COOKIE for a packet numbered at least this resends at once
+        self.cookies_received = 0
+        self.use_cookies = True  # False: behave as a sender written before §4.4 (ignore COOKIEs)
 
     def k_n2s(self, epoch):
         k = self.n2s.get(epoch)
@@ -222,8 +232,33 @@ class Run:
                 self.n2s.popitem(last=False)
         return k
 
+    def cookie_room(self, now=None):
+        """Bytes a cookie takes in front of the next packet (0 when none is held): fill 17 bytes less (§4.4)."""
+        if self.cookie is not None:
+            now = time.monotonic() if now is None else now
+            if now - self.cookie[1] >= COOKIE_USE:
+                self.cookie = None
+        return COOKIE_PREFIX if self.cookie is not None else 0
+
+    def take_cookie(self, dgram, now):
+        """A COOKIE packet (§4.4). Returns None if it is not for this run, else whether to send again at once."""
+        if not self.use_cookies or len(dgram) != COOKIE_PACKET or dgram[0] != TYPE_COOKIE:
+            return None
+        if bytes(dgram[1:5]) != self.key_id or bytes(dgram[5:13]) != self.run_id:
+            return None
+        pn = int.from_bytes(dgram[13:21], "big")
+        if pn >= self.next_pn:
+            return None  # not a packet number we sent: made up
+        self.cookie = (bytes(dgram[21:37]), now)
+        self.cookies_received += 1
+        if pn >= self.cookie_resend_from:
+            self.cookie_resend_from = self.next_pn
+            return True
+        return False
+
     def seal(self, frames, min_size=MIN_DATAGRAM):
-        """One sender datagram: header || AES-128-GCM(frames padded so the datagram is >= 96 bytes)."""
+        """One sender datagram: header || AES-128-GCM(frames padded so the datagram is >= 96 bytes); with a
+        cookie held, 0x14 || cookie in front of it (§4.4: the inner packet is unchanged, its size rules apply)."""
         pn = self.next_pn
         if pn >= PN_LIMIT:
             raise OverflowError("packet numbers exhausted: start a new run (§3)")
@@ -233,7 +268,10 @@ class Run:
             frames += bytes(pad)  # PADDING frames are single 0x00 bytes
         header = bytes((TYPE_S2N,)) + self.key_id + self.run_id + pn.to_bytes(8, "big")
         nonce = bytes(4) + pn.to_bytes(8, "big")
-        return pn, header + self.k_s2n.encrypt(nonce, frames, header)
+        packet = header + self.k_s2n.encrypt(nonce, frames, header)
+        if self.cookie_room():
+            packet = bytes((TYPE_S2N_COOKIE,)) + self.cookie[0] + packet
+        return pn, packet
 
     def open(self, dgram):
         """Opens a node datagram: (epoch, packet number, frames), or None if it is not for this run."""
@@ -251,6 +289,7 @@ class Run:
         if epoch != self.epoch:
             self.epoch = epoch
             self.epochs_seen += 1
+        self.cookie = None  # §4.4: the node has our session now; no more X25519 for this run
         return epoch, int.from_bytes(header[9:17], "big"), parse_node_frames(pt)
 
 
@@ -403,7 +442,7 @@ class Delivery:
             return out
         if self.next_seq is None:
             return out
-        budget = self.datagram - S2N_HEADER - TAG
+        budget = self.datagram - S2N_HEADER - TAG - self.run.cookie_room(now)
         while len(out) < limit:
             carries_first = self.cursor == 0
             frame, n = self._fill(budget)
@@ -466,8 +505,23 @@ class Delivery:
         for old in [k for k in self.sent_at if k < echo]:
             del self.sent_at[old]
 
+    def cookie(self, dgram, now):
+        """Takes a COOKIE; returns True if it was for this run. §4.4: the packet it answers was dropped, so what
+        is unacknowledged is sent again now (go-back-N, no RTO doubling), once per round of COOKIEs."""
+        resend = self.run.take_cookie(dgram, now)
+        if resend is None:
+            return False
+        if resend and self.active:
+            self.cursor = 0
+            if self.probe_in_flight:
+                self.probe_in_flight = False
+                self.probe_pending = True
+        return True
+
     def receive(self, dgram, now):
-        """Takes one datagram; returns True if it authenticated for this run."""
+        """Takes one datagram; returns True if it authenticated for this run (or was a COOKIE for it)."""
+        if dgram and dgram[0] == TYPE_COOKIE:
+            return self.cookie(dgram, now)
         opened = self.run.open(dgram)
         if opened is None:
             return False
@@ -610,6 +664,7 @@ def deliver_one(args):
         print(msg, file=sys.stderr, flush=True)
 
     run = Run(priv, node_pub)
+    run.use_cookies = not args.no_cookies
     d = Delivery(run, args.app, payloads, start=args.start, window=args.window, datagram=args.datagram_size,
                  timeout=args.timeout, log=log)
     sock = make_socket(family, addr)
@@ -639,6 +694,8 @@ def deliver_one(args):
             last_reported = d.acked
             log("acked %d" % d.acked)
     sock.close()
+    if run.cookies_received:
+        log("the node was under load: it asked for a cookie %d time(s) (§4.4)" % run.cookies_received)
     elapsed = time.monotonic() - d.started
     if d.failed:
         print(d.error, file=sys.stderr)
@@ -709,6 +766,13 @@ class SocketGroup:
         self.waiting[d] = None
 
     def dispatch(self, dgram, now):
+        if dgram and dgram[0] == TYPE_COOKIE:
+            # §4.4: a COOKIE names its run (key id, run id) in clear: no trial decryption.
+            for d in self.members:
+                if d.cookie(dgram, now):
+                    return d
+            self.unmatched += 1
+            return None
         for d in list(self.waiting):
             self.trials += 1
             opened = d.run.open(dgram)
@@ -785,7 +849,9 @@ def run_load(args):
         while pending and len(active) < args.concurrency:
             i, name, priv = pending.popleft()
             payloads = [load_payload(name, k) for k in range(1, args.records + 1)]
-            d = Delivery(Run(priv, node_pub), args.app, payloads, start=args.start, window=args.window,
+            run = Run(priv, node_pub)
+            run.use_cookies = not args.no_cookies
+            d = Delivery(run, args.app, payloads, start=args.start, window=args.window,
                          datagram=args.datagram_size, timeout=args.timeout, now=now)
             d.name = name
             g = groups[i % nsock]
@@ -831,6 +897,7 @@ def run_load(args):
         "packets_sent": sum(d.packets_sent for d in finished),
         "go_back_rounds": sum(d.retransmits for d in finished),
         "decrypt_trials": sum(g.trials for g in groups), "unmatched_replies": sum(g.unmatched for g in groups),
+        "cookies_received": sum(d.run.cookies_received for d in finished),
         "delivery_seconds_p50": round(latencies[len(latencies) // 2], 4) if latencies else None,
         "delivery_seconds_p99": round(latencies[int(len(latencies) * 0.99)], 4) if latencies else None,
     }
@@ -861,6 +928,8 @@ def main(argv=None):
     p.add_argument("--datagram-size", type=int, default=DEFAULT_DATAGRAM,
                    help="datagram size to fill to (96-1472, default 1200)")
     p.add_argument("--progress", action="store_true", help="print 'acked N' on stderr whenever the ack moves")
+    p.add_argument("--no-cookies", action="store_true",
+                   help="ignore COOKIE packets, as a sender written before §4.4 would (for tests)")
     g = p.add_argument_group("load mode")
     g.add_argument("--load", type=int, metavar="N_SENDERS", help="use N senders with fresh (or --keys-in) keys")
     g.add_argument("--records", type=int, default=10, metavar="M", help="records per sender in load mode")

@@ -561,5 +561,83 @@ class Load(unittest.TestCase):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+class Cookies(unittest.TestCase):
+    """§4.4 and §6.1: a node under a flood of forged first packets answers first packets with COOKIEs; a sender that
+    echoes its cookie is stored, the flood gets only COOKIEs (never larger than what it sent), and the X25519s spent
+    on the flood stay within the budget."""
+
+    def test_a_sender_gets_in_with_a_cookie_during_a_flood(self):
+        tmp = tempfile.mkdtemp(prefix="interop-cookie-")
+        stop = threading.Event()
+        socks = []
+        try:
+            dev, dev_pub = new_key(tmp, "dev")
+            # Listed senders that never send, whose key ids the flood forges (each costs an X25519 until the node
+            # has its secret in the memo, so there are many).
+            victims = [os.urandom(32) for _ in range(200)]
+            senders = os.path.join(tmp, "senders")
+            with open(senders, "w") as f:
+                f.write("dev %s\n" % dev_pub)
+                for i, k in enumerate(victims):
+                    f.write("victim%d %s\n" % (i, S.b64(k)))
+            # A budget of 1 X25519/s: 60 flooding /24s, each with an eighth of it, keep it drained.
+            node = Node(tmp, senders, ["--x25519-budget", "1"]).start()
+            try:
+                for x in range(2, 62):
+                    sk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                    sk.bind(("127.0.%d.1" % x, 0))
+                    sk.setblocking(False)
+                    socks.append(sk)
+                sizes = []
+
+                def flood():
+                    n = 0
+                    while not stop.is_set():
+                        k = victims[n % len(victims)]
+                        size = 96 + n % 300
+                        sizes.append(size)
+                        header = bytes((S.TYPE_S2N,)) + k[:4] + os.urandom(8) + bytes(8)
+                        try:
+                            socks[n % len(socks)].sendto(header + os.urandom(size - len(header)), node.addr)
+                        except OSError:
+                            pass
+                        n += 1
+                        time.sleep(0.001)
+
+                t = threading.Thread(target=flood, daemon=True)
+                t.start()
+                time.sleep(0.5)  # the budget is drained from here on
+                payloads = [b"under load %d" % i for i in range(50)]
+                code, out, err = run_sender(node, dev, payloads, "--start", "1", "--timeout", "20")
+                self.assertEqual(code, 0, err)
+                self.assertIn("asked for a cookie", err)
+                stop.set()
+                t.join(5)
+                expect(self, node, "dev", payloads)
+                answers = []
+                for sk in socks:
+                    while True:
+                        try:
+                            answers.append(sk.recv(4096))
+                        except (BlockingIOError, InterruptedError):
+                            break
+                self.assertTrue(answers, "the flood got COOKIEs")
+                for a in answers:
+                    self.assertEqual(a[0], S.TYPE_COOKIE)
+                    self.assertEqual(len(a), S.COOKIE_PACKET)
+                    self.assertLessEqual(len(a), min(sizes))
+                self.assertGreaterEqual(node.metric("pure_cookies_sent_total"), len(answers) + 1)
+                wasted = node.metric("pure_x25519_total") - node.metric("pure_x25519_authentic_total")
+                self.assertEqual(node.metric("pure_x25519_authentic_total"), 1)
+                self.assertLess(wasted, len(victims), "the flood did not get an X25519 per forged key")
+            finally:
+                node.stop()
+        finally:
+            stop.set()
+            for sk in socks:
+                sk.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
     unittest.main()

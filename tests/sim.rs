@@ -12,10 +12,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pure_serve::proto::admission::AdmissionConfig;
 use pure_serve::proto::allow_list::AllowList;
-use pure_serve::proto::crypto::{Identity, PublicKeyBytes};
+use pure_serve::proto::crypto::{self, Identity, PublicKeyBytes};
 use pure_serve::proto::node::{DropReason, Node, NodeConfig};
 use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
+use pure_serve::proto::wire;
 use pure_serve::store::Stores;
 
 /// A small deterministic generator (xorshift64*), so every run of a seed is the same run.
@@ -100,6 +102,8 @@ struct Sim {
     /// Total node datagrams; and the largest ratio of an ack to its budget, which must never exceed 1.
     node_datagrams: u64,
     idle: Duration,
+    /// Node packets to addresses that are no device's (answers to a flood), with their destination.
+    strays: Vec<(SocketAddr, Vec<u8>)>,
 }
 
 fn apps() -> Vec<String> {
@@ -165,6 +169,7 @@ impl Sim {
             order: 0,
             node_datagrams: 0,
             idle,
+            strays: Vec::new(),
         }
     }
 
@@ -303,6 +308,12 @@ impl Sim {
         for d in arrived {
             match d.dest {
                 Dest::Node => {
+                    // As the receive loop does: a full turn is committed before the next datagram.
+                    if self.node.turn_is_full() {
+                        let turn = self.node.take_turn().expect("a full turn");
+                        let committed = self.stores.apply_turn(&turn, &self.senders).unwrap();
+                        self.node.handle_committed(&committed);
+                    }
                     let from = self.devices[d.from].addr;
                     self.devices[d.from].received_since_answer += d.bytes.len();
                     self.node
@@ -317,11 +328,16 @@ impl Sim {
         }
         self.node.flush_acks();
         while let Some(t) = self.node.poll_transmit() {
-            let i = self
-                .devices
-                .iter()
-                .position(|d| d.addr == t.to)
-                .expect("acks go to a device's address");
+            let Some(i) = self.devices.iter().position(|d| d.addr == t.to) else {
+                self.strays.push((t.to, t.bytes));
+                continue;
+            };
+            if t.bytes[0] == wire::TYPE_COOKIE {
+                // A COOKIE answers one packet and is smaller than any packet the node takes.
+                assert!(t.bytes.len() < wire::MIN_SENDER_DATAGRAM);
+                self.send(usize::MAX, Dest::Sender(i), t.bytes);
+                continue;
+            }
             assert!(
                 t.bytes.len() <= self.devices[i].received_since_answer,
                 "an ack of {} bytes after only {} bytes received: amplification",
@@ -481,6 +497,26 @@ fn loss_duplication_and_reordering_still_store_each_record_exactly_once() {
             c.dropped(DropReason::Replay) > 0 || c.duplicate_records > 0,
             "seed {seed}: duplicates seen"
         );
+    }
+}
+
+/// A window larger than a turn arrives at once: the turn is committed when full and the next one goes on. The frame
+/// that reaches the app's share of a turn is taken whole (it used to be dropped after decryption, a gap that made
+/// the sender go back N once per turn).
+#[test]
+fn windows_larger_than_a_turn_make_no_gaps() {
+    let mut sim = Sim::new(9, CLEAN, 3, FlowStart::At(1));
+    // Windows (16,384 records) that do not line up with turns (16,384 records): frames reach the bound mid-frame.
+    sim.queue(0, 40_000);
+    sim.queue(1, 5_001);
+    sim.queue(2, 30_000);
+    sim.run_until_idle(Duration::from_secs(30));
+    sim.assert_exactly_once();
+    let c = sim.node.counters();
+    assert_eq!((c.gap_records, c.busy_records), (0, 0), "{c:?}");
+    assert!(c.turns_committed >= 4);
+    for d in &sim.devices {
+        assert_eq!(d.sender.stats().retransmit_rounds, 0);
     }
 }
 
@@ -1132,4 +1168,438 @@ mod properties {
             }
         }
     }
+}
+
+// ---- Issue 9: garbage cannot buy public-key work; cookies let real senders in during a flood.
+
+/// A forged first packet: a listed key id (of a sender the node has not heard from, so not in its memo), a new
+/// run id, and bytes that are no AES-GCM ciphertext of that sender's. It costs an X25519 if the node lets it.
+fn forged_first_packet(key_ids: &[u32], n: u64) -> Vec<u8> {
+    let mut p = Vec::new();
+    wire::SenderHeader {
+        key_id: key_ids[n as usize % key_ids.len()],
+        run_id: n.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        packet_number: 0,
+    }
+    .emit(&mut p);
+    p.extend((0..179).map(|i| (n as u8).wrapping_add(i)));
+    p
+}
+
+/// A flooding address in 10.0.0.0/8, one /24 each for `i` below 2^16.
+fn flood_addr(i: u64) -> SocketAddr {
+    SocketAddr::from(([10, (i >> 8) as u8, i as u8, 1], 9000))
+}
+
+/// Listed senders that never send, whose key ids the flood forges: many, since the node memoises the secret of
+/// each after its first X25519 (forgeries for a memoised sender cost no X25519, only an open).
+const VICTIMS: u64 = 4096;
+
+/// A sim whose devices are new to the node (not in its memo), beside [`VICTIMS`] listed senders who never send,
+/// and a node with an X25519 budget of `budget` per second. Returns the victims' key ids.
+fn flood_sim(seed: u64, devices: usize, budget: u32) -> (Sim, Vec<u32>) {
+    let identities: Vec<Identity> = (0..devices).map(|_| Identity::generate()).collect();
+    let mut sim = Sim::with_identities(
+        seed,
+        CLEAN,
+        identities,
+        FlowStart::At(1),
+        Duration::from_secs(30),
+    );
+    // Any 32 bytes but the low-order points are a public key someone could hold; random ones are not low-order.
+    let victims: Vec<PublicKeyBytes> = (0..VICTIMS).map(|_| crypto::random_array()).collect();
+    let mut listed: Vec<(String, PublicKeyBytes)> = sim
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (format!("dev{i}"), *d.identity.public()))
+        .collect();
+    listed.extend(
+        victims
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (format!("victim{i}"), *k)),
+    );
+    sim.senders = Arc::new(AllowList::from_unique(listed));
+    sim.node = Sim::make_node(&sim.node_identity, &sim.senders, seed, sim.idle);
+    sim.node
+        .set_admission(AdmissionConfig::new(budget, [seed as u8; 32]));
+    (sim, victims.iter().map(crypto::key_id).collect())
+}
+
+/// X25519 the node spent on input that did not authenticate.
+fn wasted_x25519(sim: &Sim) -> u64 {
+    let c = sim.node.counters();
+    c.x25519 - c.x25519_authentic
+}
+
+#[test]
+fn garbage_first_packets_with_a_valid_key_id_beyond_the_budget_cost_no_x25519() {
+    let (mut sim, key_ids) = flood_sim(71, 0, 100);
+    let now = sim.now;
+    for n in 0..10_000u64 {
+        let p = forged_first_packet(&key_ids, n);
+        sim.node
+            .handle_datagram(now, flood_addr(n % 512), &p, &mut sim.memo);
+    }
+    let c = sim.node.counters().clone();
+    // Budget 100/s: a burst of 10, of which unvalidated input may take the half above the reserve.
+    assert!(
+        c.x25519 <= 5,
+        "{} X25519 for garbage at one instant",
+        c.x25519
+    );
+    assert_eq!(c.x25519_authentic, 0);
+    assert_eq!(
+        c.dropped(DropReason::CookieRequired) + c.dropped(DropReason::Auth),
+        10_000
+    );
+    assert_eq!(
+        c.dropped(DropReason::Auth),
+        c.x25519,
+        "each X25519 that was done failed"
+    );
+    // Over simulated time the flood gets at most the budget's rate.
+    for ms in 1..=2_000u64 {
+        let at = now + Duration::from_millis(ms);
+        for k in 0..50u64 {
+            let n = 10_000 + ms * 50 + k;
+            let p = forged_first_packet(&key_ids, n);
+            sim.node
+                .handle_datagram(at, flood_addr(n % 512), &p, &mut sim.memo);
+        }
+    }
+    let wasted = wasted_x25519(&sim);
+    assert!(
+        wasted <= 10 + 100 * 2,
+        "{wasted} X25519 in 2 s for garbage, budget 100/s"
+    );
+    assert!(wasted >= 100, "the budget is used, not starved: {wasted}");
+}
+
+/// Forged first packets for listed senders the node has in its memo cost no X25519, but each a memo lookup, HKDF
+/// and an open: those tries have a budget too (20 times the X25519 one), beyond which the packet is dropped before
+/// the lookup.
+#[test]
+fn forged_packets_for_memoised_senders_cost_at_most_the_budget_of_tries() {
+    let (mut sim, key_ids) = flood_sim(109, 0, 100);
+    // Every victim in the memo (the node had worked out their secrets once).
+    let victims: Vec<PublicKeyBytes> = (0..sim.senders.len())
+        .map(|i| {
+            *sim.senders
+                .key(i as pure_serve::proto::allow_list::SenderIndex)
+        })
+        .collect();
+    for v in &victims {
+        sim.memo.insert(*v, [1; 32]);
+    }
+    let start = sim.now;
+    for ms in 0..2_000u64 {
+        let at = start + Duration::from_millis(ms);
+        for k in 0..50u64 {
+            let n = ms * 50 + k;
+            let p = forged_first_packet(&key_ids, n);
+            sim.node
+                .handle_datagram(at, flood_addr(n % 512), &p, &mut sim.memo);
+        }
+    }
+    let c = sim.node.counters();
+    assert_eq!(c.x25519, 0);
+    let wasted = c.new_run_tries - c.new_run_tries_authentic;
+    // 2 s at 2000 tries/s, plus a burst of 200.
+    assert!(
+        wasted <= 200 + 2_000 * 2,
+        "{wasted} tries of 100,000 forged packets"
+    );
+    assert!(wasted >= 2_000, "{wasted}");
+    assert_eq!(c.memo_hits, c.new_run_tries, "every try was a memo hit");
+    assert_eq!(
+        c.dropped(DropReason::CookieRequired) + c.dropped(DropReason::Auth),
+        100_000
+    );
+}
+
+#[test]
+fn answers_to_unauthenticated_packets_are_cookies_never_larger_than_the_packet() {
+    let (mut sim, key_ids) = flood_sim(73, 0, 100);
+    let now = sim.now;
+    let mut smallest = usize::MAX;
+    for n in 0..2_000u64 {
+        let mut p = forged_first_packet(&key_ids, n);
+        // Every size a node takes, down to the smallest.
+        p.truncate(wire::MIN_SENDER_DATAGRAM + (n as usize % 200));
+        smallest = smallest.min(p.len());
+        // Four prefixes: 500 packets each at one instant, more than a prefix's COOKIE limit allows.
+        sim.node
+            .handle_datagram(now, flood_addr(n % 4), &p, &mut sim.memo);
+    }
+    sim.work();
+    assert!(
+        !sim.strays.is_empty(),
+        "under load, first packets get cookies"
+    );
+    for (to, bytes) in &sim.strays {
+        assert_eq!(
+            bytes[0],
+            wire::TYPE_COOKIE,
+            "only COOKIE packets answer a flood ({to})"
+        );
+        assert!(bytes.len() <= smallest, "{} > {smallest}", bytes.len());
+    }
+    let c = sim.node.counters();
+    assert_eq!(c.cookies_sent as usize, sim.strays.len());
+    // Rate-limited per prefix: fewer cookies than packets.
+    assert!(c.cookies_withheld > 0, "{c:?}");
+    assert!(c.cookies_sent <= 4 * 200, "{c:?}");
+}
+
+/// Steps the sim while `flood` forged first packets from rotating prefixes come before every step, so the node is
+/// under load at every moment a device's packet arrives.
+fn run_flooded(sim: &mut Sim, key_ids: &[u32], flood: u64, prefixes: u64, limit: Duration) -> u64 {
+    let until = sim.now + limit;
+    let mut n = 0u64;
+    while !sim.all_idle() {
+        assert!(
+            sim.now < until,
+            "not delivered under the flood: {:?}, senders {:?}",
+            sim.node.counters(),
+            sim.devices
+                .iter()
+                .map(|d| d.sender.stats().clone())
+                .collect::<Vec<_>>()
+        );
+        for _ in 0..flood {
+            let p = forged_first_packet(key_ids, n);
+            sim.node
+                .handle_datagram(sim.now, flood_addr(n % prefixes), &p, &mut sim.memo);
+            n += 1;
+        }
+        sim.step();
+    }
+    n
+}
+
+#[test]
+fn a_sender_that_gets_a_cookie_gets_its_records_stored() {
+    let (mut sim, key_ids) = flood_sim(79, 3, 100);
+    for i in 0..3 {
+        sim.queue(i, 50);
+    }
+    let start = sim.now;
+    run_flooded(&mut sim, &key_ids, 40, 4096, Duration::from_secs(30));
+    sim.assert_exactly_once();
+    for d in &sim.devices {
+        assert!(
+            d.sender.stats().cookies_received >= 1,
+            "{:?}",
+            d.sender.stats()
+        );
+        assert!(!d.sender.has_cookie(), "dropped once the node answered");
+    }
+    let c = sim.node.counters();
+    assert_eq!(
+        c.x25519_authentic, 3,
+        "one X25519 per new sender, via its cookie"
+    );
+    assert!(c.dropped(DropReason::CookieRequired) > 0);
+    let secs = (sim.now - start).as_secs_f64();
+    let wasted = wasted_x25519(&sim) as f64;
+    assert!(wasted <= 10.0 + 100.0 * secs, "{wasted} wasted in {secs} s");
+}
+
+#[test]
+fn a_flooding_address_does_not_keep_another_addresss_sender_out() {
+    let (mut sim, key_ids) = flood_sim(83, 2, 100);
+    for i in 0..2 {
+        sim.queue(i, 40);
+    }
+    // All of the flood from one /24: its prefix's share, an eighth of the budget, is all it gets.
+    let sent = run_flooded(&mut sim, &key_ids, 200, 1, Duration::from_secs(5));
+    assert!(sent >= 200);
+    sim.assert_exactly_once();
+    for d in &sim.devices {
+        assert_eq!(
+            d.sender.stats().cookies_received,
+            0,
+            "the flood of one prefix does not put the node under load for others"
+        );
+    }
+    assert!(sim.node.counters().dropped(DropReason::CookieRequired) > 0);
+}
+
+/// A device that ignores COOKIE packets (a version 1 sender written before them) still delivers when the node is
+/// not under load, and once a flood stops.
+#[test]
+fn a_sender_that_ignores_cookies_gets_in_once_the_flood_stops() {
+    let (mut sim, key_ids) = flood_sim(89, 1, 100);
+    sim.queue(0, 20);
+    let mut n = 0;
+    // Half a second of flood, during which COOKIE packets to the device are lost (as if it could not read them).
+    let until = sim.now + Duration::from_millis(500);
+    while sim.now < until {
+        for _ in 0..40 {
+            let p = forged_first_packet(&key_ids, n);
+            sim.node
+                .handle_datagram(sim.now, flood_addr(n % 4096), &p, &mut sim.memo);
+            n += 1;
+        }
+        sim.work();
+        sim.wire.retain(|d| d.bytes[0] != wire::TYPE_COOKIE);
+        sim.advance();
+    }
+    assert_eq!(
+        sim.node.counters().stored_records,
+        0,
+        "kept out during the flood: {:?} {:?}",
+        sim.node.counters(),
+        sim.devices[0].sender.stats()
+    );
+    sim.run_until_idle(Duration::from_secs(10));
+    sim.assert_exactly_once();
+}
+
+// ---- Issue 9, item 6: bounded sessions per sender and in all.
+
+/// A packet of run `run_id` of `identity` carrying record `seq` of app main, sealed by hand (the shared secret is
+/// worked out once, as a compromised device would keep it).
+fn packet_of_run(
+    identity: &Identity,
+    shared: &[u8; 32],
+    node: &PublicKeyBytes,
+    run_id: u64,
+    seq: u64,
+) -> Vec<u8> {
+    let key = crypto::sender_to_node_key(shared, run_id, identity.public(), node);
+    let mut p = Vec::new();
+    wire::SenderHeader {
+        key_id: crypto::key_id(identity.public()),
+        run_id,
+        packet_number: 0,
+    }
+    .emit(&mut p);
+    wire::put_data_header(&mut p, b"main", seq, 1);
+    wire::put_record(&mut p, format!("run {run_id}").as_bytes());
+    while p.len() + wire::TAG_LEN < wire::MIN_SENDER_DATAGRAM {
+        p.push(wire::FRAME_PADDING);
+    }
+    crypto::seal(&key, 0, &mut p, wire::SENDER_HEADER_LEN);
+    p
+}
+
+/// One compromised device makes a new run for every record, each first packet authentic (a memo hit after the
+/// first): the node holds at most its cap of sessions for it, however many runs it makes, and stores every record.
+#[test]
+fn a_sender_past_its_session_cap_does_not_grow_the_nodes_sessions() {
+    let mut sim = Sim::new(97, CLEAN, 2, FlowStart::At(1));
+    sim.node.set_session_limits(4, 1 << 20);
+    let identity = sim.devices[0].identity.clone();
+    let node_public = *sim.node_identity.public();
+    let shared = identity.shared_secret(&node_public).unwrap();
+    let from = sim.devices[0].addr;
+    let index = sim
+        .senders
+        .candidates(crypto::key_id(identity.public()))
+        .find(|&i| sim.senders.name(i) == "dev0")
+        .unwrap();
+    // The other device delivers beside it all along.
+    sim.queue(1, 100);
+    let runs = 2_000u64;
+    let mut most = 0;
+    let mut most_keys = 0;
+    for k in 1..=runs {
+        let p = packet_of_run(&identity, &shared, &node_public, 0x5eed_0000 + k, k);
+        sim.devices[0].received_since_answer += p.len();
+        sim.node.handle_datagram(sim.now, from, &p, &mut sim.memo);
+        sim.step();
+        most = most.max(sim.node.sessions_of(index));
+        most_keys = most_keys.max(sim.node.sessions_active());
+    }
+    sim.run_until_idle(Duration::from_secs(5));
+    let c = sim.node.counters();
+    assert_eq!(most, 4, "never more than its cap");
+    assert!(most_keys <= 5, "{most_keys} sessions in all");
+    assert_eq!(c.sessions_evicted, runs - 4);
+    assert_eq!(
+        c.x25519, 2,
+        "one per device: the memo answers for every later run"
+    );
+    let heard = sim.stores.app(0).unwrap().heard().unwrap();
+    assert_eq!(heard["dev0"], runs, "every run's record stored, in order");
+    assert_eq!(heard["dev1"], 100);
+}
+
+/// With the node at its total of sessions, new runs wait (dropped before any crypto, `session_cap`) and quiet
+/// sessions are swept sooner; every sender still delivers everything, exactly once.
+#[test]
+fn at_the_total_of_sessions_new_runs_wait_and_all_are_delivered() {
+    let mut sim = Sim::new(101, CLEAN, 6, FlowStart::At(1));
+    sim.node.set_session_limits(16, 3);
+    for i in 0..6 {
+        sim.queue(i, 30);
+    }
+    let until = sim.now + Duration::from_secs(120);
+    while !sim.all_idle() {
+        assert!(sim.now < until, "{:?}", sim.node.counters());
+        sim.step();
+        assert!(sim.node.sessions_active() <= 3);
+    }
+    sim.assert_exactly_once();
+    assert!(sim.node.counters().dropped(DropReason::SessionCap) > 0);
+}
+
+// ---- Issue 9, item 3: backpressure before decryption.
+
+/// While every app a run sends to is paused (its store cannot commit, an outlet is behind), the run's packets are
+/// dropped before they are opened (`backpressure`), not opened and thrown away; when the app takes input again the
+/// sender's resends deliver everything, once.
+#[test]
+fn packets_for_paused_apps_only_are_dropped_before_decryption() {
+    let mut sim = Sim::new(103, CLEAN, 2, FlowStart::At(1));
+    sim.queue(0, 10);
+    sim.queue(1, 10);
+    sim.run_until_idle(Duration::from_secs(5));
+    sim.node.set_app_paused(0, true);
+    sim.queue(0, 50);
+    sim.run_for(Duration::from_secs(3));
+    let c = sim.node.counters().clone();
+    assert!(c.dropped(DropReason::Backpressure) > 0, "{c:?}");
+    assert_eq!(c.paused_records, 0, "nothing was opened to be thrown away");
+    assert_eq!(c.stored_records, 20);
+    sim.node.set_app_paused(0, false);
+    sim.run_until_idle(Duration::from_secs(10));
+    sim.assert_exactly_once();
+}
+
+/// A run that also sends to an app that takes input is opened: its frames for the other app are stored, those for
+/// the paused app held back after decryption.
+#[test]
+fn a_run_sending_to_a_paused_and_an_open_app_is_still_opened() {
+    let mut sim = Sim::new(107, CLEAN, 1, FlowStart::At(1));
+    sim.devices[0]
+        .sender
+        .open_flow("second", FlowStart::At(1))
+        .unwrap();
+    sim.queue(0, 5);
+    sim.devices[0]
+        .sender
+        .queue("second", b"s1".to_vec())
+        .unwrap();
+    sim.run_until_idle(Duration::from_secs(5));
+    sim.node.set_app_paused(0, true);
+    sim.queue(0, 5);
+    sim.devices[0]
+        .sender
+        .queue("second", b"s2".to_vec())
+        .unwrap();
+    sim.run_for(Duration::from_secs(1));
+    let c = sim.node.counters().clone();
+    assert!(c.paused_records > 0, "{c:?}");
+    assert_eq!(
+        sim.devices[0].sender.unacked("second"),
+        0,
+        "second took its record"
+    );
+    sim.node.set_app_paused(0, false);
+    sim.run_until_idle(Duration::from_secs(10));
+    sim.assert_exactly_once();
 }

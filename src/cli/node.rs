@@ -54,10 +54,30 @@ pub struct NodeArgs {
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     pub link_idle_ms: u64,
     /// Socket receive buffer to ask the kernel for, in bytes. Bursts beyond it are dropped by the kernel and sent
-    /// again by the senders; 4 MiB kept four links at full speed without loss (research/004). Past
+    /// again by the senders. 8 MiB was the best of 208 KB to 8 MB at overload, with floods and without
+    /// (research/007; 4 MiB had kept four links at full speed without loss, research/004). Past
     /// net.core.rmem_max only as root or with CAP_NET_ADMIN; the node warns when it got less.
-    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20, value_parser = parse_recv_buffer)]
+    #[arg(long, value_name = "BYTES", default_value_t = 8 << 20, value_parser = parse_recv_buffer)]
     pub recv_buffer: usize,
+    /// X25519 operations per second that input which does not authenticate may cost the node, in total; one
+    /// source prefix (/24, /56) may use an eighth of it. A first packet of a sender not yet known costs one X25519
+    /// (~66 µs on the development machines); a real sender's is given back, so this bounds only what forged
+    /// packets cost. Beyond it first packets are answered with a cookie (docs/protocol.md 4.4, 6.1). The default
+    /// was measured in research/007-overload.
+    #[arg(long, value_name = "PER_SECOND", default_value_t = crate::proto::admission::DEFAULT_X25519_BUDGET,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub x25519_budget: u32,
+    /// Most runs (sessions) one sender may have active at once: a device has one per boot, a node forwarding here
+    /// one per outlet. A new run past it makes the sender's least recently heard idle run go (it costs only a memo
+    /// lookup to come back); if none is idle the new run waits (docs/protocol.md 6.2).
+    /// At most 1024: a sender's sessions are kept in one short list, looked through for each of its packets.
+    #[arg(long, value_name = "N", default_value_t = crate::proto::node::DEFAULT_SESSIONS_PER_SENDER,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub sessions_per_sender: usize,
+    /// Most active runs in all. Default: a quarter of the machine's memory at 1 KiB each (~600 B measured); past it
+    /// new runs wait and quiet ones are swept sooner (docs/protocol.md 6.2).
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_sessions: Option<usize>,
     /// Name server for outlets given by name (`IP` or `IP:PORT`). Default: the system's, from /etc/resolv.conf;
     /// /etc/hosts is read first either way. Lookups never stop other outlets.
     #[arg(long, value_name = "ADDR", value_parser = parse_dns_server)]
@@ -136,6 +156,11 @@ impl NodeArgs {
             apps,
             apps_file: self.apps.clone(),
             recv_buffer: self.recv_buffer,
+            x25519_budget: self.x25519_budget,
+            sessions_per_sender: self.sessions_per_sender,
+            max_sessions: self
+                .max_sessions
+                .unwrap_or_else(crate::receive::max_sessions_for_memory),
             dns: crate::sending::dns::DnsSettings { server: self.dns },
             accept_lost_state: self.accept_lost_state,
             state_dir,

@@ -33,6 +33,8 @@ pub struct Snapshot {
     pub app_figures: Vec<crate::apps::host::AppFigures>,
     /// Whether the sending loop beats (`None`: no outlets, no loop).
     pub sending_loop_alive: Option<bool>,
+    /// The X25519 budget in force, per second.
+    pub x25519_budget: u32,
 }
 
 /// When the receive loop last turned, as microseconds since `base` (0: never).
@@ -139,7 +141,7 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
             c.stored_records
         );
     }
-    let simple: [(&str, &str, &str, u64); 12] = [
+    let simple: [(&str, &str, &str, u64); 20] = [
         (
             "pure_records_duplicate_total",
             "counter",
@@ -177,6 +179,48 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
             c.x25519,
         ),
         (
+            "pure_x25519_authentic_total",
+            "counter",
+            "X25519 operations whose packet authenticated (a real sender's first contact); the rest of pure_x25519_total is what unauthenticated input cost, bounded by the budget.",
+            c.x25519_authentic,
+        ),
+        (
+            "pure_x25519_budget",
+            "gauge",
+            "X25519 operations per second that input which does not authenticate may cost (--x25519-budget).",
+            u64::from(s.x25519_budget),
+        ),
+        (
+            "pure_new_run_tries_total",
+            "counter",
+            "Candidate senders tried for packets no session opened (a memo lookup, HKDF, an open; an X25519 if not in the memo), forged packets included.",
+            c.new_run_tries,
+        ),
+        (
+            "pure_new_run_tries_authentic_total",
+            "counter",
+            "Tries whose packet authenticated; the rest of pure_new_run_tries_total is what forged packets cost, bounded by 20 x the X25519 budget per second.",
+            c.new_run_tries_authentic,
+        ),
+        (
+            "pure_cookies_sent_total",
+            "counter",
+            "COOKIE packets sent: first packets refused an X25519 for want of a cookie, under load (docs/protocol.md 4.4).",
+            c.cookies_sent,
+        ),
+        (
+            "pure_cookies_withheld_total",
+            "counter",
+            "First packets refused for want of a cookie that got no COOKIE: the COOKIE rate limits were reached.",
+            c.cookies_withheld,
+        ),
+        (
+            "pure_cookies_invalid_total",
+            "counter",
+            "Packets that echoed a cookie not valid for their address (expired, another address, forged).",
+            c.cookies_invalid,
+        ),
+        (
             "pure_memo_hits_total",
             "counter",
             "Shared secrets taken from the memo instead of an X25519: one per candidate key tried for a packet no session opened (forged packets included).",
@@ -193,6 +237,12 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
             "counter",
             "Sessions forgotten after --link-idle-ms of quiet.",
             c.sessions_swept,
+        ),
+        (
+            "pure_sessions_evicted_total",
+            "counter",
+            "Idle sessions forgotten to make room for a new run of a sender at its --sessions-per-sender.",
+            c.sessions_evicted,
         ),
         (
             "pure_sessions_active",
@@ -247,6 +297,22 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
         "Time spent applying and committing turns; divided by the turns, the mean time to stored.",
     );
     let _ = writeln!(out, "pure_commit_seconds_total {}", s.commit_seconds);
+    family(
+        &mut out,
+        "pure_records_held_back_total",
+        "counter",
+        "Records decrypted but not taken, unacknowledged (the sender resends): their app was paused, or had its share of the turn.",
+    );
+    let _ = writeln!(
+        out,
+        "pure_records_held_back_total{{why=\"paused\"}} {}",
+        c.paused_records
+    );
+    let _ = writeln!(
+        out,
+        "pure_records_held_back_total{{why=\"busy\"}} {}",
+        c.busy_records
+    );
     family(
         &mut out,
         "pure_drops_total",

@@ -3,6 +3,7 @@
 //! Nothing in here reads a clock, opens a socket or touches SQLite; time comes in as `now` and bytes in and out
 //! as slices. That makes every protocol behaviour testable on a simulated network (tests/sim.rs).
 
+pub mod admission;
 pub mod allow_list;
 pub mod crypto;
 pub mod node;

@@ -13,15 +13,22 @@
 //! [`SecretMemo`] so tests can keep it in memory.
 
 use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::admission::{self, Admission, AdmissionConfig, Refusal, Validated, Work};
 use super::allow_list::{AllowList, SenderIndex};
 use super::crypto::{self, Identity, PublicKeyBytes};
-use super::session_cache::SessionCache;
+use super::session_cache::{Room, SessionCache};
 use super::turn::{AppIndex, Apply, Committed, SessionId, Turn};
 use super::wire::{self, SenderFrame, SenderHeader};
+
+/// Sessions (runs) one sender may hold at once by default (docs/protocol.md 6.2): a device has one run per boot, a
+/// node forwarding to this one a run per outlet. Past it the sender's least recently heard idle session goes.
+pub const DEFAULT_SESSIONS_PER_SENDER: usize = 16;
+/// Sessions in all by default, when the driver does not size it from memory (about 600 B each, research/007).
+pub const DEFAULT_MAX_SESSIONS: usize = 1 << 20;
 
 /// Records in one turn before the node stops adding to it (BRIEF.md: bound the work per round). Measured in
 /// research/001: big enough that the fsync of a commit is shared by many records.
@@ -63,10 +70,30 @@ pub enum DropReason {
     Malformed,
     /// The current turn is full and the store has not caught up: dropped before any crypto.
     TurnFull,
+    /// A first packet from an address that echoed a valid cookie (or came over TCP) that needed an X25519 when
+    /// the budget had none left (protocol.md 6.1): dropped unanswered before the X25519.
+    X25519Budget,
+    /// A first packet that needed an X25519, or a try of a candidate (memo lookup, HKDF, open), beyond the share of
+    /// the budget for unvalidated addresses: dropped before that work, answered with a COOKIE packet when the
+    /// reply limits allow (protocol.md 4.4, 6.1).
+    CookieRequired,
+    /// Like `X25519Budget`, for the budget of tries of candidate senders (protocol.md 6.1).
+    TryBudget,
+    /// A new run of a sender that holds its cap of sessions, all busy, or a new session when the node holds its
+    /// total (protocol.md 6.2): dropped before any crypto.
+    SessionCap,
+    /// A packet of a session whose every flow is for an app that takes no input now (paused by the host: its
+    /// store cannot commit or an outlet is past its lag budget; or it has its share of the turn being filled):
+    /// dropped before decryption (protocol.md 6.3).
+    Backpressure,
+    /// Dropped by the kernel because the socket's receive buffer was full (SO_RXQ_OVFL): the node never saw it.
+    /// Counted by the driver ([`Node::count_drops`]).
+    Kernel,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 13] = [
+        DropReason::Kernel,
         DropReason::Size,
         DropReason::Version,
         DropReason::UnknownKey,
@@ -74,6 +101,11 @@ impl DropReason {
         DropReason::Replay,
         DropReason::Malformed,
         DropReason::TurnFull,
+        DropReason::X25519Budget,
+        DropReason::CookieRequired,
+        DropReason::TryBudget,
+        DropReason::SessionCap,
+        DropReason::Backpressure,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -84,6 +116,12 @@ impl DropReason {
             DropReason::Replay => "replay",
             DropReason::Malformed => "malformed",
             DropReason::TurnFull => "turn_full",
+            DropReason::X25519Budget => "x25519_budget",
+            DropReason::CookieRequired => "cookie_required",
+            DropReason::TryBudget => "try_budget",
+            DropReason::SessionCap => "session_cap",
+            DropReason::Kernel => "kernel",
+            DropReason::Backpressure => "backpressure",
         }
     }
 }
@@ -97,8 +135,25 @@ pub struct NodeCounters {
     pub x25519: u64,
     /// Shared secrets taken from the memo instead of an X25519, counted the same way as `x25519`.
     pub memo_hits: u64,
+    /// X25519 whose packet authenticated (a real sender's first contact): the rest, `x25519 - x25519_authentic`,
+    /// is what unauthenticated input cost, which the budget bounds.
+    pub x25519_authentic: u64,
+    /// Candidate senders tried for packets no session opened (each a memo lookup, HKDF-Expand and an open, and an
+    /// X25519 when not in the memo), and those of packets that authenticated: the rest is what forged packets cost,
+    /// which the budget of tries bounds (protocol.md 6.1).
+    pub new_run_tries: u64,
+    pub new_run_tries_authentic: u64,
+    /// COOKIE packets sent (protocol.md 4.4).
+    pub cookies_sent: u64,
+    /// Packets that needed a cookie whose COOKIE the reply limits did not allow.
+    pub cookies_withheld: u64,
+    /// Packets that echoed a cookie not valid for their address (expired, another address, forged), looked at
+    /// because they needed an X25519.
+    pub cookies_invalid: u64,
     pub sessions_made: u64,
     pub sessions_swept: u64,
+    /// Idle sessions forgotten to make room for another run of the same sender at its cap (protocol.md 6.2).
+    pub sessions_evicted: u64,
     pub acks_sent: u64,
     pub ack_frames_deferred: u64,
     pub refused_frames: u64,
@@ -108,9 +163,11 @@ pub struct NodeCounters {
     /// Turns the store committed, and turns it failed to apply (rolled back, nothing acked).
     pub turns_committed: u64,
     pub turns_failed: u64,
-    /// Records not taken because their app was paused (backpressure or a store that cannot commit).
+    /// Records not taken, after decryption, because their app was paused (a store that cannot commit, an outlet
+    /// past its lag budget): packets that also named an app taking input. Packets for paused apps only are dropped
+    /// before decryption (`backpressure`).
     pub paused_records: u64,
-    /// Records not taken because their app had its share of the turn.
+    /// Records not taken, after decryption, because their app had its share of the turn.
     pub busy_records: u64,
 }
 
@@ -227,7 +284,34 @@ pub struct Node {
     scratch: Vec<u8>,
     /// The live sessions of the packet being handled (reused, so no allocation per packet).
     found: Vec<SessionId>,
+    /// The X25519 budget and cookies (protocol.md 6.1).
+    admission: Admission,
+    /// Most sessions of one sender, and in all (protocol.md 6.2).
+    sessions_per_sender: usize,
+    max_sessions: usize,
+    /// The total was reached: the next sweep takes sessions quiet for a quarter of `idle`, not all of it.
+    pressure: bool,
     counters: NodeCounters,
+}
+
+/// The sizes of a received packet: the sender packet itself, and the datagram it came in (its cookie included).
+#[derive(Debug, Clone, Copy)]
+struct Lens {
+    /// The sender packet (type 1): what the size rules of protocol.md 4 and 5.4 apply to.
+    packet: usize,
+    /// The bytes received: what the answer's budget counts (protocol.md 9).
+    received: usize,
+}
+
+/// Where a packet came from, as admission sees it.
+#[derive(Debug, Clone, Copy)]
+struct Origin<'a> {
+    /// The address whose prefix pays for its X25519: the UDP source, or the TCP peer of a link request.
+    ip: IpAddr,
+    /// Came over TCP: the address is proven without a cookie.
+    transport: bool,
+    /// The cookie it echoed, if any (not yet checked).
+    cookie: Option<&'a [u8]>,
 }
 
 /// What the live sessions of a packet's (key id, run id) made of it.
@@ -262,8 +346,43 @@ impl Node {
             next_sweep: None,
             scratch: Vec::with_capacity(wire::MAX_DATAGRAM),
             found: Vec::new(),
+            admission: Admission::new(AdmissionConfig::new(
+                admission::DEFAULT_X25519_BUDGET,
+                crypto::random_array(),
+            )),
+            sessions_per_sender: DEFAULT_SESSIONS_PER_SENDER,
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            pressure: false,
             counters: NodeCounters::default(),
         }
+    }
+
+    /// Bounds the sessions one sender may hold and the sessions in all (protocol.md 6.2); both at least 1.
+    pub fn set_session_limits(&mut self, per_sender: usize, total: usize) {
+        self.sessions_per_sender = per_sender.max(1);
+        self.max_sessions = total.max(1);
+    }
+
+    /// Sessions `sender`'s key id holds for it now (for tests and figures).
+    pub fn sessions_of(&self, sender: SenderIndex) -> usize {
+        let key_id = crypto::key_id(self.senders.key(sender));
+        self.sessions.sessions_of(key_id, sender)
+    }
+
+    /// Puts an X25519 budget in force (`--x25519-budget`), with a cookie key drawn by the caller. The node starts
+    /// with [`admission::DEFAULT_X25519_BUDGET`] and a random key.
+    pub fn set_admission(&mut self, config: AdmissionConfig) {
+        self.admission = Admission::new(config);
+    }
+
+    /// The X25519 budget per second in force.
+    pub fn x25519_budget(&self) -> u32 {
+        self.admission.budget()
+    }
+
+    /// Source address prefixes the admission holds state for (bounded; empty again after a burst).
+    pub fn prefixes_tracked(&self) -> usize {
+        self.admission.prefixes_tracked()
     }
 
     pub fn counters(&self) -> &NodeCounters {
@@ -322,6 +441,12 @@ impl Node {
         self.counters.drops[reason as usize] += 1;
     }
 
+    /// Counts drops the driver made or saw before the node core (the kernel's, stage `kernel`), so every drop is in
+    /// one place.
+    pub fn count_drops(&mut self, reason: DropReason, n: u64) {
+        self.counters.drops[reason as usize] += n;
+    }
+
     /// The turn's bound in records: [`TURN_RECORDS`] for each app with records in it. Each app commits its share
     /// in a transaction (an fsync) of its own, so a turn shared by four busy apps must be four times as long for
     /// each commit to carry as many records as one busy app's (research/006: four links were 0.66 of one with a
@@ -342,7 +467,8 @@ impl Node {
                 .any(|(a, &n)| n >= a.turn_records)
     }
 
-    /// Takes one received datagram. Anything worth storing goes into the current turn; nothing is sent here.
+    /// Takes one received datagram. Anything worth storing goes into the current turn; nothing is sent here but,
+    /// under load, a COOKIE packet (protocol.md 4.4), which [`Node::poll_transmit`] returns.
     pub fn handle_datagram(
         &mut self,
         now: Instant,
@@ -350,32 +476,70 @@ impl Node {
         datagram: &[u8],
         memo: &mut dyn SecretMemo,
     ) {
+        self.handle_packet(now, from, from.ip(), false, datagram, memo);
+    }
+
+    /// Takes a sender packet that came in a link request over HTTP (protocol.md 10) from the TCP peer `peer`;
+    /// `from` is the request's pseudo peer address, where its answers go. Its X25519 are paid for by `peer`'s
+    /// prefix, as a validated address (the TCP handshake proved it), so it never needs a cookie.
+    pub fn handle_link_packet(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        peer: IpAddr,
+        datagram: &[u8],
+        memo: &mut dyn SecretMemo,
+    ) {
+        self.handle_packet(now, from, peer, true, datagram, memo);
+    }
+
+    fn handle_packet(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        ip: IpAddr,
+        transport: bool,
+        datagram: &[u8],
+        memo: &mut dyn SecretMemo,
+    ) {
         self.counters.datagrams += 1;
-        // Cheap checks first, before any crypto (BRIEF.md: drop early).
-        if datagram.len() < wire::MIN_SENDER_DATAGRAM
-            || datagram.len() > wire::MAX_ACCEPTED_DATAGRAM
-        {
+        // Cheap checks first, before any crypto (BRIEF.md: drop early). A packet that echoes a cookie is the
+        // cookie's 17 bytes and then a whole sender packet (protocol.md 4.4); the cookie is looked at only if the
+        // packet needs an X25519.
+        let (cookie, packet) = match datagram.first() {
+            Some(&wire::TYPE_SENDER_COOKIE) if datagram.len() >= wire::COOKIE_PREFIX_LEN => (
+                Some(&datagram[1..wire::COOKIE_PREFIX_LEN]),
+                &datagram[wire::COOKIE_PREFIX_LEN..],
+            ),
+            _ => (None, datagram),
+        };
+        if packet.len() < wire::MIN_SENDER_DATAGRAM || packet.len() > wire::MAX_ACCEPTED_DATAGRAM {
             return self.drop_packet(DropReason::Size);
         }
-        if datagram[0] != wire::TYPE_SENDER {
+        if packet[0] != wire::TYPE_SENDER {
             return self.drop_packet(DropReason::Version);
         }
         // A turn twice over its bound means the store is behind: stop investing work in new input.
         if self.turn.record_count >= 2 * self.turn_bound() {
             return self.drop_packet(DropReason::TurnFull);
         }
-        let Ok(header) = SenderHeader::parse(datagram) else {
+        let Ok(header) = SenderHeader::parse(packet) else {
             return self.drop_packet(DropReason::Size);
         };
         // Packet numbers stay below 2^62 (protocol.md 3): anything above is malformed, refused before crypto.
         if header.packet_number >= 1 << 62 {
             return self.drop_packet(DropReason::Malformed);
         }
-        let session_id = match self.find_session(now, &header, datagram) {
+        let origin = Origin {
+            ip,
+            transport,
+            cookie,
+        };
+        let session_id = match self.find_session(now, &header, packet) {
             Found::Opened(id) => id,
             Found::Rejected(reason) => return self.drop_packet(reason),
             Found::TryCandidates { replayed } => {
-                match self.open_new_run(now, from, &header, datagram, memo) {
+                match self.open_new_run(now, from, origin, &header, packet, memo) {
                     Ok(id) => id,
                     // Forged copies of a number a live session has seen are counted with the replays.
                     Err(DropReason::Auth) if replayed => {
@@ -385,15 +549,18 @@ impl Node {
                 }
             }
         };
-        // `scratch` now holds the datagram with its plaintext at SENDER_HEADER_LEN.
-        let plain_len = datagram.len() - wire::SENDER_HEADER_LEN - wire::TAG_LEN;
+        // `scratch` now holds the packet with its plaintext at SENDER_HEADER_LEN.
+        let plain_len = packet.len() - wire::SENDER_HEADER_LEN - wire::TAG_LEN;
         let plain = std::mem::take(&mut self.scratch);
         let result = self.apply_frames(
             now,
             from,
             session_id,
             &header,
-            datagram.len(),
+            Lens {
+                packet: packet.len(),
+                received: datagram.len(),
+            },
             &plain[wire::SENDER_HEADER_LEN..wire::SENDER_HEADER_LEN + plain_len],
         );
         self.scratch = plain;
@@ -413,12 +580,19 @@ impl Node {
         let mut shared = false;
         let mut opened = None;
         let mut known_replay = false;
+        let mut held_back = false;
         for &id in &ids {
             let session = self.sessions.get(id).expect("index and map agree");
             shared |= session.shared_key_id;
             let fresh = session.replay.check(header.packet_number);
             if !fresh && now.saturating_duration_since(session.last_heard) < self.idle / 2 {
                 replayed = true;
+                continue;
+            }
+            // Backpressure before decryption (protocol.md 6.3): every app this run sends to takes no input now, so
+            // whatever the packet holds would be thrown away after the open. The sender's RTO brings it again.
+            if fresh && self.gated(session) {
+                held_back = true;
                 continue;
             }
             let key = session.k_s2n;
@@ -452,6 +626,7 @@ impl Node {
         let found = match opened {
             Some(id) => Found::Opened(id),
             None if known_replay => Found::Rejected(DropReason::Replay),
+            None if held_back && !shared => Found::Rejected(DropReason::Backpressure),
             None if ids.is_empty() || shared => Found::TryCandidates { replayed },
             None if replayed => Found::Rejected(DropReason::Replay),
             None => Found::Rejected(DropReason::Auth),
@@ -463,10 +638,15 @@ impl Node {
     /// Slow path: the first packet of a run (or of a run whose session was swept), or a packet under a colliding
     /// key id that no live session of its (key id, run id) opened. Finds the sender among the candidates of the
     /// key id that have no live session under this run id, using the memo before paying for an X25519.
+    ///
+    /// Each X25519 needs a token of the budget (protocol.md 6.1); the tokens of a packet that authenticates are
+    /// given back. A packet refused a token is dropped before the X25519 (`cookie_required`, answered with a
+    /// COOKIE when the reply limits allow, or `x25519_budget` for a validated address).
     fn open_new_run(
         &mut self,
         now: Instant,
         from: SocketAddr,
+        origin: Origin<'_>,
         header: &SenderHeader,
         datagram: &[u8],
         memo: &mut dyn SecretMemo,
@@ -480,6 +660,11 @@ impl Node {
         let mut has_session = std::mem::take(&mut self.found);
         let node_public = *self.identity.public();
         let mut made = None;
+        let mut validated: Option<Validated> = None;
+        let mut charged = 0u32;
+        let mut tried = 0u32;
+        let mut refused: Option<(Refusal, Work)> = None;
+        let mut capped = false;
         for sender in candidates {
             if has_session
                 .iter()
@@ -487,6 +672,40 @@ impl Node {
             {
                 continue;
             }
+            // Room for a session of this sender, before any crypto (protocol.md 6.2): at its cap, its least
+            // recently heard idle session goes once this packet authenticates; none idle, or the node full and
+            // nothing of this sender's to give up: not tried.
+            let room = self
+                .sessions
+                .room_for(header.key_id, sender, self.sessions_per_sender);
+            if room == Room::Full {
+                capped = true;
+                continue;
+            }
+            if room == Room::Free && self.sessions.len() >= self.max_sessions {
+                capped = true;
+                if !self.pressure {
+                    self.pressure = true;
+                    self.next_sweep = Some(now);
+                }
+                continue;
+            }
+            // Trying this candidate (a memo lookup, HKDF, an open) takes a token of the budget for tries, before the
+            // lookup (protocol.md 6.1).
+            let v = match validated {
+                Some(v) => v,
+                None => {
+                    let v = self.validate(now, origin);
+                    validated = Some(v);
+                    v
+                }
+            };
+            if let Err(why) = self.admission.try_work(now, origin.ip, v, Work::Try) {
+                refused = Some((why, Work::Try));
+                continue;
+            }
+            tried += 1;
+            self.counters.new_run_tries += 1;
             let sender_public = *self.senders.key(sender);
             let shared = match memo.get(&sender_public) {
                 Some(secret) => {
@@ -494,6 +713,12 @@ impl Node {
                     secret
                 }
                 None => {
+                    if let Err(why) = self.admission.try_x25519(now, origin.ip, v) {
+                        // Other candidates may still be in the memo; this one is not tried.
+                        refused = Some((why, Work::X25519));
+                        continue;
+                    }
+                    charged += 1;
                     self.counters.x25519 += 1;
                     let Ok(secret) = self.identity.shared_secret(&sender_public) else {
                         continue;
@@ -520,6 +745,11 @@ impl Node {
                     &sender_public,
                     &node_public,
                 );
+                if let Room::Evict(old) = room
+                    && self.sessions.remove(old)
+                {
+                    self.counters.sessions_evicted += 1;
+                }
                 self.counters.sessions_made += 1;
                 if self.next_sweep.is_none() {
                     self.next_sweep = Some(now + self.sweep_interval());
@@ -539,7 +769,75 @@ impl Node {
         }
         has_session.clear();
         self.found = has_session;
-        made.ok_or(DropReason::Auth)
+        let v = validated.unwrap_or(Validated::No);
+        if made.is_some() {
+            // Work caused by a real sender: not what the budget bounds.
+            self.counters.x25519_authentic += u64::from(charged);
+            self.counters.new_run_tries_authentic += u64::from(tried);
+            self.admission
+                .refund(now, origin.ip, v, Work::X25519, charged);
+            self.admission.refund(now, origin.ip, v, Work::Try, tried);
+        }
+        match (made, refused) {
+            (Some(id), _) => Ok(id),
+            (None, Some((Refusal::CookieRequired, _))) => {
+                self.send_cookie(now, from, header);
+                Err(DropReason::CookieRequired)
+            }
+            (None, Some((Refusal::Budget, Work::X25519))) => Err(DropReason::X25519Budget),
+            (None, Some((Refusal::Budget, Work::Try))) => Err(DropReason::TryBudget),
+            (None, None) if capped => Err(DropReason::SessionCap),
+            (None, None) => Err(DropReason::Auth),
+        }
+    }
+
+    /// What the packet proved about its address: only looked at when it needs an X25519.
+    fn validate(&mut self, now: Instant, origin: Origin<'_>) -> Validated {
+        if origin.transport {
+            return Validated::Transport;
+        }
+        match origin.cookie {
+            None => Validated::No,
+            Some(c) if self.admission.check_cookie(now, origin.ip, c) => Validated::Cookie,
+            Some(_) => {
+                self.counters.cookies_invalid += 1;
+                Validated::No
+            }
+        }
+    }
+
+    /// Answers a first packet refused for want of a cookie with a COOKIE packet (protocol.md 4.4), if the reply
+    /// limits allow. It is 37 bytes, smaller than any sender packet (at least 96): no amplification.
+    fn send_cookie(&mut self, now: Instant, to: SocketAddr, answers: &SenderHeader) {
+        if !self.admission.may_send_cookie(now, to.ip()) {
+            self.counters.cookies_withheld += 1;
+            return;
+        }
+        let cookie = self.admission.cookie(now, to.ip());
+        let mut bytes = Vec::with_capacity(wire::COOKIE_PACKET_LEN);
+        wire::CookiePacket {
+            answers: *answers,
+            cookie,
+        }
+        .emit(&mut bytes);
+        self.counters.cookies_sent += 1;
+        self.outbox.push(Transmit { to, bytes });
+    }
+
+    /// Whether an app takes no input now: the host paused it, or it has its share of the turn being filled (the
+    /// high-water mark; the turn being taken is the low one). The host's pauses have their own hysteresis and
+    /// retry timers (src/apps/host.rs); a full share opens again with the next turn, at most a round away. An app
+    /// whose store cannot commit is not gated: its packets are opened so that its senders are told NOT_STORED
+    /// (protocol.md 5.2) rather than left to time out.
+    fn app_gated(&self, app: AppIndex) -> bool {
+        self.apps.get(app as usize).is_some_and(|a| {
+            (a.paused && !a.cannot_store) || self.turn_app_records[app as usize] >= a.turn_records
+        })
+    }
+
+    /// Whether every app a session has sent to takes no input now (a session that has sent nothing yet is not).
+    fn gated(&self, session: &super::session_cache::Session) -> bool {
+        !session.flows.is_empty() && session.flows.iter().all(|f| self.app_gated(f.app))
     }
 
     fn sweep_interval(&self) -> Duration {
@@ -559,9 +857,13 @@ impl Node {
         from: SocketAddr,
         session_id: SessionId,
         header: &SenderHeader,
-        datagram_len: usize,
+        lens: Lens,
         plain: &[u8],
     ) -> Result<(), wire::WireError> {
+        let Lens {
+            packet: packet_len,
+            received: received_len,
+        } = lens;
         // Parse everything before applying anything: a malformed packet applies none of its frames
         // (protocol.md 5). It did authenticate, so like any authentic packet it uses up its packet number (a copy
         // of it is a replay), keeps the session awake and may move its peer address (protocol.md 6, step 5).
@@ -574,7 +876,7 @@ impl Node {
         for SenderFrame::Data(d) in &frames {
             // Only a forwarding node may exceed a device's datagram, and only for forwarded records
             // (protocol.md 5.4): this keeps every stored record small enough to be forwarded again.
-            if datagram_len > wire::MAX_DATAGRAM && d.format == wire::RecordFormat::Plain {
+            if packet_len > wire::MAX_DATAGRAM && d.format == wire::RecordFormat::Plain {
                 return Err(wire::WireError::Oversized);
             }
             resolved.push((self.app_index(d.app), d));
@@ -587,7 +889,7 @@ impl Node {
             session.peer = from;
         }
         session.last_heard = now;
-        session.ack_budget = session.ack_budget.saturating_add(datagram_len);
+        session.ack_budget = session.ack_budget.saturating_add(received_len);
         if let Some(e) = malformed {
             return Err(e);
         }
@@ -875,12 +1177,19 @@ impl Node {
         self.next_sweep
     }
 
-    /// Sweeps idle sessions.
+    /// Sweeps idle sessions (and forgets admission state that has nothing to remember).
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.admission.maybe_sweep(now);
         if let Some(at) = self.next_sweep
             && now >= at
         {
-            let swept = self.sessions.sweep(now, self.idle);
+            // Under pressure (the total was reached) sessions quiet for a quarter of `idle` go too.
+            let idle = if std::mem::take(&mut self.pressure) {
+                self.idle / 4
+            } else {
+                self.idle
+            };
+            let swept = self.sessions.sweep(now, idle);
             self.counters.sessions_swept += swept as u64;
             self.next_sweep = if self.sessions.is_empty() {
                 None

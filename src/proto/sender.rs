@@ -24,6 +24,9 @@ const MIN_RTO: Duration = Duration::from_millis(50);
 const MAX_RTO: Duration = Duration::from_secs(2);
 /// How many sent packets' times are kept for ECHO round-trip samples.
 const SENT_TIMES: usize = 4096;
+/// A cookie is echoed for at most this long after it arrived: a node accepts it for at least its cookie period,
+/// 120 s (docs/protocol.md 4.4).
+const COOKIE_USE: Duration = Duration::from_secs(120);
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SenderError {
     #[error("app name {0:?} is not 1–32 characters of a-z 0-9 _ -")]
@@ -247,6 +250,12 @@ pub struct Sender {
     events: VecDeque<SenderEvent>,
     /// Round-robin start so one busy flow does not starve the others.
     next_flow: usize,
+    /// The node's cookie and when it came (protocol.md 4.4): echoed in front of every packet until the node answers
+    /// one with an authenticated packet (it then has our session and needs no X25519) or [`COOKIE_USE`] passes.
+    cookie: Option<([u8; wire::COOKIE_LEN], Instant)>,
+    /// A COOKIE answering a packet numbered at least this resends at once; one for an older packet (sent before
+    /// the last such resend) does not, so a burst of COOKIEs for one window resends it once.
+    cookie_resend_from: u64,
     stats: SenderStats,
 }
 
@@ -256,6 +265,8 @@ pub struct SenderStats {
     pub retransmit_rounds: u64,
     pub packets_received: u64,
     pub packets_rejected: u64,
+    /// COOKIE packets taken (protocol.md 4.4).
+    pub cookies_received: u64,
 }
 
 impl Sender {
@@ -292,6 +303,8 @@ impl Sender {
             last_progress: None,
             events: VecDeque::new(),
             next_flow: 0,
+            cookie: None,
+            cookie_resend_from: 0,
             stats: SenderStats::default(),
         })
     }
@@ -353,10 +366,13 @@ impl Sender {
         Ok(())
     }
 
-    /// Largest payload that fits in one datagram for `app`.
+    /// Largest payload that fits in one datagram for `app`, also when the datagram carries a cookie (protocol.md
+    /// 4.4), so that every queued record can be sent whatever the node asks.
     pub fn max_payload(&self, app: &str) -> usize {
-        let fixed =
-            wire::SENDER_HEADER_LEN + wire::TAG_LEN + frame_overhead(app.as_bytes(), u64::MAX);
+        let fixed = wire::COOKIE_PREFIX_LEN
+            + wire::SENDER_HEADER_LEN
+            + wire::TAG_LEN
+            + frame_overhead(app.as_bytes(), u64::MAX);
         let room = self.hard_max_datagram() - fixed;
         // The record's own length varint takes up to 2 bytes at these sizes.
         room.saturating_sub(2)
@@ -464,6 +480,12 @@ impl Sender {
         if !wants {
             return false;
         }
+        if self
+            .cookie
+            .is_some_and(|(_, at)| now.saturating_duration_since(at) >= COOKIE_USE)
+        {
+            self.cookie = None;
+        }
         out.clear();
         let pn = self.next_pn;
         wire::SenderHeader {
@@ -472,7 +494,13 @@ impl Sender {
             packet_number: pn,
         }
         .emit(out);
-        let limit = self.max_datagram - wire::TAG_LEN;
+        // A cookie goes in front of the packet: keep the whole datagram within its size.
+        let cookie_room = if self.cookie.is_some() {
+            wire::COOKIE_PREFIX_LEN
+        } else {
+            0
+        };
+        let limit = self.max_datagram - wire::TAG_LEN - cookie_room;
         let n = self.flows.len();
         for k in 0..n {
             let i = (self.next_flow + k) % n;
@@ -535,6 +563,13 @@ impl Sender {
             out.push(wire::FRAME_PADDING);
         }
         crypto::seal(&self.k_s2n, pn, out, wire::SENDER_HEADER_LEN);
+        if let Some((cookie, _)) = &self.cookie {
+            // Type 4: the type byte and the cookie, then the sealed type-1 packet unchanged (protocol.md 4.4).
+            let mut prefix = [0u8; wire::COOKIE_PREFIX_LEN];
+            prefix[0] = wire::TYPE_SENDER_COOKIE;
+            prefix[1..].copy_from_slice(cookie);
+            out.splice(0..0, prefix);
+        }
         self.next_pn += 1;
         self.stats.packets_sent += 1;
         if self.sent_times.len() == SENT_TIMES {
@@ -603,6 +638,9 @@ impl Sender {
 
     /// Takes a datagram from the node. Anything that does not authenticate is ignored and counted.
     pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+        if datagram.first() == Some(&wire::TYPE_COOKIE) {
+            return self.handle_cookie(now, datagram);
+        }
         if datagram.len() < wire::NODE_HEADER_LEN + wire::TAG_LEN || datagram[0] != wire::TYPE_NODE
         {
             self.stats.packets_rejected += 1;
@@ -626,6 +664,8 @@ impl Sender {
         };
         self.n2s = Some((header.epoch, key));
         self.stats.packets_received += 1;
+        // The node answered with our keys: it has our session, and will not need an X25519 for this run again.
+        self.cookie = None;
         let mut progress = false;
         let mut echoed: Option<u64> = None;
         for frame in frames {
@@ -739,6 +779,38 @@ impl Sender {
                 None
             };
         }
+    }
+
+    /// A COOKIE packet (protocol.md 4.4): the node is under load and wants us to prove our address before it spends
+    /// an X25519 on our first packet. Taken only if it names a packet of this run we sent (someone off the path
+    /// does not know the run id); then every later packet echoes the cookie, and what the answered packet carried
+    /// is sent again at once (it was dropped) rather than after the RTO.
+    fn handle_cookie(&mut self, now: Instant, datagram: &[u8]) {
+        let Ok(c) = wire::CookiePacket::parse(datagram) else {
+            self.stats.packets_rejected += 1;
+            return;
+        };
+        if c.answers.key_id != self.key_id
+            || c.answers.run_id != self.run_id
+            || c.answers.packet_number >= self.next_pn
+        {
+            self.stats.packets_rejected += 1;
+            return;
+        }
+        self.stats.cookies_received += 1;
+        self.cookie = Some((c.cookie, now));
+        if c.answers.packet_number >= self.cookie_resend_from {
+            self.cookie_resend_from = self.next_pn;
+            for f in &mut self.flows {
+                f.cursor = f.acked + 1;
+                f.probe_outstanding = false;
+            }
+        }
+    }
+
+    /// Whether the sender holds a cookie it echoes (protocol.md 4.4).
+    pub fn has_cookie(&self) -> bool {
+        self.cookie.is_some()
     }
 
     /// A round-trip sample from an ECHO (docs/protocol.md 7.4): only from an ECHO larger than any before in this

@@ -5,7 +5,7 @@
 //! Sessions keep key bytes, not cipher contexts.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
+use std::collections::hash_map::Entry as Entry_;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -114,43 +114,90 @@ impl Session {
     }
 }
 
+/// One session in the index of its key id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    run_id: u64,
+    sender: SenderIndex,
+    id: SessionId,
+}
+
+/// The sessions of one key id: nearly always one (one sender, one run); a few for a sender with several runs at
+/// once, or for senders whose key ids collide. Inline for one, so the common case costs no allocation.
+#[derive(Debug, Clone)]
+enum Runs {
+    One(Entry),
+    Many(Vec<Entry>),
+}
+
+impl Runs {
+    fn entries(&self) -> &[Entry] {
+        match self {
+            Runs::One(e) => std::slice::from_ref(e),
+            Runs::Many(v) => v,
+        }
+    }
+    fn push(&mut self, e: Entry) {
+        match self {
+            Runs::One(first) => *self = Runs::Many(vec![*first, e]),
+            Runs::Many(v) => v.push(e),
+        }
+    }
+    /// Removes session `id`; returns whether none are left.
+    fn remove(&mut self, id: SessionId) -> bool {
+        match self {
+            Runs::One(e) => e.id == id,
+            Runs::Many(v) => {
+                v.retain(|e| e.id != id);
+                match v.as_slice() {
+                    [] => true,
+                    [only] => {
+                        *self = Runs::One(*only);
+                        false
+                    }
+                    _ => false,
+                }
+            }
+        }
+    }
+    fn entries_mut(&mut self) -> &mut [Entry] {
+        match self {
+            Runs::One(e) => std::slice::from_mut(e),
+            Runs::Many(v) => v,
+        }
+    }
+}
+
+/// Whether a session waits for nothing: no turn holds its frames and it owes no ack. Only such a session may be
+/// swept or evicted.
+fn is_idle(s: &Session) -> bool {
+    s.turns_waiting == 0 && !s.owes_ack()
+}
+
+/// What [`SessionCache::room_for`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    /// The sender is below its cap.
+    Free,
+    /// The sender is at its cap; this idle session of it (its least recently heard) can make room.
+    Evict(SessionId),
+    /// The sender is at its cap and every one of its sessions waits for a commit or an ack.
+    Full,
+}
+
 /// All active sessions, found by (key id, run id) — the two cleartext fields of a sender packet.
 ///
 /// Several sessions may share one (key id, run id), one per sender: senders whose key ids collide are told apart
 /// only by their keys, and the run id travels in clear, so one listed sender can send under another's run id.
 /// Each keeps its own session, so neither can take over or block the other's run (protocol.md 6).
+///
+/// The index is by key id, so the sessions of one sender (its runs) are found together: that is what bounds how
+/// many one sender may hold ([`SessionCache::room_for`], protocol.md 6.2).
 #[derive(Debug, Default)]
 pub struct SessionCache {
-    /// The first session of each (key id, run id).
-    by_run: HashMap<(u32, u64), SessionId>,
-    /// Any further sessions under the same (key id, run id): only ever filled for colliding key ids.
-    more: HashMap<(u32, u64), Vec<SessionId>>,
+    by_key: HashMap<u32, Runs>,
     sessions: HashMap<SessionId, Session>,
     next_id: SessionId,
-}
-
-/// Takes session `id` out of the index of (key id, run id) `key`.
-fn unindex(
-    by_run: &mut HashMap<(u32, u64), SessionId>,
-    more: &mut HashMap<(u32, u64), Vec<SessionId>>,
-    key: (u32, u64),
-    id: SessionId,
-) {
-    if by_run.get(&key) == Some(&id) {
-        match more.get_mut(&key).and_then(|v| v.pop()) {
-            Some(next) => {
-                by_run.insert(key, next);
-            }
-            None => {
-                by_run.remove(&key);
-            }
-        }
-    } else if let Some(v) = more.get_mut(&key) {
-        v.retain(|&other| other != id);
-    }
-    if more.get(&key).is_some_and(|v| v.is_empty()) {
-        more.remove(&key);
-    }
 }
 
 impl SessionCache {
@@ -160,15 +207,20 @@ impl SessionCache {
     pub fn is_empty(&self) -> bool {
         self.sessions.is_empty()
     }
+    /// Key ids with sessions (the index's size).
+    pub fn key_ids(&self) -> usize {
+        self.by_key.len()
+    }
     /// Puts the sessions of (key id, run id) into `out` (cleared first): usually none or one.
     pub fn find(&self, key_id: u32, run_id: u64, out: &mut Vec<SessionId>) {
         out.clear();
-        let key = (key_id, run_id);
-        if let Some(&id) = self.by_run.get(&key) {
-            out.push(id);
-            if let Some(v) = self.more.get(&key) {
-                out.extend_from_slice(v);
-            }
+        if let Some(runs) = self.by_key.get(&key_id) {
+            out.extend(
+                runs.entries()
+                    .iter()
+                    .filter(|e| e.run_id == run_id)
+                    .map(|e| e.id),
+            );
         }
     }
     pub fn get(&self, id: SessionId) -> Option<&Session> {
@@ -176,6 +228,51 @@ impl SessionCache {
     }
     pub fn get_mut(&mut self, id: SessionId) -> Option<&mut Session> {
         self.sessions.get_mut(&id)
+    }
+    /// Sessions `sender` (of key id `key_id`) holds now.
+    pub fn sessions_of(&self, key_id: u32, sender: SenderIndex) -> usize {
+        self.by_key.get(&key_id).map_or(0, |runs| {
+            runs.entries().iter().filter(|e| e.sender == sender).count()
+        })
+    }
+    /// Whether `sender` may have one more session under a cap of `cap` per sender, and which of its sessions
+    /// would go to make room: the idle one heard from least recently.
+    pub fn room_for(&self, key_id: u32, sender: SenderIndex, cap: usize) -> Room {
+        let Some(runs) = self.by_key.get(&key_id) else {
+            return Room::Free;
+        };
+        let mut count = 0;
+        let mut oldest: Option<(Instant, SessionId)> = None;
+        for e in runs.entries().iter().filter(|e| e.sender == sender) {
+            count += 1;
+            if let Some(s) = self.sessions.get(&e.id)
+                && is_idle(s)
+                && oldest.is_none_or(|(t, _)| s.last_heard < t)
+            {
+                oldest = Some((s.last_heard, e.id));
+            }
+        }
+        if count < cap {
+            Room::Free
+        } else {
+            oldest.map_or(Room::Full, |(_, id)| Room::Evict(id))
+        }
+    }
+    /// Removes session `id` (to make room: it must be idle).
+    pub fn remove(&mut self, id: SessionId) -> bool {
+        let Some(s) = self.sessions.remove(&id) else {
+            return false;
+        };
+        debug_assert!(is_idle(&s), "only idle sessions are evicted");
+        Self::unindex(&mut self.by_key, s.key_id, id);
+        true
+    }
+    fn unindex(by_key: &mut HashMap<u32, Runs>, key_id: u32, id: SessionId) {
+        if let Some(runs) = by_key.get_mut(&key_id)
+            && runs.remove(id)
+        {
+            by_key.remove(&key_id);
+        }
     }
     #[allow(clippy::too_many_arguments)]
     pub fn insert(
@@ -191,13 +288,13 @@ impl SessionCache {
     ) -> SessionId {
         let id = self.next_id;
         self.next_id += 1;
-        let key = (key_id, run_id);
-        match self.by_run.entry(key) {
-            // Another sender of this key id under the same run id (by chance, about 2^-64 per pair, or on
-            // purpose): both sessions stay, each opened by its own key.
-            Entry::Occupied(_) => self.more.entry(key).or_default().push(id),
-            Entry::Vacant(slot) => {
-                slot.insert(id);
+        let entry = Entry { run_id, sender, id };
+        // Another run of this sender, or another sender of this key id (by chance or on purpose, even under the
+        // same run id): all stay, each opened by its own key.
+        match self.by_key.entry(key_id) {
+            Entry_::Occupied(mut o) => o.get_mut().push(entry),
+            Entry_::Vacant(v) => {
+                v.insert(Runs::One(entry));
             }
         }
         self.sessions.insert(
@@ -222,21 +319,20 @@ impl SessionCache {
         );
         id
     }
-    /// Removes sessions quiet for `idle` with nothing waiting; returns how many.
+    /// Removes sessions quiet for `idle` with nothing waiting; returns how many. Gives the tables' spare room back
+    /// (sessions come and go in bursts: BRIEF.md, memory after a burst).
     pub fn sweep(&mut self, now: Instant, idle: Duration) -> usize {
         let before = self.sessions.len();
-        let (by_run, more) = (&mut self.by_run, &mut self.more);
+        let by_key = &mut self.by_key;
         self.sessions.retain(|_, s| {
-            let keep = s.turns_waiting > 0
-                || s.owes_ack()
-                || now.saturating_duration_since(s.last_heard) < idle;
+            let keep = !is_idle(s) || now.saturating_duration_since(s.last_heard) < idle;
             if !keep {
-                unindex(by_run, more, (s.key_id, s.run_id), s.id);
+                Self::unindex(by_key, s.key_id, s.id);
             }
             keep
         });
         self.sessions.shrink_to(self.sessions.len() * 2);
-        self.by_run.shrink_to(self.by_run.len() * 2);
+        self.by_key.shrink_to(self.by_key.len() * 2);
         before - self.sessions.len()
     }
     /// Points every session at its sender's index in a new allow-list (a reload), or removes it when `remap`
@@ -246,14 +342,19 @@ impl SessionCache {
         mut remap: impl FnMut(SenderIndex) -> Option<SenderIndex>,
     ) -> Vec<SessionId> {
         let mut removed = Vec::new();
-        let (by_run, more) = (&mut self.by_run, &mut self.more);
+        let by_key = &mut self.by_key;
         self.sessions.retain(|_, s| match remap(s.sender) {
             Some(index) => {
                 s.sender = index;
+                if let Some(runs) = by_key.get_mut(&s.key_id) {
+                    for e in runs.entries_mut().iter_mut().filter(|e| e.id == s.id) {
+                        e.sender = index;
+                    }
+                }
                 true
             }
             None => {
-                unindex(by_run, more, (s.key_id, s.run_id), s.id);
+                Self::unindex(by_key, s.key_id, s.id);
                 removed.push(s.id);
                 false
             }
@@ -322,12 +423,40 @@ mod tests {
         assert_eq!(cache.remap_senders(|s| (s != 2).then_some(s)), vec![c]);
         cache.find(7, 42, &mut found);
         assert_eq!(found, vec![b]);
-        assert!(cache.more.is_empty());
         assert_eq!(cache.sweep(now + idle * 3, idle), 2);
         cache.find(7, 42, &mut found);
         assert!(found.is_empty());
         cache.find(7, 43, &mut found);
         assert!(found.is_empty(), "{other}");
-        assert!(cache.by_run.is_empty() && cache.more.is_empty());
+        assert_eq!(cache.key_ids(), 0);
+    }
+
+    #[test]
+    fn a_sender_at_its_cap_makes_room_from_its_least_recently_heard_idle_session() {
+        let t0 = Instant::now();
+        let mut cache = SessionCache::default();
+        let ids: Vec<SessionId> = (0..3)
+            .map(|k| insert(&mut cache, 0, 100 + k, t0 + Duration::from_millis(k)))
+            .collect();
+        let other = insert(&mut cache, 1, 100, t0);
+        assert_eq!(cache.sessions_of(7, 0), 3);
+        assert_eq!(cache.room_for(7, 0, 4), Room::Free);
+        assert_eq!(cache.room_for(7, 0, 3), Room::Evict(ids[0]));
+        // The oldest is waiting for a commit: the next oldest goes instead.
+        cache.get_mut(ids[0]).unwrap().turns_waiting = 1;
+        assert_eq!(cache.room_for(7, 0, 3), Room::Evict(ids[1]));
+        cache.get_mut(ids[1]).unwrap().turns_waiting = 1;
+        cache
+            .get_mut(ids[2])
+            .unwrap()
+            .refusals
+            .push((b"x"[..].into(), 1));
+        assert_eq!(cache.room_for(7, 0, 3), Room::Full);
+        // Another sender of the same key id is counted apart.
+        assert_eq!(cache.room_for(7, 1, 1), Room::Evict(other));
+        assert!(cache.remove(other));
+        let mut found = Vec::new();
+        cache.find(7, 100, &mut found);
+        assert_eq!(found, vec![ids[0]]);
     }
 }

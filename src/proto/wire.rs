@@ -12,6 +12,17 @@ pub const VERSION: u8 = 1;
 pub const TYPE_SENDER: u8 = (VERSION << 4) | 1;
 /// Byte 0 of a node → sender packet: version 1, type 2.
 pub const TYPE_NODE: u8 = (VERSION << 4) | 2;
+/// Byte 0 of a COOKIE packet, node → sender: version 1, type 3 (protocol.md 4.4).
+pub const TYPE_COOKIE: u8 = (VERSION << 4) | 3;
+/// Byte 0 of a sender packet that echoes a cookie: version 1, type 4, then the cookie, then a whole type-1 packet
+/// (protocol.md 4.4).
+pub const TYPE_SENDER_COOKIE: u8 = (VERSION << 4) | 4;
+/// Length of a cookie.
+pub const COOKIE_LEN: usize = 16;
+/// What a cookie adds in front of a sender packet: the type byte and the cookie.
+pub const COOKIE_PREFIX_LEN: usize = 1 + COOKIE_LEN;
+/// A COOKIE packet: type, the header fields of the packet it answers (key id, run id, packet number), cookie.
+pub const COOKIE_PACKET_LEN: usize = 1 + 4 + 8 + 8 + COOKIE_LEN;
 /// Sender header: type, key id, run id, packet number (protocol.md 4.1).
 pub const SENDER_HEADER_LEN: usize = 1 + 4 + 8 + 8;
 /// Node header: type, epoch, packet number (protocol.md 4.2).
@@ -205,6 +216,35 @@ impl NodeHeader {
         out.push(TYPE_NODE);
         out.extend_from_slice(&self.epoch.to_be_bytes());
         out.extend_from_slice(&self.packet_number.to_be_bytes());
+    }
+}
+
+/// A COOKIE packet (protocol.md 4.4): the node asks the sender to prove its address before it spends an X25519.
+/// It names the packet it answers by that packet's key id, run id and packet number, so a sender takes it only for
+/// a packet it sent (someone off the path does not know the run id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CookiePacket {
+    pub answers: SenderHeader,
+    pub cookie: [u8; COOKIE_LEN],
+}
+
+impl CookiePacket {
+    /// Reads a COOKIE packet: exactly [`COOKIE_PACKET_LEN`] bytes starting with [`TYPE_COOKIE`].
+    pub fn parse(datagram: &[u8]) -> Result<Self, WireError> {
+        if datagram.len() != COOKIE_PACKET_LEN || datagram[0] != TYPE_COOKIE {
+            return Err(WireError::Truncated);
+        }
+        // The answered header has a sender packet's layout after byte 0.
+        let answers = SenderHeader::parse(&datagram[..SENDER_HEADER_LEN])?;
+        let mut cookie = [0u8; COOKIE_LEN];
+        cookie.copy_from_slice(&datagram[SENDER_HEADER_LEN..]);
+        Ok(CookiePacket { answers, cookie })
+    }
+    pub fn emit(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        self.answers.emit(out);
+        out[start] = TYPE_COOKIE;
+        out.extend_from_slice(&self.cookie);
     }
 }
 

@@ -70,6 +70,9 @@ impl LocalNode {
             apps,
             apps_file: None,
             recv_buffer,
+            x25519_budget: crate::proto::admission::DEFAULT_X25519_BUDGET,
+            sessions_per_sender: crate::proto::node::DEFAULT_SESSIONS_PER_SENDER,
+            max_sessions: crate::proto::node::DEFAULT_MAX_SESSIONS,
             dns: Default::default(),
             accept_lost_state: false,
         })?;

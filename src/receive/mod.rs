@@ -15,7 +15,6 @@
 //! lines, and a reload of the senders file on SIGHUP — read on a helper thread so a million lines do not stall
 //! the socket, then swapped in between two turns, where no turn holds indices into the old list.
 
-use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -35,6 +34,7 @@ use crate::keys::{self, KeyError};
 use crate::ops::metrics::{Heartbeat, Snapshot};
 use crate::ops::notify::{Notifier, WatchdogTimer};
 use crate::ops::wake::Wake;
+use crate::proto::admission::AdmissionConfig;
 use crate::proto::allow_list::AllowList;
 use crate::proto::crypto;
 use crate::proto::node::{DropReason, Node, NodeConfig, NodeCounters, Transmit};
@@ -45,6 +45,7 @@ use crate::store::StoreError;
 use crate::store::memo::Memo;
 use crate::store::state::{self, StateError, StateLock};
 
+mod batch;
 mod links;
 mod local;
 pub use links::LINK_BYTES_PER_ROUND;
@@ -109,6 +110,11 @@ pub struct NodeSettings {
     /// The apps file they came from, re-read on a reload (`None`: the single app `main`).
     pub apps_file: Option<PathBuf>,
     pub recv_buffer: usize,
+    /// X25519 per second that input which does not authenticate may cost (`--x25519-budget`, protocol.md 6.1).
+    pub x25519_budget: u32,
+    /// Most sessions (runs) one sender may hold at once, and in all (protocol.md 6.2).
+    pub sessions_per_sender: usize,
+    pub max_sessions: usize,
     /// Name servers for outlets given by name.
     pub dns: DnsSettings,
     /// Start even where the state looks like it lost data (`--accept-lost-state`; [`state::judge`]).
@@ -185,6 +191,12 @@ pub struct ReadyNode {
     _lock: StateLock,
     /// What `STATE/identity` says (kept current as apps are added).
     state_identity: state::Identity,
+    /// Batched reads of the socket, and the kernel's drop count for it.
+    rx: batch::BatchReceiver,
+    /// Kernel drops already counted into the node core.
+    kernel_drops_counted: u64,
+    /// The turn's UDP datagrams, sent together (kept to reuse its allocation).
+    udp_out: Vec<Transmit>,
 }
 
 fn create_private_dir(path: &Path) -> Result<(), NodeError> {
@@ -288,6 +300,8 @@ impl ReadyNode {
         let state_identity =
             record_apps(&settings.state_dir, state_identity, &host.open_app_names())?;
         let socket = bind_udp(settings.link_addr, settings.recv_buffer)?;
+        let rx = batch::BatchReceiver::new(socket.as_raw_fd(), true);
+        tracing::debug!(gro = rx.gro(), "UDP receive: batched, kernel drops counted");
         let mut node = Node::new(
             NodeConfig {
                 identity: identity.clone(),
@@ -298,6 +312,11 @@ impl ReadyNode {
             Arc::new(senders),
         );
         node.set_apps(host.hosted_apps());
+        node.set_admission(AdmissionConfig::new(
+            settings.x25519_budget,
+            crypto::random_array(),
+        ));
+        node.set_session_limits(settings.sessions_per_sender, settings.max_sessions);
         let sending = if outlets.start.is_empty() {
             None
         } else {
@@ -332,6 +351,9 @@ impl ReadyNode {
             link_round: links::LinkRound::default(),
             _lock: lock,
             state_identity,
+            rx,
+            kernel_drops_counted: 0,
+            udp_out: Vec::new(),
         })
     }
 
@@ -378,7 +400,7 @@ impl ReadyNode {
 
     /// [`ReadyNode::run`] as a service: also reloads on `control.reload` and keeps the supervisor informed.
     pub fn run_with(mut self, control: Control<'_>) -> Result<NodeCounters, NodeError> {
-        let mut buf = vec![0u8; 2048];
+        let mut segments = Vec::with_capacity(batch::SLOTS * 4);
         let mut last_summary = Instant::now();
         let mut summarized = NodeCounters::default();
         let notifier = control.notifier;
@@ -439,19 +461,26 @@ impl ReadyNode {
             }
             let now = Instant::now();
             let mut read = 0;
+            // At most BATCH datagrams a round, many per system call; a turn that fills in the middle of a batch is
+            // committed and the batch goes on into the next (nothing read is dropped for it).
             while !stopping && read < BATCH && !self.node.turn_is_full() {
-                match self.socket.recv_from(&mut buf) {
-                    Ok((n, from)) => {
-                        read += 1;
-                        self.node
-                            .handle_datagram(now, from, &buf[..n], &mut self.memo);
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    // ICMP errors from earlier sends surface here on some systems; they are not fatal.
-                    Err(e) if e.kind() == ErrorKind::ConnectionRefused => continue,
-                    Err(e) => return Err(NodeError::Socket(e)),
+                segments.clear();
+                if self.rx.recv(&mut segments).map_err(NodeError::Socket)? == 0 {
+                    break;
                 }
+                for s in &segments {
+                    read += 1;
+                    if self.node.turn_is_full() {
+                        self.turn()?;
+                    }
+                    self.node
+                        .handle_datagram(now, s.from, self.rx.data(s), &mut self.memo);
+                }
+            }
+            let kernel = self.rx.kernel_drops - self.kernel_drops_counted;
+            if kernel > 0 {
+                self.node.count_drops(DropReason::Kernel, kernel);
+                self.kernel_drops_counted = self.rx.kernel_drops;
             }
             links_left = !stopping && self.take_link_requests(now)?;
             more_work = self.turn()?;
@@ -546,9 +575,15 @@ impl ReadyNode {
         let report = self.host.turn(&mut self.node, started);
         self.commit_time += started.elapsed();
         self.node.flush_acks();
+        let mut udp = std::mem::take(&mut self.udp_out);
         while let Some(t) = self.node.poll_transmit() {
-            self.route(t);
+            if let Some(t) = self.route(t) {
+                udp.push(t);
+            }
         }
+        batch::send_all(&self.socket, &udp);
+        udp.clear();
+        self.udp_out = udp;
         let secrets = self.node.take_new_secrets();
         if let Err(e) = self.memo.put_all(&secrets) {
             tracing::warn!(
@@ -558,22 +593,19 @@ impl ReadyNode {
         Ok(report.more)
     }
 
-    /// Sends a node packet where its peer is: the UDP socket, or the answer of the link request whose pseudo peer
-    /// address it is sent to (docs/protocol.md, Links over HTTP). The one place that tells the two apart.
-    fn route(&mut self, t: Transmit) {
+    /// Routes a node packet to where its peer is: the answer of the link request whose pseudo peer address it is
+    /// sent to (docs/protocol.md, Links over HTTP), or the UDP socket — then it is handed back, for the round's
+    /// datagrams to go out together. The one place that tells the two apart.
+    fn route(&mut self, t: Transmit) -> Option<Transmit> {
         match link::request_of(t.to) {
-            None => {
-                if let Err(e) = self.socket.send_to(&t.bytes, t.to) {
-                    // A full send buffer or unreachable peer loses this ack; the sender's resend earns another.
-                    tracing::debug!("ack to {} not sent: {e}", t.to);
-                }
-            }
+            None => Some(t),
             Some(request) => {
                 if !self.link_round.push(request, t.bytes) {
                     self.stats
                         .link_packets_unrouted
                         .fetch_add(1, Ordering::Relaxed);
                 }
+                None
             }
         }
     }
@@ -597,11 +629,14 @@ impl ReadyNode {
             self.next_link_request += 1;
             let from = link::pseudo_peer(id);
             self.link_round.open(id, request.reply);
+            // Admission pays for their X25519 from the TCP peer's prefix, as a proven address (no cookies).
+            let peer = request.peer.ip();
             for packet in request.packets.iter() {
                 if self.node.turn_is_full() {
                     self.turn()?;
                 }
-                self.node.handle_datagram(now, from, packet, &mut self.memo);
+                self.node
+                    .handle_link_packet(now, from, peer, packet, &mut self.memo);
             }
         }
         Ok(true)
@@ -859,6 +894,7 @@ impl ReadyNode {
             s.reloads_ok = self.reloads_ok;
             s.reloads_failed = self.reloads_failed;
             s.commit_seconds = self.commit_time.as_secs_f64();
+            s.x25519_budget = self.node.x25519_budget();
         }
         self.stats
             .stored_records
@@ -977,9 +1013,28 @@ fn log_summary(before: &NodeCounters, now: &NodeCounters, sessions: usize) {
         duplicates = now.duplicate_records - before.duplicate_records,
         sessions,
         x25519 = now.x25519 - before.x25519,
+        x25519_wasted = (now.x25519 - now.x25519_authentic) - (before.x25519 - before.x25519_authentic),
+        cookies = now.cookies_sent - before.cookies_sent,
         drops = %if drops.is_empty() { "none".to_string() } else { drops.join(" ") },
         "link summary"
     );
+}
+
+/// What a session may cost the node, generously: ~600 B measured (research/007), with the tables' slack.
+const SESSION_BYTES: u64 = 1024;
+
+/// The default bound on sessions in all: a quarter of the machine's memory at [`SESSION_BYTES`] each (about 250k on
+/// a 1 GB Raspberry Pi), or [`crate::proto::node::DEFAULT_MAX_SESSIONS`] if the memory cannot be read.
+pub fn max_sessions_for_memory() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    });
+    match total {
+        Some(kib) => ((kib * 1024 / 4 / SESSION_BYTES) as usize).max(1024),
+        None => crate::proto::node::DEFAULT_MAX_SESSIONS,
+    }
 }
 
 /// How often the loop looks for a reload's result while the senders file is being read.

@@ -3,16 +3,87 @@
 //! It is what makes "X25519 operations for a known sender after a restart: 0" true (BRIEF.md). It is as sensitive
 //! as the node's key file (docs/protocol.md 9), so it is created with mode 0600. Losing it costs only X25519s, so
 //! it is written with `synchronous=NORMAL`, batched once per turn.
+//!
+//! A lookup that finds nothing costs a SQLite query (a few µs), and a flood of forged first packets makes one per
+//! packet for keys the memo does not have (research/007). So the memo keeps a [`KeyFilter`] of the keys it holds
+//! (1 MiB, built on a helper thread at start so a large memo does not delay serving): a key the filter has never
+//! seen is not in the memo, and costs no query.
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
 
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use super::StoreError;
 use crate::proto::crypto::PublicKeyBytes;
 use crate::proto::node::SecretMemo;
+
+/// Bits of the filter: 2^23 (1 MiB). With two positions per key, a key not in the memo passes it with a chance of
+/// about 4% at a million keys (about 0.3% at a hundred thousand).
+const FILTER_BITS: u32 = 23;
+
+/// A Bloom filter over public keys (two positions per key, taken from the key's bytes: public keys are uniformly
+/// random, and a forger can only name listed senders' keys, not choose them). No false negatives: a key inserted is
+/// always reported.
+pub struct KeyFilter {
+    bits: Vec<u64>,
+}
+
+impl Default for KeyFilter {
+    fn default() -> Self {
+        KeyFilter {
+            bits: vec![0; (1 << FILTER_BITS) / 64],
+        }
+    }
+}
+
+impl KeyFilter {
+    fn positions(key: &[u8; 32]) -> [u32; 2] {
+        let word = |i: usize| u32::from_le_bytes([key[i], key[i + 1], key[i + 2], key[i + 3]]);
+        let mask = (1u32 << FILTER_BITS) - 1;
+        // Bytes 8.. : not the key id (bytes 0..4), which many keys may share.
+        [word(8) & mask, word(12) & mask]
+    }
+    pub fn insert(&mut self, key: &[u8; 32]) {
+        for p in Self::positions(key) {
+            self.bits[(p / 64) as usize] |= 1 << (p % 64);
+        }
+    }
+    pub fn may_contain(&self, key: &[u8; 32]) -> bool {
+        Self::positions(key)
+            .iter()
+            .all(|&p| self.bits[(p / 64) as usize] & (1 << (p % 64)) != 0)
+    }
+}
+
+/// Reads every key of the memo at `path` into a filter (on its own connection, so it can run on a helper thread).
+fn load_filter(path: &Path) -> Option<KeyFilter> {
+    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY).ok()?;
+    let mut filter = KeyFilter::default();
+    let mut stmt = conn.prepare("SELECT public FROM secrets").ok()?;
+    let mut rows = stmt.query([]).ok()?;
+    while let Ok(Some(row)) = rows.next() {
+        if let Ok(bytes) = row.get::<_, Vec<u8>>(0)
+            && let Ok(key) = <[u8; 32]>::try_from(bytes.as_slice())
+        {
+            filter.insert(&key);
+        }
+    }
+    Some(filter)
+}
+
+/// The filter: being built on a helper thread (with the keys put meanwhile, to add when it comes), ready, or off
+/// (the helper failed: every lookup asks SQLite, as before).
+enum Filter {
+    Loading {
+        result: Receiver<Option<KeyFilter>>,
+        put_meanwhile: Vec<[u8; 32]>,
+    },
+    Ready(Box<KeyFilter>),
+    Off,
+}
 
 pub struct Memo {
     /// `None`: the memo could not be opened (a full or read-only disk); the node runs without it, which costs an
@@ -21,8 +92,11 @@ pub struct Memo {
     /// Its `-shm`, allocated whole at open and kept open after the connection (store/disk.rs, `open_shm`).
     _shm: Option<std::fs::File>,
     path: PathBuf,
+    filter: Filter,
     /// Lookup errors are counted, not fatal: a failed lookup only costs an X25519.
     pub lookup_errors: u64,
+    /// Lookups the filter answered without a query (the key is not in the memo).
+    pub filtered: u64,
 }
 
 impl Memo {
@@ -45,7 +119,9 @@ impl Memo {
                     conn: None,
                     _shm: None,
                     path: path.to_path_buf(),
+                    filter: Filter::Off,
                     lookup_errors: 0,
+                    filtered: 0,
                 }
             }
         }
@@ -89,12 +165,57 @@ impl Memo {
                 path: path.to_path_buf(),
                 source,
             })?;
+        let (tx, rx) = mpsc::channel();
+        let load_path = path.to_path_buf();
+        let filter = match std::thread::Builder::new()
+            .name("pure-memo-filter".into())
+            .spawn(move || {
+                // The memo may be gone by the time it is done (a stop); then nobody wants the filter.
+                let _ = tx.send(load_filter(&load_path));
+            }) {
+            Ok(_) => Filter::Loading {
+                result: rx,
+                put_meanwhile: Vec::new(),
+            },
+            Err(_) => Filter::Off,
+        };
         Ok(Memo {
             conn: Some(conn),
             _shm: Some(shm),
             path: path.to_path_buf(),
+            filter,
             lookup_errors: 0,
+            filtered: 0,
         })
+    }
+
+    /// Takes the filter from the helper thread once it is built; whether it is in use.
+    fn filter_ready(&mut self) -> bool {
+        if let Filter::Loading {
+            result,
+            put_meanwhile,
+        } = &mut self.filter
+        {
+            self.filter = match result.try_recv() {
+                Ok(Some(mut f)) => {
+                    for k in put_meanwhile.iter() {
+                        f.insert(k);
+                    }
+                    Filter::Ready(Box::new(f))
+                }
+                Ok(None) | Err(TryRecvError::Disconnected) => Filter::Off,
+                Err(TryRecvError::Empty) => return false,
+            };
+        }
+        matches!(self.filter, Filter::Ready(_))
+    }
+
+    /// Waits until the filter is in use (for tests and benches that want it from the first lookup).
+    pub fn wait_for_filter(&mut self) {
+        while matches!(self.filter, Filter::Loading { .. }) {
+            self.filter_ready();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     pub fn put_all(&mut self, secrets: &[(PublicKeyBytes, [u8; 32])]) -> Result<(), StoreError> {
@@ -109,6 +230,14 @@ impl Memo {
             path: path.clone(),
             source,
         };
+        // Into the filter first: a key it reports that the memo lacks (the commit below failed) only costs a query.
+        match &mut self.filter {
+            Filter::Loading { put_meanwhile, .. } => {
+                put_meanwhile.extend(secrets.iter().map(|(k, _)| *k))
+            }
+            Filter::Ready(f) => secrets.iter().for_each(|(k, _)| f.insert(k)),
+            Filter::Off => {}
+        }
         let tx = conn.transaction().map_err(sql)?;
         {
             let mut put = tx
@@ -135,6 +264,13 @@ impl Memo {
 
 impl SecretMemo for Memo {
     fn get(&mut self, sender: &PublicKeyBytes) -> Option<[u8; 32]> {
+        if self.filter_ready()
+            && let Filter::Ready(f) = &self.filter
+            && !f.may_contain(sender)
+        {
+            self.filtered += 1;
+            return None;
+        }
         let conn = self.conn.as_ref()?;
         let found: Result<Option<Vec<u8>>, _> = conn
             .prepare_cached("SELECT shared FROM secrets WHERE public = ?1")
@@ -147,5 +283,57 @@ impl SecretMemo for Memo {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::crypto::random_array;
+
+    #[test]
+    fn the_filter_never_hides_a_key_and_turns_most_strangers_away() {
+        let mut f = KeyFilter::default();
+        let keys: Vec<[u8; 32]> = (0..100_000).map(|_| random_array()).collect();
+        for k in &keys {
+            f.insert(k);
+        }
+        assert!(keys.iter().all(|k| f.may_contain(k)));
+        let strangers = (0..100_000)
+            .filter(|_| f.may_contain(&random_array()))
+            .count();
+        assert!(strangers < 1_000, "{strangers} of 100,000 passed");
+    }
+
+    #[test]
+    fn secrets_put_before_and_after_the_filter_is_built_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memo.sqlite");
+        let before: Vec<([u8; 32], [u8; 32])> =
+            (0..50).map(|_| (random_array(), random_array())).collect();
+        {
+            let mut m = Memo::open(&path).unwrap();
+            m.put_all(&before).unwrap();
+        }
+        // A new process: the filter is built from the file while secrets are put and looked up.
+        let mut m = Memo::open(&path).unwrap();
+        let during: Vec<([u8; 32], [u8; 32])> =
+            (0..50).map(|_| (random_array(), random_array())).collect();
+        m.put_all(&during).unwrap();
+        for (k, v) in before.iter().chain(&during) {
+            assert_eq!(m.get(k), Some(*v));
+        }
+        m.wait_for_filter();
+        assert!(matches!(m.filter, Filter::Ready(_)));
+        let after: Vec<([u8; 32], [u8; 32])> =
+            (0..50).map(|_| (random_array(), random_array())).collect();
+        m.put_all(&after).unwrap();
+        for (k, v) in before.iter().chain(&during).chain(&after) {
+            assert_eq!(m.get(k), Some(*v));
+        }
+        for _ in 0..100 {
+            assert_eq!(m.get(&random_array()), None);
+        }
+        assert!(m.filtered >= 95, "{}", m.filtered);
     }
 }

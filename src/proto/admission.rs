@@ -1,0 +1,714 @@
+//! Admission of public-key work: the X25519 budget and stateless cookies (docs/protocol.md 6.1 and 4.4).
+//!
+//! A sender packet that no session opens and whose sender is not in the memo costs the node one X25519 per
+//! candidate key (~66 µs here, research/001): the one thing unauthenticated input can make the node do that is
+//! expensive. This module decides whether the node may spend it, sans-IO (time comes in as `now`):
+//!
+//! - **Token buckets.** One global bucket of `--x25519-budget` X25519 per second, and per source address prefix
+//!   (/24 for IPv4, /56 for IPv6) buckets of an eighth of it, so one prefix cannot take the whole budget. Each
+//!   X25519 takes a token; **a token is given back when the packet authenticates**: work caused by a real sender is
+//!   not waste, so the budget bounds exactly the X25519 spent on input that turned out to be garbage (BRIEF.md:
+//!   "X25519 operations per second caused by unauthenticated input ≤ a configured budget"), and new senders are
+//!   never slowed by it when nobody is flooding.
+//! - **Validated addresses first.** A packet from an address that proved it receives what is sent to it — it
+//!   echoes a cookie (protocol.md 4.4), or came over TCP (links over HTTP, section 10) — draws from separate
+//!   per-prefix buckets and may use the whole global bucket; any other packet may use only the half above a
+//!   reserve. A flood of packets from addresses that never see an answer (spoofed, or an attacker that does not
+//!   echo) therefore drains the global bucket to the reserve and no further, and the reserve serves validated
+//!   senders: they get their X25519 ahead of the rest.
+//! - **Cookies.** When an unvalidated packet is refused, the node may answer it with a COOKIE packet: 16 bytes
+//!   that are a MAC, under a secret that rotates every [`COOKIE_PERIOD`], of the packet's source IP address. The
+//!   node keeps no state for it; a cookie is checked by computing it again. COOKIE packets are rate-limited, in
+//!   total ([`COOKIE_REPLIES_PER_SECOND`], generous: a new sender gets its cookie with the chance replies/flood)
+//!   and per prefix, and are smaller than any packet they answer (no amplification, protocol.md 9).
+//!
+//! Tries of a candidate sender (the memo lookup, HKDF and open of step 3, a few µs) have a budget of their own with
+//! the same rules ([`Work::Try`], 20 times the X25519 one): forged packets for senders in the memo cost no X25519
+//! but would otherwise cost a try each without limit.
+//!
+//! Prefix state is bounded ([`MAX_PREFIXES`]); a prefix whose buckets are all full is the same as one never seen
+//! and is forgotten by [`Admission::sweep`], so the table is empty again after a burst.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+pub use super::wire::COOKIE_LEN;
+/// A cookie secret is used for this long; a cookie of the current or the previous period is accepted, so a cookie
+/// is good for at least this long after it was sent (WireGuard rotates its cookie secret every two minutes).
+pub const COOKIE_PERIOD: Duration = Duration::from_secs(120);
+/// X25519 per second unauthenticated input may cost by default (x25519 takes ~66 µs here: under 2% of one core).
+/// research/007-overload measured 250, 1000 and 4000 under a flood of forged first packets: more budget, less
+/// goodput for existing senders, and none of them kept 0.9 of it, so by the rule written before measuring the
+/// smallest. New senders do not need more: their X25519s are given back, and during a flood they come in with a
+/// cookie from the reserve.
+pub const DEFAULT_X25519_BUDGET: u32 = 250;
+/// Tries of candidate senders (memo lookup, HKDF, open: a few µs each) per second that input which does not
+/// authenticate may cost, as a multiple of the X25519 budget: about the same CPU as the X25519s.
+const TRY_FACTOR: f32 = 20.0;
+/// One prefix may have this share of the budget: 1/8.
+const PREFIX_SHARE: f32 = 8.0;
+/// The bucket holds this many seconds of its rate (its burst).
+const BURST_SECONDS: f32 = 0.1;
+/// Unvalidated packets may draw from the global bucket only above this fraction of its burst.
+const RESERVE: f32 = 0.5;
+/// COOKIE packets per second in total. A new sender's first packet during a flood gets a COOKIE with the chance
+/// replies/flood, so this must be of the order of a flood's packet rate, not of the X25519 budget: a COOKIE costs
+/// an HMAC and a send (a few µs, research/007), not an X25519.
+pub const COOKIE_REPLIES_PER_SECOND: f32 = 50_000.0;
+/// COOKIE packets per second to one address prefix: one flooding prefix cannot take the total, nor be sent more
+/// than 2,000 × 37 bytes a second (74 kB/s, a third of what it sent).
+pub const COOKIE_REPLIES_PER_PREFIX: f32 = 2_000.0;
+/// Most source prefixes tracked at once (16 B of state each, ~40 B in the table). Beyond it, new prefixes share one
+/// entry; a flood from random prefixes is then held by that entry and the global bucket.
+pub const MAX_PREFIXES: usize = 16_384;
+/// How often full buckets are forgotten.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// What a packet proved about its source address before any X25519.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Validated {
+    /// Nothing: it may come from a spoofed address.
+    No,
+    /// It echoed a valid cookie for its source address.
+    Cookie,
+    /// It came over a TCP connection (links over HTTP): the handshake proved the address.
+    Transport,
+}
+
+impl Validated {
+    pub fn is_validated(self) -> bool {
+        !matches!(self, Validated::No)
+    }
+}
+
+/// Why an X25519 was not granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The packet's address is not validated and unvalidated input has used its share: a cookie may help.
+    CookieRequired,
+    /// The address is validated, but the budget (global or its prefix's) has no token left.
+    Budget,
+}
+
+/// The settings of admission, from the driver.
+#[derive(Debug, Clone)]
+pub struct AdmissionConfig {
+    /// X25519 per second that input which does not authenticate may cost (`--x25519-budget`). At least 1.
+    pub x25519_per_second: u32,
+    /// Random bytes from which the rotating cookie secrets are derived; drawn once per process.
+    pub cookie_key: [u8; 32],
+}
+
+impl AdmissionConfig {
+    pub fn new(x25519_per_second: u32, cookie_key: [u8; 32]) -> Self {
+        AdmissionConfig {
+            x25519_per_second: x25519_per_second.max(1),
+            cookie_key,
+        }
+    }
+}
+
+/// A source address prefix: /24 of IPv4 (also IPv4-mapped IPv6), /56 of IPv6.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Prefix {
+    V4([u8; 3]),
+    V6([u8; 7]),
+}
+
+impl Prefix {
+    pub fn of(ip: IpAddr) -> Prefix {
+        match ip {
+            IpAddr::V4(a) => {
+                let o = a.octets();
+                Prefix::V4([o[0], o[1], o[2]])
+            }
+            IpAddr::V6(a) => match a.to_ipv4_mapped() {
+                Some(v4) => Prefix::of(IpAddr::V4(v4)),
+                None => {
+                    let o = a.octets();
+                    Prefix::V6([o[0], o[1], o[2], o[3], o[4], o[5], o[6]])
+                }
+            },
+        }
+    }
+}
+
+/// A token bucket: `tokens` up to `burst`, refilled at `rate` per second.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f32,
+}
+
+impl Bucket {
+    fn full(burst: f32) -> Self {
+        Bucket { tokens: burst }
+    }
+    fn refill(&mut self, elapsed_s: f32, rate: f32, burst: f32) {
+        self.tokens = (self.tokens + elapsed_s * rate).min(burst);
+    }
+}
+
+/// The two kinds of work a first packet can cost, cheapest last to be asked for (protocol.md 6.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// Trying one candidate sender for a packet no session opened: a memo lookup, then HKDF-Expand and an AES-GCM
+    /// open (a few µs), or an X25519 too when the sender is not in the memo.
+    Try = 0,
+    /// One X25519 (~66 µs).
+    X25519 = 1,
+}
+
+/// The buckets of one prefix, refilled together.
+#[derive(Debug, Clone, Copy)]
+struct PrefixState {
+    /// Work for packets from unvalidated addresses of the prefix, per kind.
+    unvalidated: [Bucket; 2],
+    /// Work for packets from validated addresses of the prefix (only real addresses can drain it).
+    validated: [Bucket; 2],
+    /// COOKIE packets sent to the prefix.
+    replies: Bucket,
+    /// Milliseconds since the admission's base at the last refill (wrapping; differences stay far below 49 days
+    /// because full entries are swept every second).
+    last_ms: u32,
+}
+
+/// A rate and its burst.
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    per_s: f32,
+    burst: f32,
+}
+
+impl Rate {
+    fn of(per_s: f32, least_burst: f32) -> Rate {
+        Rate {
+            per_s,
+            burst: (per_s * BURST_SECONDS).max(least_burst),
+        }
+    }
+}
+
+/// Rates and bursts derived from the budget.
+#[derive(Debug, Clone, Copy)]
+struct Rates {
+    /// Per kind of work, in total and per prefix.
+    global: [Rate; 2],
+    prefix: [Rate; 2],
+    replies: Rate,
+    prefix_replies: Rate,
+}
+
+impl Rates {
+    fn of(budget: u32) -> Rates {
+        let x25519 = budget.max(1) as f32;
+        let tries = x25519 * TRY_FACTOR;
+        Rates {
+            // At least 2 in total, so that the reserve leaves unvalidated input a token when nobody floods.
+            global: [Rate::of(tries, 2.0), Rate::of(x25519, 2.0)],
+            prefix: [
+                Rate::of(tries / PREFIX_SHARE, 1.0),
+                Rate::of(x25519 / PREFIX_SHARE, 1.0),
+            ],
+            replies: Rate::of(COOKIE_REPLIES_PER_SECOND, 1.0),
+            prefix_replies: Rate::of(COOKIE_REPLIES_PER_PREFIX, 1.0),
+        }
+    }
+}
+
+/// The admission state of a node (module docs).
+pub struct Admission {
+    rates: Rates,
+    /// Per kind of work.
+    global: [Bucket; 2],
+    global_last: Option<Instant>,
+    replies: Bucket,
+    prefixes: HashMap<Prefix, PrefixState>,
+    /// Shared by every prefix that arrives while the table holds [`MAX_PREFIXES`].
+    overflow: PrefixState,
+    /// When the admission first saw time; cookie periods and prefix times count from it.
+    base: Option<Instant>,
+    next_sweep: Option<Instant>,
+    cookie_key: [u8; 32],
+    /// The secrets of the current and the previous cookie period: (period number, secret).
+    secrets: [(u64, [u8; 32]); 2],
+}
+
+type HmacSha256 = Hmac<Sha256>;
+
+fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    // HMAC takes keys of any length, so `new_from_slice` cannot fail.
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC accepts any key length");
+    for p in parts {
+        mac.update(p);
+    }
+    mac.finalize().into_bytes().into()
+}
+
+/// The 16 bytes of an IP address that a cookie covers: IPv4 as IPv4-mapped IPv6, so both forms of one address get
+/// one cookie.
+fn address_bytes(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+impl Admission {
+    pub fn new(config: AdmissionConfig) -> Self {
+        let rates = Rates::of(config.x25519_per_second);
+        Admission {
+            rates,
+            global: rates.global.map(|r| Bucket::full(r.burst)),
+            global_last: None,
+            replies: Bucket::full(rates.replies.burst),
+            prefixes: HashMap::new(),
+            overflow: Self::fresh(&rates, 0),
+            base: None,
+            next_sweep: None,
+            cookie_key: config.cookie_key,
+            secrets: [(u64::MAX, [0; 32]); 2],
+        }
+    }
+
+    fn fresh(rates: &Rates, now_ms: u32) -> PrefixState {
+        let full = rates.prefix.map(|r| Bucket::full(r.burst));
+        PrefixState {
+            unvalidated: full,
+            validated: full,
+            replies: Bucket::full(rates.prefix_replies.burst),
+            last_ms: now_ms,
+        }
+    }
+
+    /// The X25519 budget per second in force.
+    pub fn budget(&self) -> u32 {
+        self.rates.global[Work::X25519 as usize].per_s as u32
+    }
+
+    /// Source prefixes with state now.
+    pub fn prefixes_tracked(&self) -> usize {
+        self.prefixes.len()
+    }
+
+    fn base(&mut self, now: Instant) -> Instant {
+        *self.base.get_or_insert(now)
+    }
+
+    fn ms(&mut self, now: Instant) -> u32 {
+        let base = self.base(now);
+        now.saturating_duration_since(base).as_millis() as u32
+    }
+
+    fn refill_global(&mut self, now: Instant) {
+        let last = *self.global_last.get_or_insert(now);
+        let elapsed = now.saturating_duration_since(last).as_secs_f32();
+        if elapsed > 0.0 {
+            let r = self.rates;
+            for (b, rate) in self.global.iter_mut().zip(r.global) {
+                b.refill(elapsed, rate.per_s, rate.burst);
+            }
+            self.replies
+                .refill(elapsed, r.replies.per_s, r.replies.burst);
+            self.global_last = Some(now);
+        }
+    }
+
+    /// The refilled state of `prefix`, made if new (or the overflow entry when the table is full).
+    fn prefix_state(&mut self, now: Instant, prefix: Prefix) -> &mut PrefixState {
+        let now_ms = self.ms(now);
+        let rates = self.rates;
+        let full = self.prefixes.len() >= MAX_PREFIXES;
+        let state = if full && !self.prefixes.contains_key(&prefix) {
+            &mut self.overflow
+        } else {
+            self.prefixes
+                .entry(prefix)
+                .or_insert_with(|| Self::fresh(&rates, now_ms))
+        };
+        let elapsed = now_ms.wrapping_sub(state.last_ms) as f32 / 1000.0;
+        if elapsed > 0.0 {
+            for k in 0..2 {
+                let r = rates.prefix[k];
+                state.unvalidated[k].refill(elapsed, r.per_s, r.burst);
+                state.validated[k].refill(elapsed, r.per_s, r.burst);
+            }
+            state.replies.refill(
+                elapsed,
+                rates.prefix_replies.per_s,
+                rates.prefix_replies.burst,
+            );
+            state.last_ms = now_ms;
+        }
+        state
+    }
+
+    /// Asks for one X25519 for a packet from `ip` ([`Admission::try_work`]).
+    pub fn try_x25519(
+        &mut self,
+        now: Instant,
+        ip: IpAddr,
+        validated: Validated,
+    ) -> Result<(), Refusal> {
+        self.try_work(now, ip, validated, Work::X25519)
+    }
+
+    /// Asks for one unit of `work` for a packet from `ip`. On success the token is taken; give it back with
+    /// [`Admission::refund`] if the packet authenticates.
+    pub fn try_work(
+        &mut self,
+        now: Instant,
+        ip: IpAddr,
+        validated: Validated,
+        work: Work,
+    ) -> Result<(), Refusal> {
+        self.maybe_sweep(now);
+        self.refill_global(now);
+        let k = work as usize;
+        let burst = self.rates.global[k].burst;
+        let floor = if validated.is_validated() {
+            1.0
+        } else {
+            // Unvalidated input keeps off the reserve; with the least burst (2) it may still take one token.
+            1.0 + (burst * RESERVE).floor().min(burst - 1.0)
+        };
+        let global_ok = self.global[k].tokens >= floor;
+        let state = self.prefix_state(now, Prefix::of(ip));
+        let bucket = if validated.is_validated() {
+            &mut state.validated[k]
+        } else {
+            &mut state.unvalidated[k]
+        };
+        if !global_ok || bucket.tokens < 1.0 {
+            return Err(if validated.is_validated() {
+                Refusal::Budget
+            } else {
+                Refusal::CookieRequired
+            });
+        }
+        bucket.tokens -= 1.0;
+        self.global[k].tokens -= 1.0;
+        Ok(())
+    }
+
+    /// Gives back `n` tokens of `work` taken for a packet from `ip` that authenticated.
+    pub fn refund(&mut self, now: Instant, ip: IpAddr, validated: Validated, work: Work, n: u32) {
+        if n == 0 {
+            return;
+        }
+        let k = work as usize;
+        let r = self.rates;
+        self.global[k].tokens = (self.global[k].tokens + n as f32).min(r.global[k].burst);
+        let state = self.prefix_state(now, Prefix::of(ip));
+        let bucket = if validated.is_validated() {
+            &mut state.validated[k]
+        } else {
+            &mut state.unvalidated[k]
+        };
+        bucket.tokens = (bucket.tokens + n as f32).min(r.prefix[k].burst);
+    }
+
+    /// Whether a COOKIE packet may be sent to `ip` now (the reply limits, in total and per prefix); takes the
+    /// tokens if so.
+    pub fn may_send_cookie(&mut self, now: Instant, ip: IpAddr) -> bool {
+        self.refill_global(now);
+        if self.replies.tokens < 1.0 {
+            return false;
+        }
+        let overflow =
+            !self.prefixes.contains_key(&Prefix::of(ip)) && self.prefixes.len() >= MAX_PREFIXES;
+        let state = self.prefix_state(now, Prefix::of(ip));
+        // A prefix in the overflow entry is limited by the total only: the overflow entry is shared by a flood of
+        // random prefixes, and must not keep the real ones among them from their cookies.
+        if !overflow {
+            if state.replies.tokens < 1.0 {
+                return false;
+            }
+            state.replies.tokens -= 1.0;
+        }
+        self.replies.tokens -= 1.0;
+        true
+    }
+
+    /// The secret of cookie period `period` (cached for the current and the previous period).
+    fn secret(&mut self, period: u64) -> [u8; 32] {
+        if let Some((_, s)) = self.secrets.iter().find(|(p, _)| *p == period) {
+            return *s;
+        }
+        let s = hmac(
+            &self.cookie_key,
+            &[b"pure-serve cookie secret", &period.to_be_bytes()],
+        );
+        // Keep the newer of the two cached periods and this one.
+        let keep = if self.secrets[0].0 == u64::MAX
+            || (self.secrets[1].0 != u64::MAX && self.secrets[0].0 < self.secrets[1].0)
+        {
+            0
+        } else {
+            1
+        };
+        self.secrets[keep] = (period, s);
+        s
+    }
+
+    fn period(&mut self, now: Instant) -> u64 {
+        let base = self.base(now);
+        now.saturating_duration_since(base).as_secs() / COOKIE_PERIOD.as_secs()
+    }
+
+    fn cookie_of(&mut self, period: u64, ip: IpAddr) -> [u8; COOKIE_LEN] {
+        let secret = self.secret(period);
+        let mac = hmac(&secret, &[&address_bytes(ip)]);
+        let mut c = [0u8; COOKIE_LEN];
+        c.copy_from_slice(&mac[..COOKIE_LEN]);
+        c
+    }
+
+    /// The cookie for `ip` now.
+    pub fn cookie(&mut self, now: Instant, ip: IpAddr) -> [u8; COOKIE_LEN] {
+        let period = self.period(now);
+        self.cookie_of(period, ip)
+    }
+
+    /// Whether `cookie` is the cookie of `ip` in the current or the previous period.
+    pub fn check_cookie(&mut self, now: Instant, ip: IpAddr, cookie: &[u8]) -> bool {
+        let period = self.period(now);
+        let mut ok = false;
+        for p in [Some(period), period.checked_sub(1)].into_iter().flatten() {
+            let want = self.cookie_of(p, ip);
+            // Compare all bytes: no early exit that would tell a forger how many were right.
+            ok |= want
+                .iter()
+                .zip(cookie)
+                .fold(cookie.len() == COOKIE_LEN, |eq, (a, b)| eq & (a == b));
+        }
+        ok
+    }
+
+    /// Forgets prefixes whose buckets are all full again (nothing to remember), and gives their memory back.
+    pub fn sweep(&mut self, now: Instant) {
+        let now_ms = self.ms(now);
+        let r = self.rates;
+        self.prefixes.retain(|_, s| {
+            let elapsed = now_ms.wrapping_sub(s.last_ms) as f32 / 1000.0;
+            let full = |b: &Bucket, rate: Rate| b.tokens + elapsed * rate.per_s >= rate.burst;
+            !((0..2).all(|k| {
+                full(&s.unvalidated[k], r.prefix[k]) && full(&s.validated[k], r.prefix[k])
+            }) && full(&s.replies, r.prefix_replies))
+        });
+        if self.prefixes.capacity() > 2 * self.prefixes.len() + 64 {
+            self.prefixes.shrink_to(self.prefixes.len() * 2);
+        }
+        self.next_sweep = Some(now + SWEEP_EVERY);
+    }
+
+    /// Sweeps if the last sweep is [`SWEEP_EVERY`] ago.
+    pub fn maybe_sweep(&mut self, now: Instant) {
+        match self.next_sweep {
+            Some(at) if now < at => {}
+            _ => self.sweep(now),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn admission(budget: u32) -> Admission {
+        Admission::new(AdmissionConfig::new(budget, [7; 32]))
+    }
+
+    #[test]
+    fn prefixes_are_slash_24_and_slash_56_and_mapped_v4_is_v4() {
+        assert_eq!(Prefix::of(ip("192.0.2.1")), Prefix::of(ip("192.0.2.254")));
+        assert_ne!(Prefix::of(ip("192.0.2.1")), Prefix::of(ip("192.0.3.1")));
+        assert_eq!(
+            Prefix::of(ip("::ffff:192.0.2.9")),
+            Prefix::of(ip("192.0.2.1"))
+        );
+        assert_eq!(
+            Prefix::of(ip("2001:db8:0:1200::1")),
+            Prefix::of(ip("2001:db8:0:12ff::2"))
+        );
+        assert_ne!(
+            Prefix::of(ip("2001:db8:0:1200::1")),
+            Prefix::of(ip("2001:db8:0:1300::1"))
+        );
+    }
+
+    /// However many packets come, in any time, the X25519 granted to input that never authenticates stay within
+    /// the burst plus the rate times the time.
+    #[test]
+    fn garbage_gets_at_most_the_budget_and_real_senders_give_their_tokens_back() {
+        let budget = 1000;
+        let mut a = admission(budget);
+        let t0 = Instant::now();
+        let mut granted = 0u32;
+        // 10 s of 100k packets/s from 256 prefixes, none authenticating.
+        for i in 0..1_000_000u32 {
+            let now = t0 + Duration::from_micros(u64::from(i) * 10);
+            let from = IpAddr::from([10, 0, (i % 256) as u8, 1]);
+            if a.try_x25519(now, from, Validated::No).is_ok() {
+                granted += 1;
+            }
+        }
+        let limit = (budget as f32 * 10.0 + a.rates.global[Work::X25519 as usize].burst) as u32;
+        assert!(granted <= limit, "{granted} > {limit}");
+        assert!(
+            granted > limit / 2,
+            "the flood still gets the budget: {granted}"
+        );
+        // A real sender, authenticated at once each time, can go on as often as it likes.
+        let t1 = t0 + Duration::from_secs(11);
+        for i in 0..10_000u64 {
+            let now = t1 + Duration::from_micros(i);
+            assert!(
+                a.try_x25519(now, ip("192.0.2.1"), Validated::No).is_ok(),
+                "{i}"
+            );
+            a.refund(now, ip("192.0.2.1"), Validated::No, Work::X25519, 1);
+        }
+    }
+
+    #[test]
+    fn one_prefix_cannot_drain_the_budget_and_a_validated_sender_uses_the_reserve() {
+        let mut a = admission(1000);
+        let now = Instant::now();
+        let mut from_one = 0;
+        for _ in 0..1000 {
+            if a.try_x25519(now, ip("198.51.100.7"), Validated::No).is_ok() {
+                from_one += 1;
+            }
+        }
+        assert_eq!(
+            from_one,
+            a.rates.prefix[Work::X25519 as usize].burst as u32,
+            "a prefix's burst"
+        );
+        // Many prefixes together drain the unvalidated half of the global bucket, and stop at the reserve.
+        for i in 0..=255u8 {
+            while a
+                .try_x25519(now, IpAddr::from([203, 0, i, 1]), Validated::No)
+                .is_ok()
+            {}
+        }
+        assert_eq!(
+            a.try_x25519(now, ip("192.0.2.1"), Validated::No),
+            Err(Refusal::CookieRequired)
+        );
+        // A validated sender still gets its X25519.
+        assert_eq!(
+            a.try_x25519(now, ip("192.0.2.1"), Validated::Cookie),
+            Ok(())
+        );
+        // Until the reserve is spent too.
+        let mut more = 0;
+        for i in 0..=255u8 {
+            while a
+                .try_x25519(now, IpAddr::from([100, 64, i, 1]), Validated::Transport)
+                .is_ok()
+            {
+                more += 1;
+            }
+        }
+        assert!(more > 0);
+        assert_eq!(
+            a.try_x25519(now, ip("192.0.2.1"), Validated::Cookie),
+            Err(Refusal::Budget)
+        );
+        // Time refills it.
+        let later = now + Duration::from_secs(1);
+        assert_eq!(
+            a.try_x25519(later, ip("192.0.2.1"), Validated::Cookie),
+            Ok(())
+        );
+    }
+
+    /// Tries of candidates have a budget of their own, 20 times the X25519 one, with the same rules.
+    #[test]
+    fn tries_have_their_own_larger_budget() {
+        let mut a = admission(100);
+        let now = Instant::now();
+        let mut tries = 0;
+        for i in 0..=255u8 {
+            while a
+                .try_work(now, IpAddr::from([203, 0, i, 1]), Validated::No, Work::Try)
+                .is_ok()
+            {
+                tries += 1;
+            }
+        }
+        // The unvalidated half of a burst of 0.1 s of 2000/s.
+        assert_eq!(tries, 100);
+        // X25519s are counted apart.
+        assert_eq!(a.try_x25519(now, ip("192.0.2.1"), Validated::No), Ok(()));
+        assert_eq!(
+            a.try_work(now, ip("192.0.2.1"), Validated::Cookie, Work::Try),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn cookies_are_bound_to_the_address_and_the_period() {
+        let mut a = admission(1000);
+        let t0 = Instant::now();
+        a.cookie(t0, ip("192.0.2.1")); // sets the base
+        let c = a.cookie(t0, ip("192.0.2.1"));
+        assert!(a.check_cookie(t0, ip("192.0.2.1"), &c));
+        assert!(a.check_cookie(t0, ip("::ffff:192.0.2.1"), &c));
+        assert!(!a.check_cookie(t0, ip("192.0.2.2"), &c));
+        assert!(!a.check_cookie(t0, ip("192.0.2.1"), &c[..15]));
+        let mut forged = c;
+        forged[0] ^= 1;
+        assert!(!a.check_cookie(t0, ip("192.0.2.1"), &forged));
+        // Good through the next period, not after it.
+        assert!(a.check_cookie(
+            t0 + COOKIE_PERIOD + Duration::from_secs(119),
+            ip("192.0.2.1"),
+            &c
+        ));
+        assert!(!a.check_cookie(t0 + COOKIE_PERIOD * 2, ip("192.0.2.1"), &c));
+        // Another process (another key) does not accept it.
+        let mut b = Admission::new(AdmissionConfig::new(1000, [8; 32]));
+        assert!(!b.check_cookie(t0, ip("192.0.2.1"), &c));
+    }
+
+    #[test]
+    fn cookie_replies_are_limited_in_total_and_per_prefix() {
+        let mut a = admission(1000);
+        let now = Instant::now();
+        let mut to_one = 0;
+        while a.may_send_cookie(now, ip("192.0.2.1")) {
+            to_one += 1;
+        }
+        assert_eq!(to_one, a.rates.prefix_replies.burst as u32);
+        let mut total = to_one;
+        for i in 0..=255u8 {
+            while a.may_send_cookie(now, IpAddr::from([203, 0, i, 1])) {
+                total += 1;
+            }
+        }
+        assert_eq!(total, a.rates.replies.burst as u32);
+    }
+
+    #[test]
+    fn the_prefix_table_is_bounded_and_empties_after_a_burst() {
+        let mut a = admission(1000);
+        let t0 = Instant::now();
+        for i in 0..(MAX_PREFIXES as u32 + 5000) {
+            let from = IpAddr::from((0x0a00_0000 + (i << 8)).to_be_bytes());
+            let _ = a.try_x25519(t0, from, Validated::No);
+        }
+        assert_eq!(a.prefixes_tracked(), MAX_PREFIXES);
+        a.sweep(t0 + Duration::from_secs(5));
+        assert_eq!(a.prefixes_tracked(), 0);
+    }
+}
