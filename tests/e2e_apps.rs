@@ -4,112 +4,16 @@
 //! exactly once, in order, with its origin, as `pure-serve records --json` shows them.
 
 mod ops_util;
+mod outlet_util;
 
-use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Child;
+use std::time::Duration;
 
-use ops_util::{DEADLINE, NodeProcess, bin, keygen, spawn_node};
-
-/// `records --json --app APP` of a state directory, as parsed JSON values.
-fn records(state: &Path, app: &str) -> Vec<serde_json::Value> {
-    let out = Command::new(bin())
-        .args(["records", "--json", "--app", app, "--state"])
-        .arg(state)
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return Vec::new(); // not made yet
-    }
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn start(state: &Path, args: &[String], link_port: u16) -> NodeProcess {
-    let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
-    let port = link_port.to_string();
-    // spawn_node passes --link-port 0 first; a later flag wins in clap only if it is not repeated, so the fixed
-    // port goes in place of it.
-    let child = if link_port == 0 {
-        spawn_node(state, &all, None, &[])
-    } else {
-        all.extend(["--link-port", &port]);
-        let mut cmd = Command::new(bin());
-        cmd.arg("--state")
-            .arg(state)
-            .args(["--bind", "127.0.0.1", "--http-port", "0"])
-            .args(&all)
-            .env("RUST_LOG", "info")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        cmd.spawn().unwrap()
-    };
-    NodeProcess::attach(child, state)
-}
-
-fn spawn_send(key: &Path, node: &NodeProcess) -> Child {
-    Command::new(bin())
-        .arg("send")
-        .arg("--key")
-        .arg(key)
-        .args(["--node", &node.public_key, "--to", &node.link.to_string()])
-        .args(["--timeout", "120"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE * 2;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Checks that `got` holds each device's records 1..=per_device exactly once, in order, with `origin` the device.
-fn assert_each_once(
-    got: &[serde_json::Value],
-    devices: usize,
-    per_device: u64,
-    forwarded_by: &str,
-) {
-    let mut by_origin: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
-    for (k, r) in got.iter().enumerate() {
-        assert_eq!(r["source"], forwarded_by, "record {k}: {r}");
-        // Numbered by A's positions: 1, 2, 3, … with no gap or repeat.
-        assert_eq!(r["seq"].as_u64(), Some(k as u64 + 1), "record {k}: {r}");
-        assert!(r["stored_at"].is_string(), "stored_at shown: {r}");
-        by_origin
-            .entry(r["origin"].as_str().unwrap().to_string())
-            .or_default()
-            .push((
-                r["origin_seq"].as_u64().unwrap(),
-                r["payload"].as_str().unwrap().to_string(),
-            ));
-    }
-    assert_eq!(by_origin.len(), devices);
-    for (origin, list) in by_origin {
-        assert_eq!(list.len() as u64, per_device, "{origin}: count");
-        for (k, (seq, payload)) in list.iter().enumerate() {
-            assert_eq!(*seq, k as u64 + 1, "{origin}: order");
-            assert_eq!(
-                payload,
-                &format!("{origin} line {seq}"),
-                "{origin}: payload"
-            );
-        }
-    }
-}
+use ops_util::keygen;
+use outlet_util::{
+    args, assert_each_once_forwarded, assert_sent, feed_lines, kill_and_restart, records,
+    spawn_send, start, wait_until,
+};
 
 #[test]
 fn every_record_reaches_the_far_node_and_the_inner_app_once_through_kills_of_both() {
@@ -127,15 +31,13 @@ fn every_record_reaches_the_far_node_and_the_inner_app_once_through_kills_of_bot
     std::fs::write(&senders_b, format!("node-a {pub_a}\n")).unwrap();
     let apps_b = dir.path().join("b.toml");
     std::fs::write(&apps_b, "[apps.ingest]\naccept = [\"node-a\"]\n").unwrap();
-    let args_b: Vec<String> = [
+    let args_b = args(&[
         "--senders",
         senders_b.to_str().unwrap(),
         "--apps",
         apps_b.to_str().unwrap(),
-    ]
-    .map(String::from)
-    .to_vec();
-    let mut b = start(&state_b, &args_b, 0);
+    ]);
+    let mut b = start(&state_b, &args_b, 0, 0);
     let port_b = b.link.port();
 
     // Node A: main → B's ingest (link) and → copy (inner).
@@ -158,36 +60,32 @@ fn every_record_reaches_the_far_node_and_the_inner_app_once_through_kills_of_bot
         ),
     )
     .unwrap();
-    let args_a: Vec<String> = [
+    let args_a = args(&[
         "--key",
         key_a.to_str().unwrap(),
         "--senders",
         senders_a.to_str().unwrap(),
         "--apps",
         apps_a.to_str().unwrap(),
-    ]
-    .map(String::from)
-    .to_vec();
-    let mut a = start(&state_a, &args_a, 0);
-    let port_a = a.link.port();
+    ]);
+    let mut a = start(&state_a, &args_a, 0, 0);
 
-    let mut sends: Vec<Child> = devices.iter().map(|(k, _)| spawn_send(k, &a)).collect();
+    let mut sends: Vec<Child> = devices
+        .iter()
+        .map(|(k, _)| spawn_send(k, &a, "main", 120))
+        .collect();
+    // Paced over about four seconds, so the kills land in the middle of delivery.
     let writers: Vec<_> = sends
         .iter_mut()
         .enumerate()
         .map(|(i, child)| {
-            let mut stdin = child.stdin.take().unwrap();
-            std::thread::spawn(move || {
-                for chunk in 0..PER_DEVICE / 100 {
-                    let mut text = String::new();
-                    for k in chunk * 100 + 1..=chunk * 100 + 100 {
-                        text.push_str(&format!("dev{i} line {k}\n"));
-                    }
-                    stdin.write_all(text.as_bytes()).unwrap();
-                    // Paced over about four seconds, so the kills land in the middle of delivery.
-                    std::thread::sleep(Duration::from_millis(40));
-                }
-            })
+            feed_lines(
+                child,
+                &format!("dev{i}"),
+                PER_DEVICE,
+                100,
+                Duration::from_millis(40),
+            )
         })
         .collect();
 
@@ -202,26 +100,16 @@ fn every_record_reaches_the_far_node_and_the_inner_app_once_through_kills_of_bot
             "kill {k} landed after delivery ended"
         );
         if k % 2 == 0 {
-            a.child.kill().unwrap();
-            a.child.wait().unwrap();
-            a = start(&state_a, &args_a, port_a);
+            kill_and_restart(&mut a, &args_a);
         } else {
-            b.child.kill().unwrap();
-            b.child.wait().unwrap();
-            b = start(&state_b, &args_b, port_b);
+            kill_and_restart(&mut b, &args_b);
         }
     }
     for w in writers {
         w.join().unwrap();
     }
     for (i, child) in sends.into_iter().enumerate() {
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "dev{i}'s send failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_sent(child, &format!("dev{i}"));
     }
     wait_until("every record on B", || {
         records(&state_b, "ingest").len() as u64 >= total
@@ -231,8 +119,18 @@ fn every_record_reaches_the_far_node_and_the_inner_app_once_through_kills_of_bot
     });
     // Let anything that would be a duplicate arrive before looking.
     std::thread::sleep(Duration::from_millis(500));
-    assert_each_once(&records(&state_b, "ingest"), DEVICES, PER_DEVICE, "node-a");
-    assert_each_once(&records(&state_a, "copy"), DEVICES, PER_DEVICE, "app/main");
+    assert_each_once_forwarded(
+        &records(&state_b, "ingest"),
+        &["dev0", "dev1"],
+        PER_DEVICE,
+        "node-a",
+    );
+    assert_each_once_forwarded(
+        &records(&state_a, "copy"),
+        &["dev0", "dev1"],
+        PER_DEVICE,
+        "app/main",
+    );
     drop(a);
     drop(b);
 }

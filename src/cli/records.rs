@@ -88,29 +88,44 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
         .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
+/// Writes the records of `app` from position `from` (0: all, in source order) as lines; returns the last
+/// position written.
+fn write_records(
+    store: &store::AppStore,
+    app: &str,
+    args: &RecordsArgs,
+    from: u64,
+    out: &mut impl Write,
+) -> anyhow::Result<Option<u64>> {
+    let mut write_error = None;
+    let mut last = None;
+    store.for_each_record_view(args.source.as_deref(), from, |r| {
+        last = Some(r.pos);
+        match writeln!(out, "{}", line(app, r, args.json)) {
+            Ok(()) => true,
+            Err(e) => {
+                write_error = Some(e);
+                false
+            }
+        }
+    })?;
+    if let Some(e) = write_error {
+        return Err(e.into());
+    }
+    out.flush()?;
+    Ok(last)
+}
+
 fn print_all(
     state: &std::path::Path,
     apps: &[String],
     args: &RecordsArgs,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let mut write_error = None;
     for app in apps {
         let s = store::open_app_for_reading(state, app)?;
-        s.for_each_record_view(args.source.as_deref(), args.from.unwrap_or(0), |r| {
-            match writeln!(out, "{}", line(app, r, args.json)) {
-                Ok(()) => true,
-                Err(e) => {
-                    write_error = Some(e);
-                    false
-                }
-            }
-        })?;
-        if let Some(e) = write_error {
-            return Err(e.into());
-        }
+        write_records(&s, app, args, args.from.unwrap_or(0), out)?;
     }
-    out.flush()?;
     Ok(())
 }
 
@@ -128,24 +143,9 @@ fn follow(
     loop {
         let head = s.read_head()?;
         if head > next {
-            let mut write_error = None;
-            let mut last = next - 1;
-            s.for_each_record_view(args.source.as_deref(), next, |r| {
-                last = r.pos;
-                match writeln!(out, "{}", line(app, r, args.json)) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        write_error = Some(e);
-                        false
-                    }
-                }
-            })?;
-            if let Some(e) = write_error {
-                return Err(e.into());
-            }
-            out.flush()?;
+            let last = write_records(&s, app, args, next, out)?;
             // With a source filter the last record printed may be before the head; nothing before it is new.
-            next = head.max(last + 1);
+            next = head.max(last.map_or(next, |l| l + 1));
         }
         std::thread::sleep(FOLLOW_EVERY);
     }

@@ -530,15 +530,15 @@ impl AppStore {
                     .map_err(sql)?;
                 // A new source gets its row only when it has something stored, written once with its heard
                 // sequence: a new sender costs one insert here, not an insert and an update (research/001).
-                let (mut id, heard_before) = match found {
+                let (id, heard_before) = match found {
                     Some((id, heard)) => (Some(id), heard as u64),
                     None => (None, 0),
                 };
-                // The heard sequence the source's row holds, once it has a row.
-                let mut row_heard = found.map(|_| heard_before);
                 let mut heard = heard_before;
-                // The chunk being built: its first sequence and format. A change of format starts a new chunk.
-                let mut chunk: Option<(u64, RecordFormat)> = None;
+                // The chunks to write: (first sequence, count, format, their records in `body`). A change of format
+                // starts a new chunk; a chunk never mixes formats.
+                let mut segments: Vec<(u64, u64, RecordFormat, std::ops::Range<usize>)> =
+                    Vec::new();
                 body.clear();
                 for piece in &pieces[start..end] {
                     if piece.count == 0 {
@@ -554,17 +554,44 @@ impl AppStore {
                         applied.gap += piece.count;
                         continue;
                     }
-                    if let Some((first, format)) = chunk
-                        && format != piece.format
-                    {
-                        let count = heard + 1 - first;
-                        let chunk_id = Self::source_id(&mut id, &mut add, &tx, name, heard, &sql)?;
-                        row_heard.get_or_insert(heard);
+                    let skip = heard + 1 - piece.first_seq;
+                    applied.duplicate += skip;
+                    let mut it = RecordIter::new(piece.records);
+                    for _ in 0..skip {
+                        it.next();
+                    }
+                    let from = body.len();
+                    body.extend_from_slice(&piece.records[it.position()..]);
+                    match segments.last_mut() {
+                        Some((_, count, format, range)) if *format == piece.format => {
+                            *count += last - heard;
+                            range.end = body.len();
+                        }
+                        _ => {
+                            segments.push((heard + 1, last - heard, piece.format, from..body.len()))
+                        }
+                    }
+                    applied.stored += last - heard;
+                    heard = last;
+                }
+                if heard > heard_before {
+                    let id = match id {
+                        Some(id) => {
+                            set_heard.execute(params![id, heard as i64]).map_err(sql)?;
+                            id
+                        }
+                        None => {
+                            add.execute(params![name, heard as i64]).map_err(sql)?;
+                            tx.last_insert_rowid()
+                        }
+                    };
+                    for (first, count, format, range) in segments {
+                        let records = &body[range];
                         put.execute(params![
-                            chunk_id,
+                            id,
                             first as i64,
                             count as i64,
-                            &body,
+                            records,
                             head as i64,
                             stored_at,
                             format as i64
@@ -578,57 +605,11 @@ impl AppStore {
                                 count,
                                 format,
                                 stored_at_ms: stored_at,
-                                body: body.clone(),
+                                body: records.to_vec(),
                             });
                         }
                         head += count;
-                        body.clear();
-                        chunk = None;
                     }
-                    let skip = heard + 1 - piece.first_seq;
-                    applied.duplicate += skip;
-                    let mut it = RecordIter::new(piece.records);
-                    for _ in 0..skip {
-                        it.next();
-                    }
-                    body.extend_from_slice(&piece.records[it.position()..]);
-                    if chunk.is_none() {
-                        chunk = Some((heard + 1, piece.format));
-                    }
-                    applied.stored += last - heard;
-                    heard = last;
-                }
-                if let Some((first, format)) = chunk {
-                    let count = heard + 1 - first;
-                    let chunk_id = Self::source_id(&mut id, &mut add, &tx, name, heard, &sql)?;
-                    row_heard.get_or_insert(heard);
-                    put.execute(params![
-                        chunk_id,
-                        first as i64,
-                        count as i64,
-                        &body,
-                        head as i64,
-                        stored_at,
-                        format as i64
-                    ])
-                    .map_err(sql)?;
-                    if keep_new {
-                        applied.new_chunks.push(Chunk {
-                            pos: head,
-                            source: name.to_string(),
-                            first_seq: first,
-                            count,
-                            format,
-                            stored_at_ms: stored_at,
-                            body: std::mem::take(&mut body),
-                        });
-                    }
-                    head += count;
-                }
-                if let (Some(id), Some(row)) = (id, row_heard)
-                    && heard > row
-                {
-                    set_heard.execute(params![id, heard as i64]).map_err(sql)?;
                 }
                 applied.heard.push((name.to_string(), heard));
                 start = end;
@@ -651,24 +632,6 @@ impl AppStore {
         self.after_commit()?;
         self.head = head;
         Ok(applied)
-    }
-
-    /// The id of `name` in `sources`, inserting its row (with its heard sequence so far) the first time.
-    fn source_id(
-        id: &mut Option<i64>,
-        add: &mut rusqlite::CachedStatement<'_>,
-        tx: &rusqlite::Transaction<'_>,
-        name: &str,
-        heard: u64,
-        sql: &impl Fn(rusqlite::Error) -> StoreError,
-    ) -> Result<i64, StoreError> {
-        if let Some(id) = *id {
-            return Ok(id);
-        }
-        add.execute(params![name, heard as i64]).map_err(sql)?;
-        let new = tx.last_insert_rowid();
-        *id = Some(new);
-        Ok(new)
     }
 
     /// Writes and commits nothing of consequence (the header's layout version, unchanged): whether this store can
