@@ -323,21 +323,11 @@ impl Host {
             .map(|s| s.outlets_acked())
             .transpose()?
             .unwrap_or_default();
-        let mut outlets = Vec::new();
-        for o in &config.outlets {
-            if let Some(target) = target_of(&o.kind) {
-                let was = acked.get(&o.name).copied().unwrap_or(0);
-                let outlet = self.make_outlet(&config.name, o, &target, was);
-                changes.start.push((outlet.clone(), target.clone()));
-                outlets.push(RemoteOutlet {
-                    outlet,
-                    target,
-                    fed_next: None,
-                    max_lag: o.max_lag_records,
-                    acked_written: was,
-                });
-            }
-        }
+        let outlets = config
+            .outlets
+            .iter()
+            .filter_map(|o| self.make_outlet(&config.name, o, &acked, changes))
+            .collect();
         self.apps.push(App {
             config,
             outlets,
@@ -350,16 +340,20 @@ impl Host {
         Ok(())
     }
 
+    /// A link, wire or webhook outlet of `app` as configured (`None` for an inner one), resuming from what the
+    /// store says its far side acknowledged, and queued in `changes` for the sending loop to start.
     fn make_outlet(
         &mut self,
         app: &str,
         o: &super::config::OutletConfig,
-        target: &Target,
-        acked: u64,
-    ) -> Arc<Outlet> {
+        acked: &std::collections::HashMap<String, u64>,
+        changes: &mut OutletChanges,
+    ) -> Option<RemoteOutlet> {
+        let target = target_of(&o.kind)?;
+        let was = acked.get(&o.name).copied().unwrap_or(0);
         let id = self.next_outlet_id;
         self.next_outlet_id += 1;
-        Arc::new(
+        let outlet = Arc::new(
             Outlet::new(
                 id,
                 app,
@@ -368,8 +362,16 @@ impl Host {
                 o.memory_bytes,
                 self.wake.clone(),
             )
-            .with_acked(acked),
-        )
+            .with_acked(was),
+        );
+        changes.start.push((outlet.clone(), target.clone()));
+        Some(RemoteOutlet {
+            outlet,
+            target,
+            fed_next: None,
+            max_lag: o.max_lag_records,
+            acked_written: was,
+        })
     }
 
     /// Inner outlets from the config, keeping what is known of those that stay.
@@ -892,19 +894,10 @@ impl Host {
                 if self.apps[i].outlets.iter().any(|x| x.outlet.name == o.name) {
                     continue;
                 }
-                if let Some(target) = target_of(&o.kind) {
-                    let was = acked.get(&o.name).copied().unwrap_or(0);
-                    let outlet = self.make_outlet(&config.name, o, &target, was);
-                    done.outlets.start.push((outlet.clone(), target.clone()));
+                if let Some(remote) = self.make_outlet(&config.name, o, &acked, &mut done.outlets) {
                     done.applied
                         .push(format!("app {}: outlet {} started", config.name, o.name));
-                    self.apps[i].outlets.push(RemoteOutlet {
-                        outlet,
-                        target,
-                        fed_next: None,
-                        max_lag: o.max_lag_records,
-                        acked_written: was,
-                    });
+                    self.apps[i].outlets.push(remote);
                 }
             }
         }
