@@ -17,6 +17,7 @@ use pure_serve::proto::allow_list::AllowList;
 use pure_serve::proto::crypto::{self, Identity, PublicKeyBytes};
 use pure_serve::proto::node::{DropReason, Node, NodeConfig};
 use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
+use pure_serve::proto::turn::{Committed, Turn};
 use pure_serve::proto::wire;
 use pure_serve::store::Stores;
 
@@ -73,8 +74,9 @@ struct Device {
     /// Records this device has queued so far, in order: the payload of sequence i+1 is `queued[i]`.
     queued: Vec<Vec<u8>>,
     events: Vec<SenderEvent>,
-    /// Bytes the node received from this device since it last sent to it (the amplification budget).
-    received_since_answer: usize,
+    /// Bytes the node received from this device less the bytes of its answers (the amplification bound,
+    /// docs/protocol.md 9: answers never add up to more than was received).
+    answer_credit: usize,
     /// Every node packet sent to this device, in the order the node sent them (before any loss).
     captured: Vec<Vec<u8>>,
     /// Every packet this device sent to the node, in order (before any loss).
@@ -104,7 +106,15 @@ struct Sim {
     idle: Duration,
     /// Node packets to addresses that are no device's (answers to a flood), with their destination.
     strays: Vec<(SocketAddr, Vec<u8>)>,
+    /// As the daemon's sync thread does (research/010): a committed turn is finished (handed back to the node
+    /// core) [`SYNC_TIME`] after its commit, while the node goes on taking datagrams and turns.
+    finish_late: bool,
+    /// Turns committed in the store and not yet handed back to the node core, with when their sync is done.
+    unfinished: Vec<(Instant, Committed)>,
 }
+
+/// How long a sync takes with `finish_late` (an fdatasync on the development machines: ~0.2–1 ms).
+const SYNC_TIME: Duration = Duration::from_micros(500);
 
 fn apps() -> Vec<String> {
     vec!["main".into(), "second".into()]
@@ -147,7 +157,7 @@ impl Sim {
                 addr: SocketAddr::from(([127, 0, 1, (i % 250) as u8 + 1], 4000 + i as u16)),
                 queued: Vec::new(),
                 events: Vec::new(),
-                received_since_answer: 0,
+                answer_credit: 0,
                 captured: Vec::new(),
                 sent: Vec::new(),
                 lose_next: 0,
@@ -170,6 +180,8 @@ impl Sim {
             node_datagrams: 0,
             idle,
             strays: Vec::new(),
+            finish_late: false,
+            unfinished: Vec::new(),
         }
     }
 
@@ -299,8 +311,33 @@ impl Sim {
         self.advance();
     }
 
+    /// The node process dies: sessions, turns and what waited for a sync are gone, a new epoch; the store and
+    /// the memo stay (a crash of the process, not of the machine).
+    fn restart_node(&mut self, epoch: u64) {
+        self.node = Sim::make_node(&self.node_identity, &self.senders, epoch, self.idle);
+        self.unfinished.clear();
+    }
+
+    /// Applies a taken turn to the store; the node core learns it now, or at the next step with `finish_late`.
+    fn commit(&mut self, turn: &Turn) {
+        let committed = self.stores.apply_turn(turn, &self.senders).unwrap();
+        if self.finish_late {
+            // Syncs finish in order: one after the last, or SYNC_TIME from now.
+            let last = self.unfinished.last().map_or(self.now, |(at, _)| *at);
+            self.unfinished
+                .push((last.max(self.now + SYNC_TIME), committed));
+        } else {
+            self.node.handle_committed(&committed);
+        }
+    }
+
     /// Everything that is due now, without moving the clock.
     fn work(&mut self) {
+        // The turns whose sync is done.
+        let synced = self.unfinished.partition_point(|(at, _)| *at <= self.now);
+        for (_, committed) in self.unfinished.drain(..synced).collect::<Vec<_>>() {
+            self.node.handle_committed(&committed);
+        }
         // Deliver everything due, in arrival order.
         self.wire.sort_by_key(|d| (d.at, d.order));
         let due = self.wire.partition_point(|d| d.at <= self.now);
@@ -311,11 +348,10 @@ impl Sim {
                     // As the receive loop does: a full turn is committed before the next datagram.
                     if self.node.turn_is_full() {
                         let turn = self.node.take_turn().expect("a full turn");
-                        let committed = self.stores.apply_turn(&turn, &self.senders).unwrap();
-                        self.node.handle_committed(&committed);
+                        self.commit(&turn);
                     }
                     let from = self.devices[d.from].addr;
-                    self.devices[d.from].received_since_answer += d.bytes.len();
+                    self.devices[d.from].answer_credit += d.bytes.len();
                     self.node
                         .handle_datagram(self.now, from, &d.bytes, &mut self.memo);
                 }
@@ -323,8 +359,7 @@ impl Sim {
             }
         }
         if let Some(turn) = self.node.take_turn() {
-            let committed = self.stores.apply_turn(&turn, &self.senders).unwrap();
-            self.node.handle_committed(&committed);
+            self.commit(&turn);
         }
         self.node.flush_acks();
         while let Some(t) = self.node.poll_transmit() {
@@ -339,12 +374,12 @@ impl Sim {
                 continue;
             }
             assert!(
-                t.bytes.len() <= self.devices[i].received_since_answer,
-                "an ack of {} bytes after only {} bytes received: amplification",
+                t.bytes.len() <= self.devices[i].answer_credit,
+                "an ack of {} bytes with only {} bytes received beyond earlier answers: amplification",
                 t.bytes.len(),
-                self.devices[i].received_since_answer
+                self.devices[i].answer_credit
             );
-            self.devices[i].received_since_answer = 0;
+            self.devices[i].answer_credit -= t.bytes.len();
             self.node_datagrams += 1;
             self.devices[i].captured.push(t.bytes.clone());
             self.send(usize::MAX, Dest::Sender(i), t.bytes);
@@ -374,7 +409,12 @@ impl Sim {
 
     /// Jumps the clock to the next thing that will happen.
     fn advance(&mut self) {
-        let mut next = self.wire.iter().map(|d| d.at).min();
+        let mut next = self
+            .wire
+            .iter()
+            .map(|d| d.at)
+            .chain(self.unfinished.first().map(|(at, _)| *at))
+            .min();
         for d in &self.devices {
             if let Some(t) = d.sender.poll_timeout() {
                 next = Some(next.map_or(t, |n| n.min(t)));
@@ -500,6 +540,46 @@ fn loss_duplication_and_reordering_still_store_each_record_exactly_once() {
     }
 }
 
+/// As the daemon runs since research/010: a turn is finished (its acks owed) a step after its commit, while the
+/// node takes the next datagrams into the next turns, under loss, duplication and reordering both ways. Each
+/// record once, and every flow acknowledged in the end without waiting for an idle moment.
+#[test]
+fn turns_finished_after_the_next_ones_are_taken_store_each_record_once() {
+    let net = NetConfig {
+        loss: 0.1,
+        duplicate: 0.1,
+        base_delay: Duration::from_millis(1),
+        jitter: Duration::from_millis(5),
+    };
+    for seed in 1..=8 {
+        let mut sim = Sim::new(seed, net, 3, FlowStart::Probe);
+        sim.down = net;
+        sim.finish_late = true;
+        for i in 0..3 {
+            sim.queue(i, 2_000);
+        }
+        sim.run_until_idle(Duration::from_secs(600));
+        sim.queue(1, 7);
+        sim.run_until_idle(Duration::from_secs(600));
+        sim.assert_exactly_once();
+    }
+    // On a clean network, finishing turns late costs no retransmission.
+    let mut sim = Sim::new(3, CLEAN, 2, FlowStart::At(1));
+    sim.finish_late = true;
+    sim.queue(0, 40_000);
+    sim.queue(1, 3_000);
+    sim.run_until_idle(Duration::from_secs(30));
+    sim.assert_exactly_once();
+    for d in &sim.devices {
+        assert_eq!(
+            d.sender.stats().retransmit_rounds,
+            0,
+            "{:?}",
+            d.sender.stats()
+        );
+    }
+}
+
 /// A window larger than a turn arrives at once: the turn is committed when full and the next one goes on. The frame
 /// that reaches the app's share of a turn is taken whole (it used to be dropped after decryption, a gap that made
 /// the sender go back N once per turn).
@@ -553,7 +633,7 @@ fn a_node_restart_loses_nothing_and_costs_no_x25519_for_known_senders() {
         "restart lands mid-delivery ({stored_before})"
     );
     // The process dies: sessions, turn and epoch are gone; the store and the memo are on disk and stay.
-    sim.node = Sim::make_node(&sim.node_identity, &sim.senders, 99, sim.idle);
+    sim.restart_node(99);
     sim.run_until_idle(Duration::from_secs(600));
     sim.assert_exactly_once();
     assert_eq!(
@@ -651,7 +731,7 @@ fn unknown_senders_and_tampered_packets_are_dropped_and_counted() {
     // The real packet still gets through afterwards.
     sim.node
         .handle_datagram(sim.now, sim.devices[0].addr, &buf, &mut sim.memo);
-    sim.devices[0].received_since_answer += buf.len();
+    sim.devices[0].answer_credit += buf.len();
     sim.run_until_idle(Duration::from_secs(5));
     sim.assert_exactly_once();
 }
@@ -757,7 +837,7 @@ fn replayed_old_node_packets_at_any_moment_never_renumber_or_lose_records() {
             sim.run_until_idle(Duration::from_secs(5));
         }
         if restart {
-            sim.node = Sim::make_node(&sim.node_identity, &sim.senders, 1000 + seed, sim.idle);
+            sim.restart_node(1000 + seed);
         }
         let old: Vec<Vec<u8>> = sim.devices[0].captured.clone();
         sim.devices[0].lose_next = lost;
@@ -841,7 +921,7 @@ fn after_a_node_lost_its_store_old_acks_from_before_the_loss_are_ignored() {
         let ack40 = sim.devices[0].captured.last().unwrap().clone();
         // The node restarts with an empty store (restored from nothing): its heard sequence is 0.
         sim.stores = Stores::open_in_memory(&apps()).unwrap();
-        sim.node = Sim::make_node(&sim.node_identity, &sim.senders, 4300, sim.idle);
+        sim.restart_node(4300);
         let lost_at = sim.devices[0].queued.len();
         sim.queue(0, 5);
         let events = sim.devices[0].events.len();
@@ -1134,9 +1214,11 @@ mod properties {
                 (1u64..200, prop_oneof![Just(None), (0usize..3).prop_map(Some)]),
                 0..4,
             ),
+            finish_late in proptest::bool::ANY,
         ) {
             let mut sim = Sim::new(seed, up, devices, FlowStart::Probe);
             sim.down = down;
+            sim.finish_late = finish_late;
             for i in 0..devices {
                 sim.queue(i, records);
             }
@@ -1148,7 +1230,7 @@ mod properties {
                 done_ms = done_ms.max(at_ms);
                 match who.map(|i| Restart::Sender(i % devices)).unwrap_or(Restart::Node) {
                     Restart::Node => {
-                        sim.node = Sim::make_node(&sim.node_identity, &sim.senders, 1_000 + k as u64, sim.idle);
+                        sim.restart_node(1_000 + k as u64);
                     }
                     Restart::Sender(i) => restart_sender(&mut sim, i, 50_000 + k as u64),
                 }
@@ -1221,7 +1303,7 @@ fn flood_sim(seed: u64, devices: usize, budget: u32) -> (Sim, Vec<u32>) {
             .map(|(i, k)| (format!("victim{i}"), *k)),
     );
     sim.senders = Arc::new(AllowList::from_unique(listed));
-    sim.node = Sim::make_node(&sim.node_identity, &sim.senders, seed, sim.idle);
+    sim.restart_node(seed);
     sim.node
         .set_admission(AdmissionConfig::new(budget, [seed as u8; 32]));
     (sim, victims.iter().map(crypto::key_id).collect())
@@ -1508,7 +1590,7 @@ fn a_sender_past_its_session_cap_does_not_grow_the_nodes_sessions() {
     let mut most_keys = 0;
     for k in 1..=runs {
         let p = packet_of_run(&identity, &shared, &node_public, 0x5eed_0000 + k, k);
-        sim.devices[0].received_since_answer += p.len();
+        sim.devices[0].answer_credit += p.len();
         sim.node.handle_datagram(sim.now, from, &p, &mut sim.memo);
         sim.step();
         most = most.max(sim.node.sessions_of(index));

@@ -1007,6 +1007,8 @@ impl Node {
             for flow in &mut session.flows {
                 if let Some(&h) = heard.get(&(sender, flow.app)) {
                     flow.heard = Some(flow.heard.map_or(h, |old| old.max(h)));
+                    // Each commit of a flow is acked, even if an ACK for progress went out meanwhile.
+                    flow.ack_owed = true;
                 }
             }
             self.ack_candidates.push(id);
@@ -1025,7 +1027,8 @@ impl Node {
         }
     }
 
-    /// Builds the acks owed by sessions with nothing waiting for a commit (docs/protocol.md 5.3).
+    /// Builds the acks owed (docs/protocol.md 5.3): what committed turns earned, and for a session with frames
+    /// still in turns not yet committed, only progress beyond its last ACK.
     pub fn flush_acks(&mut self) {
         let mut candidates = std::mem::take(&mut self.ack_candidates);
         candidates.sort_unstable();
@@ -1039,9 +1042,12 @@ impl Node {
         let Some(session) = self.sessions.get_mut(id) else {
             return;
         };
-        if session.turns_waiting > 0 || !session.owes_ack() {
+        if !session.owes_ack() {
             return;
         }
+        // Frames of this session wait in turns not yet committed (or synced): their commit acks them, and until
+        // then a flow is acked only for progress its last ACK did not carry (research/010).
+        let waiting = session.turns_waiting > 0;
         let budget = session.ack_budget.min(wire::MAX_DATAGRAM);
         let mut packet = Vec::with_capacity(budget);
         let pn = self.next_packet_number;
@@ -1078,10 +1084,14 @@ impl Node {
                 // Not yet known: it is in a turn; the commit will bring it.
                 continue;
             };
+            if waiting && flow.acked.is_some_and(|a| heard <= a) {
+                continue;
+            }
             let app = self.apps[flow.app as usize].name.as_bytes();
             if packet.len() + wire::ack_len(app, heard) + wire::TAG_LEN <= budget {
                 wire::put_ack(&mut packet, app, heard);
                 flow.ack_owed = false;
+                flow.acked = Some(heard);
             } else {
                 deferred += 1;
             }
@@ -1097,7 +1107,7 @@ impl Node {
         }
         self.next_packet_number += 1;
         crypto::seal(&session.k_n2s, pn, &mut packet, wire::NODE_HEADER_LEN);
-        session.ack_budget = 0;
+        session.ack_budget = session.ack_budget.saturating_sub(packet.len());
         self.counters.acks_sent += 1;
         self.outbox.push(Transmit {
             to: session.peer,
@@ -1366,6 +1376,71 @@ mod tests {
         node.handle_turn_failed(turn.id);
         assert!(node.replace_senders(Arc::new(AllowList::default())).is_ok());
         assert_eq!(node.sessions_active(), 0);
+    }
+
+    /// Two turns of one session in flight at once (the daemon commits the next turn while the last one syncs,
+    /// research/010): the first turn's commit is acknowledged without waiting for the second, and the second's
+    /// commit is acknowledged too, though an ACK of the same flow went out in between.
+    #[test]
+    fn a_turn_is_acked_while_a_later_turn_of_the_session_waits() {
+        let node_id = Identity::generate();
+        let a = Identity::generate();
+        let mut node = test_node(
+            &node_id,
+            Arc::new(AllowList::from_unique(vec![("a".into(), *a.public())])),
+        );
+        let mut store = memory_store();
+        let mut sa = Sender::new(SenderConfig::new(a, *node_id.public())).unwrap();
+        sa.open_flow("main", crate::proto::sender::FlowStart::At(1))
+            .unwrap();
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let mut send_turn = |sa: &mut Sender, node: &mut Node, records: std::ops::Range<u8>| {
+            for i in records {
+                sa.queue("main", vec![i]).unwrap();
+            }
+            assert!(sa.poll_transmit(now, &mut out));
+            node.handle_datagram(now, addr(1), &out, &mut NoMemo);
+            node.take_turn().unwrap()
+        };
+        let first = send_turn(&mut sa, &mut node, 0..10);
+        let committed_first = store.apply_turn(&first, &node.senders().clone()).unwrap();
+        let second = send_turn(&mut sa, &mut node, 10..15);
+        let committed_second = store.apply_turn(&second, &node.senders().clone()).unwrap();
+        let acks_to_sender = |node: &mut Node, sa: &mut Sender| {
+            node.flush_acks();
+            let mut n = 0;
+            while let Some(t) = node.poll_transmit() {
+                sa.handle_datagram(now, &t.bytes);
+                n += 1;
+            }
+            n
+        };
+        assert_eq!(
+            acks_to_sender(&mut node, &mut sa),
+            0,
+            "nothing finished yet"
+        );
+        node.handle_committed(&committed_first);
+        assert_eq!(
+            acks_to_sender(&mut node, &mut sa),
+            1,
+            "the first turn is acked now"
+        );
+        assert_eq!(sa.stored_through("main"), Some(10));
+        node.handle_committed(&committed_second);
+        assert_eq!(
+            acks_to_sender(&mut node, &mut sa),
+            1,
+            "and the second when it is finished"
+        );
+        assert_eq!(sa.stored_through("main"), Some(15));
+        assert_eq!(sa.unacked_total(), 0);
+        assert_eq!(
+            acks_to_sender(&mut node, &mut sa),
+            0,
+            "nothing more is owed"
+        );
     }
 
     /// A sender packet made by hand (frames as given, padded to 96 bytes), for frames a [`Sender`] never writes.

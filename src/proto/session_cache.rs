@@ -67,6 +67,9 @@ pub struct SessionFlow {
     pub heard: Option<u64>,
     /// An ACK for this flow is owed after the next commit (or now, if nothing of it is in a turn).
     pub ack_owed: bool,
+    /// The heard sequence the last ACK of this flow carried: while later turns of the session wait for their
+    /// commit, an ACK goes out only for progress beyond it.
+    pub acked: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -88,7 +91,8 @@ pub struct Session {
     pub refusals: Vec<(Box<[u8]>, u8)>,
     /// NOT_STORED frames owed: (app name, reason).
     pub not_stored: Vec<(Box<[u8]>, u8)>,
-    /// Bytes received from this session since its last ack: the ack may not be larger (docs/protocol.md 9).
+    /// Bytes received from this session less the bytes of the acks sent to it: the next ack may not be larger, so
+    /// the node never answers a session with more than it received (docs/protocol.md 9).
     pub ack_budget: usize,
     /// Turns not yet committed that hold frames of this session; a session with any is never swept.
     pub turns_waiting: u32,
@@ -103,6 +107,7 @@ impl Session {
             app,
             heard: None,
             ack_owed: false,
+            acked: None,
         });
         // Just pushed, so `last_mut` is `Some`.
         self.flows.last_mut().expect("flow was just pushed")
