@@ -5,7 +5,9 @@
 //! What they show: a disk full while serving stops the app's acks and says so, and it resumes without a restart
 //! once there is room, with nothing lost; a restart on a full disk starts, serves, says which app cannot store and
 //! why, and never dies of a signal; a store or the state directory deleted while serving is noticed at the next
-//! commit and nothing is acked after; a filesystem gone read-only stops the acks and says so.
+//! commit and nothing is acked after; a filesystem gone read-only stops the acks and says so; a disk that stops
+//! writing back under a running node fails the sync of the `-wal`, nothing is acked after it, and every record
+//! acked before it is on the disk.
 
 mod ops_util;
 
@@ -59,6 +61,12 @@ impl SmallFs {
     fn ext4_1k(size: u64) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().with_extension("img");
+        Self::ext4_1k_at(size, image, "loop")
+    }
+
+    /// The same, with its image at `image` (on another filesystem under test), mounted with `options`.
+    fn ext4_1k_at(size: u64, image: PathBuf, options: &str) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
         std::fs::File::create(&image)
             .unwrap()
             .set_len(size)
@@ -76,7 +84,7 @@ impl SmallFs {
             }
         }
         let img = image.to_str().unwrap().to_string();
-        let fs = Self::mount(&["-o", "loop", &img], dir, Some(image.clone()));
+        let fs = Self::mount(&["-o", options, &img], dir, Some(image.clone()));
         if fs.is_none() {
             let _ = std::fs::remove_file(&image);
         }
@@ -100,6 +108,53 @@ impl SmallFs {
     /// Frees what [`SmallFs::fill`] took.
     fn free(&self) {
         std::fs::remove_file(self.path().join("filler")).unwrap();
+    }
+
+    /// Unmounts it now; nothing may use it any more.
+    fn unmount(&mut self) {
+        wait_until("the filesystem to unmount", || {
+            Command::new("umount")
+                .arg(self.dir.path())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        self.mounted = false;
+    }
+
+    /// Mounts its image again (unmounting it first if it is): what it holds then is what reached its device, not
+    /// what was in memory.
+    fn mount_again(&mut self) {
+        if self.mounted {
+            self.unmount();
+        }
+        let image = self.image.clone().unwrap();
+        let ok = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(self.dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mount {} again", image.display());
+        self.mounted = true;
+    }
+
+    /// Shuts the filesystem down as a disk that stopped answering (`FS_IOC_SHUTDOWN` without flushing its
+    /// journal): from here on every read and write of it fails with EIO, and what it had not made durable is
+    /// lost. Returns whether the kernel did it.
+    fn shut_down(&self) -> bool {
+        const FS_IOC_SHUTDOWN: u32 = 0x8004_587d; // _IOR('X', 125, __u32)
+        const NOLOGFLUSH: u32 = 2;
+        let dir = std::fs::File::open(self.path()).unwrap();
+        let flags = NOLOGFLUSH;
+        // SAFETY: the ioctl reads one u32 through the pointer, which outlives the call.
+        let r = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&dir),
+                FS_IOC_SHUTDOWN as _,
+                &flags,
+            )
+        };
+        r == 0
     }
 
     fn remount(&self, options: &str) -> bool {
@@ -446,6 +501,79 @@ fn a_filesystem_gone_read_only_stops_the_acks_and_says_so() {
     assert!(!node.stderr_text().contains("panicked"));
     node.signal(libc::SIGTERM);
     assert_eq!(node.wait_exit(), Some(0), "{}", node.stderr_text());
+}
+
+/// The stores' filesystem is well but its disk stops writing: an ext4 (`errors=continue`, so it does not go
+/// read-only and the writes of a commit still land in memory) on a loop device whose image lies on another ext4,
+/// which the test shuts down under the running node. Every write-back of the stores' filesystem then fails with
+/// EIO, as on a card that died, so the `fdatasync` of the `-wal` on the node's `pure-sync` thread fails.
+#[test]
+fn write_back_failing_under_a_running_node_acks_nothing_after_and_keeps_what_was_acked() {
+    let Some(mut outer) = SmallFs::ext4_1k(48 << 20) else {
+        return;
+    };
+    let card = outer.path().join("card.img");
+    let Some(mut fs) = SmallFs::ext4_1k_at(16 << 20, card, "loop,errors=continue") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (key, senders) = device(dir.path());
+    let state = fs.path().join("state");
+    let mut node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let a = batch("a", 200);
+    let (ok, text) = node.send(&key, &a, "60");
+    assert!(ok, "{text}");
+    if !outer.shut_down() {
+        eprintln!(
+            "skipped: cannot shut down the ext4 under the image: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    let b = batch("b", 50);
+    let (ok, text) = node.send(&key, &b, "3");
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains(&format!(
+            "{} of {} records not acknowledged",
+            b.len(),
+            b.len()
+        )),
+        "nothing after the fault is acked: {text}"
+    );
+    assert!(
+        text.contains("the node said it cannot store app main"),
+        "{text}"
+    );
+    let wal = state.join("apps/main.sqlite-wal");
+    let err = node.stderr_text();
+    assert!(
+        err.contains(&format!(
+            "app main cannot store, its senders get no acks until it can: cannot sync {} to disk: \
+             Input/output error",
+            wal.display()
+        )),
+        "{err}"
+    );
+    // The retries probe with a commit and a sync, which fail the same way: the app stays stopped.
+    let body = wait_unhealthy(&node, "app main cannot store");
+    assert!(
+        body.contains(&format!("cannot sync {} to disk", wal.display())),
+        "{body}"
+    );
+    assert!(body.contains("Input/output error"), "{body}");
+    assert_eq!(node.metric("pure_app_can_store{app=\"main\"}"), Some(0.0));
+    assert!(alive(&mut node), "{}", node.stderr_text());
+    assert!(!node.stderr_text().contains("panicked"));
+    node.signal(libc::SIGTERM);
+    // A clean stop, not a death by a signal.
+    assert_eq!(node.wait_exit(), Some(0), "{}", node.stderr_text());
+    drop(node);
+    // What reached the disk: everything acknowledged before the fault, once, and nothing after it.
+    fs.unmount();
+    outer.mount_again();
+    fs.mount_again();
+    assert_stored_once(&state, &a);
 }
 
 #[test]

@@ -8,14 +8,22 @@
 //! 2. apply each app's input in **one transaction of its own**, with its outlets' acknowledged positions, and
 //!    commit. A store that fails stops its app alone: its input is not acked (the senders retry), the app is
 //!    paused in the node core and retried with a growing delay, and it says why (log, status, `/healthz`, metrics);
-//! 3. hand the node core the outcome, so the acks it sends are exactly for what committed;
-//! 4. feed each link, wire and webhook outlet what it has room for — this turn's new chunks when it is caught up,
-//!    else a batch read back from the store — and **push each outlet once**.
+//! 3. have the commits made durable: the `pure-sync` thread syncs each store's `-wal` ([`crate::store::sync`]),
+//!    while the receive loop goes on reading; the turn is **finished** when its sync is done ([`Host::poll_synced`]);
+//! 4. then hand the node core the outcome, so the acks it sends are exactly for what is on disk;
+//! 5. and feed each link, wire and webhook outlet what it has room for — this turn's new chunks when it is caught
+//!    up, else a batch read back from the store, never beyond what is synced — and **push each outlet once**.
+//!
+//! Nothing of a turn leaves the node before its sync: no ack, no forward, no inner outlet's read (each app's
+//! `durable` position says how far its outlets may read). A sync that fails stops its app like a failed commit,
+//! and nothing of that app's unsynced turns is acked.
 //!
 //! Apps are fair to each other because each has its share of a turn (`turn_records`, enforced by the node core for
 //! direct input and here for inner input), and an app whose outlet is further behind than its `max_lag_records`
 //! stops taking input until the outlet has caught up half of it, instead of growing anything but the store.
 
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +34,7 @@ use crate::outlets::{Outlet, Target};
 use crate::proto::node::{AppAccept, HostedApp, Node};
 use crate::proto::turn::{AppIndex, Committed};
 use crate::proto::wire::{Forwarded, RecordFormat};
+use crate::store::sync::{SyncFiles, Synced, Syncer};
 use crate::store::{self, AppStore, Chunk, Piece, StoreError, Stores};
 
 /// Records read back from a store for one outlet in one turn when it is catching up.
@@ -33,6 +42,9 @@ const CATCH_UP_RECORDS: u64 = 16_384;
 /// A failed store is tried again after this, doubling up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(10);
+/// Turns committed and not yet synced before a turn waits for the oldest one's sync (a bound on what waits in
+/// memory; the sync thread syncs all queued turns at once, so more rarely helps).
+const MAX_UNSYNCED: usize = 4;
 /// Outlet progress is written with the app's turns; an app with no input writes it at most this often.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
@@ -168,10 +180,38 @@ pub struct Reloaded {
     pub outlets: OutletChanges,
 }
 
+/// One app's commit in a turn, waiting for its sync.
+struct CommittedPart {
+    app: AppIndex,
+    /// What the node core learns of it once it is synced.
+    outcome: Committed,
+    new_chunks: Vec<Arc<Chunk>>,
+    /// The app's head after the commit: records before it are durable once this part is synced.
+    head: u64,
+}
+
+/// A turn whose commits wait for their sync ([`crate::store::sync`]).
+struct Unsynced {
+    seq: u64,
+    /// The node core's turn, if it had one.
+    turn: Option<u64>,
+    parts: Vec<CommittedPart>,
+}
+
 pub struct Host {
     state_dir: Option<PathBuf>,
     stores: Stores,
     apps: Vec<App>,
+    /// Per app: records before this position are durable, so outlets and inner outlets may read them.
+    durable: Vec<u64>,
+    /// Committed turns waiting for their sync, oldest first; finished in order.
+    unsynced: VecDeque<Unsynced>,
+    /// The `pure-sync` thread; `None` for stores in memory, which have nothing to sync.
+    syncer: Option<Syncer>,
+    /// The sequence number the next turn of the host gets ([`Host::turn`]).
+    next_seq: u64,
+    /// Every turn up to this sequence number is finished.
+    finished_seq: u64,
     inner: Vec<InnerOutlet>,
     wake: Arc<Wake>,
     next_outlet_id: u64,
@@ -262,6 +302,7 @@ impl Host {
         }
         let (mut host, changes) =
             Self::with_stores(Some(state_dir.to_path_buf()), stores, config, wake)?;
+        host.syncer = Some(Syncer::start().map_err(|source| StoreError::SyncThread { source })?);
         let now = Instant::now();
         for (i, why) in closed {
             host.apps[i].failure = Some(Failure::new(why, now));
@@ -298,6 +339,11 @@ impl Host {
             state_dir,
             stores,
             apps: Vec::new(),
+            durable: Vec::new(),
+            unsynced: VecDeque::new(),
+            syncer: None,
+            next_seq: 1,
+            finished_seq: 0,
             inner: Vec::new(),
             wake,
             next_outlet_id: 1,
@@ -328,6 +374,9 @@ impl Host {
             .iter()
             .filter_map(|o| self.make_outlet(&config.name, o, &acked, changes))
             .collect();
+        // What a store holds when it is opened is durable (its open synced it).
+        self.durable
+            .push(self.stores.app(index).map_or(1, AppStore::head));
         self.apps.push(App {
             config,
             outlets,
@@ -434,17 +483,15 @@ impl Host {
         self.feed_mode = mode;
     }
 
-    /// Runs one turn (module docs). `node` gets the outcome of its turn, if it had one.
+    /// Runs one turn (module docs): applies and commits, and hands the commits to the sync thread. `node` gets the
+    /// outcome of its turn when the turn is finished: here if nothing waits for a sync, else in
+    /// [`Host::poll_synced`]. Waits for the oldest turn's sync only when [`MAX_UNSYNCED`] turns wait.
     pub fn turn(&mut self, node: &mut Node, now: Instant) -> TurnReport {
         let mut report = TurnReport::default();
         self.retry_failed(node, now);
         let turn = node.take_turn();
         let senders = node.senders().clone();
         let n = self.apps.len();
-        let mut committed = turn.as_ref().map(|t| Committed {
-            turn: t.id,
-            ..Committed::default()
-        });
         // Inner input first, read into buffers the pieces borrow: records of a source up to what its destination
         // has room for in this turn.
         let mut direct_counts = vec![0u64; n];
@@ -469,7 +516,7 @@ impl Host {
                 records: &chunk.body,
             });
         }
-        let mut new_chunks: Vec<Vec<Arc<Chunk>>> = (0..n).map(|_| Vec::new()).collect();
+        let mut parts = Vec::new();
         for (i, pieces) in per_app.iter_mut().enumerate() {
             let app = &mut self.apps[i];
             if app.failure.is_some() {
@@ -516,10 +563,16 @@ impl Host {
                             inner.heard = Some(*h);
                         }
                     }
-                    if let (Some(c), Some(t)) = (committed.as_mut(), turn.as_ref()) {
-                        c.add(i as AppIndex, &applied, t, &senders);
+                    let mut outcome = Committed::default();
+                    if let Some(t) = turn.as_ref() {
+                        outcome.add(i as AppIndex, &applied, t, &senders);
                     }
-                    new_chunks[i] = applied.new_chunks.into_iter().map(Arc::new).collect();
+                    parts.push(CommittedPart {
+                        app: i as AppIndex,
+                        outcome,
+                        new_chunks: applied.new_chunks.into_iter().map(Arc::new).collect(),
+                        head: store.head(),
+                    });
                 }
                 Err(e) => {
                     app.turns_failed += 1;
@@ -535,12 +588,163 @@ impl Host {
                 }
             }
         }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let files: SyncFiles = parts
+            .iter()
+            .filter_map(|p| Some((p.app, self.stores.app(p.app)?.wal_for_sync()?)))
+            .collect();
+        let unsynced = Unsynced {
+            seq,
+            turn: turn.as_ref().map(|t| t.id),
+            parts,
+        };
+        match &self.syncer {
+            // In order: a turn with nothing to sync is finished here only when no earlier one waits.
+            Some(syncer) if !files.is_empty() || !self.unsynced.is_empty() => {
+                syncer.submit(seq, files);
+                self.unsynced.push_back(unsynced);
+            }
+            _ => self.finish(unsynced, &[], node, now),
+        }
+        if self.unsynced.len() > MAX_UNSYNCED {
+            self.wait_synced(node);
+        }
+        report
+    }
+
+    /// Finishes every turn whose sync is done (module docs, 4–5); returns whether any was. Call when
+    /// [`Host::sync_fd`] is readable (it is cheap otherwise too).
+    pub fn poll_synced(&mut self, node: &mut Node) -> bool {
+        let Some(syncer) = &self.syncer else {
+            return false;
+        };
+        let done = syncer.done();
+        let any = !done.is_empty();
+        self.finish_done(done, node);
+        any
+    }
+
+    /// Waits for the oldest waiting turn's sync and finishes what is done.
+    pub fn wait_synced(&mut self, node: &mut Node) {
+        let Some(syncer) = &self.syncer else { return };
+        let done = syncer.wait_done();
+        self.finish_done(done, node);
+    }
+
+    /// Waits until no turn waits for its sync (before a reload, and at a stop).
+    pub fn drain(&mut self, node: &mut Node) {
+        while !self.unsynced.is_empty() {
+            self.wait_synced(node);
+        }
+    }
+
+    /// Whether committed turns wait for their sync.
+    pub fn has_unsynced(&self) -> bool {
+        !self.unsynced.is_empty()
+    }
+
+    /// Every turn of the host up to this sequence number is finished (acks out, outlets fed).
+    pub fn finished_seq(&self) -> u64 {
+        self.finished_seq
+    }
+
+    /// The sequence number of the last turn taken ([`Host::turn`]).
+    pub fn last_seq(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    /// Readable when a sync is done: the receive loop polls it beside its socket.
+    pub fn sync_fd(&self) -> Option<RawFd> {
+        self.syncer.as_ref().map(Syncer::wake_fd)
+    }
+
+    fn finish_done(&mut self, done: Vec<Synced>, node: &mut Node) {
+        let now = Instant::now();
+        for synced in done {
+            let Some(unsynced) = self.unsynced.pop_front() else {
+                break;
+            };
+            debug_assert_eq!(unsynced.seq, synced.seq, "syncs finish in order");
+            self.finish(unsynced, &synced.failed, node, now);
+        }
+    }
+
+    /// A turn is durable (but for the apps in `failed`): the node core learns it, outlets are fed from it.
+    fn finish(
+        &mut self,
+        unsynced: Unsynced,
+        failed: &[(AppIndex, Arc<std::io::Error>)],
+        node: &mut Node,
+        now: Instant,
+    ) {
+        for (app, error) in failed {
+            self.sync_failed(*app, error.clone(), node, now);
+        }
+        let mut committed = unsynced.turn.map(|turn| Committed {
+            turn,
+            ..Committed::default()
+        });
+        let mut new_chunks: Vec<Vec<Arc<Chunk>>> =
+            (0..self.apps.len()).map(|_| Vec::new()).collect();
+        for part in unsynced.parts {
+            if failed.iter().any(|(a, _)| *a == part.app) {
+                continue;
+            }
+            let i = part.app as usize;
+            self.durable[i] = self.durable[i].max(part.head);
+            if let Some(c) = committed.as_mut() {
+                c.heard.extend(part.outcome.heard);
+                c.stored_records += part.outcome.stored_records;
+                c.duplicate_records += part.outcome.duplicate_records;
+                c.gap_records += part.outcome.gap_records;
+            }
+            new_chunks[i] = part.new_chunks;
+        }
         if let Some(c) = &committed {
             node.handle_committed(c);
         }
+        self.finished_seq = unsynced.seq;
         self.feed_outlets(&new_chunks);
         self.check_lag(node);
-        report
+    }
+
+    /// An app's sync failed: none of its commits since its last good sync may be acked or read, so it stops like
+    /// a store that cannot commit, and its parts of the turns still waiting are dropped.
+    fn sync_failed(
+        &mut self,
+        app: AppIndex,
+        error: Arc<std::io::Error>,
+        node: &mut Node,
+        now: Instant,
+    ) {
+        let a = &mut self.apps[app as usize];
+        a.turns_failed += 1;
+        let path = self
+            .stores
+            .app(app)
+            .map(|s| store::disk::wal_path(s.path()))
+            .unwrap_or_default();
+        let why = StoreError::Sync {
+            path,
+            source: error,
+        }
+        .to_string();
+        tracing::error!(
+            app = %a.config.name,
+            "app {} cannot store, its senders get no acks until it can: {why}",
+            a.config.name
+        );
+        a.failure = Some(Failure::new(why, now));
+        node.set_app_paused(app, true);
+        node.set_app_cannot_store(app, true);
+        for later in &mut self.unsynced {
+            later.parts.retain(|p| p.app != app);
+        }
+        // Read again from the store when the app is back.
+        for inner in self.inner.iter_mut().filter(|x| x.dest == app) {
+            inner.heard = None;
+        }
     }
 
     /// Reads each inner outlet's next batch from its source store, as forwarded records for its destination.
@@ -578,10 +782,13 @@ impl Host {
             let Some(source) = self.stores.app(inner.source) else {
                 continue;
             };
-            if heard + 1 >= source.head() {
+            // Only what is synced: an inner outlet must not hold what its source may lose.
+            let durable = self.durable[inner.source as usize];
+            if heard + 1 >= durable {
                 continue;
             }
-            let chunks = match source.read_from(heard + 1, room[dest], usize::MAX) {
+            let limit = room[dest].min(durable - heard - 1);
+            let chunks = match source.read_from(heard + 1, limit, usize::MAX) {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!("inner outlet {}: cannot read its source: {e}", inner.name);
@@ -590,11 +797,11 @@ impl Host {
             };
             let mut taken = 0;
             for chunk in chunks {
-                if taken >= room[dest] {
+                if taken >= limit {
                     report.more = true;
                     break;
                 }
-                let take = chunk.count.min(room[dest] - taken);
+                let take = chunk.count.min(limit - taken);
                 taken += take;
                 out.push((
                     inner.dest,
@@ -603,7 +810,7 @@ impl Host {
                 ));
             }
             room[dest] -= taken;
-            if heard + taken + 1 < source.head() {
+            if heard + taken + 1 < durable {
                 report.more = true;
             }
         }
@@ -616,7 +823,8 @@ impl Host {
             let Some(store) = self.stores.app(i as AppIndex) else {
                 continue;
             };
-            let head = store.head();
+            // Only what is synced: a far side must never hold what this node may lose.
+            let head = self.durable[i];
             for o in &mut app.outlets {
                 if let Some(from) = o.outlet.take_restart() {
                     o.fed_next = Some(from);
@@ -643,9 +851,10 @@ impl Host {
                         fed.push(c.clone());
                     }
                 } else {
-                    match store.read_from(next, CATCH_UP_RECORDS, room) {
+                    match store.read_from(next, CATCH_UP_RECORDS.min(head - next), room) {
                         Ok(chunks) => {
-                            for c in chunks {
+                            // Chunks end at turns' ends, so none straddles `head`.
+                            for c in chunks.into_iter().take_while(|c| c.pos < head) {
                                 at = c.pos + c.count;
                                 fed.push(Arc::new(c));
                             }
@@ -745,6 +954,8 @@ impl Host {
                         now.saturating_duration_since(f.since).as_secs_f64()
                     );
                     app.failure = None;
+                    // The probe synced the store: what it holds is durable.
+                    self.durable[i] = self.stores.app(i as AppIndex).map_or(1, AppStore::head);
                     node.set_app_paused(i as AppIndex, app.lag_paused);
                     node.set_app_cannot_store(i as AppIndex, false);
                 }

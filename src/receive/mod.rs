@@ -185,8 +185,8 @@ pub struct ReadyNode {
     links: Option<LinkQueue>,
     /// The number the next link request is given (its pseudo peer address).
     next_link_request: u64,
-    /// The link requests taken this round, waiting for their answers.
-    link_round: links::LinkRound,
+    /// The link requests taken and not yet answered (they wait for their turns to finish).
+    link_requests: links::LinkRequests,
     /// The state directory's lock: held while this node serves from it.
     _lock: StateLock,
     /// What `STATE/identity` says (kept current as apps are added).
@@ -348,7 +348,7 @@ impl ReadyNode {
             status_note: None,
             links: None,
             next_link_request: 0,
-            link_round: links::LinkRound::default(),
+            link_requests: links::LinkRequests::default(),
             _lock: lock,
             state_identity,
             rx,
@@ -446,7 +446,8 @@ impl ReadyNode {
             };
             // Link requests left over from the last round, or inner outlets behind: go on now rather than after a
             // sleep.
-            let wait = if links_left || more_work {
+            // (Inner outlets behind wait for a turn, which waits for the sync in flight: its wake ends the sleep.)
+            let wait = if links_left || (more_work && !self.host.has_unsynced()) {
                 Duration::ZERO
             } else {
                 wait
@@ -455,7 +456,12 @@ impl ReadyNode {
                 let link_wake = self.links.as_ref().map(|q| q.wake().fd());
                 wait_readable(
                     &self.socket,
-                    &[control.wake, link_wake, Some(self.wake.fd())],
+                    &[
+                        control.wake,
+                        link_wake,
+                        Some(self.wake.fd()),
+                        self.host.sync_fd(),
+                    ],
                     wait,
                 );
             }
@@ -483,9 +489,16 @@ impl ReadyNode {
                 self.kernel_drops_counted = self.rx.kernel_drops;
             }
             links_left = !stopping && self.take_link_requests(now)?;
-            more_work = self.turn()?;
-            // After the round's last commit: every link request taken gets the node packets it earned.
-            self.link_round.answer();
+            self.finish_synced();
+            // Group commit (research/010): while a turn's sync is in flight the next turn keeps filling, and is
+            // committed when the sync is done — or now, if nothing waits or it is full.
+            if stopping || !self.host.has_unsynced() || self.node.turn_is_full() {
+                more_work = self.turn()?;
+            }
+            if stopping {
+                self.host.drain(&mut self.node);
+                self.after_finish();
+            }
             let swept_before = self.node.counters().sessions_swept;
             self.node.handle_timeout(now);
             if self.node.counters().sessions_swept - swept_before >= TRIM_AFTER_SWEPT {
@@ -512,6 +525,7 @@ impl ReadyNode {
                         .reload
                         .is_some_and(|f| f.swap(false, Ordering::SeqCst))
                 {
+                    self.settle()?;
                     pending = self.start_reload(notifier);
                 }
                 if let Some(p) = &pending {
@@ -519,6 +533,7 @@ impl ReadyNode {
                         Ok(result) => {
                             let path = p.path.clone();
                             pending = None;
+                            self.settle()?;
                             self.finish_reload(&path, result, notifier);
                             // The reading thread's buffers (a million lines' worth) and, after a good reload,
                             // the old list are freed now: give them back rather than keep them in the heap.
@@ -568,12 +583,38 @@ impl ReadyNode {
         }
     }
 
-    /// Runs a turn of the host (every app's input applied and committed app by app, outlets fed and pushed), then
-    /// sends the acks it earned. Returns whether the host has more to do at once (inner outlets behind).
+    /// Runs a turn of the host (every app's input applied and committed app by app, and handed to the sync
+    /// thread), then sends the acks of what is finished. Returns whether the host has more to do at once (inner
+    /// outlets behind).
     fn turn(&mut self) -> Result<bool, NodeError> {
         let started = Instant::now();
         let report = self.host.turn(&mut self.node, started);
         self.commit_time += started.elapsed();
+        // Every link request fed whole so far is in this turn or an earlier one.
+        self.link_requests.taken(self.host.last_seq());
+        self.after_finish();
+        Ok(report.more)
+    }
+
+    /// Finishes the turns whose sync is done, and sends what they earned.
+    fn finish_synced(&mut self) {
+        if self.host.poll_synced(&mut self.node) {
+            self.after_finish();
+        }
+    }
+
+    /// Commits the turn being filled and waits for every sync: after it nothing taken is uncommitted or
+    /// unsynced, so the allow-list or the apps may change.
+    fn settle(&mut self) -> Result<(), NodeError> {
+        self.turn()?;
+        self.host.drain(&mut self.node);
+        self.after_finish();
+        Ok(())
+    }
+
+    /// Sends the acks finished turns earned (to the socket, or into their link requests' answers, then answers
+    /// the requests whose turns are all finished), and keeps new secrets in the memo.
+    fn after_finish(&mut self) {
         self.node.flush_acks();
         let mut udp = std::mem::take(&mut self.udp_out);
         while let Some(t) = self.node.poll_transmit() {
@@ -584,13 +625,13 @@ impl ReadyNode {
         batch::send_all(&self.socket, &udp);
         udp.clear();
         self.udp_out = udp;
+        self.link_requests.answer_finished(self.host.finished_seq());
         let secrets = self.node.take_new_secrets();
         if let Err(e) = self.memo.put_all(&secrets) {
             tracing::warn!(
                 "memo not updated ({e}); known senders will cost an X25519 after a restart"
             );
         }
-        Ok(report.more)
     }
 
     /// Routes a node packet to where its peer is: the answer of the link request whose pseudo peer address it is
@@ -600,7 +641,7 @@ impl ReadyNode {
         match link::request_of(t.to) {
             None => Some(t),
             Some(request) => {
-                if !self.link_round.push(request, t.bytes) {
+                if !self.link_requests.push(request, t.bytes) {
                     self.stats
                         .link_packets_unrouted
                         .fetch_add(1, Ordering::Relaxed);
@@ -628,7 +669,7 @@ impl ReadyNode {
             let id = self.next_link_request;
             self.next_link_request += 1;
             let from = link::pseudo_peer(id);
-            self.link_round.open(id, request.reply);
+            self.link_requests.open(id, request.reply);
             // Admission pays for their X25519 from the TCP peer's prefix, as a proven address (no cookies).
             let peer = request.peer.ip();
             for packet in request.packets.iter() {
@@ -638,6 +679,7 @@ impl ReadyNode {
                 self.node
                     .handle_link_packet(now, from, peer, packet, &mut self.memo);
             }
+            self.link_requests.fed(id);
         }
         Ok(true)
     }

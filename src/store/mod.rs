@@ -10,9 +10,11 @@ pub mod disk;
 pub mod json;
 pub mod memo;
 pub mod state;
+pub mod sync;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rusqlite::{Connection, OptionalExtension, params};
 use thiserror::Error;
@@ -30,6 +32,22 @@ pub enum StoreError {
     },
     #[error("cannot create {path}: {source}")]
     Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot sync {path} to disk: {source}; nothing written to it since its last sync is acknowledged. The disk \
+         under it failed to write (the kernel log, `dmesg`, says why); the app is tried again and stores again once \
+         the disk writes"
+    )]
+    Sync {
+        path: PathBuf,
+        source: Arc<std::io::Error>,
+    },
+    #[error("cannot start the thread that syncs the stores (pure-sync): {source}")]
+    SyncThread { source: std::io::Error },
+    #[error("cannot open {path} to sync it: {source}")]
+    OpenWal {
         path: PathBuf,
         source: std::io::Error,
     },
@@ -155,6 +173,9 @@ pub struct AppStore {
     /// The files opened, to notice a store deleted or replaced under the node, and the `-shm` allocated ahead
     /// (`None` for stores in memory and readers).
     guard: Option<disk::FileGuard>,
+    /// The `-wal`, opened with the store and kept, for [`sync::Syncer`] to make commits durable (its module doc
+    /// says why the descriptor is kept). `None` for stores in memory and readers.
+    wal_sync: Option<Arc<std::fs::File>>,
     /// The position the next stored record gets: records `1 .. head` are stored (docs/store.md, positions).
     head: u64,
 }
@@ -259,8 +280,10 @@ fn now_ms() -> i64 {
 }
 
 impl AppStore {
-    /// Opens (creating if needed) an app's store for writing: WAL, and `synchronous=FULL` so a commit is on disk
-    /// before the node acks it. A store of layout 1 is migrated to layout 2 in one transaction.
+    /// Opens (creating if needed) an app's store for writing: WAL with `synchronous=NORMAL`, so a commit is
+    /// durable only once its `-wal` is synced ([`AppStore::sync`], or the [`sync::Syncer`] with
+    /// [`AppStore::wal_for_sync`]): the node acks nothing before that (research/010). A store of layout 1 is
+    /// migrated to layout 2 in one transaction (synced before it is used).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         // A store may be a symbolic link (an app's store on another disk): SQLite keeps its -wal and -shm beside
         // the file the link names, so the guards below must look there too.
@@ -288,7 +311,7 @@ impl AppStore {
         let conn = Connection::open(path).map_err(sql)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(sql)?;
-        conn.pragma_update(None, "synchronous", "FULL")
+        conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(sql)?;
         let mut store = Self::prepare_layout(conn, path.to_path_buf())?;
         let mut guard = disk::FileGuard::new(path).map_err(|source| StoreError::Io {
@@ -308,7 +331,42 @@ impl AppStore {
                 source,
             })?;
         store.guard = Some(guard);
+        store.open_wal_for_sync()?;
+        // What the open wrote (a new store's tables, a migration) is durable before anything is built on it.
+        store.sync()?;
         Ok(store)
+    }
+
+    /// Opens the `-wal` to sync it through, once it exists (SQLite makes it with the first transaction).
+    fn open_wal_for_sync(&mut self) -> Result<(), StoreError> {
+        if self.wal_sync.is_some() || self.guard.is_none() {
+            return Ok(());
+        }
+        let wal = disk::wal_path(&self.path);
+        match std::fs::File::open(&wal) {
+            Ok(f) => {
+                self.wal_sync = Some(Arc::new(f));
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(StoreError::OpenWal { path: wal, source }),
+        }
+    }
+
+    /// The `-wal` to sync for the commits made so far (`None`: nothing to sync, a store in memory).
+    pub fn wal_for_sync(&self) -> Option<Arc<std::fs::File>> {
+        self.wal_sync.clone()
+    }
+
+    /// Makes every commit so far durable, here and now (the daemon's host lets the `pure-sync` thread do it).
+    pub fn sync(&self) -> Result<(), StoreError> {
+        match &self.wal_sync {
+            Some(f) => f.sync_data().map_err(|e| StoreError::Sync {
+                path: disk::wal_path(&self.path),
+                source: Arc::new(e),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Before a commit: the files are still the store's, and the wal-index is allocated ahead of what the WAL
@@ -381,6 +439,7 @@ impl AppStore {
             conn,
             path,
             guard: None,
+            wal_sync: None,
             head: head.max(1) as u64,
         })
     }
@@ -440,6 +499,7 @@ impl AppStore {
             conn,
             path: path.to_path_buf(),
             guard: None,
+            wal_sync: None,
             head: 1,
         };
         store.head = store.read_head()?;
@@ -630,6 +690,7 @@ impl AppStore {
         }
         tx.commit().map_err(sql)?;
         self.after_commit()?;
+        self.open_wal_for_sync()?;
         self.head = head;
         Ok(applied)
     }
@@ -658,7 +719,10 @@ impl AppStore {
                     source,
                 }
             })?;
-        self.after_commit()
+        self.after_commit()?;
+        // The sync is part of the probe: a disk that cannot write back keeps its app stopped.
+        self.open_wal_for_sync()?;
+        self.sync()
     }
 
     /// Heard sequence of every source, by name.
@@ -850,7 +914,8 @@ impl AppStore {
 
 /// An app's store as the node holds it: open, or not (yet) openable — its path kept to try again.
 enum Slot {
-    Open(AppStore),
+    /// Boxed: a store is large beside a path, and slots are moved when apps are added.
+    Open(Box<AppStore>),
     Closed(PathBuf),
 }
 
@@ -880,7 +945,7 @@ impl Stores {
     pub fn open(state_dir: &Path, apps: &[String]) -> Result<Self, StoreError> {
         let apps = apps
             .iter()
-            .map(|a| AppStore::open(&app_store_path(state_dir, a)).map(Slot::Open))
+            .map(|a| AppStore::open(&app_store_path(state_dir, a)).map(|s| Slot::Open(Box::new(s))))
             .collect::<Result<_, _>>()?;
         Ok(Stores { apps })
     }
@@ -889,7 +954,7 @@ impl Stores {
     pub fn open_in_memory(apps: &[String]) -> Result<Self, StoreError> {
         let apps = apps
             .iter()
-            .map(|a| AppStore::open_in_memory(a).map(Slot::Open))
+            .map(|a| AppStore::open_in_memory(a).map(|s| Slot::Open(Box::new(s))))
             .collect::<Result<_, _>>()?;
         Ok(Stores { apps })
     }
@@ -920,7 +985,7 @@ impl Stores {
 
     /// Adds the store of a new app (a reload that added one); it gets the next app index.
     pub fn push(&mut self, store: AppStore) -> AppIndex {
-        self.apps.push(Slot::Open(store));
+        self.apps.push(Slot::Open(Box::new(store)));
         (self.apps.len() - 1) as AppIndex
     }
 
@@ -940,14 +1005,15 @@ impl Stores {
                     return Ok(false);
                 };
                 let store = AppStore::open(path)?;
-                *slot = Slot::Open(store);
+                *slot = Slot::Open(Box::new(store));
                 Ok(true)
             }
             None => Ok(false),
         }
     }
 
-    /// Applies a turn: one transaction per app it touches, in app order. On error the failing app's transaction
+    /// Applies a turn: one transaction per app it touches, in app order, each synced before the next (durable on
+    /// return, as with `synchronous=FULL`). On error the failing app's transaction
     /// is rolled back and the error returned; apps before it have committed. The node's host
     /// ([`crate::apps`]) applies apps one by one instead, so one failing store stops only its app.
     pub fn apply_turn(
@@ -967,6 +1033,7 @@ impl Stores {
                 continue;
             }
             let applied = store.apply(pieces, &[], false)?;
+            store.sync()?;
             committed.add(i as AppIndex, &applied, turn, senders);
         }
         Ok(committed)
