@@ -27,6 +27,7 @@
 pub mod counters;
 pub mod framing;
 pub mod link;
+pub mod order;
 mod routes;
 mod serve;
 mod stall;
@@ -123,6 +124,8 @@ struct Shared {
     limits: HttpLimits,
     permits: Arc<Semaphore>,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Numbered link requests of one client, handed over in their order.
+    order: order::OrderGate,
 }
 
 impl Shared {
@@ -191,6 +194,7 @@ impl HttpServer {
             permits: Arc::new(Semaphore::new(limits.max_connections)),
             limits,
             tls: self.tls.map(|t| tokio_rustls::TlsAcceptor::from(t.config)),
+            order: order::OrderGate::default(),
         });
         // Registering the listener needs the runtime's reactor; doing it here reports a failure to the caller.
         let listener = {

@@ -128,6 +128,10 @@ pub(super) async fn handle(
 async fn link(req: Request<Incoming>, peer: SocketAddr, shared: &Shared) -> Answer {
     let limits = &shared.limits;
     let c = &shared.counters;
+    let order = req
+        .headers()
+        .get(super::order::HEADER)
+        .and_then(|v| super::order::parse(v.as_bytes()));
     let deadline = tokio::time::Instant::now() + limits.request_deadline;
     let max = limits.max_link_body;
     let too_large = || {
@@ -185,11 +189,21 @@ async fn link(req: Request<Incoming>, peer: SocketAddr, shared: &Shared) -> Answ
     c.link_packets
         .fetch_add(packets.len() as u64, std::sync::atomic::Ordering::Relaxed);
     let (reply, answered) = oneshot::channel();
-    match inbox.send(LinkRequest {
+    let request = LinkRequest {
         peer,
         packets,
         reply,
-    }) {
+    };
+    let sent = match order {
+        Some((token, seq)) => {
+            shared
+                .order
+                .in_order(token, seq, || inbox.send(request))
+                .await
+        }
+        None => inbox.send(request),
+    };
+    match sent {
         Ok(()) => {}
         Err(LinkRefused::Busy(_)) => {
             bump(&c.link_busy);

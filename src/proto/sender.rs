@@ -312,6 +312,12 @@ impl Sender {
     pub fn run_id(&self) -> u64 {
         self.run_id
     }
+    /// Changes how many records a flow may have sent and unacknowledged (`SenderConfig::window`); records
+    /// already in flight stay so.
+    pub fn set_window(&mut self, window: u64) {
+        self.window = window.max(1);
+    }
+
     pub fn stats(&self) -> &SenderStats {
         &self.stats
     }
