@@ -13,10 +13,10 @@ mod ops_util;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ops_util::{DEADLINE, NodeProcess, NotifySocket, bin, field, keygen, records};
+use ops_util::{DEADLINE, NodeProcess, NotifySocket, bin, field, finish_send, keygen, records};
 
 /// A filesystem mounted for one test; unmounted when dropped (after the nodes on it are gone).
 struct SmallFs {
@@ -194,35 +194,23 @@ fn batch(tag: &str, n: usize) -> Vec<String> {
         .collect()
 }
 
-fn spawn_send(node: &NodeProcess, key: &Path, lines: &[String], timeout_s: &str) -> Child {
-    let mut child = Command::new(bin())
-        .arg("send")
-        .arg("--key")
-        .arg(key)
-        .args(["--node", &node.public_key, "--to", &node.link.to_string()])
-        .args(["--timeout", timeout_s])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    for l in lines {
-        writeln!(stdin, "{l}").unwrap();
-    }
-    child
-}
-
-fn finish(child: Child) -> (bool, String) {
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+/// Sends `records` (3 s timeout) to a node whose app `main` cannot store: none is acknowledged, and the node told
+/// the sender why (NOT_STORED), which `send` says.
+fn nothing_acked_and_told_why(node: &NodeProcess, key: &Path, records: &[String], after: &str) {
+    let (ok, text) = node.send(key, records, "3");
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains(&format!(
+            "{} of {} records not acknowledged",
+            records.len(),
+            records.len()
+        )),
+        "nothing after {after} is acked: {text}"
+    );
+    assert!(
+        text.contains("the node said it cannot store app main"),
+        "{text}"
+    );
 }
 
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
@@ -270,7 +258,7 @@ fn disk_full_while_serving_then_freed(fs: &SmallFs) {
     assert!(ok, "{text}");
     fs.fill();
     let b = batch("b", 4000);
-    let sending = spawn_send(&node, &key, &b, "120");
+    let sending = node.spawn_send(&key, &b, "120");
     let body = wait_unhealthy(&node, "app main cannot store");
     assert!(
         body.contains("full") || body.contains("bytes are free"),
@@ -279,7 +267,7 @@ fn disk_full_while_serving_then_freed(fs: &SmallFs) {
     assert_eq!(node.metric("pure_app_can_store{app=\"main\"}"), Some(0.0));
     assert!(alive(&mut node));
     fs.free();
-    let (ok, text) = finish(sending);
+    let (ok, text) = finish_send(sending);
     assert!(ok, "the send resumes once there is room: {text}");
     assert!(
         text.contains("the node cannot store app main now"),
@@ -392,21 +380,7 @@ fn a_store_deleted_while_serving_is_noticed_and_nothing_is_acked_after() {
         std::fs::remove_file(state.join("apps").join(f)).unwrap();
     }
     let b = batch("b", 50);
-    let (ok, text) = node.send(&key, &b, "3");
-    assert!(!ok, "{text}");
-    assert!(
-        text.contains(&format!(
-            "{} of {} records not acknowledged",
-            b.len(),
-            b.len()
-        )),
-        "nothing after the deletion is acked: {text}"
-    );
-    // The node told the sender why (NOT_STORED), and send says it.
-    assert!(
-        text.contains("the node said it cannot store app main"),
-        "{text}"
-    );
+    nothing_acked_and_told_why(&node, &key, &b, "the deletion");
     let body = wait_unhealthy(&node, "app main cannot store");
     assert!(body.contains("main.sqlite was deleted"), "{body}");
     assert_eq!(node.metric("pure_app_can_store{app=\"main\"}"), Some(0.0));
@@ -531,20 +505,7 @@ fn write_back_failing_under_a_running_node_acks_nothing_after_and_keeps_what_was
         return;
     }
     let b = batch("b", 50);
-    let (ok, text) = node.send(&key, &b, "3");
-    assert!(!ok, "{text}");
-    assert!(
-        text.contains(&format!(
-            "{} of {} records not acknowledged",
-            b.len(),
-            b.len()
-        )),
-        "nothing after the fault is acked: {text}"
-    );
-    assert!(
-        text.contains("the node said it cannot store app main"),
-        "{text}"
-    );
+    nothing_acked_and_told_why(&node, &key, &b, "the fault");
     let wal = state.join("apps/main.sqlite-wal");
     let err = node.stderr_text();
     assert!(

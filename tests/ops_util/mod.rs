@@ -268,6 +268,12 @@ impl NodeProcess {
 
     /// `pure-serve send` from `key` of `records` (one per line); returns whether it exited 0, and its output.
     pub fn send(&self, key: &Path, records: &[String], timeout_s: &str) -> (bool, String) {
+        finish_send(self.spawn_send(key, records, timeout_s))
+    }
+
+    /// `pure-serve send` started, its records written and its stdin closed, for a test to act while it runs;
+    /// [`finish_send`] waits for it.
+    pub fn spawn_send(&self, key: &Path, records: &[String], timeout_s: &str) -> Child {
         let mut child = Command::new(bin())
             .arg("send")
             .arg("--key")
@@ -284,13 +290,7 @@ impl NodeProcess {
             writeln!(stdin, "{r}").unwrap();
         }
         drop(stdin);
-        let out = child.wait_with_output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.success(), text)
+        child
     }
 
     /// One HTTP GET on the node's metrics port: (status code, body).
@@ -350,4 +350,15 @@ pub fn records(state: &Path) -> Vec<(String, u64, String)> {
             )
         })
         .collect()
+}
+
+/// Waits for a `send` started by [`NodeProcess::spawn_send`]: whether it exited 0, and its output.
+pub fn finish_send(child: Child) -> (bool, String) {
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
 }
