@@ -15,6 +15,10 @@
 //!   - `forged_memo`: the same for listed senders in the node's memo (a memo lookup, HKDF and an open each);
 //!   - `replay`: copies of 64 captured authentic first packets of distinct runs;
 //!   - `runs`: one compromised listed sender starting a new run with every packet, each authentic (sessions);
+//!
+//!   with `--flood-to sink` the same flood goes to a socket of this process that nobody reads: the control for what
+//!   the flood costs the machine (two cores shared by tool, senders and node) rather than the node; with
+//!   `--flood-to read` a thread of this process reads it and throws it away: the cheapest receiver there can be;
 //! - **new**: with `--new N`, N senders the node has never heard from start one after another during the flood, each
 //!   delivering one record; their time to stored and the COOKIEs they got are reported.
 //!
@@ -60,6 +64,7 @@ struct Args {
     budget: u32,
     recv_buffer: usize,
     victims: usize,
+    flood_to: String,
     extra: Vec<String>,
 }
 
@@ -79,6 +84,7 @@ fn args() -> Args {
         budget: 250,
         recv_buffer: 8 << 20,
         victims: 100_000,
+        flood_to: "node".into(),
         extra: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -99,6 +105,7 @@ fn args() -> Args {
             "--budget" => a.budget = val().parse().expect("per second"),
             "--recv-buffer" => a.recv_buffer = val().parse().expect("bytes"),
             "--victims" => a.victims = val().parse().expect("n"),
+            "--flood-to" => a.flood_to = val(),
             "--node-arg" => a.extra.push(val()),
             "--bench" => {}
             other => panic!("unknown argument {other}"),
@@ -380,6 +387,57 @@ fn legit(
 struct FloodOut {
     sent: AtomicU64,
     cpu_us: AtomicU64,
+    /// `--flood-to read`: datagrams the reading thread took, and its CPU time.
+    read: AtomicU64,
+    read_cpu_us: AtomicU64,
+}
+
+/// `--flood-to read`: a receiver that does nothing but read what arrives (recvmmsg, 64 at a time, waiting for the
+/// first) and throw it away. What senders keep beside it is the most any receiver could leave them on this machine.
+fn read_sink(sock: UdpSocket, stop: Arc<AtomicBool>, out: Arc<FloodOut>) {
+    let cpu0 = thread_cpu();
+    sock.set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    const N: usize = 64;
+    let mut bufs = vec![[0u8; 2048]; N];
+    let mut read = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let mut iovs: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        let mut hdrs: Vec<libc::mmsghdr> = iovs
+            .iter_mut()
+            .map(|iov| {
+                // SAFETY: plain old data, zero is empty.
+                let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                h.msg_hdr.msg_iov = iov;
+                h.msg_hdr.msg_iovlen = 1;
+                h
+            })
+            .collect();
+        // SAFETY: headers point at live buffers for the call.
+        let r = unsafe {
+            libc::recvmmsg(
+                sock.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                N as libc::c_uint,
+                libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
+        if r > 0 {
+            read += r as u64;
+            out.read.store(read, Ordering::Relaxed);
+            out.read_cpu_us
+                .store(((thread_cpu() - cpu0) * 1e6) as u64, Ordering::Relaxed);
+        }
+    }
+    out.read_cpu_us
+        .store(((thread_cpu() - cpu0) * 1e6) as u64, Ordering::Relaxed);
 }
 
 struct Xorshift(u64);
@@ -648,10 +706,42 @@ fn main() {
         let (rate, backlog) = (a.rate_each, a.backlog);
         std::thread::spawn(move || legit(ids, public, to, rate, backlog, stop, out))
     };
+    // `--flood-to sink`: the same flood, sent to a socket of this process that nobody reads. The machine does the
+    // same sending and loopback delivery, the node none of the reading: on two cores shared by the tool, the
+    // senders and the node, what senders lose beside a sink flood is the machine's, beside a node flood the node's.
+    // `--flood-to read`: the same flood to a socket like the node's (its buffer size) that a thread of this process
+    // only reads: the limit, what the cheapest possible receiver of the flood costs the machine.
+    let sink = matches!(a.flood_to.as_str(), "sink" | "read").then(|| {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let size = if a.flood_to == "read" {
+            a.recv_buffer
+        } else {
+            4096
+        };
+        let _ = socket2::SockRef::from(&s).set_recv_buffer_size(size);
+        s
+    });
+    let flood_target = match (&sink, a.flood_to.as_str()) {
+        (Some(s), _) => s.local_addr().unwrap(),
+        (None, "node") => node.link,
+        (None, other) => panic!("--flood-to {other}: give node, sink or read"),
+    };
+    let reader = match (&sink, a.flood_to.as_str()) {
+        (Some(s), "read") => {
+            let (sock, stop, out) = (s.try_clone().unwrap(), stop.clone(), fout.clone());
+            Some(std::thread::spawn(move || read_sink(sock, stop, out)))
+        }
+        _ => None,
+    };
     let flood_thread = (a.flood > 0).then(|| {
         let packets = flood_packets(&a.mix, &victims, memo_victims, &runs_id, &node.public);
-        let (stop, out, to, pps, prefixes) =
-            (stop.clone(), fout.clone(), node.link, a.flood, a.prefixes);
+        let (stop, out, to, pps, prefixes) = (
+            stop.clone(),
+            fout.clone(),
+            flood_target,
+            a.flood,
+            a.prefixes,
+        );
         std::thread::spawn(move || flood(packets, pps, prefixes, to, stop, out))
     });
     std::thread::sleep(Duration::from_secs_f64(a.warmup));
@@ -663,9 +753,11 @@ fn main() {
         lout.packets.load(Ordering::Relaxed),
         lout.cpu_us.load(Ordering::Relaxed),
     );
-    let (f_sent0, f_cpu0) = (
+    let (f_sent0, f_cpu0, r_read0, r_cpu0) = (
         fout.sent.load(Ordering::Relaxed),
         fout.cpu_us.load(Ordering::Relaxed),
+        fout.read.load(Ordering::Relaxed),
+        fout.read_cpu_us.load(Ordering::Relaxed),
     );
     // New senders, one after another, during the window.
     let mut new_times = Vec::new();
@@ -698,12 +790,17 @@ fn main() {
     let l_packets = lout.packets.load(Ordering::Relaxed) - l_packets0;
     let l_cpu = (lout.cpu_us.load(Ordering::Relaxed) - l_cpu0) as f64 / 1e6;
     let f_sent = fout.sent.load(Ordering::Relaxed) - f_sent0;
+    let r_read = fout.read.load(Ordering::Relaxed) - r_read0;
     stop.store(true, Ordering::Relaxed);
     legit_thread.join().unwrap();
     if let Some(t) = flood_thread {
         t.join().unwrap();
     }
+    if let Some(t) = reader {
+        t.join().unwrap();
+    }
     let f_cpu = (fout.cpu_us.load(Ordering::Relaxed) - f_cpu0) as f64 / 1e6;
+    let r_cpu = (fout.read_cpu_us.load(Ordering::Relaxed) - r_cpu0) as f64 / 1e6;
     let d = |k: &str| metric(&m1, k) - metric(&m0, k);
     let stages = [
         "kernel",
@@ -717,6 +814,7 @@ fn main() {
         "x25519_budget",
         "cookie_required",
         "session_cap",
+        "backpressure",
     ];
     let drops: serde_json::Map<String, serde_json::Value> = stages
         .iter()
@@ -728,6 +826,22 @@ fn main() {
         })
         .collect();
     let stored = d("pure_records_stored_total{app=\"main\"}");
+    // Per app, for a node given `--node-arg --apps --node-arg FILE` (research/012: inner outlets and lag budgets).
+    let per_app = |family: &str, per_second: bool| -> serde_json::Map<String, serde_json::Value> {
+        m1.keys()
+            .filter_map(|k| {
+                let app = k
+                    .strip_prefix(family)?
+                    .strip_prefix("{app=\"")?
+                    .strip_suffix("\"}")?;
+                let v = d(k);
+                Some((
+                    app.to_string(),
+                    serde_json::json!(if per_second { v / secs } else { v }),
+                ))
+            })
+            .collect()
+    };
     let x = d("pure_x25519_total");
     let xa = d("pure_x25519_authentic_total");
     let mut new_ok: Vec<f64> = new_times.iter().flatten().copied().collect();
@@ -735,6 +849,7 @@ fn main() {
     let line = serde_json::json!({
         "label": a.label,
         "mix": a.mix,
+        "flood_to": a.flood_to,
         "flood_pps_target": a.flood,
         "flood_pps_sent": f_sent as f64 / secs,
         "prefixes": a.prefixes,
@@ -757,6 +872,9 @@ fn main() {
         "cookies_withheld_per_s": d("pure_cookies_withheld_total") / secs,
         "datagrams_per_s": d("pure_packets_received_total") / secs,
         "drops_per_s": drops,
+        "apps_stored_per_s": per_app("pure_records_stored_total", true),
+        "apps_pauses": per_app("pure_app_pauses_total", false),
+        "held_back_paused_per_s": d("pure_records_held_back_total{why=\"paused\"}") / secs,
         "duplicates_per_s": d("pure_records_duplicate_total") / secs,
         "gaps_per_s": d("pure_records_gap_total") / secs,
         "commit_fraction": d("pure_commit_seconds_total") / secs,
@@ -765,6 +883,8 @@ fn main() {
         "sessions_evicted": d("pure_sessions_evicted_total"),
         "node_cpu": (cpu1 - cpu0) / secs,
         "flood_cpu": f_cpu / secs,
+        "reader_read_per_s": r_read as f64 / secs,
+        "reader_cpu": r_cpu / secs,
         "legit_cpu": l_cpu / secs,
         "node_rss": mem_rss,
         "node_anon": mem_anon,
