@@ -169,7 +169,7 @@ impl NodeArgs {
 }
 
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
-    crate::receive::fix_malloc_thresholds();
+    crate::receive::heap::set_phase(crate::receive::heap::Phase::ReadingSenders);
     let settings = args.settings().context("the node did not start")?;
     let state = settings.state_dir.clone();
     let key_file = settings.key_file.clone();

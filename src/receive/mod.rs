@@ -44,8 +44,10 @@ use crate::sending::{LoopSettings, SendingLoop};
 use crate::store::StoreError;
 use crate::store::memo::Memo;
 use crate::store::state::{self, StateError, StateLock};
+use heap::{IdleTrim, Phase, release_freed_memory};
 
 mod batch;
+pub mod heap;
 mod links;
 mod local;
 pub use links::LINK_BYTES_PER_ROUND;
@@ -416,8 +418,11 @@ impl ReadyNode {
         // The socket is bound (prepare did it) and the loop is about to turn: from here a datagram is served.
         self.stats.heartbeat.beat(Instant::now());
         self.publish();
-        // What reading the senders file and opening the stores freed goes back before serving starts.
+        // What reading the senders file and opening the stores freed goes back before serving starts; from here the
+        // heap keeps turn-sized buffers between turns (heap.rs).
         release_freed_memory();
+        heap::set_phase(Phase::Serving);
+        let mut idle_trim = IdleTrim::new(Instant::now());
         if let Some(n) = notifier {
             last_status = self.status_line();
             n.ready(&last_status);
@@ -504,6 +509,7 @@ impl ReadyNode {
             if self.node.counters().sessions_swept - swept_before >= TRIM_AFTER_SWEPT {
                 release_freed_memory();
             }
+            idle_trim.after_round(now, read);
             self.publish();
             let now = Instant::now();
             self.stats.heartbeat.beat(now);
@@ -538,6 +544,7 @@ impl ReadyNode {
                             // The reading thread's buffers (a million lines' worth) and, after a good reload,
                             // the old list are freed now: give them back rather than keep them in the heap.
                             release_freed_memory();
+                            heap::set_phase(Phase::Serving);
                         }
                         Err(TryRecvError::Empty) => {}
                         Err(TryRecvError::Disconnected) => {
@@ -548,6 +555,8 @@ impl ReadyNode {
                                 "the reading thread died".to_string(),
                                 notifier,
                             );
+                            release_freed_memory();
+                            heap::set_phase(Phase::Serving);
                         }
                     }
                 }
@@ -813,6 +822,9 @@ impl ReadyNode {
         if let Some(n) = notifier {
             n.reloading(&format!("reloading senders from {}", path.display()));
         }
+        // The reload thread's arrays are mappings of their own, given back when freed (heap.rs); the loop's turns
+        // fault their buffers in meanwhile, for the second or so a big file takes.
+        heap::set_phase(Phase::ReadingSenders);
         let (tx, rx) = mpsc::channel();
         let thread_path = path.clone();
         let state_dir = self.settings.state_dir.clone();
@@ -824,6 +836,7 @@ impl ReadyNode {
                     tx.send(senders::load_indexed(&thread_path, &state_dir).map(|(list, _)| list));
             });
         if let Err(e) = spawned {
+            heap::set_phase(Phase::Serving);
             self.reload_failed(&path, format!("cannot start a thread: {e}"), notifier);
             return None;
         }
@@ -1087,31 +1100,6 @@ const SENDING_STALE: Duration = Duration::from_secs(3);
 
 /// Sessions swept in one sweep that make it worth giving freed heap back to the kernel.
 const TRIM_AFTER_SWEPT: u64 = 1024;
-
-/// Fixes glibc's thresholds at their defaults for a fresh process: blocks of 128 KiB and more are mapped of their
-/// own (and unmapped when freed), and a heap top of more than 128 KiB free is trimmed. Left alone, glibc raises both
-/// after the first large free (up to 32 and 64 MiB), so the arrays of a big senders file read on the reload thread
-/// stayed in that thread's arena — which `malloc_trim` cannot shrink from the top — 20 MB and more after every
-/// reload (research/002, reload memory). Called once, before the senders file is first read.
-pub fn fix_malloc_thresholds() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only sets glibc's tuning parameters; it has no preconditions.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 * 1024);
-    }
-}
-
-/// Returns free heap pages to the kernel. Sessions are small allocations made and freed in bursts, between
-/// long-lived ones; glibc keeps such freed memory in the process unless asked (BRIEF.md: memory is not returned
-/// after a burst; research/002 measures the effect).
-fn release_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only walks glibc's own free lists; it has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
 
 /// Waits until the socket is readable, a wake descriptor (signals, outlets, HTTP) is, or `timeout` passes. Wakes
 /// are cleared: one round serves them all.
