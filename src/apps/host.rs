@@ -45,6 +45,15 @@ const RETRY_MAX: Duration = Duration::from_secs(10);
 /// Turns committed and not yet synced before a turn waits for the oldest one's sync (a bound on what waits in
 /// memory; the sync thread syncs all queued turns at once, so more rarely helps).
 const MAX_UNSYNCED: usize = 4;
+
+/// An app paused because an outlet passed its `max_lag_records` takes input again when every outlet is within this
+/// share of its budget (research/012 measures the mark).
+const LAG_RESUME_PERCENT: u64 = 50;
+
+/// The lag below which a paused app resumes, for a budget of `max` records.
+fn resume_below(max: u64) -> u64 {
+    (u128::from(max) * u128::from(LAG_RESUME_PERCENT) / 100) as u64
+}
 /// Outlet progress is written with the app's turns; an app with no input writes it at most this often.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
@@ -124,6 +133,8 @@ struct App {
     outlets: Vec<RemoteOutlet>,
     /// Behind an outlet by more than its lag budget: not taking input.
     lag_paused: bool,
+    /// Times `lag_paused` was set: how often backpressure stopped this app's input.
+    lag_pauses: u64,
     failure: Option<Failure>,
     stored: u64,
     turns_failed: u64,
@@ -141,6 +152,8 @@ pub struct AppFigures {
     /// Why the app cannot store now, if it cannot.
     pub failed: Option<String>,
     pub paused_for_lag: bool,
+    /// Times the app stopped taking input for lag since the start.
+    pub lag_pauses: u64,
     pub outlets: Vec<OutletFigures>,
 }
 
@@ -381,6 +394,7 @@ impl Host {
             config,
             outlets,
             lag_paused: false,
+            lag_pauses: 0,
             failure: None,
             stored: 0,
             turns_failed: 0,
@@ -892,7 +906,8 @@ impl Host {
         }
     }
 
-    /// Pauses apps whose outlets are beyond their lag budget; resumes them at half of it (hysteresis).
+    /// Pauses apps whose outlets are beyond their lag budget; resumes them below [`LAG_RESUME_PERCENT`] of it
+    /// (hysteresis).
     fn check_lag(&mut self, node: &mut Node) {
         let heads: Vec<u64> = (0..self.apps.len())
             .map(|i| self.stores.app(i as AppIndex).map_or(1, |s| s.head()))
@@ -905,7 +920,7 @@ impl Host {
                 let max = o.max_lag;
                 if max > 0 {
                     let v = over[i].get_or_insert(false);
-                    *v |= lag > max || (paused && lag > max / 2);
+                    *v |= lag > max || (paused && lag > resume_below(max));
                 }
             }
         }
@@ -916,13 +931,14 @@ impl Host {
             let paused = self.apps[inner.source as usize].lag_paused;
             if inner.max_lag > 0 {
                 let v = over[inner.source as usize].get_or_insert(false);
-                *v |= lag > inner.max_lag || (paused && lag > inner.max_lag / 2);
+                *v |= lag > inner.max_lag || (paused && lag > resume_below(inner.max_lag));
             }
         }
         for (i, app) in self.apps.iter_mut().enumerate() {
             let now_over = over[i].unwrap_or(false);
             if now_over != app.lag_paused {
                 app.lag_paused = now_over;
+                app.lag_pauses += u64::from(now_over);
                 if now_over {
                     tracing::warn!(
                         "app {}: an outlet is behind its max_lag_records; not taking input until it catches up",
@@ -1024,6 +1040,7 @@ impl Host {
                     queue_depth,
                     failed: app.failure.as_ref().map(|f| f.why.clone()),
                     paused_for_lag: app.lag_paused,
+                    lag_pauses: app.lag_pauses,
                     outlets,
                 }
             })

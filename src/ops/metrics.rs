@@ -412,6 +412,19 @@ fn render_apps(out: &mut String, s: &Snapshot) {
             u8::from(a.paused_for_lag)
         );
     }
+    family(
+        out,
+        "pure_app_pauses_total",
+        "counter",
+        "Times the app stopped taking input because an outlet passed its max_lag_records (it resumes at half).",
+    );
+    for a in &s.app_figures {
+        let _ = writeln!(
+            out,
+            "pure_app_pauses_total{{app=\"{}\"}} {}",
+            a.name, a.lag_pauses
+        );
+    }
     let outlets = || {
         s.app_figures
             .iter()
