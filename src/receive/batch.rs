@@ -5,10 +5,13 @@
 //! receive thread does (BRIEF.md: ~570k packets/s with plain send/receive here). `recvmmsg` fills up to [`SLOTS`]
 //! buffers per call. With UDP GRO on (Linux ≥ 5.0), the kernel may hand over one buffer holding several datagrams of
 //! one source, all of the size the kernel gives in a `UDP_GRO` control message but the last; quinn-udp does the same
-//! (it sets `UDP_GRO` and sizes every buffer for the 64 segments the kernel may coalesce). With SO_RXQ_OVFL a
-//! datagram carries the number of datagrams the kernel had dropped on this socket, because its receive buffer was
-//! full, when it queued that datagram: the one drop the node cannot see otherwise. Drops show with the next datagram
-//! queued after them.
+//! (it sets `UDP_GRO` and sizes every buffer for the 64 segments the kernel may coalesce).
+//!
+//! The kernel's drops for the socket (its receive buffer full: the one drop the node cannot see otherwise) are read
+//! once a round with `getsockopt(SO_MEMINFO)`, whose `SK_MEMINFO_DROPS` is the socket's drop counter (Linux ≥ 4.18).
+//! SO_RXQ_OVFL reports the same counter, but as a control message on every datagram, which under a flood is work
+//! on every datagram (research/011). Where SO_MEMINFO has no drop count, SO_RXQ_OVFL is used, and drops show with
+//! the next datagram queued after them.
 
 use std::io;
 use std::mem::{self, MaybeUninit};
@@ -20,6 +23,10 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 /// SO_RXQ_OVFL on the Linux architectures we build for (x86-64, aarch64: asm-generic/socket.h); the libc crate does
 /// not export it for them.
 const SO_RXQ_OVFL: libc::c_int = 40;
+/// SO_MEMINFO (asm-generic/socket.h, as SO_RXQ_OVFL) and the index of the drop count in what it returns
+/// (SK_MEMINFO_DROPS in linux/sock_diag.h, the ninth of its u32s).
+const SO_MEMINFO: libc::c_int = 55;
+const SK_MEMINFO_DROPS: usize = 8;
 /// UDP_GRO (linux/udp.h).
 const UDP_GRO: libc::c_int = 104;
 /// The most segments the kernel coalesces into one GRO buffer (UDP_GRO_CNT_MAX in net/ipv4/udp_offload.c).
@@ -34,7 +41,8 @@ const PLAIN_SLOT: usize = 2048;
 /// UDP payload) does.
 const GRO_SLOTS: usize = 16;
 const GRO_SLOT: usize = 1 << 16;
-/// Room for the control messages of one datagram: SO_RXQ_OVFL (a u32) and UDP_GRO (an int), each in a cmsghdr.
+/// Room for the control messages of one datagram: UDP_GRO (an int) and, without SO_MEMINFO, SO_RXQ_OVFL (a u32),
+/// each in a cmsghdr.
 const CTRL_LEN: usize = 64;
 
 /// One datagram read: where it came from and where its bytes are in the receiver's buffer.
@@ -58,10 +66,31 @@ pub struct BatchReceiver {
     /// The system call's vectors, kept so a call allocates nothing; their pointers are set anew each call.
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
-    /// The kernel's drop count for the socket at the last message that carried it.
-    last_ovfl: Option<u32>,
+    /// The kernel's drop count for the socket as last read: from SO_MEMINFO, or from the last message that carried
+    /// it (SO_RXQ_OVFL).
+    last_drops: Option<u32>,
+    /// Whether drops are read with SO_MEMINFO (else they come with the datagrams, SO_RXQ_OVFL).
+    meminfo: bool,
     /// Datagrams the kernel dropped because the socket buffer was full, since this receiver started.
-    pub kernel_drops: u64,
+    kernel_drops: u64,
+}
+
+/// The socket's drop counter, if the kernel gives it through SO_MEMINFO.
+fn meminfo_drops(fd: RawFd) -> Option<u32> {
+    let mut info = [0u32; 16];
+    let mut len = mem::size_of_val(&info) as libc::socklen_t;
+    // SAFETY: a valid fd, and a buffer of `len` bytes the kernel fills (it says how much it wrote in `len`).
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && len as usize >= (SK_MEMINFO_DROPS + 1) * mem::size_of::<u32>())
+        .then_some(info[SK_MEMINFO_DROPS])
 }
 
 // SAFETY: the raw pointers in `iovs` and `hdrs` point into buffers the receiver owns; they are written anew at the
@@ -83,11 +112,13 @@ fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int)
 }
 
 impl BatchReceiver {
-    /// Sets up receiving on `fd` (a bound, non-blocking UDP socket): SO_RXQ_OVFL, and UDP GRO if `gro` and the kernel
-    /// has it.
+    /// Sets up receiving on `fd` (a bound, non-blocking UDP socket): the kernel's drop count (SO_MEMINFO, else
+    /// SO_RXQ_OVFL), and UDP GRO if `gro` and the kernel has it.
     pub fn new(fd: RawFd, gro: bool) -> Self {
-        if !set_int(fd, libc::SOL_SOCKET, SO_RXQ_OVFL, 1) {
-            tracing::debug!("SO_RXQ_OVFL not available: kernel drops are not counted");
+        let at_start = meminfo_drops(fd);
+        let meminfo = at_start.is_some();
+        if !meminfo && !set_int(fd, libc::SOL_SOCKET, SO_RXQ_OVFL, 1) {
+            tracing::debug!("neither SO_MEMINFO nor SO_RXQ_OVFL available: kernel drops are not counted");
         }
         let gro = gro && set_int(fd, libc::SOL_UDP, UDP_GRO, 1);
         let (slots, slot_len) = if gro {
@@ -106,9 +137,27 @@ impl BatchReceiver {
             ctrls: vec![[0; CTRL_LEN / 8]; slots],
             iovs: Vec::with_capacity(slots),
             hdrs: Vec::with_capacity(slots),
-            last_ovfl: None,
+            last_drops: at_start,
+            meminfo,
             kernel_drops: 0,
         }
+    }
+
+    /// Datagrams the kernel dropped because the socket buffer was full, since this receiver started (read now, with
+    /// SO_MEMINFO; with SO_RXQ_OVFL as of the last datagram read).
+    pub fn kernel_drops(&mut self) -> u64 {
+        if self.meminfo
+            && let Some(now) = meminfo_drops(self.fd)
+        {
+            self.add_drops(now);
+        }
+        self.kernel_drops
+    }
+
+    fn add_drops(&mut self, count: u32) {
+        let before = self.last_drops.unwrap_or(0);
+        self.kernel_drops += u64::from(count.wrapping_sub(before));
+        self.last_drops = Some(count);
     }
 
     /// Whether the kernel coalesces datagrams for this socket.
@@ -225,9 +274,7 @@ impl BatchReceiver {
                 let data = libc::CMSG_DATA(c);
                 if level == libc::SOL_SOCKET && kind == SO_RXQ_OVFL {
                     let count = std::ptr::read_unaligned(data.cast::<u32>());
-                    let before = self.last_ovfl.unwrap_or(0);
-                    self.kernel_drops += u64::from(count.wrapping_sub(before));
-                    self.last_ovfl = Some(count);
+                    self.add_drops(count);
                 } else if level == libc::SOL_UDP && kind == UDP_GRO {
                     let s = std::ptr::read_unaligned(data.cast::<libc::c_int>());
                     if s > 0 {
@@ -440,11 +487,43 @@ mod tests {
         while r.recv(&mut got).unwrap() > 0 {}
         let kept = got.len();
         assert!(kept < 500, "a 4 KiB buffer cannot hold 500 datagrams");
-        // The kernel stamps each datagram with the drops counted when it was queued: the drops after the last
-        // one read show with the next.
+        assert!(r.meminfo, "this kernel gives drops through SO_MEMINFO");
+        assert_eq!(r.kernel_drops() as usize, 500 - kept);
+        // Counted once: reading again adds nothing.
+        assert_eq!(r.kernel_drops() as usize, 500 - kept);
+    }
+
+    /// The fallback, for kernels without SO_MEMINFO's drop count: the kernel stamps each datagram with the drops
+    /// counted when it was queued, so the drops after the last one read show with the next.
+    #[test]
+    fn counts_kernel_drops_from_the_datagrams_without_meminfo() {
+        let rx = socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::DGRAM,
+            Some(socket2::Protocol::UDP),
+        )
+        .unwrap();
+        rx.set_recv_buffer_size(4096).unwrap();
+        rx.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let rx: UdpSocket = rx.into();
+        let mut r = BatchReceiver::new(rx.as_raw_fd(), false);
+        // As on such a kernel: SO_RXQ_OVFL on, drops read from the datagrams.
+        r.meminfo = false;
+        r.last_drops = None;
+        assert!(set_int(rx.as_raw_fd(), libc::SOL_SOCKET, SO_RXQ_OVFL, 1));
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        for _ in 0..500 {
+            tx.send_to(&[7; 1000], rx.local_addr().unwrap()).unwrap();
+        }
+        let mut got = Vec::new();
+        while r.recv(&mut got).unwrap() > 0 {}
+        let kept = got.len();
+        assert!(kept < 500, "a 4 KiB buffer cannot hold 500 datagrams");
         tx.send_to(&[8; 10], rx.local_addr().unwrap()).unwrap();
         while r.recv(&mut got).unwrap() > 0 {}
         assert_eq!(got.len(), kept + 1);
-        assert_eq!(r.kernel_drops as usize, 500 - kept);
+        assert_eq!(r.kernel_drops() as usize, 500 - kept);
     }
 }

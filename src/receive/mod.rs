@@ -488,10 +488,11 @@ impl ReadyNode {
                         .handle_datagram(now, s.from, self.rx.data(s), &mut self.memo);
                 }
             }
-            let kernel = self.rx.kernel_drops - self.kernel_drops_counted;
+            let kernel_drops = self.rx.kernel_drops();
+            let kernel = kernel_drops - self.kernel_drops_counted;
             if kernel > 0 {
                 self.node.count_drops(DropReason::Kernel, kernel);
-                self.kernel_drops_counted = self.rx.kernel_drops;
+                self.kernel_drops_counted = kernel_drops;
             }
             links_left = !stopping && self.take_link_requests(now)?;
             self.finish_synced();
