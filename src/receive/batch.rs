@@ -118,7 +118,9 @@ impl BatchReceiver {
         let at_start = meminfo_drops(fd);
         let meminfo = at_start.is_some();
         if !meminfo && !set_int(fd, libc::SOL_SOCKET, SO_RXQ_OVFL, 1) {
-            tracing::debug!("neither SO_MEMINFO nor SO_RXQ_OVFL available: kernel drops are not counted");
+            tracing::debug!(
+                "neither SO_MEMINFO nor SO_RXQ_OVFL available: kernel drops are not counted"
+            );
         }
         let gro = gro && set_int(fd, libc::SOL_UDP, UDP_GRO, 1);
         let (slots, slot_len) = if gro {
