@@ -86,7 +86,8 @@ pub enum DropReason {
     /// store cannot commit or an outlet is past its lag budget; or it has its share of the turn being filled):
     /// dropped before decryption (protocol.md 6.3).
     Backpressure,
-    /// Dropped by the kernel because the socket's receive buffer was full (SO_RXQ_OVFL): the node never saw it.
+    /// Dropped by the kernel because the socket's receive buffer was full (the socket's drop count, SO_MEMINFO or
+    /// SO_RXQ_OVFL): the node never saw it.
     /// Counted by the driver ([`Node::count_drops`]).
     Kernel,
 }
