@@ -54,6 +54,61 @@ const LAG_RESUME_PERCENT: u64 = 50;
 fn resume_below(max: u64) -> u64 {
     (u128::from(max) * u128::from(LAG_RESUME_PERCENT) / 100) as u64
 }
+
+/// An app that has taken input this long without a pause is said to have caught up.
+const LAG_CALM: Duration = Duration::from_secs(10);
+
+/// When the log tells of lag pauses. A slow outlet under steady input pauses its app several times a second
+/// (research/012: 8 a second), and a line per pause and per resume would fill the journal. So a spell of pauses gets
+/// one warning when it begins and one line when the app has taken input for [`LAG_CALM`] since its last pause, with
+/// the count in between; `pure_app_paused` and `pure_app_pauses_total` say the rest as it happens.
+#[derive(Debug, Default)]
+struct LagSpell {
+    /// When the spell began (its first pause); `None` when there is none.
+    since: Option<Instant>,
+    pauses: u64,
+    /// When the app last took input again, if it is not paused now.
+    resumed_at: Option<Instant>,
+}
+
+/// A line the log should get about lag.
+#[derive(Debug, PartialEq)]
+enum LagLine {
+    SpellBegins,
+    CaughtUp { pauses: u64, over: Duration },
+}
+
+impl LagSpell {
+    fn paused(&mut self, now: Instant) -> Option<LagLine> {
+        self.pauses += 1;
+        self.resumed_at = None;
+        if self.since.is_some() {
+            return None;
+        }
+        self.since = Some(now);
+        Some(LagLine::SpellBegins)
+    }
+
+    fn resumed(&mut self, now: Instant) {
+        if self.since.is_some() {
+            self.resumed_at = Some(now);
+        }
+    }
+
+    /// The spell's end, once the app has taken input for [`LAG_CALM`].
+    fn calm(&mut self, now: Instant) -> Option<LagLine> {
+        let (since, resumed) = (self.since?, self.resumed_at?);
+        if now.saturating_duration_since(resumed) < LAG_CALM {
+            return None;
+        }
+        let line = LagLine::CaughtUp {
+            pauses: self.pauses,
+            over: resumed.saturating_duration_since(since),
+        };
+        *self = LagSpell::default();
+        Some(line)
+    }
+}
 /// Outlet progress is written with the app's turns; an app with no input writes it at most this often.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
@@ -135,6 +190,8 @@ struct App {
     lag_paused: bool,
     /// Times `lag_paused` was set: how often backpressure stopped this app's input.
     lag_pauses: u64,
+    /// The spell of lag pauses the log has told of, if one is going on.
+    lag_spell: LagSpell,
     failure: Option<Failure>,
     stored: u64,
     turns_failed: u64,
@@ -395,6 +452,7 @@ impl Host {
             outlets,
             lag_paused: false,
             lag_pauses: 0,
+            lag_spell: LagSpell::default(),
             failure: None,
             stored: 0,
             turns_failed: 0,
@@ -934,23 +992,34 @@ impl Host {
                 *v |= lag > inner.max_lag || (paused && lag > resume_below(inner.max_lag));
             }
         }
+        let now = Instant::now();
         for (i, app) in self.apps.iter_mut().enumerate() {
             let now_over = over[i].unwrap_or(false);
             if now_over != app.lag_paused {
                 app.lag_paused = now_over;
                 app.lag_pauses += u64::from(now_over);
                 if now_over {
-                    tracing::warn!(
-                        "app {}: an outlet is behind its max_lag_records; not taking input until it catches up",
-                        app.config.name
-                    );
+                    if app.lag_spell.paused(now) == Some(LagLine::SpellBegins) {
+                        tracing::warn!(
+                            "app {}: an outlet is behind its max_lag_records; not taking input until it has caught \
+                             up half of it (pauses while it stays behind are counted in pure_app_pauses_total)",
+                            app.config.name
+                        );
+                    }
                 } else {
-                    tracing::info!(
-                        "app {}: outlets caught up; taking input again",
-                        app.config.name
-                    );
+                    app.lag_spell.resumed(now);
                 }
                 node.set_app_paused(i as AppIndex, now_over || app.failure.is_some());
+            }
+            if let Some(LagLine::CaughtUp { pauses, over }) = app.lag_spell.calm(now) {
+                tracing::info!(
+                    "app {}: outlets caught up; taking input again ({pauses} pause{} over {:.1} s, none for {} s \
+                     since)",
+                    app.config.name,
+                    if pauses == 1 { "" } else { "s" },
+                    over.as_secs_f64(),
+                    LAG_CALM.as_secs()
+                );
             }
         }
     }
@@ -1200,5 +1269,53 @@ fn as_forwarded(chunk: Chunk, take: u64) -> Chunk {
         format: RecordFormat::Forwarded,
         body,
         ..chunk
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pauses several times a second make one warning and, after the calm, one line with their count; a pause
+    /// during the calm starts it over.
+    #[test]
+    fn a_spell_of_lag_pauses_is_told_once_at_each_end() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut spell = LagSpell::default();
+        assert_eq!(spell.calm(ms(0)), None, "no spell, nothing to end");
+        assert_eq!(spell.paused(ms(0)), Some(LagLine::SpellBegins));
+        spell.resumed(ms(100));
+        for k in 1..8 {
+            assert_eq!(spell.paused(ms(125 * k)), None, "the same spell");
+            assert_eq!(spell.calm(ms(125 * k + 50)), None);
+            spell.resumed(ms(125 * k + 60));
+        }
+        assert_eq!(
+            spell.calm(ms(935 + 9_000)),
+            None,
+            "not yet calm for long enough"
+        );
+        // A pause now restarts the calm.
+        assert_eq!(spell.paused(ms(9_950)), None);
+        assert_eq!(
+            spell.calm(ms(19_000)),
+            None,
+            "paused: no end while it lasts"
+        );
+        spell.resumed(ms(20_000));
+        assert_eq!(
+            spell.calm(ms(30_000)),
+            Some(LagLine::CaughtUp {
+                pauses: 9,
+                over: Duration::from_millis(20_000)
+            })
+        );
+        assert_eq!(spell.calm(ms(40_000)), None, "told once");
+        assert_eq!(
+            spell.paused(ms(41_000)),
+            Some(LagLine::SpellBegins),
+            "a new spell"
+        );
     }
 }
