@@ -358,72 +358,45 @@ fn render_apps(out: &mut String, s: &Snapshot) {
     if s.app_figures.is_empty() {
         return;
     }
-    family(
-        out,
-        "pure_app_can_store",
-        "gauge",
-        "1 while the app's store commits; 0 while it cannot (its senders get no acks; /healthz says why).",
-    );
-    for a in &s.app_figures {
-        let _ = writeln!(
-            out,
-            "pure_app_can_store{{app=\"{}\"}} {}",
-            a.name,
-            u8::from(a.failed.is_none())
-        );
-    }
-    family(
-        out,
-        "pure_app_turns_failed_total",
-        "counter",
-        "Turns of the app whose transaction failed and rolled back (nothing of them acked).",
-    );
-    for a in &s.app_figures {
-        let _ = writeln!(
-            out,
-            "pure_app_turns_failed_total{{app=\"{}\"}} {}",
-            a.name, a.turns_failed
-        );
-    }
-    family(
-        out,
-        "pure_app_queue_depth",
-        "gauge",
-        "Records offered to the app by its inner inlets and not yet stored by it.",
-    );
-    for a in &s.app_figures {
-        let _ = writeln!(
-            out,
-            "pure_app_queue_depth{{app=\"{}\"}} {}",
-            a.name, a.queue_depth
-        );
-    }
-    family(
-        out,
-        "pure_app_paused",
-        "gauge",
-        "1 while the app takes no input because an outlet is behind its max_lag_records.",
-    );
-    for a in &s.app_figures {
-        let _ = writeln!(
-            out,
-            "pure_app_paused{{app=\"{}\"}} {}",
-            a.name,
-            u8::from(a.paused_for_lag)
-        );
-    }
-    family(
-        out,
-        "pure_app_pauses_total",
-        "counter",
-        "Times the app stopped taking input because an outlet passed its max_lag_records (it resumes at half).",
-    );
-    for a in &s.app_figures {
-        let _ = writeln!(
-            out,
-            "pure_app_pauses_total{{app=\"{}\"}} {}",
-            a.name, a.lag_pauses
-        );
+    // One line per app for each of these families.
+    type Figure = fn(&crate::apps::host::AppFigures) -> u64;
+    let per_app: [(&str, &str, &str, Figure); 5] = [
+        (
+            "pure_app_can_store",
+            "gauge",
+            "1 while the app's store commits; 0 while it cannot (its senders get no acks; /healthz says why).",
+            |a| u64::from(a.failed.is_none()),
+        ),
+        (
+            "pure_app_turns_failed_total",
+            "counter",
+            "Turns of the app whose transaction failed and rolled back (nothing of them acked).",
+            |a| a.turns_failed,
+        ),
+        (
+            "pure_app_queue_depth",
+            "gauge",
+            "Records offered to the app by its inner inlets and not yet stored by it.",
+            |a| a.queue_depth,
+        ),
+        (
+            "pure_app_paused",
+            "gauge",
+            "1 while the app takes no input because an outlet is behind its max_lag_records.",
+            |a| u64::from(a.paused_for_lag),
+        ),
+        (
+            "pure_app_pauses_total",
+            "counter",
+            "Times the app stopped taking input because an outlet passed its max_lag_records (it resumes at half).",
+            |a| a.lag_pauses,
+        ),
+    ];
+    for (name, kind, help, value) in per_app {
+        family(out, name, kind, help);
+        for a in &s.app_figures {
+            let _ = writeln!(out, "{name}{{app=\"{}\"}} {}", a.name, value(a));
+        }
     }
     let outlets = || {
         s.app_figures
