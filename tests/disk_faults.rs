@@ -194,6 +194,30 @@ fn batch(tag: &str, n: usize) -> Vec<String> {
         .collect()
 }
 
+/// A node serving one device on `state`, which has stored and acknowledged a first batch of `first` records
+/// (tagged "a"). The directory holding the device's key lives as long as the value.
+struct Serving {
+    _dir: tempfile::TempDir,
+    key: PathBuf,
+    node: NodeProcess,
+    acked: Vec<String>,
+}
+
+fn serving(state: &Path, first: usize) -> Serving {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, senders) = device(dir.path());
+    let node = NodeProcess::start(state, &["--senders", senders.to_str().unwrap()], None);
+    let acked = batch("a", first);
+    let (ok, text) = node.send(&key, &acked, "60");
+    assert!(ok, "{text}");
+    Serving {
+        _dir: dir,
+        key,
+        node,
+        acked,
+    }
+}
+
 /// Sends `records` (3 s timeout) to a node whose app `main` cannot store: none is acknowledged, and the node told
 /// the sender why (NOT_STORED), which `send` says.
 fn nothing_acked_and_told_why(node: &NodeProcess, key: &Path, records: &[String], after: &str) {
@@ -249,13 +273,13 @@ fn alive(node: &mut NodeProcess) -> bool {
 }
 
 fn disk_full_while_serving_then_freed(fs: &SmallFs) {
-    let dir = tempfile::tempdir().unwrap();
-    let (key, senders) = device(dir.path());
     let state = fs.path().join("state");
-    let mut node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
-    let a = batch("a", 200);
-    let (ok, text) = node.send(&key, &a, "60");
-    assert!(ok, "{text}");
+    let Serving {
+        _dir,
+        key,
+        mut node,
+        acked: a,
+    } = serving(&state, 200);
     fs.fill();
     let b = batch("b", 4000);
     let sending = node.spawn_send(&key, &b, "120");
@@ -424,12 +448,14 @@ fn a_store_deleted_while_serving_is_noticed_and_nothing_is_acked_after() {
 
 #[test]
 fn the_state_directory_deleted_while_serving_is_noticed() {
-    let dir = tempfile::tempdir().unwrap();
-    let (key, senders) = device(dir.path());
-    let state = dir.path().join("state");
-    let mut node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
-    let (ok, text) = node.send(&key, &batch("a", 100), "60");
-    assert!(ok, "{text}");
+    let root = tempfile::tempdir().unwrap();
+    let state = root.path().join("state");
+    let Serving {
+        _dir,
+        key,
+        mut node,
+        ..
+    } = serving(&state, 100);
     std::fs::remove_dir_all(&state).unwrap();
     let b = batch("b", 20);
     let (ok, text) = node.send(&key, &b, "3");
@@ -453,13 +479,13 @@ fn a_filesystem_gone_read_only_stops_the_acks_and_says_so() {
     let Some(fs) = SmallFs::ext4_1k(16 << 20) else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let (key, senders) = device(dir.path());
     let state = fs.path().join("state");
-    let mut node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
-    let a = batch("a", 100);
-    let (ok, text) = node.send(&key, &a, "60");
-    assert!(ok, "{text}");
+    let Serving {
+        _dir,
+        key,
+        mut node,
+        ..
+    } = serving(&state, 100);
     // What ext4 does on an I/O error with errors=remount-ro: the journal aborts and the filesystem is read-only.
     if !fs.remount("remount,abort") {
         eprintln!("skipped: cannot remount,abort the ext4 image");
@@ -490,13 +516,13 @@ fn write_back_failing_under_a_running_node_acks_nothing_after_and_keeps_what_was
     let Some(mut fs) = SmallFs::ext4_1k_at(16 << 20, card, "loop,errors=continue") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let (key, senders) = device(dir.path());
     let state = fs.path().join("state");
-    let mut node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
-    let a = batch("a", 200);
-    let (ok, text) = node.send(&key, &a, "60");
-    assert!(ok, "{text}");
+    let Serving {
+        _dir,
+        key,
+        mut node,
+        acked: a,
+    } = serving(&state, 200);
     if !outer.shut_down() {
         eprintln!(
             "skipped: cannot shut down the ext4 under the image: {}",
