@@ -219,29 +219,24 @@ impl AllowList {
         let ends = keys.end..keys.end + 4 * n;
         let names = ends.end..b.len();
         let key_bytes = &b[keys.clone()];
-        for i in 1..n {
-            if key_bytes[32 * (i - 1)..32 * i] >= key_bytes[32 * i..32 * (i + 1)] {
-                return Err(AllowListError::Unsorted(i as u64));
-            }
-        }
+        // One pass over the keys: their order, and where each bucket of key ids starts (`buckets[j]` is the first
+        // sender whose bucket is at least `j`; the senders before `i` all have buckets below `buckets.len()`).
         let bucket_bits = bucket_bits_for(n);
         let mut buckets: Vec<SenderIndex> = Vec::with_capacity((1 << bucket_bits) + 1);
-        let key_id_at = |i: usize| {
-            u32::from_be_bytes([
-                key_bytes[32 * i],
-                key_bytes[32 * i + 1],
-                key_bytes[32 * i + 2],
-                key_bytes[32 * i + 3],
-            ])
-        };
-        let mut i = 0usize;
-        for j in 0..1usize << bucket_bits {
-            while i < n && bucket_of(key_id_at(i), bucket_bits) < j {
-                i += 1;
+        for i in 0..n {
+            let key = &key_bytes[32 * i..32 * (i + 1)];
+            if i > 0 && key_bytes[32 * (i - 1)..32 * i] >= *key {
+                return Err(AllowListError::Unsorted(i as u64));
             }
-            buckets.push(i as SenderIndex);
+            let bucket = bucket_of(
+                u32::from_be_bytes([key[0], key[1], key[2], key[3]]),
+                bucket_bits,
+            );
+            while buckets.len() <= bucket {
+                buckets.push(i as SenderIndex);
+            }
         }
-        buckets.push(n as SenderIndex);
+        buckets.resize((1 << bucket_bits) + 1, n as SenderIndex);
         let mut prev = 0u32;
         for i in 0..n {
             let at = ends.start + 4 * i;
