@@ -342,11 +342,15 @@ fn restart_while_full(fs: &SmallFs) {
         assert!(body.contains("bytes are free"), "round {round}: {body}");
         assert_eq!(node.metric("pure_app_can_store{app=\"main\"}"), Some(0.0));
         assert!(alive(&mut node), "round {round}: {}", node.stderr_text());
+        // The log is read from the node's pipe by a thread of the test: give it the line before counting.
+        wait_until("the log to say it", || {
+            node.stderr_text().contains("bytes are free")
+        });
         let err = node.stderr_text();
         assert_eq!(
             err.matches("app main cannot store").count(),
             1,
-            "said once, not repeated: {err}"
+            "round {round}: said once, not repeated: {err}"
         );
         assert_eq!(err.matches("bytes are free").count(), 1, "{err}");
         if round < 4 {

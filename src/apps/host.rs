@@ -141,7 +141,10 @@ struct InnerOutlet {
 
 #[derive(Debug, Clone)]
 struct Failure {
+    /// What failed first.
     why: String,
+    /// Why the last try to open the store again did not succeed, if it did not.
+    last_try: Option<String>,
     since: Instant,
     retry_at: Instant,
     backoff: Duration,
@@ -151,9 +154,19 @@ impl Failure {
     fn new(why: String, now: Instant) -> Self {
         Failure {
             why,
+            last_try: None,
             since: now,
             retry_at: now + RETRY_FIRST,
             backoff: RETRY_FIRST,
+        }
+    }
+
+    /// The words the operator sees (status, `/healthz`, metrics): what failed and, once tried again, why it still
+    /// cannot store when that says something else.
+    fn words(&self) -> String {
+        match &self.last_try {
+            Some(t) if *t != self.why => format!("{}; tried again: {t}", self.why),
+            _ => self.why.clone(),
         }
     }
 }
@@ -589,6 +602,7 @@ impl Host {
             });
         }
         let mut parts = Vec::new();
+        let mut failed_commits: Vec<(AppIndex, StoreError)> = Vec::new();
         for (i, pieces) in per_app.iter_mut().enumerate() {
             let app = &mut self.apps[i];
             if app.failure.is_some() {
@@ -646,25 +660,28 @@ impl Host {
                         head: store.head(),
                     });
                 }
-                Err(e) => {
-                    app.turns_failed += 1;
-                    let why = e.to_string();
-                    tracing::error!(
-                        app = %app.config.name,
-                        "app {} cannot store, its senders get no acks until it can: {why}",
-                        app.config.name
-                    );
-                    app.failure = Some(Failure::new(why, now));
-                    node.set_app_paused(i as AppIndex, true);
-                    node.set_app_cannot_store(i as AppIndex, true);
-                }
+                Err(e) => failed_commits.push((i as AppIndex, e)),
+            }
+        }
+        for (app, e) in failed_commits {
+            if matches!(
+                e,
+                StoreError::Checkpoint { .. }
+                    | StoreError::Sync { .. }
+                    | StoreError::ReadOnly { .. }
+            ) {
+                // The commit's checkpoint found the disk failing: as a failed sync (every store on it).
+                self.disk_fault(app, &e, node, now);
+            } else {
+                self.apps[app as usize].turns_failed += 1;
+                self.fail_app(app, &e, node, now);
             }
         }
         let seq = self.next_seq;
         self.next_seq += 1;
         let files: SyncFiles = parts
             .iter()
-            .filter_map(|p| Some((p.app, self.stores.app(p.app)?.wal_for_sync()?)))
+            .filter_map(|p| self.stores.app(p.app)?.sync_item(p.app))
             .collect();
         let unsynced = Unsynced {
             seq,
@@ -711,6 +728,27 @@ impl Host {
         }
     }
 
+    /// At a clean stop, once every turn is synced: copies each store's `-wal` into its file, checked as after a
+    /// commit, so that after a stop the file alone holds every record (a copy of it is a whole backup). One that
+    /// fails loses nothing: the `-wal` keeps the commits and the next start reads them.
+    pub fn checkpoint_at_stop(&mut self) {
+        for (i, app) in self.apps.iter().enumerate() {
+            if app.failure.is_some() {
+                continue;
+            }
+            let Some(store) = self.stores.app_mut(i as AppIndex) else {
+                continue;
+            };
+            if let Err(e) = store.checkpoint() {
+                tracing::warn!(
+                    "app {}: the last checkpoint before the stop failed ({e}); nothing is lost, its -wal keeps the \
+                     records",
+                    app.config.name
+                );
+            }
+        }
+    }
+
     /// Whether committed turns wait for their sync.
     pub fn has_unsynced(&self) -> bool {
         !self.unsynced.is_empty()
@@ -746,12 +784,12 @@ impl Host {
     fn finish(
         &mut self,
         unsynced: Unsynced,
-        failed: &[(AppIndex, Arc<std::io::Error>)],
+        failed: &[(AppIndex, Arc<StoreError>)],
         node: &mut Node,
         now: Instant,
     ) {
         for (app, error) in failed {
-            self.sync_failed(*app, error.clone(), node, now);
+            self.disk_fault(*app, error, node, now);
         }
         let mut committed = unsynced.turn.map(|turn| Committed {
             turn,
@@ -781,33 +819,61 @@ impl Host {
         self.check_lag(node);
     }
 
-    /// An app's sync failed: none of its commits since its last good sync may be acked or read, so it stops like
-    /// a store that cannot commit, and its parts of the turns still waiting are dropped.
-    fn sync_failed(
-        &mut self,
-        app: AppIndex,
-        error: Arc<std::io::Error>,
-        node: &mut Node,
-        now: Instant,
-    ) {
-        let a = &mut self.apps[app as usize];
-        a.turns_failed += 1;
-        let path = self
-            .stores
-            .app(app)
-            .map(|s| store::disk::wal_path(s.path()))
-            .unwrap_or_default();
-        let why = StoreError::Sync {
-            path,
-            source: error,
+    /// A sync or checkpoint of an app's store failed: the disk under it did not write what it was given. The app
+    /// fails, and so does every other app whose store is on the same filesystem: a disk that failed a write of
+    /// one file (its journal aborted, a card wearing out) cannot be trusted with the others' (research/014).
+    fn disk_fault(&mut self, app: AppIndex, error: &StoreError, node: &mut Node, now: Instant) {
+        if matches!(error, StoreError::FailedEarlier { .. })
+            && self.apps[app as usize].failure.is_some()
+        {
+            return;
         }
-        .to_string();
-        tracing::error!(
-            app = %a.config.name,
-            "app {} cannot store, its senders get no acks until it can: {why}",
-            a.config.name
-        );
-        a.failure = Some(Failure::new(why, now));
+        let device = self.device_of(app);
+        self.apps[app as usize].turns_failed += 1;
+        self.fail_app(app, error, node, now);
+        let Some(device) = device else { return };
+        let name = self.apps[app as usize].config.name.clone();
+        for other in 0..self.apps.len() as AppIndex {
+            if other != app
+                && self.apps[other as usize].failure.is_none()
+                && self.device_of(other) == Some(device)
+            {
+                let why = StoreError::SameDisk { app: name.clone() };
+                self.fail_app(other, &why, node, now);
+            }
+        }
+    }
+
+    /// The filesystem an app's open store is on.
+    fn device_of(&self, app: AppIndex) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let store = self.stores.app(app)?;
+        match store.files() {
+            Some(f) => Some(f.device()),
+            None => std::fs::metadata(store.path()).ok().map(|m| m.dev()),
+        }
+    }
+
+    /// An app cannot store: none of its commits since its last good sync may be acked or read. Its input stops
+    /// (its senders get NOT_STORED), its parts of the turns still waiting for a sync are dropped, and its store is
+    /// closed, to be reopened and checked against what was acknowledged ([`Stores::retry`]). The first reason is
+    /// kept; a later one for an app that failed already is not news.
+    fn fail_app(&mut self, app: AppIndex, error: &StoreError, node: &mut Node, now: Instant) {
+        let i = app as usize;
+        let never = match error {
+            StoreError::Gone { what, .. } => Some(what.clone()),
+            _ => None,
+        };
+        if self.apps[i].failure.is_none() {
+            let why = error.to_string();
+            let a = &mut self.apps[i];
+            tracing::error!(
+                app = %a.config.name,
+                "app {} cannot store, its senders get no acks until it can: {why}",
+                a.config.name
+            );
+            a.failure = Some(Failure::new(why, now));
+        }
         node.set_app_paused(app, true);
         node.set_app_cannot_store(app, true);
         for later in &mut self.unsynced {
@@ -816,6 +882,9 @@ impl Host {
         // Read again from the store when the app is back.
         for inner in self.inner.iter_mut().filter(|x| x.dest == app) {
             inner.heard = None;
+        }
+        if self.state_dir.is_some() {
+            self.stores.close_failed(app, self.durable[i], never);
         }
     }
 
@@ -1024,11 +1093,17 @@ impl Host {
         }
     }
 
-    /// Lets a failed app try again when its delay is up (its next turn's commit is the test).
+    /// Lets a failed app try again when its delay is up: its store is reopened and checked against what was
+    /// acknowledged, and must commit and sync a probe ([`Stores::retry`]).
     fn retry_failed(&mut self, node: &mut Node, now: Instant) {
         for (i, app) in self.apps.iter_mut().enumerate() {
             let Some(f) = &mut app.failure else { continue };
             if now < f.retry_at {
+                continue;
+            }
+            if self.stores.closing(i as AppIndex) {
+                // A sync of the old descriptors is still in flight: try once it is done, without waiting here.
+                f.retry_at = now + RETRY_FIRST;
                 continue;
             }
             match self.stores.retry(i as AppIndex) {
@@ -1039,13 +1114,21 @@ impl Host {
                         now.saturating_duration_since(f.since).as_secs_f64()
                     );
                     app.failure = None;
-                    // The probe synced the store: what it holds is durable.
+                    // The reopened store was read from the disk and its probe synced: what it holds is durable.
                     self.durable[i] = self.stores.app(i as AppIndex).map_or(1, AppStore::head);
                     node.set_app_paused(i as AppIndex, app.lag_paused);
                     node.set_app_cannot_store(i as AppIndex, false);
                 }
                 Err(e) => {
-                    f.why = e.to_string();
+                    let words = e.to_string();
+                    if f.last_try.as_deref() != Some(words.as_str()) && words != f.why {
+                        if matches!(e, StoreError::Lost { .. }) {
+                            tracing::error!("app {}: {words}", app.config.name);
+                        } else {
+                            tracing::warn!("app {} still cannot store: {words}", app.config.name);
+                        }
+                    }
+                    f.last_try = Some(words);
                     f.backoff = (f.backoff * 2).min(RETRY_MAX);
                     f.retry_at = now + f.backoff;
                 }
@@ -1107,7 +1190,7 @@ impl Host {
                     stored_records: app.stored,
                     turns_failed: app.turns_failed,
                     queue_depth,
-                    failed: app.failure.as_ref().map(|f| f.why.clone()),
+                    failed: app.failure.as_ref().map(Failure::words),
                     paused_for_lag: app.lag_paused,
                     lag_pauses: app.lag_pauses,
                     outlets,

@@ -504,6 +504,7 @@ impl ReadyNode {
             if stopping {
                 self.host.drain(&mut self.node);
                 self.after_finish();
+                self.host.checkpoint_at_stop();
             }
             let swept_before = self.node.counters().sessions_swept;
             self.node.handle_timeout(now);

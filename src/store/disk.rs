@@ -104,6 +104,28 @@ pub fn reserve_shm(file: &File, bytes: u64) -> std::io::Result<u64> {
     Ok(want)
 }
 
+/// The byte of the `-shm` on which every SQLite connection to a WAL store holds a shared lock while it is open
+/// (its "dead man switch", `UNIX_SHM_DMS`: 120 + 8; sqlite.org/walformat.html, "the wal-index locks"). The first
+/// connection to find it unlocked rebuilds the wal-index from the `-wal` on the disk.
+const SHM_DMS_BYTE: libc::off_t = 128;
+
+/// Whether a process other than this one has the store at `path` open now (it holds SQLite's lock on the
+/// `-shm`). When none has, the next connection rebuilds the wal-index from the `-wal` itself.
+pub fn open_elsewhere(path: &Path) -> bool {
+    let Ok(shm) = OpenOptions::new().read(true).open(shm_path(path)) else {
+        return false;
+    };
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as _;
+    lock.l_whence = libc::SEEK_SET as _;
+    lock.l_start = SHM_DMS_BYTE;
+    lock.l_len = 1;
+    // SAFETY: F_GETLK on a descriptor we own, with a flock struct to fill; it takes no lock.
+    let rc = unsafe { libc::fcntl(shm.as_raw_fd(), libc::F_GETLK, &mut lock) };
+    // Closing `shm` would drop this process's POSIX locks on the file: only call this before opening the store.
+    rc == 0 && i32::from(lock.l_type) != libc::F_UNLCK
+}
+
 /// A file's identity: device and inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct FileId {

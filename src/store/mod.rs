@@ -15,6 +15,7 @@ pub mod sync;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use thiserror::Error;
@@ -37,13 +38,54 @@ pub enum StoreError {
     },
     #[error(
         "cannot sync {path} to disk: {source}; nothing written to it since its last sync is acknowledged. The disk \
-         under it failed to write (the kernel log, `dmesg`, says why); the app is tried again and stores again once \
-         the disk writes"
+         under it failed to write (the kernel log, `dmesg`, says why); the store is reopened and stores again only \
+         once every record it acknowledged is found on the disk"
     )]
     Sync {
         path: PathBuf,
         source: Arc<std::io::Error>,
     },
+    #[error(
+        "cannot copy the commits of {path}-wal into {path} (a checkpoint): {source}; nothing more is acknowledged \
+         for its app. The disk under it failed to write (the kernel log, `dmesg`, says why); the store is reopened \
+         and stores again only once every record it acknowledged is found on the disk"
+    )]
+    Checkpoint {
+        path: PathBuf,
+        source: Arc<rusqlite::Error>,
+    },
+    #[error(
+        "the filesystem under {path} is read-only now (the kernel makes it so after a disk error: `dmesg` says \
+         which); nothing more is acknowledged for its app. Check the disk (fsck, or replace a failing card) and \
+         restart the node"
+    )]
+    ReadOnly { path: PathBuf },
+    #[error(
+        "a write or sync of {path} failed earlier; it is not trusted again until it is reopened"
+    )]
+    FailedEarlier { path: PathBuf },
+    #[error(
+        "the disk under its store failed a write for app {app} (its error says which); nothing stored on that disk \
+         is acknowledged until each store on it has been reopened and checked"
+    )]
+    SameDisk { app: String },
+    #[error(
+        "store {path} was reopened after a disk fault and holds records up to position {found}, but the node had \
+         acknowledged or forwarded records up to position {acked}: the disk lost {} records it had reported \
+         written. Nothing more is acknowledged for its app; restore the store from a backup and restart the node \
+         (or restart with --accept-lost-state to go on without them)",
+        acked - found
+    )]
+    Lost {
+        path: PathBuf,
+        acked: u64,
+        found: u64,
+    },
+    #[error(
+        "cannot check store {path} after a disk fault: another process has it open (a `pure-serve records`?); \
+         its app stores again once that process has closed it and the check finds every acknowledged record"
+    )]
+    CheckBusy { path: PathBuf },
     #[error("cannot start the thread that syncs the stores (pure-sync): {source}")]
     SyncThread { source: std::io::Error },
     #[error("cannot open {path} to sync it: {source}")]
@@ -173,11 +215,31 @@ pub struct AppStore {
     /// The files opened, to notice a store deleted or replaced under the node, and the `-shm` allocated ahead
     /// (`None` for stores in memory and readers).
     guard: Option<disk::FileGuard>,
-    /// The `-wal`, opened with the store and kept, for [`sync::Syncer`] to make commits durable (its module doc
-    /// says why the descriptor is kept). `None` for stores in memory and readers.
-    wal_sync: Option<Arc<std::fs::File>>,
+    /// The descriptors the store is synced and checkpointed through, opened with the store (once its `-wal`
+    /// exists) and kept, for [`sync::Syncer`] (its module doc says why). `None` for stores in memory and readers.
+    files: Option<Arc<sync::StoreFiles>>,
+    /// Frames in the `-wal` after the last commit (SQLite's WAL hook sets it).
+    wal_frames: Arc<AtomicU32>,
+    /// `wal_frames` after the last checkpoint.
+    frames_at_checkpoint: u32,
     /// The position the next stored record gets: records `1 .. head` are stored (docs/store.md, positions).
     head: u64,
+}
+
+/// A store checkpoints after a commit once this many frames were added to its `-wal` since its last checkpoint
+/// (SQLite's own automatic checkpoint uses the same figure: about 4 MiB of WAL with 4 KiB pages).
+pub const CHECKPOINT_FRAMES: u32 = 1000;
+
+/// Makes `conn` never checkpoint by itself: not when a commit grows the WAL (SQLite ignores the errors of those
+/// checkpoints) and not when it closes (a checkpoint that wrongly thinks it succeeded would delete the `-wal`). The
+/// store checkpoints itself, and checks ([`AppStore::checkpoint`], store/sync.rs).
+pub(crate) fn no_checkpoints_behind_our_back(conn: &Connection) -> rusqlite::Result<()> {
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+        true,
+    )?;
+    Ok(())
 }
 
 /// One stored record, as read back.
@@ -282,8 +344,9 @@ fn now_ms() -> i64 {
 impl AppStore {
     /// Opens (creating if needed) an app's store for writing: WAL with `synchronous=NORMAL`, so a commit is
     /// durable only once its `-wal` is synced ([`AppStore::sync`], or the [`sync::Syncer`] with
-    /// [`AppStore::wal_for_sync`]): the node acks nothing before that (research/010). A store of layout 1 is
-    /// migrated to layout 2 in one transaction (synced before it is used).
+    /// [`AppStore::sync_item`]): the node acks nothing before that (research/010). SQLite never checkpoints it by
+    /// itself ([`no_checkpoints_behind_our_back`]). A store of layout 1 is migrated to layout 2 in one
+    /// transaction (synced before it is used).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         // A store may be a symbolic link (an app's store on another disk): SQLite keeps its -wal and -shm beside
         // the file the link names, so the guards below must look there too.
@@ -308,12 +371,31 @@ impl AppStore {
                 wanted,
             });
         }
-        let conn = Connection::open(path).map_err(sql)?;
+        // What the node builds on must be what the disk holds: a page whose write-back failed (a node that
+        // died after a disk fault, restarted) stays in the page cache, clean, and would be read as stored. When
+        // no other process has the store open, this connection rebuilds the wal-index from the `-wal`, so drop
+        // the cached pages first and it reads the disk. (With a reader attached the wal-index is the reader's,
+        // and a page dropped from under it could be read stale: then the cache is kept.)
+        if !disk::open_elsewhere(path) {
+            forget_cached_pages(path)?;
+        }
+        let mut conn = Connection::open(path).map_err(sql)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(sql)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(sql)?;
+        no_checkpoints_behind_our_back(&conn).map_err(sql)?;
+        let wal_frames = Arc::new(AtomicU32::new(0));
+        let frames = wal_frames.clone();
+        conn.wal_hook(Some(
+            move |_: &mut rusqlite::hooks::Wal, n: std::ffi::c_int| {
+                frames.store(n.max(0) as u32, Ordering::Relaxed);
+                Ok(())
+            },
+        ))
+        .map_err(sql)?;
         let mut store = Self::prepare_layout(conn, path.to_path_buf())?;
+        store.wal_frames = wal_frames;
         let mut guard = disk::FileGuard::new(path).map_err(|source| StoreError::Io {
             path: path.to_path_buf(),
             source,
@@ -337,34 +419,78 @@ impl AppStore {
         Ok(store)
     }
 
-    /// Opens the `-wal` to sync it through, once it exists (SQLite makes it with the first transaction).
+    /// Opens the descriptors to sync through, once the `-wal` exists (SQLite makes it with the first transaction).
     fn open_wal_for_sync(&mut self) -> Result<(), StoreError> {
-        if self.wal_sync.is_some() || self.guard.is_none() {
+        if self.files.is_some() || self.guard.is_none() {
             return Ok(());
         }
-        let wal = disk::wal_path(&self.path);
-        match std::fs::File::open(&wal) {
-            Ok(f) => {
-                self.wal_sync = Some(Arc::new(f));
-                Ok(())
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(StoreError::OpenWal { path: wal, source }),
+        if !disk::wal_path(&self.path).exists() {
+            return Ok(());
         }
+        self.files = Some(Arc::new(sync::StoreFiles::open(&self.path)?));
+        Ok(())
     }
 
-    /// The `-wal` to sync for the commits made so far (`None`: nothing to sync, a store in memory).
-    pub fn wal_for_sync(&self) -> Option<Arc<std::fs::File>> {
-        self.wal_sync.clone()
+    /// What to sync for the commits made so far (`None`: nothing to sync, a store in memory).
+    pub fn sync_item(&self, app: AppIndex) -> Option<(AppIndex, Arc<sync::StoreFiles>)> {
+        Some((app, self.files.clone()?))
+    }
+
+    /// Whether [`CHECKPOINT_FRAMES`] were added to the `-wal` since the last checkpoint was made.
+    fn checkpoint_due(&mut self) -> bool {
+        let frames = self.wal_frames.load(Ordering::Relaxed);
+        // Fewer frames than at the last one: the WAL was restarted after it.
+        if frames < self.frames_at_checkpoint {
+            self.frames_at_checkpoint = 0;
+        }
+        frames - self.frames_at_checkpoint >= CHECKPOINT_FRAMES
+    }
+
+    /// Copies the `-wal`'s commits into the database file (a passive checkpoint on this connection: it never waits
+    /// for readers, and as the writer makes it between two commits, the next commit restarts the `-wal`), checks
+    /// the result, and syncs the file through the node's own descriptor ([`sync::StoreFiles`]). Any failure marks
+    /// the store failed; a checkpoint that another connection holds off is not one (the next one does it).
+    pub fn checkpoint(&mut self) -> Result<(), StoreError> {
+        let Some(files) = &self.files else {
+            return Ok(());
+        };
+        if files.is_failed() {
+            return Err(StoreError::FailedEarlier {
+                path: self.path.clone(),
+            });
+        }
+        match self
+            .conn
+            .wal_checkpoint_v2(Some("main"), rusqlite::wal::CheckpointMode::PASSIVE)
+        {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                ) => {}
+            Err(source) => {
+                files.fail();
+                return Err(StoreError::Checkpoint {
+                    path: self.path.clone(),
+                    source: Arc::new(source),
+                });
+            }
+        }
+        files.sync_after_checkpoint()?;
+        self.frames_at_checkpoint = self.wal_frames.load(Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The descriptors the store is synced through (`None` for stores in memory, or before its `-wal` exists).
+    pub fn files(&self) -> Option<&Arc<sync::StoreFiles>> {
+        self.files.as_ref()
     }
 
     /// Makes every commit so far durable, here and now (the daemon's host lets the `pure-sync` thread do it).
     pub fn sync(&self) -> Result<(), StoreError> {
-        match &self.wal_sync {
-            Some(f) => f.sync_data().map_err(|e| StoreError::Sync {
-                path: disk::wal_path(&self.path),
-                source: Arc::new(e),
-            }),
+        match &self.files {
+            Some(f) => f.sync_wal(),
             None => Ok(()),
         }
     }
@@ -439,7 +565,9 @@ impl AppStore {
             conn,
             path,
             guard: None,
-            wal_sync: None,
+            files: None,
+            wal_frames: Arc::new(AtomicU32::new(0)),
+            frames_at_checkpoint: 0,
             head: head.max(1) as u64,
         })
     }
@@ -475,7 +603,23 @@ impl AppStore {
                 path: path.to_path_buf(),
                 source,
             })?;
+        // A reader never writes: not even the checkpoint SQLite makes when the last connection to a store closes.
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )
+        .map_err(|source| StoreError::Sqlite {
+            path: path.to_path_buf(),
+            source,
+        })?;
         if alone {
+            // Alone means alone: a store another process holds is said at once, not waited for (the node checks
+            // a store this way from its receive loop, Stores::retry).
+            conn.busy_timeout(std::time::Duration::ZERO)
+                .map_err(|source| StoreError::Sqlite {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
             conn.pragma_update(None, "locking_mode", "EXCLUSIVE")
                 .map_err(|source| StoreError::Sqlite {
                     path: path.to_path_buf(),
@@ -499,7 +643,9 @@ impl AppStore {
             conn,
             path: path.to_path_buf(),
             guard: None,
-            wal_sync: None,
+            files: None,
+            wal_frames: Arc::new(AtomicU32::new(0)),
+            frames_at_checkpoint: 0,
             head: 1,
         };
         store.head = store.read_head()?;
@@ -692,6 +838,10 @@ impl AppStore {
         self.after_commit()?;
         self.open_wal_for_sync()?;
         self.head = head;
+        // SQLite's own checkpoint would run here, inside the commit, and ignore its errors (store/sync.rs).
+        if self.checkpoint_due() {
+            self.checkpoint()?;
+        }
         Ok(applied)
     }
 
@@ -912,11 +1062,24 @@ impl AppStore {
     }
 }
 
-/// An app's store as the node holds it: open, or not (yet) openable — its path kept to try again.
+/// An app's store as the node holds it: open, or closed — never opened (its disk could not), or closed after a
+/// fault — and kept to try again.
 enum Slot {
     /// Boxed: a store is large beside a path, and slots are moved when apps are added.
     Open(Box<AppStore>),
-    Closed(PathBuf),
+    Closed(ClosedStore),
+}
+
+/// A store that is not open, and what reopening it must find.
+struct ClosedStore {
+    path: PathBuf,
+    /// Records before this position were acknowledged or forwarded: the store is used again only if it holds them.
+    acked_head: u64,
+    /// The descriptors of the store as it was open, while anything still holds them: it is reopened only when they
+    /// are all closed, so that its first connection reads what is on the disk.
+    old: std::sync::Weak<sync::StoreFiles>,
+    /// Why it can never be reopened while the node runs (deleted or replaced under the node).
+    never: Option<String>,
 }
 
 /// The stores of all apps of a node, by app index. A store that could not be opened (a full or read-only disk)
@@ -991,25 +1154,80 @@ impl Stores {
 
     /// Adds an app whose store could not be opened at `path`; [`Stores::retry`] tries again.
     pub fn push_closed(&mut self, path: PathBuf) -> AppIndex {
-        self.apps.push(Slot::Closed(path));
+        self.apps.push(Slot::Closed(ClosedStore {
+            path,
+            acked_head: 1,
+            old: std::sync::Weak::new(),
+            never: None,
+        }));
         (self.apps.len() - 1) as AppIndex
     }
 
-    /// Whether an app's store can commit now: an open one is probed ([`AppStore::probe_write`]), a closed one is
-    /// opened. Returns whether it was opened just now.
-    pub fn retry(&mut self, app: AppIndex) -> Result<bool, StoreError> {
-        match self.apps.get_mut(app as usize) {
-            Some(Slot::Open(s)) => s.probe_write().map(|_| false),
-            Some(slot) => {
-                let Slot::Closed(path) = &*slot else {
-                    return Ok(false);
-                };
-                let store = AppStore::open(path)?;
-                *slot = Slot::Open(Box::new(store));
-                Ok(true)
+    /// Closes an app's store after a fault: its descriptors are never trusted again, and [`Stores::retry`] opens it
+    /// anew only once it is found to hold every record before `acked_head`. `never`: the fault is one no reopening
+    /// can mend while the node runs (the file was deleted or replaced), said again at every try.
+    pub fn close_failed(&mut self, app: AppIndex, acked_head: u64, never: Option<String>) {
+        let Some(slot) = self.apps.get_mut(app as usize) else {
+            return;
+        };
+        let closed = match slot {
+            Slot::Open(store) => {
+                if let Some(files) = &store.files {
+                    files.fail();
+                }
+                ClosedStore {
+                    path: store.path.clone(),
+                    acked_head,
+                    old: store
+                        .files
+                        .as_ref()
+                        .map_or_else(std::sync::Weak::new, Arc::downgrade),
+                    never,
+                }
             }
-            None => Ok(false),
+            Slot::Closed(c) => ClosedStore {
+                path: c.path.clone(),
+                acked_head: c.acked_head.max(acked_head),
+                old: c.old.clone(),
+                never: never.or(c.never.take()),
+            },
+        };
+        // Dropping the store closes its connection (which never checkpoints on close) before its descriptors.
+        *slot = Slot::Closed(closed);
+    }
+
+    /// Tries to open a closed store again (a store that is open is left as it is). Returns whether it is open now.
+    /// A store closed after a fault is reopened only when everything that held it is closed, the page cache of its
+    /// files has been dropped so that what is read comes from the disk, and a reading of it with SQLite's
+    /// wal-index rebuilt from the `-wal` on the disk holds every record before the position that was acknowledged;
+    /// then it is opened for writing and must commit and sync a probe (issue 14).
+    pub fn retry(&mut self, app: AppIndex) -> Result<bool, StoreError> {
+        let Some(slot) = self.apps.get_mut(app as usize) else {
+            return Ok(false);
+        };
+        let Slot::Closed(closed) = slot else {
+            return Ok(true);
+        };
+        if let Some(never) = &closed.never {
+            return Err(StoreError::Gone {
+                path: closed.path.clone(),
+                what: never.clone(),
+            });
         }
+        if closed.old.strong_count() > 0 {
+            return Err(StoreError::FailedEarlier {
+                path: closed.path.clone(),
+            });
+        }
+        let mut store = reopen_checked(&closed.path, closed.acked_head)?;
+        store.probe_write()?;
+        *slot = Slot::Open(Box::new(store));
+        Ok(true)
+    }
+
+    /// Whether an app's store is closed only until the descriptors of its last opening are all closed.
+    pub fn closing(&self, app: AppIndex) -> bool {
+        matches!(self.apps.get(app as usize), Some(Slot::Closed(c)) if c.old.strong_count() > 0)
     }
 
     /// Applies a turn: one transaction per app it touches, in app order, each synced before the next (durable on
@@ -1038,6 +1256,69 @@ impl Stores {
         }
         Ok(committed)
     }
+}
+
+/// Opens the store at `path` after a fault (or for the first time, with `acked_head` 1), having made sure it holds
+/// every record before `acked_head` on the disk itself ([`Stores::retry`]).
+fn reopen_checked(path: &Path, acked_head: u64) -> Result<AppStore, StoreError> {
+    if acked_head > 1 {
+        forget_cached_pages(path)?;
+        let found = match AppStore::open_read_with(path, true) {
+            Ok(reader) => reader.head,
+            Err(StoreError::Sqlite { source, .. })
+                if matches!(
+                    source.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                ) =>
+            {
+                return Err(StoreError::CheckBusy {
+                    path: path.to_path_buf(),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        if found < acked_head {
+            return Err(StoreError::Lost {
+                path: path.to_path_buf(),
+                acked: acked_head - 1,
+                found: found - 1,
+            });
+        }
+    }
+    AppStore::open(path)
+}
+
+/// Drops what the page cache holds of a store's file and `-wal`, so that the next reading comes from the disk: a
+/// page whose write-back failed stays in the cache, clean, and a reading of it would show data the disk does not
+/// have. Dirty pages are written first (a sync that is not trusted: it only makes them droppable; its failure
+/// means the disk still fails).
+fn forget_cached_pages(path: &Path) -> Result<(), StoreError> {
+    use std::os::fd::AsRawFd;
+    for p in [path.to_path_buf(), disk::wal_path(path)] {
+        let file = match std::fs::File::open(&p) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(StoreError::OpenWal { path: p, source }),
+        };
+        if sync::is_read_only(&file) {
+            return Err(StoreError::ReadOnly {
+                path: path.to_path_buf(),
+            });
+        }
+        file.sync_data().map_err(|e| StoreError::Sync {
+            path: p.clone(),
+            source: Arc::new(e),
+        })?;
+        // SAFETY: posix_fadvise on a descriptor we own; it only drops clean cached pages of the file.
+        let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if rc != 0 {
+            return Err(StoreError::Sync {
+                path: p,
+                source: Arc::new(std::io::Error::from_raw_os_error(rc)),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The turn's items as pieces to apply, per app index (`apps` of them); source names from the allow-list.
@@ -1156,6 +1437,60 @@ mod tests {
             t.record_count += count;
         }
         t
+    }
+
+    #[test]
+    fn a_store_closed_after_a_fault_is_reopened_only_when_the_disk_holds_what_was_acked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut stores = Stores::open(dir.path(), &["main".to_string()]).unwrap();
+        stores
+            .apply_turn(&turn(1, &[(0, 1, 5), (1, 1, 3)]), &list())
+            .unwrap();
+        let head = stores.app(0).unwrap().head();
+        assert_eq!(head, 9);
+        // Everything acknowledged is there: reopened, and it commits.
+        stores.close_failed(0, head, None);
+        assert!(stores.app(0).is_none(), "closed at once");
+        assert!(stores.retry(0).unwrap());
+        assert_eq!(stores.app(0).unwrap().head(), head);
+        // Not while the descriptors of the last opening are held (a sync of them in flight).
+        let held = stores.app(0).unwrap().files().unwrap().clone();
+        stores.close_failed(0, head, None);
+        assert!(held.is_failed(), "never synced through again");
+        assert!(stores.closing(0));
+        assert!(matches!(
+            stores.retry(0),
+            Err(StoreError::FailedEarlier { .. })
+        ));
+        drop(held);
+        assert!(!stores.closing(0));
+        // Not while another reader holds it: its check needs the wal-index rebuilt from the disk.
+        let reader = AppStore::open_read(&app_store_path(dir.path(), "main")).unwrap();
+        assert_eq!(reader.read_head().unwrap(), head);
+        let busy = stores.retry(0).unwrap_err();
+        assert!(matches!(busy, StoreError::CheckBusy { .. }), "{busy}");
+        drop(reader);
+        assert!(stores.retry(0).unwrap());
+        // Records acknowledged that the disk does not hold: never used again, and said so.
+        stores.close_failed(0, head + 4, None);
+        let lost = stores.retry(0).unwrap_err();
+        let words = lost.to_string();
+        assert!(
+            matches!(
+                lost,
+                StoreError::Lost {
+                    acked: 12,
+                    found: 8,
+                    ..
+                }
+            ),
+            "{words}"
+        );
+        assert!(words.contains("the disk lost 4 records"), "{words}");
+        assert!(stores.app(0).is_none());
+        // A store deleted under the node is never reopened while it runs.
+        stores.close_failed(0, 1, Some("it was deleted".into()));
+        assert!(matches!(stores.retry(0), Err(StoreError::Gone { .. })));
     }
 
     fn stored(stores: &Stores) -> Vec<(String, u64, String)> {
@@ -1475,6 +1810,170 @@ mod guard_cost {
             median(&mut on),
             median(&mut off)
         );
+    }
+
+    /// research/014-failing-disk: what each way of checkpointing and syncing costs the commit path, side by side.
+    /// Four stores on one disk, fed in turns the way the host feeds them (commit on this thread, the `-wal` synced
+    /// on `pure-sync`, at most four turns waiting): `sqlite_auto` (SQLite's automatic checkpoint inside the commit
+    /// every 1000 frames, errors ignored: the node before issue 14), `node` (the node: its own checkpoint after the
+    /// commit every 1000 frames, checked, and the file synced through its own descriptor; `fdatasync` of the
+    /// `-wal`), `node_fsync` (the same with `fsync`), and `sync_thread` (the first design: checkpoints on another
+    /// thread through a connection of their own, every 1000 frames, while the writer goes on). The variants take
+    /// turns block by block, so they meet the disk at the same moments. Prints one JSON line per variant, turn size
+    /// and round: records per second, commit time on the loop (p50, p99, max), time from commit to synced (p50,
+    /// p99) and the `-wal`'s size at the end. `CHECKPOINT_COSTS_DIR` chooses the disk (default: a temporary
+    /// directory), `CHECKPOINT_COSTS_ROUNDS` the rounds (default 5). Run with
+    /// `cargo test --release --lib checkpoint_costs -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn checkpoint_costs() {
+        use crate::store::sync::Syncer;
+        use std::sync::atomic::Ordering;
+        let base = std::env::var_os("CHECKPOINT_COSTS_DIR").map(PathBuf::from);
+        let dir = match &base {
+            Some(b) => tempfile::tempdir_in(b).unwrap(),
+            None => tempfile::tempdir().unwrap(),
+        };
+        let rounds: usize = std::env::var("CHECKPOINT_COSTS_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5);
+        let mut one = Vec::new();
+        crate::proto::wire::put_record(&mut one, &[7u8; 100]);
+        let variants = ["sqlite_auto", "node", "node_fsync", "sync_thread"];
+        for turn in [256u64, 4096] {
+            let records: Vec<u8> = (0..turn).flat_map(|_| one.clone()).collect();
+            // About 16 MiB of records per variant and round: several checkpoints each.
+            let turns = (160_000 / turn).max(8);
+            let mut stores: Vec<AppStore> = Vec::new();
+            // The sync_thread variant's checkpointer: its own connection on a thread, told when 1000 frames more
+            // were committed.
+            let mut checkpointer = None;
+            for v in variants {
+                let path = dir.path().join(format!("apps/{v}-{turn}.sqlite"));
+                let mut s = AppStore::open(&path).unwrap();
+                match v {
+                    // SQLite's own hook again (it replaces the node's), checkpointing inside the commit.
+                    "sqlite_auto" => s
+                        .conn
+                        .pragma_update(None, "wal_autocheckpoint", 1000)
+                        .unwrap(),
+                    "sync_thread" => {
+                        let frames = Arc::new(AtomicU32::new(0));
+                        let hook = frames.clone();
+                        s.conn
+                            .wal_hook(Some(
+                                move |_: &mut rusqlite::hooks::Wal, n: std::ffi::c_int| {
+                                    hook.store(n.max(0) as u32, Ordering::Relaxed);
+                                    Ok(())
+                                },
+                            ))
+                            .unwrap();
+                        let (tx, rx) = std::sync::mpsc::channel::<()>();
+                        let conn = Connection::open(&path).unwrap();
+                        no_checkpoints_behind_our_back(&conn).unwrap();
+                        conn.pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0))
+                            .unwrap();
+                        let files = s.files.clone().unwrap();
+                        let thread = std::thread::spawn(move || {
+                            while rx.recv().is_ok() {
+                                conn.wal_checkpoint_v2(
+                                    Some("main"),
+                                    rusqlite::wal::CheckpointMode::PASSIVE,
+                                )
+                                .unwrap();
+                                files.sync_after_checkpoint().unwrap();
+                            }
+                        });
+                        checkpointer = Some((frames, tx, thread));
+                    }
+                    _ => {}
+                }
+                stores.push(s);
+            }
+            let mut next_seq = vec![1u64; variants.len()];
+            let mut asked_at = 0u32;
+            for round in 0..rounds {
+                for (k, variant) in variants.iter().enumerate() {
+                    let s = &mut stores[k];
+                    let syncer = Syncer::start().unwrap();
+                    let mut commits = Vec::new();
+                    let mut acks = Vec::new();
+                    let mut waiting: std::collections::VecDeque<(u64, Instant)> =
+                        Default::default();
+                    let started = Instant::now();
+                    for t in 0..turns {
+                        let mut pieces = [Piece {
+                            source: "dev",
+                            first_seq: next_seq[k],
+                            count: turn,
+                            format: RecordFormat::Plain,
+                            records: &records,
+                        }];
+                        next_seq[k] += turn;
+                        let c = Instant::now();
+                        s.apply(&mut pieces, &[], false).unwrap();
+                        commits.push(c.elapsed().as_secs_f64() * 1e6);
+                        if *variant == "sync_thread"
+                            && let Some((frames, tx, _)) = &checkpointer
+                        {
+                            let n = frames.load(Ordering::Relaxed);
+                            if n < asked_at {
+                                asked_at = 0;
+                            }
+                            if n - asked_at >= CHECKPOINT_FRAMES {
+                                asked_at = n;
+                                tx.send(()).unwrap();
+                            }
+                        }
+                        let item = s.sync_item(0).unwrap();
+                        item.1
+                            .full_fsync
+                            .store(*variant == "node_fsync", Ordering::Relaxed);
+                        syncer.submit(t, vec![item]);
+                        waiting.push_back((t, c));
+                        let mut done = syncer.done();
+                        loop {
+                            for synced in done {
+                                assert!(synced.failed.is_empty());
+                                let (seq, at) = waiting.pop_front().unwrap();
+                                assert_eq!(seq, synced.seq);
+                                acks.push(at.elapsed().as_secs_f64() * 1e6);
+                            }
+                            // At most four turns wait for their sync, as in the host; all are done at the end.
+                            let last = t + 1 == turns;
+                            if waiting.len() <= 4 && (!last || waiting.is_empty()) {
+                                break;
+                            }
+                            done = syncer.wait_done();
+                        }
+                    }
+                    let secs = started.elapsed().as_secs_f64();
+                    drop(syncer);
+                    let wal = std::fs::metadata(disk::wal_path(s.path())).map_or(0, |m| m.len());
+                    let pct = |v: &mut Vec<f64>, p: usize| {
+                        v.sort_by(|a, b| a.total_cmp(b));
+                        v[(v.len() * p / 100).min(v.len() - 1)]
+                    };
+                    println!(
+                        "{{\"bench\":\"checkpoint_costs\",\"variant\":\"{variant}\",\"records_per_turn\":{turn},\
+                         \"round\":{round},\"turns\":{turns},\"records_per_s\":{:.0},\"commit_us_p50\":{:.0},\
+                         \"commit_us_p99\":{:.0},\"commit_us_max\":{:.0},\"synced_us_p50\":{:.0},\
+                         \"synced_us_p99\":{:.0},\"wal_bytes\":{wal}}}",
+                        (turns * turn) as f64 / secs,
+                        pct(&mut commits, 50),
+                        pct(&mut commits, 99),
+                        pct(&mut commits, 100),
+                        pct(&mut acks, 50),
+                        pct(&mut acks, 99),
+                    );
+                }
+            }
+            if let Some((_, tx, thread)) = checkpointer.take() {
+                drop(tx);
+                thread.join().unwrap();
+            }
+        }
     }
 
     /// docs/durability.md: what `synchronous` costs, side by side — commits of 1 and of 256 records with FULL (the

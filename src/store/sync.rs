@@ -1,4 +1,5 @@
-//! Making commits durable off the receive loop: the `pure-sync` thread (research/010).
+//! Making commits durable off the receive loop: the `pure-sync` thread (research/010), and the descriptors and
+//! checks that keep a failing disk from being trusted (research/014).
 //!
 //! App stores commit with `synchronous=NORMAL`. In WAL mode, SQLite's `FULL` is exactly `NORMAL` plus one sync of
 //! the `-wal` file after each commit; that sync is what this thread does, so the receive loop can read, open and
@@ -10,32 +11,188 @@
 //!   `fdatasync` of a `-wal` makes everything written to it so far durable, so later turns' frames ride on an
 //!   earlier turn's sync.
 //! - **In order.** Jobs finish in the order they were submitted; [`Syncer::done`] hands them back so.
-//! - **Errors are seen.** Each store's `-wal` is synced through a descriptor opened with the store and kept
-//!   ([`super::AppStore::wal_for_sync`]): Linux reports a write-back error to every descriptor that was open when
-//!   it happened, once, but not to one opened afterwards. A failed sync fails that app in the jobs it was synced
-//!   for; the host then stops the app (its frames since the last good sync cannot be trusted to be on disk) and
-//!   acks nothing of it.
+//! - **Checkpoints are checked.** SQLite's automatic checkpoint runs inside a commit and **ignores its own
+//!   errors**; a checkpoint whose writes of the database file failed, followed by one whose sync returned 0 (the
+//!   kernel reports a write-back error once per descriptor), lets SQLite restart the `-wal` over records that were
+//!   never written anywhere else: acknowledged records lost (issue 14, research/014). So stores commit with
+//!   `wal_autocheckpoint=0`, the store checkpoints itself after a commit that grew the `-wal` enough and checks the
+//!   result ([`super::AppStore::apply`]), and then syncs the database file once more through a descriptor kept
+//!   here, opened with the store: Linux reports a write-back error to every descriptor that was open when it
+//!   happened, so an error that SQLite's descriptor already reported is still seen. (Checkpointing on this thread
+//!   instead was measured and dropped: a writer that never pauses never lets the `-wal` restart; research/014.)
+//! - **A failure is final for the descriptors.** A store whose sync or checkpoint failed once is marked failed
+//!   and never synced or checkpointed again through them ("never retry an fsync and trust its success"): the
+//!   host closes it, and only reopens it once what it acknowledged is found on the disk
+//!   ([`super::Stores::retry`]).
+//! - **A read-only filesystem is a failure.** ext4 turns a filesystem read-only after some errors (its journal
+//!   aborted) while syncs of data already in place may still return 0; after each sync the thread asks the
+//!   filesystem (`fstatvfs`) and a read-only one fails the store.
 //!
 //! One thread, whatever the number of apps: the thread count does not grow with apps (ARCHITECTURE.md).
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+use super::StoreError;
 use crate::ops::wake::Wake;
 use crate::proto::turn::AppIndex;
 
-/// One turn's files to sync: the app each belongs to and its `-wal`.
-pub type SyncFiles = Vec<(AppIndex, Arc<File>)>;
+/// The descriptors one open store is synced through, opened with the store and kept (the module doc says why).
+/// Shared by the store and the sync jobs that name it; closed when the last of them goes, after the store's
+/// connection (closing a descriptor drops every POSIX lock this process holds on the file, SQLite's included).
+pub struct StoreFiles {
+    /// The store's file.
+    path: PathBuf,
+    wal: File,
+    db: File,
+    /// The filesystem's device, to find the stores that share a disk.
+    device: u64,
+    /// Set at the first failed sync, checkpoint or check; nothing is synced through these descriptors after.
+    failed: AtomicBool,
+    /// Sync the `-wal` with `fsync` instead of `fdatasync`: for research/014's comparison only, never set by the
+    /// node.
+    pub(crate) full_fsync: AtomicBool,
+}
+
+impl std::fmt::Debug for StoreFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreFiles")
+            .field("path", &self.path)
+            .field("failed", &self.is_failed())
+            .finish()
+    }
+}
+
+impl StoreFiles {
+    /// Opens the descriptors of the store at `path` (its `-wal` must exist), and makes the directory entries of both
+    /// files durable (a new store's, or a `-wal` SQLite made just now).
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let wal_path = super::disk::wal_path(path);
+        let open = |p: &Path| {
+            File::open(p).map_err(|source| StoreError::OpenWal {
+                path: p.to_path_buf(),
+                source,
+            })
+        };
+        let wal = open(&wal_path)?;
+        let db = open(path)?;
+        let device = db.metadata().map(|m| m.dev()).unwrap_or(0);
+        if let Some(dir) = path.parent() {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|source| StoreError::Sync {
+                    path: dir.to_path_buf(),
+                    source: Arc::new(source),
+                })?;
+        }
+        Ok(StoreFiles {
+            path: path.to_path_buf(),
+            wal,
+            db,
+            device,
+            failed: AtomicBool::new(false),
+            full_fsync: AtomicBool::new(false),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn device(&self) -> u64 {
+        self.device
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Marks the store failed: nothing is synced or checkpointed through these descriptors again.
+    pub fn fail(&self) {
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Makes every commit written to the `-wal` so far durable. A failure marks the store failed.
+    pub fn sync_wal(&self) -> Result<(), StoreError> {
+        if self.is_failed() {
+            return Err(StoreError::FailedEarlier {
+                path: self.path.clone(),
+            });
+        }
+        let synced = if self.full_fsync.load(Ordering::Relaxed) {
+            self.wal.sync_all()
+        } else {
+            self.wal.sync_data()
+        };
+        let result = synced
+            .map_err(|e| StoreError::Sync {
+                path: super::disk::wal_path(&self.path),
+                source: Arc::new(e),
+            })
+            .and_then(|()| self.writable());
+        if result.is_err() {
+            self.fail();
+        }
+        result
+    }
+
+    /// After a checkpoint SQLite made (and reported done): syncs the database file through this descriptor, which
+    /// sees a write-back error even if SQLite's descriptor reported it already. A failure marks the store failed.
+    pub fn sync_after_checkpoint(&self) -> Result<(), StoreError> {
+        if self.is_failed() {
+            return Err(StoreError::FailedEarlier {
+                path: self.path.clone(),
+            });
+        }
+        let result = self
+            .db
+            .sync_data()
+            .map_err(|e| StoreError::Sync {
+                path: self.path.clone(),
+                source: Arc::new(e),
+            })
+            .and_then(|()| self.writable());
+        if result.is_err() {
+            self.fail();
+        }
+        result
+    }
+
+    /// Errors if the filesystem under the store is read-only now.
+    fn writable(&self) -> Result<(), StoreError> {
+        if is_read_only(&self.wal) {
+            return Err(StoreError::ReadOnly {
+                path: self.path.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Whether the filesystem holding `file` is mounted read-only now (`ST_RDONLY`; a filesystem that cannot say is
+/// taken as writable: the next write tells).
+pub fn is_read_only(file: &File) -> bool {
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatvfs on a descriptor we own, into a struct of the right type.
+    let rc = unsafe { libc::fstatvfs(file.as_raw_fd(), &mut s) };
+    rc == 0 && s.f_flag & libc::ST_RDONLY != 0
+}
+
+/// One turn's stores to sync: the app each belongs to and its descriptors.
+pub type SyncFiles = Vec<(AppIndex, Arc<StoreFiles>)>;
 
 /// A finished job: its sequence number and the apps whose sync failed, with why.
 #[derive(Debug)]
 pub struct Synced {
     pub seq: u64,
-    pub failed: Vec<(AppIndex, Arc<io::Error>)>,
+    pub failed: Vec<(AppIndex, Arc<StoreError>)>,
 }
 
 #[derive(Default)]
@@ -137,27 +294,30 @@ fn run(inner: &Inner) {
             }
             s.queue.drain(..).collect()
         };
-        // Each distinct file once, for every job taken (group commit).
-        let mut failed: Vec<(AppIndex, Arc<io::Error>)> = Vec::new();
-        let mut synced: Vec<*const File> = Vec::new();
-        for (_, files) in &jobs {
-            for (app, file) in files {
-                let key = Arc::as_ptr(file);
+        // Each distinct store once, for every job taken (group commit).
+        let mut failed: Vec<(*const StoreFiles, Arc<StoreError>)> = Vec::new();
+        let mut synced: Vec<*const StoreFiles> = Vec::new();
+        for (_, items) in &jobs {
+            for (_, files) in items {
+                let key = Arc::as_ptr(files);
                 if synced.contains(&key) {
                     continue;
                 }
                 synced.push(key);
-                if let Err(e) = file.sync_data() {
-                    failed.push((*app, Arc::new(e)));
+                if let Err(e) = files.sync_wal() {
+                    failed.push((key, Arc::new(e)));
                 }
             }
         }
         let mut s = lock(&inner.state);
-        for (seq, files) in jobs {
-            let failed_here = failed
+        for (seq, items) in jobs {
+            let failed_here = items
                 .iter()
-                .filter(|(app, _)| files.iter().any(|(a, _)| a == app))
-                .cloned()
+                .filter_map(|(app, files)| {
+                    let key = Arc::as_ptr(files);
+                    let (_, e) = failed.iter().find(|(k, _)| *k == key)?;
+                    Some((*app, e.clone()))
+                })
                 .collect();
             s.done.push_back(Synced {
                 seq,
@@ -174,43 +334,70 @@ fn run(inner: &Inner) {
 mod tests {
     use super::*;
 
+    /// A real store of one table with a `-wal`, and its files.
+    fn store(dir: &Path, name: &str) -> (rusqlite::Connection, Arc<StoreFiles>) {
+        let path = dir.join(name);
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        super::super::no_checkpoints_behind_our_back(&conn).unwrap();
+        conn.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+        let files = Arc::new(StoreFiles::open(&path).unwrap());
+        (conn, files)
+    }
+
+    fn item(app: AppIndex, files: &Arc<StoreFiles>) -> (AppIndex, Arc<StoreFiles>) {
+        (app, files.clone())
+    }
+
+    fn wait_all(syncer: &Syncer, n: usize) -> Vec<Synced> {
+        let mut all = Vec::new();
+        while all.len() < n {
+            all.extend(syncer.wait_done());
+        }
+        all
+    }
+
     #[test]
     fn jobs_finish_in_order_and_wake_the_loop() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Arc::new(File::create(dir.path().join("a-wal")).unwrap());
-        let b = Arc::new(File::create(dir.path().join("b-wal")).unwrap());
+        let (_a_conn, a) = store(dir.path(), "a");
+        let (_b_conn, b) = store(dir.path(), "b");
         let syncer = Syncer::start().unwrap();
-        syncer.submit(1, vec![(0, a.clone())]);
-        syncer.submit(2, vec![(0, a.clone()), (1, b.clone())]);
+        syncer.submit(1, vec![item(0, &a)]);
+        syncer.submit(2, vec![item(0, &a), item(1, &b)]);
         syncer.submit(3, Vec::new());
-        let mut seqs = Vec::new();
-        while seqs.len() < 3 {
-            for s in syncer.wait_done() {
-                assert!(s.failed.is_empty(), "{s:?}");
-                seqs.push(s.seq);
-            }
-        }
+        let seqs: Vec<u64> = wait_all(&syncer, 3)
+            .iter()
+            .inspect(|s| assert!(s.failed.is_empty(), "{s:?}"))
+            .map(|s| s.seq)
+            .collect();
         assert_eq!(seqs, [1, 2, 3]);
         assert!(syncer.done().is_empty());
         assert!(syncer.wait_done().is_empty(), "nothing queued: no wait");
     }
 
     #[test]
-    fn a_failed_sync_fails_its_app_in_the_jobs_synced_with_it() {
+    fn a_failed_sync_fails_its_app_then_and_in_every_later_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_bad_conn, bad) = store(dir.path(), "bad");
+        let (_good_conn, good) = store(dir.path(), "good");
         // fdatasync of a pipe fails (EINVAL): a real failure of the call, without a broken disk.
         let (r, _w) = std::io::pipe().unwrap();
-        let pipe = Arc::new(File::from(std::os::fd::OwnedFd::from(r)));
-        let dir = tempfile::tempdir().unwrap();
-        let good = Arc::new(File::create(dir.path().join("good-wal")).unwrap());
+        let pipe = File::from(std::os::fd::OwnedFd::from(r));
+        // SAFETY: dup2 onto the descriptor the store syncs through, which `bad` owns; both stay open.
+        assert!(unsafe { libc::dup2(pipe.as_raw_fd(), bad.wal.as_raw_fd()) } >= 0);
         let syncer = Syncer::start().unwrap();
-        syncer.submit(7, vec![(3, pipe.clone()), (4, good.clone())]);
-        syncer.submit(8, vec![(4, good.clone())]);
-        let mut all = Vec::new();
-        while all.len() < 2 {
-            all.extend(syncer.wait_done());
-        }
+        syncer.submit(7, vec![item(3, &bad), item(4, &good)]);
+        syncer.submit(8, vec![item(4, &good)]);
+        let all = wait_all(&syncer, 2);
         assert_eq!(all[0].seq, 7);
         assert_eq!(all[0].failed.iter().map(|f| f.0).collect::<Vec<_>>(), [3]);
         assert!(all[1].failed.is_empty(), "app 4 synced: {:?}", all[1]);
+        assert!(bad.is_failed());
+        // Never synced again and trusted: a later job of the failed store fails without a sync.
+        syncer.submit(9, vec![item(3, &bad)]);
+        let later = wait_all(&syncer, 1);
+        let why = later[0].failed[0].1.to_string();
+        assert!(why.contains("failed earlier"), "{why}");
     }
 }
