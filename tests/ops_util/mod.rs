@@ -204,6 +204,15 @@ pub fn spawn_node(
     notify: Option<&NotifySocket>,
     env: &[(&str, &str)],
 ) -> Child {
+    let mut cmd = node_command(state, args, notify);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// The command [`spawn_node`] runs, for a test to add to (limits, say) before it spawns it.
+pub fn node_command(state: &Path, args: &[&str], notify: Option<&NotifySocket>) -> Command {
     let mut cmd = Command::new(bin());
     cmd.arg("--state")
         .arg(state)
@@ -225,10 +234,7 @@ pub fn spawn_node(
     if let Some(n) = notify {
         cmd.env("NOTIFY_SOCKET", &n.env);
     }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.spawn().unwrap()
+    cmd
 }
 
 impl NodeProcess {
