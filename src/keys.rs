@@ -3,7 +3,7 @@
 //! A private key file must not be readable by anyone but its owner; like ssh, the node refuses one that is,
 //! because a leaked node key exposes every sender's traffic (docs/protocol.md 9).
 
-use std::fs::{self, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -12,6 +12,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use thiserror::Error;
 
+use crate::files::{self, FileError};
 use crate::proto::crypto::{Identity, PublicKeyBytes};
 
 #[derive(Debug, Error)]
@@ -20,15 +21,11 @@ pub enum KeyError {
     Base64,
     #[error("{0}")]
     Base64Shape(&'static str),
-    #[error("key file {path} is a directory; give the key file itself")]
-    IsDir { path: PathBuf },
     #[error("decodes to {0} bytes, a key is 32 bytes")]
     Length(usize),
-    #[error("cannot read key file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// Not a regular file, too big, or unreadable (crate::files).
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("key file {path}: {what}")]
     Content { path: PathBuf, what: String },
     #[error(
@@ -77,34 +74,26 @@ pub fn decode_key(text: &str) -> Result<[u8; 32], KeyError> {
         .map_err(|_| KeyError::Length(bytes.len()))
 }
 
-/// Reads a private key file, refusing one that group or others can read.
+/// Reads a private key file, refusing one that group or others can read, and anything that is not a key file
+/// (crate::files).
 pub fn read_identity(path: &Path) -> Result<Identity, KeyError> {
-    let meta = fs::metadata(path).map_err(|source| KeyError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    if meta.is_dir() {
-        return Err(KeyError::IsDir {
-            path: path.to_path_buf(),
-        });
-    }
-    let mode = meta.permissions().mode() & 0o777;
+    let file = files::open(path, &files::KEY)?;
+    let mode = file.metadata().permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(KeyError::TooOpen {
             path: path.to_path_buf(),
             mode,
         });
     }
-    let text = fs::read_to_string(path).map_err(|source| KeyError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let bytes = decode_key(&text).map_err(|e| KeyError::Content {
+    let bytes = file.read_all()?;
+    let content = |what: String| KeyError::Content {
         path: path.to_path_buf(),
         what: format!(
-            "{e}; expected one line of base64 (make one with `pure-serve keygen --out FILE`)"
+            "{what}; expected one line of base64 (make one with `pure-serve keygen --out FILE`)"
         ),
-    })?;
+    };
+    let text = std::str::from_utf8(&bytes).map_err(|_| content("is not text".into()))?;
+    let bytes = decode_key(text).map_err(|e| content(e.to_string()))?;
     Ok(Identity::from_secret_bytes(bytes))
 }
 
@@ -154,6 +143,7 @@ pub fn parse_public_key(text: &str) -> Result<PublicKeyBytes, KeyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn key_files_are_private_and_round_trip() {
@@ -181,7 +171,10 @@ mod tests {
     fn a_directory_is_not_told_to_chmod() {
         let dir = tempfile::tempdir().unwrap();
         let err = read_identity(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("is a directory"), "{err}");
+        assert!(
+            err.contains("is a directory, not a regular file: point --key at a regular file"),
+            "{err}"
+        );
         assert!(!err.contains("chmod"), "{err}");
     }
 

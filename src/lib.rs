@@ -11,6 +11,7 @@
 //! - [`sender`] — the device side: a blocking UDP driver around [`proto::sender`].
 //! - [`apps`] — the host: apps, turns, budgets, outlets; so far [`apps::config`], the `--apps` file.
 //! - [`senders`], [`keys`] — the senders file and key files.
+//! - [`files`] — opening the files an operator names: regular files only, never blocking, within a size limit.
 //! - [`http`] — the HTTP server on `--http-port` (one thread, hyper): `/metrics`, `/healthz`, and `POST /link`,
 //!   sealed link packets over HTTP(S) handed to the receive loop.
 //! - [`ops`] — running as a service: systemd notify and watchdog, signals, reload, metrics and health, `check`.
@@ -33,6 +34,7 @@
 
 pub mod apps;
 pub mod cli;
+pub mod files;
 pub mod http;
 pub mod keys;
 pub mod ops;

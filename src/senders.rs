@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::fs::File;
+use std::io::BufRead;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -18,11 +19,16 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use thiserror::Error;
 
+use crate::files::{self, FileError};
 use crate::proto::allow_list::{AllowList, SourceStamp};
 use crate::proto::crypto::{self, PublicKeyBytes};
 
 /// Longest sender name; names are stored as the `source` of every record.
 pub const MAX_NAME_LEN: usize = 64;
+
+/// Longest line taken: a sender line is a name (64 bytes), a key (44) and perhaps a comment, so a line of 64 KiB
+/// is no line of a senders file (a file without newlines, say); it is reported without being held in memory.
+pub const MAX_LINE_BYTES: usize = 64 << 10;
 
 /// Problems beyond this many are summarised, so a wholly wrong file does not flood the terminal.
 const MAX_REPORTED: usize = 20;
@@ -38,11 +44,9 @@ pub struct LineProblem {
 
 #[derive(Debug, Error)]
 pub enum SendersError {
-    #[error("cannot read senders file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// Not a regular file, too big, or unreadable (crate::files).
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("{}", BadLines(path, problems, *more))]
     Bad {
         path: PathBuf,
@@ -92,11 +96,65 @@ pub fn valid_name(name: &str) -> bool {
 
 /// Reads and checks a senders file into an in-memory list (for `check`, tests, and when no index can be kept).
 pub fn load(path: &Path) -> Result<AllowList, SendersError> {
-    let text = std::fs::read(path).map_err(|source| SendersError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    parse(path, &text)
+    let file = files::open(path, &files::SENDERS)?;
+    let sorted = read_sorted(path, file)?;
+    let mut bytes = vec![0u8; sorted.encoded_len()];
+    sorted.write(SourceStamp::default(), &mut bytes);
+    drop(sorted);
+    Ok(AllowList::from_backing(Box::new(bytes)).expect("a freshly encoded list is well formed"))
+}
+
+/// Reads an opened senders file line by line into the parser's flat arrays, and checks and sorts it: the text is
+/// never held whole (issue 8, item 7), and at most the file's limit is read (crate::files).
+fn read_sorted(path: &Path, file: files::Opened) -> Result<Sorted, SendersError> {
+    let mut parser = Parser::with_capacity((file.metadata().len() / 46) as usize + 1);
+    let mut reader = file.reader();
+    let mut buffered = std::io::BufReader::with_capacity(1 << 20, &mut reader);
+    let read = read_lines(&mut buffered, &mut parser);
+    drop(buffered);
+    read.map_err(|e| reader.error(e))?;
+    reader.finish()?;
+    parser.finish(path)
+}
+
+/// Feeds every line of `text` to the parser, each without its `\n`; a line longer than [`MAX_LINE_BYTES`] is
+/// counted and reported, and not kept.
+fn read_lines(text: &mut impl BufRead, parser: &mut Parser) -> std::io::Result<()> {
+    let mut line = Vec::with_capacity(256);
+    let mut too_long = false;
+    loop {
+        let buf = text.fill_buf()?;
+        if buf.is_empty() {
+            if too_long {
+                parser.too_long_line();
+            } else if !line.is_empty() {
+                parser.line(&line);
+            }
+            return Ok(());
+        }
+        let (part, end, used) = match buf.iter().position(|&b| b == b'\n') {
+            Some(at) => (&buf[..at], true, at + 1),
+            None => (buf, false, buf.len()),
+        };
+        if !too_long {
+            if line.len() + part.len() > MAX_LINE_BYTES {
+                too_long = true;
+                line.clear();
+            } else {
+                line.extend_from_slice(part);
+            }
+        }
+        text.consume(used);
+        if end {
+            if too_long {
+                parser.too_long_line();
+            } else {
+                parser.line(&line);
+            }
+            line.clear();
+            too_long = false;
+        }
+    }
 }
 
 /// Parses the text of a senders file; `path` is only used in messages.
@@ -124,9 +182,8 @@ fn name_hash(name: &str) -> u64 {
 /// Parses a senders file and encodes it in the allow-list layout, or reports every bad line.
 pub fn encode(path: &Path, text: &[u8], stamp: SourceStamp) -> Result<Vec<u8>, SendersError> {
     let mut parser = Parser::with_capacity(text.len() / 46 + 1);
-    for raw in text.split(|&b| b == b'\n') {
-        parser.line(raw);
-    }
+    let mut text = text;
+    read_lines(&mut text, &mut parser).expect("reading a slice cannot fail");
     let sorted = parser.finish(path)?;
     let mut out = vec![0u8; sorted.encoded_len()];
     sorted.write(stamp, &mut out);
@@ -208,6 +265,18 @@ impl Parser {
         };
         // Only names that passed `valid_name` (ASCII) are pushed.
         std::str::from_utf8(&self.names[start..self.name_ends[i] as usize]).unwrap_or("")
+    }
+
+    /// Counts a line longer than [`MAX_LINE_BYTES`] and reports it.
+    fn too_long_line(&mut self) {
+        self.line += 1;
+        self.problems.push(LineProblem {
+            line: self.line,
+            what: format!(
+                "is longer than {MAX_LINE_BYTES} bytes, which no sender line is (a name, a key and perhaps a \
+                 comment): is this the senders file?"
+            ),
+        });
     }
 
     /// Takes the next line of the file (without its `\n`).
@@ -435,38 +504,18 @@ pub enum IndexUse {
 
 /// Loads the senders file through the mapped index under `state_dir`, rebuilding the index when the file changed.
 pub fn load_indexed(path: &Path, state_dir: &Path) -> Result<(AllowList, IndexUse), SendersError> {
-    let read_err = |source| SendersError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
+    let file = files::open(path, &files::SENDERS)?;
     // The stamp is taken before the read: a write during the read changes ctime, so the next start re-parses.
-    let stamp = stamp_of(&std::fs::metadata(path).map_err(read_err)?);
+    let stamp = stamp_of(file.metadata());
     let index = state_dir.join(INDEX_FILE);
     if let Some(list) = map_index(&index)
         && list.stamp() == stamp
     {
         return Ok((list, IndexUse::Mapped));
     }
-    // Read line by line into the parser's flat arrays: the text is never held whole, and the index is written
-    // straight into its mapped file, so a reload of a million lines holds the arrays and nothing else (issue 8,
-    // item 7; research/009).
-    let mut parser =
-        Parser::with_capacity((std::fs::metadata(path).map_or(0, |m| m.len()) / 46) as usize + 1);
-    let file = File::open(path).map_err(read_err)?;
-    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
-    let mut line = Vec::with_capacity(256);
-    loop {
-        line.clear();
-        let n = std::io::BufRead::read_until(&mut reader, b'\n', &mut line).map_err(read_err)?;
-        if n == 0 {
-            break;
-        }
-        let raw = line.strip_suffix(b"\n").unwrap_or(&line);
-        parser.line(raw);
-    }
-    drop(line);
-    drop(reader);
-    let sorted = parser.finish(path)?;
+    // The index is written straight into its mapped file, so a reload of a million lines holds the parser's arrays
+    // and nothing else (issue 8, item 7; research/009).
+    let sorted = read_sorted(path, file)?;
     match write_index(&index, &sorted, stamp) {
         Ok(()) => {
             if let Some(list) = map_index(&index) {
@@ -678,6 +727,29 @@ mod tests {
             .to_string();
         assert!(err.contains("… (10000 bytes)"), "{err}");
         assert!(err.len() < 400, "{} bytes: {err}", err.len());
+    }
+
+    #[test]
+    fn a_line_past_the_longest_is_reported_without_being_kept() {
+        let text = format!(
+            "alpha {}\n{}\nbeta {}\n{}",
+            k(1),
+            "x".repeat(MAX_LINE_BYTES + 1),
+            k(2),
+            "#".repeat(3 * MAX_LINE_BYTES)
+        );
+        let err = parse(Path::new("s.txt"), text.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("s.txt:2: is longer than 65536 bytes, which no sender line is"),
+            "{err}"
+        );
+        assert!(err.contains("s.txt:4: is longer than"), "{err}");
+        assert!(err.contains("has 2 bad lines"), "{err}");
+        // Exactly the longest is a line like any other (here a comment).
+        let text = format!("#{}\nalpha {}\n", "x".repeat(MAX_LINE_BYTES - 1), k(1));
+        assert_eq!(parse(Path::new("s.txt"), text.as_bytes()).unwrap().len(), 1);
     }
 
     #[test]

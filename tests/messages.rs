@@ -4,10 +4,10 @@
 mod ops_util;
 
 use std::net::{TcpListener, UdpSocket};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ops_util::{NodeProcess, bin, keygen};
+use ops_util::{NodeProcess, bin, keygen, mkfifo, output_within, sparse};
 
 /// Runs the node with `args` (and the state, loopback and free ports where `args` do not say) and expects it not
 /// to start.
@@ -23,18 +23,14 @@ fn node_refuses(state: &Path, args: &[&str]) -> String {
             cmd.args([flag, value]);
         }
     }
-    let out = cmd.args(args).env_remove("NOTIFY_SOCKET").output().unwrap();
+    let out = output_within(cmd.args(args).env_remove("NOTIFY_SOCKET"));
     assert!(!out.status.success(), "it started: {out:?}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("ready"));
     String::from_utf8_lossy(&out.stderr).to_string()
 }
 
 fn check(args: &[&str]) -> Output {
-    Command::new(bin())
-        .arg("check")
-        .args(args)
-        .output()
-        .unwrap()
+    output_within(Command::new(bin()).arg("check").args(args))
 }
 
 fn text(out: &Output) -> String {
@@ -53,7 +49,7 @@ fn a_key_path_that_is_a_directory_is_not_told_to_chmod() {
         &["--key", dir.path().to_str().unwrap()],
     );
     assert!(
-        err.contains("is a directory; give the key file itself"),
+        err.contains("is a directory, not a regular file: point --key at a regular file"),
         "{err}"
     );
     assert!(!err.contains("chmod"), "{err}");
@@ -251,4 +247,213 @@ fn check_beside_a_running_node_warns_of_its_ports_and_finds_lost_data() {
     assert!(!out.status.success(), "{t}");
     assert!(t.contains("node.key is missing"), "{t}");
     assert!(t.contains("--accept-lost-state"), "{t}");
+}
+
+/// Paths in `dir` that are not regular files, each with what the message must call it: a FIFO (whose open would
+/// block), endless devices, a directory, directly and through symbolic links.
+fn not_files(dir: &Path) -> Vec<(PathBuf, String)> {
+    let fifo = dir.join("fifo");
+    mkfifo(&fifo);
+    let link = |name: &str, to: &Path| {
+        let p = dir.join(name);
+        std::os::unix::fs::symlink(to, &p).unwrap();
+        p
+    };
+    let fifo_link = link("fifo-link", &fifo);
+    let zero = link("zero", Path::new("/dev/zero"));
+    let random = link("random", Path::new("/dev/urandom"));
+    let sub = dir.join("a-directory");
+    std::fs::create_dir(&sub).unwrap();
+    let fifo_real = fifo.canonicalize().unwrap();
+    let d = |p: &Path| p.display().to_string();
+    vec![
+        (
+            fifo.clone(),
+            format!("{} is a FIFO (named pipe), not a regular file", d(&fifo)),
+        ),
+        (
+            fifo_link.clone(),
+            format!(
+                "{} (a symbolic link to {}) is a FIFO (named pipe), not a regular file",
+                d(&fifo_link),
+                d(&fifo_real)
+            ),
+        ),
+        (
+            "/dev/zero".into(),
+            "/dev/zero is a character device, not a regular file".into(),
+        ),
+        (
+            zero.clone(),
+            format!(
+                "{} (a symbolic link to /dev/zero) is a character device, not a regular file",
+                d(&zero)
+            ),
+        ),
+        (
+            random.clone(),
+            format!(
+                "{} (a symbolic link to /dev/urandom) is a character device, not a regular file",
+                d(&random)
+            ),
+        ),
+        (
+            sub.clone(),
+            format!("{} is a directory, not a regular file", d(&sub)),
+        ),
+    ]
+}
+
+#[test]
+fn a_senders_file_that_is_not_a_file_or_is_too_big_is_refused_at_once_by_the_node_and_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let mut cases: Vec<(PathBuf, String)> = not_files(dir.path())
+        .into_iter()
+        .map(|(p, words)| (p, format!("{words}: point --senders at a regular file")))
+        .collect();
+    // One byte past the limit (2 GiB), sparse: nothing of it is read, and it costs no disk.
+    let big = dir.path().join("big");
+    sparse(&big, (2 << 30) + 1);
+    cases.push((
+        big.clone(),
+        format!(
+            "senders file {} is 2147483649 bytes, more than any useful one (at most 2147483648 bytes: 10 million \
+             senders of the longest names, with comments): point --senders at the right file",
+            big.display()
+        ),
+    ));
+    for (path, words) in &cases {
+        let err = node_refuses(&state, &["--senders", path.to_str().unwrap()]);
+        assert!(err.contains(words), "{}: {err}", path.display());
+        assert_eq!(
+            err.matches("not a regular file").count() + err.matches("more than any").count(),
+            1,
+            "said once: {err}"
+        );
+        let out = check(&[
+            "--state",
+            state.to_str().unwrap(),
+            "--senders",
+            path.to_str().unwrap(),
+            "--link-port",
+            "0",
+            "--http-port",
+            "0",
+        ]);
+        let t = text(&out);
+        assert!(!out.status.success(), "{t}");
+        assert!(
+            t.contains(&format!("problem: senders file {}", path.display())),
+            "{t}"
+        );
+        assert!(t.contains(words), "{t}");
+    }
+}
+
+#[test]
+fn apps_key_tls_and_ca_files_that_are_not_files_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let fifo = dir.path().join("fifo");
+    mkfifo(&fifo);
+    let f = fifo.to_str().unwrap();
+    let zero = dir.path().join("zero");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let z = zero.to_str().unwrap();
+    let big_key = dir.path().join("big.key");
+    sparse(&big_key, 4096);
+    let ports = ["--link-port", "0", "--http-port", "0"];
+    let s = state.to_str().unwrap();
+    let ca_apps = dir.path().join("apps.toml");
+    std::fs::write(
+        &ca_apps,
+        format!("[apps.a.outlets.h]\nkind = \"webhook\"\nurl = \"https://127.0.0.1:9/x\"\nca_file = \"{f}\"\n"),
+    )
+    .unwrap();
+    let a = ca_apps.to_str().unwrap();
+    let fifo_is = format!("{f} is a FIFO (named pipe), not a regular file");
+    let zero_is =
+        format!("{z} (a symbolic link to /dev/zero) is a character device, not a regular file");
+    for (args, words) in [
+        (vec!["--apps", f], format!("apps file {fifo_is}: point --apps at a regular file")),
+        (vec!["--apps", z], format!("apps file {zero_is}: point --apps at a regular file")),
+        (vec!["--key", f], format!("key file {fifo_is}: point --key at a regular file")),
+        (vec!["--key", z], format!("key file {zero_is}: point --key at a regular file")),
+        (
+            vec!["--key", big_key.to_str().unwrap()],
+            "is 4096 bytes, more than any useful one (at most 512 bytes: one line of 44 characters of base64): \
+             point --key at the right file"
+                .to_string(),
+        ),
+        (
+            vec!["--apps", a],
+            format!("key outlets.h.ca_file: CA file {fifo_is}: point `ca_file` in the apps file at a regular file"),
+        ),
+    ] {
+        let err = node_refuses(&state, &args);
+        assert!(err.contains(&words), "{args:?}: {err}");
+        let out = check(&[&["--state", s][..], &ports, &args].concat());
+        let t = text(&out);
+        assert!(!out.status.success(), "{args:?}: {t}");
+        assert!(t.contains("problem: ") && t.contains(&words), "{args:?}: {t}");
+    }
+    for args in [
+        ["--tls-cert", f, "--tls-key", z],
+        ["--tls-cert", z, "--tls-key", f],
+    ] {
+        let err = node_refuses(&state, &args);
+        assert!(
+            err.contains("PEM certificate file")
+                && err.contains("point --tls-cert at a regular file"),
+            "{err}"
+        );
+    }
+    for (cmd, key) in [("pubkey", f), ("pubkey", z), ("send", f), ("send", z)] {
+        let mut c = Command::new(bin());
+        c.args([cmd, "--key", key]);
+        if cmd == "send" {
+            c.args([
+                "--node",
+                "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+                "--to",
+                "127.0.0.1:9",
+            ]);
+        }
+        let out = output_within(&mut c);
+        assert!(!out.status.success(), "{cmd} {key}");
+        let t = text(&out);
+        assert!(
+            t.contains(&format!("key file {key}"))
+                && t.contains("not a regular file: point --key at"),
+            "{t}"
+        );
+    }
+}
+
+#[test]
+fn check_does_not_hang_on_a_state_directory_whose_files_are_fifos() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    mkfifo(&state.join("lock"));
+    mkfifo(&state.join("identity"));
+    let out = check(&[
+        "--state",
+        state.to_str().unwrap(),
+        "--link-port",
+        "0",
+        "--http-port",
+        "0",
+    ]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains(&format!(
+            "problem: state identity file {} is a FIFO (named pipe), not a regular file: give --state the node's own \
+             state directory",
+            state.join("identity").display()
+        )),
+        "{t}"
+    );
 }

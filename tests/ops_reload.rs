@@ -161,3 +161,88 @@ fn a_listed_senders_run_goes_on_and_a_removed_one_is_refused() {
         ]
     );
 }
+
+#[test]
+fn a_file_that_is_not_a_file_on_reload_keeps_what_is_in_force_and_the_next_reload_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key_a, pub_a) = keygen(dir.path(), "a");
+    let (key_b, pub_b) = keygen(dir.path(), "b");
+    let senders = dir.path().join("senders");
+    write_atomic(&senders, &format!("a {pub_a}\n"));
+    let apps = dir.path().join("apps.toml");
+    write_atomic(&apps, "[apps.main]\n");
+    let notify = NotifySocket::path();
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(
+        &state,
+        &[
+            "--senders",
+            senders.to_str().unwrap(),
+            "--apps",
+            apps.to_str().unwrap(),
+        ],
+        Some(&notify),
+    );
+    notify.until("READY=1");
+    let tmp = dir.path().join("next");
+    let s = senders.display().to_string();
+    // Each put in place of the senders file as tooling would (renamed over it); each read would have blocked or
+    // gone on without end. The reload thread must answer every time, and the list of one sender stay.
+    type Make<'a> = &'a dyn Fn(&std::path::Path);
+    let bad: [(Make, String); 4] = [
+        (
+            &|p| mkfifo(p),
+            format!("senders file {s} is a FIFO (named pipe), not a regular file"),
+        ),
+        (
+            &|p| std::os::unix::fs::symlink("/dev/zero", p).unwrap(),
+            format!("senders file {s} (a symbolic link to /dev/zero) is a character device"),
+        ),
+        (
+            &|p| std::os::unix::fs::symlink("/dev/urandom", p).unwrap(),
+            format!("senders file {s} (a symbolic link to /dev/urandom) is a character device"),
+        ),
+        (
+            &|p| sparse(p, 3 << 30),
+            format!("senders file {s} is 3221225472 bytes, more than any useful one"),
+        ),
+    ];
+    for (make, words) in &bad {
+        make(&tmp);
+        std::fs::rename(&tmp, &senders).unwrap();
+        let seen = reload(&node, &notify);
+        let status = field(seen.last().unwrap(), "STATUS").unwrap().to_string();
+        assert!(status.contains(": 1 senders"), "{status}");
+        assert!(status.contains("last reload refused"), "{status}");
+        assert!(status.contains(words.as_str()), "{status}");
+    }
+    let (ok, out) = node.send(&key_a, &["a1".to_string()], "60");
+    assert!(ok, "{out}");
+
+    // The apps file is re-read on the receive loop itself: a FIFO there would have stopped the node.
+    std::fs::remove_file(&apps).unwrap();
+    mkfifo(&apps);
+    write_atomic(&senders, &format!("a {pub_a}\nb {pub_b}\n"));
+    let seen = reload(&node, &notify);
+    let status = field(seen.last().unwrap(), "STATUS").unwrap().to_string();
+    assert!(status.contains(": 2 senders"), "{status}");
+    let (ok, out) = node.send(&key_b, &["b1".to_string()], "60");
+    assert!(ok, "{out}");
+    let log = node.stderr_text();
+    assert!(
+        log.contains(&format!(
+            "reload of {a} refused, the apps in force stay: apps file {a} is a FIFO (named pipe), not a regular \
+             file: point --apps at a regular file",
+            a = apps.display()
+        )),
+        "{log}"
+    );
+    assert_eq!(node.metric("pure_reloads_failed_total"), Some(4.0));
+    assert_eq!(node.metric("pure_reloads_total"), Some(1.0));
+    let mut got = records(&state);
+    got.sort();
+    assert_eq!(
+        got,
+        vec![("a".into(), 1, "a1".into()), ("b".into(), 1, "b1".into())]
+    );
+}

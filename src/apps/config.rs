@@ -29,6 +29,7 @@ use thiserror::Error;
 use toml::Spanned;
 use toml::de::{DeString, DeTable, DeValue};
 
+use crate::files::{self, FileError};
 use crate::proto::crypto::PublicKeyBytes;
 use crate::proto::wire::{MAX_APP_LEN, valid_app_name};
 
@@ -441,11 +442,9 @@ impl Problem {
 
 #[derive(Debug, Error)]
 pub enum AppsError {
-    #[error("cannot read apps file {}: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// Not a regular file, too big, or unreadable (crate::files).
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("{}", BadFile(path, problems))]
     Bad {
         path: PathBuf,
@@ -457,7 +456,7 @@ impl AppsError {
     /// Every problem, one line each (`FILE:LINE: …`), for `check` to list.
     pub fn lines(&self) -> Vec<String> {
         match self {
-            AppsError::Read { .. } => vec![self.to_string()],
+            AppsError::File(_) => vec![self.to_string()],
             AppsError::Bad { path, problems } => problems.iter().map(|p| p.render(path)).collect(),
         }
     }
@@ -502,10 +501,7 @@ impl AppsConfig {
 
     /// Reads, parses and validates an apps file, and checks the files it names (`ca_file`): every problem at once.
     pub fn load(path: &Path) -> Result<Self, AppsError> {
-        let bytes = std::fs::read(path).map_err(|source| AppsError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let bytes = files::read(path, &files::APPS)?;
         let text = match std::str::from_utf8(&bytes) {
             Ok(t) => t,
             Err(e) => {
@@ -669,16 +665,18 @@ fn check_files(config: &AppsConfig) -> Vec<Problem> {
                 what,
                 fix: fix.to_string(),
             };
-            match std::fs::read(ca) {
+            match files::read(ca, &files::CA_FILE) {
                 Ok(bytes) if !bytes.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") => out.push(problem(
                     format!("{} holds no PEM certificate", ca.display()),
                     "give the CA's certificate in PEM form (-----BEGIN CERTIFICATE----- …)",
                 )),
                 Ok(_) => {}
-                Err(e) => out.push(problem(
-                    format!("cannot read {}: {e}", ca.display()),
+                // The OS's error needs the fix said; the others say theirs.
+                Err(e @ FileError::Read { .. }) => out.push(problem(
+                    e.to_string(),
                     "give a file the node's user can read (a relative path is taken from the apps file's directory)",
                 )),
+                Err(e) => out.push(problem(e.to_string(), "")),
             }
         }
     }

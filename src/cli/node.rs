@@ -171,6 +171,8 @@ impl NodeArgs {
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     crate::receive::heap::set_phase(crate::receive::heap::Phase::ReadingSenders);
     let settings = args.settings().context("the node did not start")?;
+    // Before anything is opened: past the limit every store would fail on its own, each with a misleading error.
+    crate::ops::fds::prepare(&settings.apps).context("the node did not start")?;
     let state = settings.state_dir.clone();
     let key_file = settings.key_file.clone();
     let no_senders = settings.senders_file.is_none();

@@ -62,12 +62,9 @@ pub enum HttpError {
     },
     #[error("cannot start the HTTP server: {0}")]
     Start(std::io::Error),
-    #[error("cannot read the TLS {what} {path}: {source} (give a readable PEM file)")]
-    TlsRead {
-        what: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// A TLS file that is not a regular file, too big, or unreadable (crate::files).
+    #[error(transparent)]
+    TlsFile(#[from] crate::files::FileError),
     #[error(
         "{path} is not a usable TLS certificate file: {why} (give --tls-cert a PEM file: the server's certificate first, then any intermediates)"
     )]

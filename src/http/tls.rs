@@ -13,6 +13,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::HttpError;
+use crate::files;
 
 /// The TLS record content type of a handshake: the first byte of every TLS connection.
 pub const HANDSHAKE: u8 = 0x16;
@@ -38,19 +39,11 @@ impl std::fmt::Debug for TlsConfig {
     }
 }
 
-fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, HttpError> {
-    std::fs::read(path).map_err(|source| HttpError::TlsRead {
-        what,
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
 impl TlsConfig {
     /// Loads a PEM certificate chain (the server's certificate first, then any intermediates) and its PEM private
     /// key (PKCS#8, PKCS#1 or SEC1). Every error names the file and what to give instead.
     pub fn load(cert_file: &Path, key_file: &Path) -> Result<Self, HttpError> {
-        let cert_pem = read(cert_file, "certificate")?;
+        let cert_pem = files::read(cert_file, &files::TLS_CERT)?;
         let certs = CertificateDer::pem_slice_iter(&cert_pem)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| HttpError::TlsCert {
@@ -63,7 +56,7 @@ impl TlsConfig {
                 why: "it holds no `-----BEGIN CERTIFICATE-----` block".into(),
             });
         }
-        let key_pem = read(key_file, "private key")?;
+        let key_pem = files::read(key_file, &files::TLS_KEY)?;
         let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| HttpError::TlsKey {
             path: key_file.to_path_buf(),
             why: match e {

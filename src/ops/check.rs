@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use super::fds;
 use crate::apps::config::{AppsConfig, DEFAULT_APP};
 
 /// What to check, with the node's defaults already applied.
@@ -229,9 +230,11 @@ pub fn check(input: &CheckInput) -> Report {
     match &input.apps_file {
         Some(path) => match AppsConfig::load(path) {
             Ok(apps) => {
+                descriptors(&mut r, &apps);
                 let own = own_key.map(|k| apps.check_own_key(&k)).unwrap_or_default();
                 if own.is_empty() {
-                    r.fine.push(format!("apps {}: {}", path.display(), apps.summary()));
+                    r.fine
+                        .push(format!("apps {}: {}", path.display(), apps.summary()));
                 }
                 r.problems.extend(own.iter().map(|p| p.render(path)));
                 if let Some(names) = &sender_names {
@@ -240,11 +243,32 @@ pub fn check(input: &CheckInput) -> Report {
             }
             Err(e) => r.problems.extend(e.lines()),
         },
-        None => r.fine.push(format!(
-            "apps: no --apps file; the node hosts the one app `{DEFAULT_APP}`, which accepts every sender"
-        )),
+        None => {
+            r.fine.push(format!(
+                "apps: no --apps file; the node hosts the one app `{DEFAULT_APP}`, which accepts every sender"
+            ));
+            descriptors(&mut r, &AppsConfig::default_single());
+        }
     }
     r
+}
+
+/// Whether the node, started from here, may open the descriptors the configuration needs: it raises its soft
+/// limit to the hard one, so the hard limit is what counts.
+fn descriptors(r: &mut Report, apps: &AppsConfig) {
+    let need = fds::Need::of(apps);
+    match fds::limits() {
+        Ok(l) => match fds::enough(&need, l.hard) {
+            Ok(()) => r.fine.push(format!(
+                "file descriptors: the configuration needs about {}; a node started from here may open {} (it \
+                 raises its soft limit to the hard one; under systemd, the unit's LimitNOFILE= sets it)",
+                need.total(),
+                l.hard
+            )),
+            Err(e) => r.problems.push(e.to_string()),
+        },
+        Err(e) => r.warnings.push(fds::FdError::Limit(e).to_string()),
+    }
 }
 
 #[cfg(test)]
@@ -318,8 +342,13 @@ mod tests {
             http_addr: None,
         });
         assert!(r.problems.is_empty(), "{:?}", r.problems);
-        assert_eq!(r.fine.len(), 4);
+        assert_eq!(r.fine.len(), 5);
         assert!(r.fine[3].contains("one app `main`"), "{:?}", r.fine);
+        assert!(
+            r.fine[4].starts_with("file descriptors: the configuration needs about"),
+            "{:?}",
+            r.fine
+        );
     }
 
     #[test]

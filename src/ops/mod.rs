@@ -9,13 +9,15 @@
 //!   publishes; [`crate::http`] serves them on `--http-port` from its own thread, so a slow scraper never slows
 //!   the loop;
 //! - [`wake`] — an eventfd another thread writes to wake the receive loop out of poll(2);
-//! - [`check`] — `pure-serve check`: validate the configuration without serving.
+//! - [`check`] — `pure-serve check`: validate the configuration without serving;
+//! - [`fds`] — the limit on open files: raised at start, and checked against what the configuration needs.
 //!
 //! The rule that shapes all of it: liveness is reported *by the loop that does the work*. WATCHDOG=1 and the
 //! heartbeat `/healthz` reads are both written from inside the receive loop, so a stuck loop stops them; a timer
 //! thread that pings regardless would tell systemd nothing.
 
 pub mod check;
+pub mod fds;
 pub mod metrics;
 pub mod notify;
 pub mod signals;

@@ -41,6 +41,9 @@ pub enum HttpError {
     Tls { host: String, why: String },
     #[error("CA file {path}: {why}")]
     CaFile { path: PathBuf, why: String },
+    /// A CA file that is not a regular file, too big, or unreadable (crate::files).
+    #[error(transparent)]
+    CaRead(#[from] crate::files::FileError),
     #[error("HTTP: {0}")]
     Http(String),
     #[error("no answer within {} s", REQUEST_DEADLINE.as_secs())]
@@ -55,7 +58,7 @@ impl HttpError {
         match self {
             HttpError::Dns(_) => "dns",
             HttpError::Connect { .. } => "connect",
-            HttpError::Tls { .. } | HttpError::CaFile { .. } => "tls",
+            HttpError::Tls { .. } | HttpError::CaFile { .. } | HttpError::CaRead(_) => "tls",
             HttpError::Http(_) | HttpError::TooLarge => "http",
             HttpError::Timeout => "timeout",
         }
@@ -80,9 +83,8 @@ pub fn tls_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, HttpEr
                 path: path.to_path_buf(),
                 why,
             };
-            let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
-                .map_err(|e| bad(e.to_string()))?;
-            for cert in certs {
+            let pem = crate::files::read(path, &crate::files::CA_FILE)?;
+            for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
                 roots
                     .add(cert.map_err(|e| bad(e.to_string()))?)
                     .map_err(|e| bad(e.to_string()))?;

@@ -31,6 +31,7 @@ use crate::apps::config::{AppsConfig, AppsError};
 use crate::apps::host::Host;
 use crate::http::link::{self, LinkInbox, LinkQueue};
 use crate::keys::{self, KeyError};
+use crate::ops::fds;
 use crate::ops::metrics::{Heartbeat, Snapshot};
 use crate::ops::notify::{Notifier, WatchdogTimer};
 use crate::ops::wake::Wake;
@@ -725,6 +726,19 @@ impl ReadyNode {
                 return;
             }
         };
+        // New apps' stores would each fail to open past the limit on open files: say it once instead.
+        let need = fds::Need::of(&new);
+        if let Err(e) = fds::limits()
+            .map_err(fds::FdError::Limit)
+            .and_then(|l| fds::enough(&need, l.soft))
+        {
+            tracing::error!(
+                "reload of {} refused, the apps in force stay: {e}",
+                path.display()
+            );
+            self.status_note = Some(format!("last reload of the apps file refused ({e})"));
+            return;
+        }
         let own = new.check_own_key(self.node.public_key());
         if !own.is_empty() {
             let why: Vec<String> = own.iter().map(|p| p.render(&path)).collect();

@@ -203,6 +203,18 @@ fn follow_links(path: &Path) -> PathBuf {
     p
 }
 
+/// File descriptors one open app store holds, for the node's descriptor budget (`ops::fds`): past the process's
+/// limit every open fails, and SQLite says so per store as "unable to open database file" (issue 14, item 3).
+///
+/// - SQLite's connection: the database, its `-wal` and its `-shm` (3);
+/// - kept by the store for its life: the `-wal` that `pure-sync` syncs ([`AppStore::wal_for_sync`]) and the
+///   `-shm` it keeps allocated (`disk::FileGuard`; closing it would drop SQLite's POSIX locks) (2);
+/// - room for 2 more while the failing-disk work (issue 14, item 1) adds the database file kept open for its sync
+///   and a second connection for checkpoints on the sync thread: count those here exactly when they land.
+///
+/// `tests/ops_fds.rs` measures a running node: what each app adds stays within this.
+pub const FDS_PER_STORE: u64 = 7;
+
 /// Path of an app's store under the state directory.
 pub fn app_store_path(state_dir: &Path, app: &str) -> PathBuf {
     state_dir.join("apps").join(format!("{app}.sqlite"))

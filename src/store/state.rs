@@ -41,11 +41,9 @@ pub enum StateError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// `STATE/identity` that is not a regular file, too big, or unreadable (crate::files).
+    #[error(transparent)]
+    Read(#[from] crate::files::FileError),
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
@@ -125,18 +123,25 @@ impl StateLock {
     /// The pid of the node holding `dir`'s lock, if one does (for `check` and for readers).
     pub fn holder(dir: &Path) -> Option<String> {
         let path = dir.join(LOCK_FILE);
-        let mut file = File::open(&path).ok()?;
+        // Through crate::files: `check` calls this, and must not hang on a lock that is a FIFO.
+        let file = crate::files::open(&path, &crate::files::STATE_LOCK).ok()?;
         // A shared lock that cannot be had means a node holds the exclusive one.
+        let fd = file.as_raw_fd();
         // SAFETY: as above.
-        let free = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
+        let free = unsafe { libc::flock(fd, libc::LOCK_SH | libc::LOCK_NB) } == 0;
         if free {
             // SAFETY: as above; releases the shared lock just taken.
-            unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+            unsafe { libc::flock(fd, libc::LOCK_UN) };
             return None;
         }
-        let mut text = String::new();
-        let _ = file.read_to_string(&mut text);
-        Some(text.trim().chars().take(20).collect())
+        let text = file.read_all().unwrap_or_default();
+        Some(
+            String::from_utf8_lossy(&text)
+                .trim()
+                .chars()
+                .take(20)
+                .collect(),
+        )
     }
 }
 
@@ -158,10 +163,14 @@ impl Identity {
     /// Reads `dir/identity`; `None` if there is none.
     pub fn read(dir: &Path) -> Result<Option<Self>, StateError> {
         let path = Self::path(dir);
-        let text = match std::fs::read(&path) {
+        let text = match crate::files::read(&path, &crate::files::STATE_IDENTITY) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(StateError::Read { path, source }),
+            Err(crate::files::FileError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
         };
         Self::parse(&path, &text).map(Some)
     }

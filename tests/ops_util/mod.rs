@@ -34,6 +34,56 @@ pub fn keygen(dir: &Path, name: &str) -> (PathBuf, String) {
     )
 }
 
+/// Runs `cmd` to its end and returns its output, or fails the test if it has not ended within [`DEADLINE`]: a
+/// command that blocks (on a FIFO, say) is a failure, not a hung test.
+pub fn output_within(cmd: &mut Command) -> std::process::Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pipe = |mut p: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = p.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = pipe(Box::new(child.stdout.take().unwrap()));
+    let err = pipe(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not end within {DEADLINE:?}: it blocked");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+/// Makes a FIFO (named pipe) at `path`.
+pub fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+/// Makes a sparse file of `len` bytes at `path`: no disk is used, whatever its size.
+pub fn sparse(path: &Path, len: u64) {
+    std::fs::File::create(path).unwrap().set_len(len).unwrap();
+}
+
 /// Writes a file whole and renames it into place, as an operator's tooling should (and as a reload expects).
 pub fn write_atomic(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp");
@@ -154,6 +204,15 @@ pub fn spawn_node(
     notify: Option<&NotifySocket>,
     env: &[(&str, &str)],
 ) -> Child {
+    let mut cmd = node_command(state, args, notify);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// The command [`spawn_node`] runs, for a test to add to (limits, say) before it spawns it.
+pub fn node_command(state: &Path, args: &[&str], notify: Option<&NotifySocket>) -> Command {
     let mut cmd = Command::new(bin());
     cmd.arg("--state")
         .arg(state)
@@ -175,10 +234,7 @@ pub fn spawn_node(
     if let Some(n) = notify {
         cmd.env("NOTIFY_SOCKET", &n.env);
     }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.spawn().unwrap()
+    cmd
 }
 
 impl NodeProcess {
