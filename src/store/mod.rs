@@ -207,10 +207,11 @@ fn follow_links(path: &Path) -> PathBuf {
 /// limit every open fails, and SQLite says so per store as "unable to open database file" (issue 14, item 3).
 ///
 /// - SQLite's connection: the database, its `-wal` and its `-shm` (3);
-/// - kept by the store for its life: the `-wal` that `pure-sync` syncs ([`AppStore::wal_for_sync`]) and the
-///   `-shm` it keeps allocated (`disk::FileGuard`; closing it would drop SQLite's POSIX locks) (2);
-/// - room for 2 more while the failing-disk work (issue 14, item 1) adds the database file kept open for its sync
-///   and a second connection for checkpoints on the sync thread: count those here exactly when they land.
+/// - kept by the store for its life ([`sync::StoreFiles`], `disk::FileGuard`): the `-wal` that `pure-sync` syncs,
+///   the database file synced after each checkpoint, and the `-shm` it keeps allocated (closing it would drop
+///   SQLite's POSIX locks) (3);
+/// - one to spare: a store being checked after a fault opens a reader of its own for a moment, after the old
+///   descriptors are closed, and dropping a file's page cache opens it once more for a moment.
 ///
 /// `tests/ops_fds.rs` measures a running node: what each app adds stays within this.
 pub const FDS_PER_STORE: u64 = 7;
