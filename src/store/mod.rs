@@ -38,8 +38,8 @@ pub enum StoreError {
     },
     #[error(
         "cannot sync {path} to disk: {source}; nothing written to it since its last sync is acknowledged. The disk \
-         under it failed to write (the kernel log, `dmesg`, says why); the store is reopened and stores again only \
-         once every record it acknowledged is found on the disk"
+         under it failed to write (the kernel log, `dmesg`, says why; if it keeps failing, replace it); the store is \
+         reopened and stores again only once every record it acknowledged is found on the disk"
     )]
     Sync {
         path: PathBuf,
@@ -47,8 +47,9 @@ pub enum StoreError {
     },
     #[error(
         "cannot copy the commits of {path}-wal into {path} (a checkpoint): {source}; nothing more is acknowledged \
-         for its app. The disk under it failed to write (the kernel log, `dmesg`, says why); the store is reopened \
-         and stores again only once every record it acknowledged is found on the disk"
+         for its app. The disk under it failed to write (the kernel log, `dmesg`, says why; if it keeps failing, \
+         replace it); the store is reopened and stores again only once every record it acknowledged is found on \
+         the disk"
     )]
     Checkpoint {
         path: PathBuf,
