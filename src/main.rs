@@ -4,6 +4,7 @@ use std::io::IsTerminal;
 
 use clap::Parser;
 use pure_serve::cli::{self, Cli, Command};
+use pure_serve::ops::journal;
 
 fn main() {
     let cli = Cli::parse();
@@ -24,9 +25,13 @@ fn main() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
-    // systemd sets JOURNAL_STREAM when stderr goes to the journal, which stamps every line itself.
-    if std::env::var_os("JOURNAL_STREAM").is_some() {
-        builder.without_time().init();
+    // The journal stamps every line itself, and files it by the priority in front of it (ops/journal.rs).
+    let journal = journal::stderr_is_journal();
+    if journal {
+        let format = tracing_subscriber::fmt::format()
+            .without_time()
+            .with_ansi(false);
+        builder.event_format(journal::WithPriority(format)).init();
     } else {
         builder.init();
     }
@@ -40,7 +45,12 @@ fn main() {
         Some(Command::Check(a)) => cli::check(a),
     };
     if let Err(e) = result {
-        eprintln!("pure-serve: {}", one_line(&e));
+        let text = format!("pure-serve: {}\n", one_line(&e));
+        if journal {
+            eprint!("{}", journal::with_priority(&tracing::Level::ERROR, &text));
+        } else {
+            eprint!("{text}");
+        }
         std::process::exit(1);
     }
 }

@@ -136,3 +136,66 @@ fn watchdog_pings_come_from_the_running_loop() {
     let all: Vec<String> = rest.into_iter().chain(notify2.drain()).collect();
     assert!(!all.iter().any(|m| m.contains("WATCHDOG=1")), "{all:?}");
 }
+
+/// Under systemd, standard error is the journal (`$JOURNAL_STREAM` names it): each line carries its syslog priority
+/// (`<3>` an error, `<6>` info), so `journalctl -p warning` shows the errors (issue 18, item 10). The same variable
+/// naming another stream (inherited by a program whose standard error goes elsewhere) adds nothing.
+#[test]
+fn journal_lines_carry_their_priority_only_when_stderr_is_the_journal() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let senders = dir.path().join("senders");
+    write_atomic(&senders, "dev not-a-key\n");
+    let run = |journal: bool| {
+        let log = dir.path().join(format!("stderr-{journal}"));
+        let file = std::fs::File::create(&log).unwrap();
+        let m = file.metadata().unwrap();
+        let stream = if journal {
+            format!("{}:{}", m.dev(), m.ino())
+        } else {
+            format!("{}:{}", m.dev(), m.ino() + 1)
+        };
+        let status = std::process::Command::new(bin())
+            .arg("--state")
+            .arg(dir.path().join("state"))
+            .arg("--senders")
+            .arg(&senders)
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--link-port",
+                "0",
+                "--http-port",
+                "0",
+            ])
+            .env("RUST_LOG", "info")
+            .env("JOURNAL_STREAM", stream)
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(1));
+        std::fs::read_to_string(&log).unwrap()
+    };
+    let text = run(true);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("<3>pure-serve: the node did not start")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("<6>") && l.contains("INFO")),
+        "{text}"
+    );
+    assert!(
+        text.lines().all(|l| l.starts_with('<')),
+        "every line has its priority, those of a message of several lines too: {text}"
+    );
+    let text = run(false);
+    assert!(
+        !text.contains("<3>") && text.contains("pure-serve: the node did not start"),
+        "{text}"
+    );
+}

@@ -10,7 +10,8 @@
 //!   the loop;
 //! - [`wake`] — an eventfd another thread writes to wake the receive loop out of poll(2);
 //! - [`check`] — `pure-serve check`: validate the configuration without serving;
-//! - [`fds`] — the limit on open files: raised at start, and checked against what the configuration needs.
+//! - [`fds`] — the limit on open files: raised at start, and checked against what the configuration needs;
+//! - [`journal`] — log lines with the journal's priorities when standard error is systemd's journal.
 //!
 //! The rule that shapes all of it: liveness is reported *by the loop that does the work*. WATCHDOG=1 and the
 //! heartbeat `/healthz` reads are both written from inside the receive loop, so a stuck loop stops them; a timer
@@ -18,6 +19,7 @@
 
 pub mod check;
 pub mod fds;
+pub mod journal;
 pub mod metrics;
 pub mod notify;
 pub mod signals;
