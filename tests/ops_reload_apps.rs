@@ -102,3 +102,59 @@ fn apps_reload_adds_apps_changes_accept_lists_and_refuses_bad_files() {
         "nothing of the refused sender stored"
     );
 }
+
+/// A refused apps file counts and shows as a refused reload does (issue 18, item 2): `pure_reloads_failed_total`
+/// goes up and `pure_reloads_total` does not, though the senders file was fine, and STATUS says so until a reload
+/// that takes the apps file.
+#[test]
+fn a_refused_apps_file_counts_as_a_refused_reload_and_stays_in_status_until_a_good_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, public) = keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    write_atomic(&senders, &format!("dev {public}\n"));
+    let apps = dir.path().join("apps.toml");
+    write_atomic(&apps, "[apps.main]\n");
+    let notify = NotifySocket::path();
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(
+        &state,
+        &[
+            "--senders",
+            senders.to_str().unwrap(),
+            "--apps",
+            apps.to_str().unwrap(),
+        ],
+        Some(&notify),
+    );
+    notify.until("READY=1");
+    write_atomic(&apps, "[apps.main]\nturn_records = \"many\"\n");
+    node.signal(libc::SIGHUP);
+    notify.until("RELOADING=1");
+    let ready = notify.until("READY=1");
+    let status = ready
+        .iter()
+        .find_map(|m| field(m, "STATUS"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        status.contains("last reload of the apps file refused") && status.contains("apps.toml:2"),
+        "{ready:?}"
+    );
+    assert_eq!(node.metric("pure_reloads_failed_total"), Some(1.0));
+    assert_eq!(node.metric("pure_reloads_total"), Some(0.0));
+    // A later reload whose senders file is fine does not hide the apps file still refused.
+    reload(&node, &notify);
+    assert_eq!(node.metric("pure_reloads_failed_total"), Some(2.0));
+    write_atomic(&apps, "[apps.main]\nturn_records = 500\n");
+    node.signal(libc::SIGHUP);
+    notify.until("RELOADING=1");
+    let ready = notify.until("READY=1");
+    let status = ready
+        .iter()
+        .find_map(|m| field(m, "STATUS"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(!status.contains("refused"), "{status}");
+    assert_eq!(node.metric("pure_reloads_total"), Some(1.0));
+    assert_eq!(node.metric("pure_reloads_failed_total"), Some(2.0));
+}

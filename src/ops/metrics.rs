@@ -259,7 +259,8 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
         (
             "pure_reloads_failed_total",
             "counter",
-            "Reloads of the senders file refused (the old list stayed).",
+            "Reloads (SIGHUP) refused in whole or in part: the senders file or the apps file was bad, and what was in \
+             force of it stayed.",
             s.reloads_failed,
         ),
     ];
@@ -271,7 +272,7 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
         &mut out,
         "pure_reloads_total",
         "counter",
-        "Reloads of the senders file that took effect.",
+        "Reloads (SIGHUP) that took effect whole: the senders file and the apps file, if there is one.",
     );
     let _ = writeln!(out, "pure_reloads_total {}", s.reloads_ok);
     family(

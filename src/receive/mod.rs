@@ -184,6 +184,10 @@ pub struct ReadyNode {
     commit_time: Duration,
     /// Said in every STATUS= line until the next good reload: a refused reload must stay visible.
     status_note: Option<String>,
+    /// What STATUS says of the last reload of the apps file while it was refused (cleared by one that is not).
+    apps_note: Option<String>,
+    /// The apps file was refused in the reload under way: the reload counts as refused whatever the senders do.
+    apps_refused: bool,
     /// Link requests from the HTTP server, if it hands any over.
     links: Option<LinkQueue>,
     /// The number the next link request is given (its pseudo peer address).
@@ -349,6 +353,8 @@ impl ReadyNode {
             reloads_failed: 0,
             commit_time: Duration::ZERO,
             status_note: None,
+            apps_note: None,
+            apps_refused: false,
             links: None,
             next_link_request: 0,
             link_requests: links::LinkRequests::default(),
@@ -719,7 +725,7 @@ impl ReadyNode {
                     "reload of {} refused, the apps in force stay: {why}",
                     path.display()
                 );
-                self.status_note = Some(format!(
+                self.apps_refused(format!(
                     "last reload of the apps file refused ({})",
                     e.lines().first().cloned().unwrap_or_default()
                 ));
@@ -736,7 +742,7 @@ impl ReadyNode {
                 "reload of {} refused, the apps in force stay: {e}",
                 path.display()
             );
-            self.status_note = Some(format!("last reload of the apps file refused ({e})"));
+            self.apps_refused(format!("last reload of the apps file refused ({e})"));
             return;
         }
         let own = new.check_own_key(self.node.public_key());
@@ -747,8 +753,13 @@ impl ReadyNode {
                 path.display(),
                 why.join("; ")
             );
+            self.apps_refused(format!(
+                "last reload of the apps file refused ({})",
+                why.first().cloned().unwrap_or_default()
+            ));
             return;
         }
+        self.apps_note = None;
         let plan = crate::apps::config::plan_reload(&self.settings.apps, &new);
         if plan.is_empty() {
             tracing::info!("reload: apps file {} unchanged", path.display());
@@ -776,10 +787,29 @@ impl ReadyNode {
                 }
                 self.publish();
             }
-            Err(e) => tracing::error!(
-                "reload of {} refused, the apps in force stay: {e}",
-                path.display()
-            ),
+            Err(e) => {
+                tracing::error!(
+                    "reload of {} refused, the apps in force stay: {e}",
+                    path.display()
+                );
+                self.apps_refused(format!("last reload of the apps file refused ({e})"));
+            }
+        }
+    }
+
+    /// The apps file of this reload was refused: STATUS says so until one is not, and the reload counts as refused.
+    fn apps_refused(&mut self, note: String) {
+        self.apps_note = Some(note);
+        self.apps_refused = true;
+    }
+
+    /// A reload is over: it counts as taking effect only if neither file was refused.
+    fn count_reload(&mut self, senders_taken: bool) {
+        if senders_taken && !std::mem::take(&mut self.apps_refused) {
+            self.reloads_ok += 1;
+        } else {
+            self.apps_refused = false;
+            self.reloads_failed += 1;
         }
     }
 
@@ -820,6 +850,7 @@ impl ReadyNode {
 
     /// Starts reading the senders file on a helper thread. RELOADING=1 now; READY=1 when it is done either way.
     fn start_reload(&mut self, notifier: Option<&Notifier>) -> Option<PendingReload> {
+        self.apps_refused = false;
         self.reload_apps();
         let Some(path) = self.senders_path() else {
             let what = format!(
@@ -827,6 +858,9 @@ impl ReadyNode {
                 self.settings.state_dir.join("senders").display()
             );
             tracing::warn!("{what}");
+            // Nothing of the senders changed, and nothing was wrong with them: the apps file decides.
+            self.count_reload(true);
+            self.publish();
             if let Some(n) = notifier {
                 n.reloading("reloading");
                 self.status_note = Some(what);
@@ -872,7 +906,7 @@ impl ReadyNode {
         let before = self.node.senders().len();
         match self.node.replace_senders(Arc::new(list)) {
             Ok(done) => {
-                self.reloads_ok += 1;
+                self.count_reload(true);
                 self.status_note = None;
                 tracing::info!(
                     senders = done.senders,
@@ -894,7 +928,7 @@ impl ReadyNode {
     }
 
     fn reload_failed(&mut self, path: &Path, why: String, notifier: Option<&Notifier>) {
-        self.reloads_failed += 1;
+        self.count_reload(false);
         let kept = self.node.senders().len();
         // One line, so the journal keeps it as one entry: every problem with its file:line, then the fix.
         let flat = why
@@ -941,7 +975,7 @@ impl ReadyNode {
                 }
             }
         }
-        if let Some(note) = &self.status_note {
+        for note in [&self.status_note, &self.apps_note].into_iter().flatten() {
             line.push_str("; ");
             line.push_str(note);
         }
