@@ -30,8 +30,9 @@ pub struct RecordsArgs {
     /// stored now, unless --from says where.
     #[arg(long)]
     pub follow: bool,
-    /// Start at this position of the app's log (1: everything), in store order. With --json each line has its
-    /// `pos`, so a consumer that stopped resumes with --from LAST+1.
+    /// Start at this position of the app's log (1: everything), and list in store order (by position) rather than
+    /// by source and sequence. With --json each line has its `pos`, so a consumer that stopped resumes with
+    /// --from LAST+1.
     #[arg(long, value_name = "POS")]
     pub from: Option<u64>,
 }
