@@ -51,7 +51,12 @@ fn main() {
         } else {
             eprint!("{text}");
         }
-        std::process::exit(1);
+        // The node tells a configuration at fault from a failure a restart may cure (cli::EXIT_CONFIG).
+        let status = match &cli.command {
+            None => cli::node_exit_status(&e),
+            Some(_) => 1,
+        };
+        std::process::exit(status);
     }
 }
 

@@ -445,7 +445,7 @@ fn a_store_deleted_while_serving_is_noticed_and_nothing_is_acked_after() {
         ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(78), "EX_CONFIG: for the operator");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the store of app main"), "{err}");
 }

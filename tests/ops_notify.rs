@@ -175,7 +175,7 @@ fn journal_lines_carry_their_priority_only_when_stderr_is_the_journal() {
             .stderr(file)
             .status()
             .unwrap();
-        assert_eq!(status.code(), Some(1));
+        assert_eq!(status.code(), Some(78), "a bad senders file is EX_CONFIG");
         std::fs::read_to_string(&log).unwrap()
     };
     let text = run(true);
@@ -198,4 +198,41 @@ fn journal_lines_carry_their_priority_only_when_stderr_is_the_journal() {
         !text.contains("<3>") && text.contains("pure-serve: the node did not start"),
         "{text}"
     );
+}
+
+/// The exit status tells the unit whether a restart can help (issue 18, item 9): a configuration at fault (a bad
+/// senders or apps file, a key that is a directory) is 78, EX_CONFIG, which `RestartPreventExitStatus=78` does
+/// not restart; a port in use, which a restart may find free, is 1.
+#[test]
+fn a_bad_configuration_exits_78_and_a_port_in_use_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.arg("--state")
+            .arg(dir.path().join("state"))
+            .args(["--bind", "127.0.0.1", "--http-port", "0"])
+            .args(args)
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(std::process::Stdio::null());
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let senders = dir.path().join("senders");
+    write_atomic(&senders, "dev not-a-key\n");
+    let (code, err) = run(&["--link-port", "0", "--senders", senders.to_str().unwrap()]);
+    assert_eq!(code, Some(78), "{err}");
+    let apps = dir.path().join("apps.toml");
+    write_atomic(&apps, "[apps.main]\nturn_records = \"many\"\n");
+    let (code, err) = run(&["--link-port", "0", "--apps", apps.to_str().unwrap()]);
+    assert_eq!(code, Some(78), "{err}");
+    let (code, err) = run(&["--link-port", "0", "--key", dir.path().to_str().unwrap()]);
+    assert_eq!(code, Some(78), "{err}");
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let (code, err) = run(&["--link-port", &port]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("is in use"), "{err}");
 }

@@ -171,3 +171,41 @@ pub fn pubkey(args: &PubkeyArgs) -> anyhow::Result<()> {
     println!("{}", crate::keys::encode_key(identity.public()));
     Ok(())
 }
+
+/// EX_CONFIG (sysexits.h): the node did not start because of its configuration — a bad senders, apps, key or
+/// TLS file, a limit on open files too low for it, a state directory that looks like it lost data. Starting it
+/// again cannot help, so the unit does not restart on it (`RestartPreventExitStatus=78`, docs/operations.md).
+pub const EXIT_CONFIG: i32 = 78;
+
+/// The exit status of the node (the command without a subcommand) after `e` stopped it: [`EXIT_CONFIG`] when
+/// the configuration is at fault, 1 for anything a restart may cure (a port in use, a disk that failed).
+pub fn node_exit_status(e: &anyhow::Error) -> i32 {
+    use crate::apps::config::AppsError;
+    use crate::files::FileError;
+    use crate::http::HttpError;
+    use crate::keys::KeyError;
+    use crate::ops::fds::FdError;
+    use crate::receive::NodeError;
+    use crate::senders::SendersError;
+    use crate::store::state::StateError;
+    let configuration = e.chain().any(|c| {
+        c.downcast_ref::<NodeError>()
+            .is_some_and(NodeError::is_configuration)
+            || c.downcast_ref::<HttpError>().is_some_and(|h| {
+                matches!(
+                    h,
+                    HttpError::TlsFile(_)
+                        | HttpError::TlsCert { .. }
+                        | HttpError::TlsKey { .. }
+                        | HttpError::TlsPair { .. }
+                )
+            })
+            || c.is::<AppsError>()
+            || c.is::<FdError>()
+            || c.is::<KeyError>()
+            || c.is::<SendersError>()
+            || c.is::<FileError>()
+            || c.is::<StateError>()
+    });
+    if configuration { EXIT_CONFIG } else { 1 }
+}

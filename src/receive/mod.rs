@@ -99,6 +99,22 @@ pub enum NodeError {
     LinkQueue(std::io::Error),
 }
 
+impl NodeError {
+    /// Whether the node's configuration is at fault (a bad file, a state that lost data, a store of a newer
+    /// layout), so that starting it again cannot help (`cli::EXIT_CONFIG`).
+    pub fn is_configuration(&self) -> bool {
+        match self {
+            NodeError::Key(_)
+            | NodeError::Senders(_)
+            | NodeError::State(_)
+            | NodeError::Apps(_)
+            | NodeError::OwnKey(_) => true,
+            NodeError::Store(e) => e.is_fatal_at_open(),
+            _ => false,
+        }
+    }
+}
+
 /// What the node needs to start, already validated.
 #[derive(Debug, Clone)]
 pub struct NodeSettings {
