@@ -12,8 +12,9 @@
 //! - [`apps`] — the host: apps, turns, budgets, outlets; so far [`apps::config`], the `--apps` file.
 //! - [`senders`], [`keys`] — the senders file and key files.
 //! - [`files`] — opening the files an operator names: regular files only, never blocking, within a size limit.
-//! - [`http`] — the HTTP server on `--http-port` (one thread, hyper): `/metrics`, `/healthz`, and `POST /link`,
-//!   sealed link packets over HTTP(S) handed to the receive loop.
+//! - [`http`] — the HTTP server (one thread, hyper): `/healthz` and `POST /link` (sealed link packets over
+//!   HTTP(S) handed to the receive loop) on `--http-port`; `/metrics` and `/healthz` on `--metrics-listen`
+//!   (loopback by default).
 //! - [`ops`] — running as a service: systemd notify and watchdog, signals, reload, metrics and health, `check`.
 //! - [`cli`] — the subcommands of the `pure-serve` binary.
 //!

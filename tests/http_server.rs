@@ -1,17 +1,20 @@
-//! The HTTP server on its own, with real sockets: keep-alive, limits, slow clients, the hand-over of `POST /link`
-//! to a consumer standing in for the receive loop, TLS and plain HTTP on one port. (tests/http_link.rs runs it
-//! inside a real node.) No test asserts how fast anything was; the bounds are generous.
+//! The HTTP server on its own, with real sockets: keep-alive, limits, slow clients, connections bounded per source
+//! and per prefix (sources are addresses of 127/8: 127.0.0.1 and 127.0.0.2 share a /24, 127.0.1.1 is another), the
+//! metrics on a listener of their own, the hand-over of `POST /link` to a consumer standing in for the receive
+//! loop, TLS and plain HTTP on one port. (tests/http_link.rs runs it inside a real node.) No test asserts how fast
+//! anything was; the bounds are generous.
 
 mod http_util;
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http_util::*;
 use pure_serve::http::{
-    HttpHandle, HttpLimits, HttpServer, LinkInbox, LinkQueue, TlsConfig, link_channel,
+    ConnectionLimits, HttpHandle, HttpLimits, HttpServer, LinkInbox, LinkQueue, Refused, TlsConfig,
+    link_channel,
 };
 use pure_serve::receive::LiveStats;
 
@@ -21,14 +24,37 @@ fn live_stats() -> Arc<LiveStats> {
     stats
 }
 
-fn start(limits: HttpLimits, links: Option<LinkInbox>) -> (HttpHandle, SocketAddr, Arc<LiveStats>) {
-    let server = HttpServer::bind("127.0.0.1:0".parse().unwrap())
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// A server on 127.0.0.1 with its metrics listener beside it; `tls` too if given. Returns the handle (its
+/// `metrics_addr()` is the metrics listener), `--http-port`'s address and the stats it serves.
+fn start_with(
+    limits: HttpLimits,
+    links: Option<LinkInbox>,
+    tls: Option<TlsConfig>,
+) -> (HttpHandle, SocketAddr, Arc<LiveStats>) {
+    let mut server = HttpServer::bind("127.0.0.1:0".parse().unwrap())
+        .unwrap()
+        .with_metrics_listener("127.0.0.1:0".parse().unwrap())
         .unwrap()
         .with_limits(limits);
+    if let Some(tls) = tls {
+        server = server.with_tls(tls);
+    }
     let addr = server.local_addr().unwrap();
     let stats = live_stats();
     let handle = server.spawn(stats.clone(), links).unwrap();
     (handle, addr, stats)
+}
+
+fn start(limits: HttpLimits, links: Option<LinkInbox>) -> (HttpHandle, SocketAddr, Arc<LiveStats>) {
+    start_with(limits, links, None)
+}
+
+fn metrics_of(server: &HttpHandle) -> SocketAddr {
+    server.metrics_addr().unwrap()
 }
 
 fn short_limits() -> HttpLimits {
@@ -40,6 +66,7 @@ fn short_limits() -> HttpLimits {
     }
 }
 
+/// A sample of the metrics page, read from the metrics listener at `addr`.
 fn metric(addr: SocketAddr, series: &str) -> f64 {
     let page = Client::connect(addr).get("/metrics").text();
     page.lines()
@@ -64,11 +91,39 @@ fn consumer(
 
 #[test]
 fn one_connection_serves_many_requests() {
-    let (_server, addr, _) = start(HttpLimits::default(), None);
+    let (server, addr, _) = start(HttpLimits::default(), None);
     let mut c = Client::connect(addr);
     let r = c.get("/healthz");
     assert_eq!((r.status, r.text().as_str()), (200, "ok\n"));
+    let r = c.request("HEAD", "/healthz", &[], &[]).unwrap();
+    assert_eq!((r.status, r.header("content-length")), (200, Some("3")));
+    assert_eq!(c.get("/nope").status, 404);
+    assert!(
+        c.get("/").text().contains("pure-serve:"),
+        "check finds a node by its root page"
+    );
+    // (On a connection of its own: a body the server does not read may close the connection after the answer.)
+    let r = Client::connect(addr)
+        .request("POST", "/healthz", &[], b"x")
+        .unwrap();
+    assert_eq!(r.status, 405);
+    let r = c.get("/link");
+    assert_eq!((r.status, r.header("allow")), (405, Some("POST")));
+    assert!(r.text().contains("POST"), "{}", r.text());
+    // Without an inbox the node takes no links over HTTP.
+    assert_eq!(c.post_link(&[vec![1; 100]]).status, 404);
+    assert_eq!(c.get("/healthz").status, 200, "still the same connection");
+
+    // The metrics are not on the port that takes links; the answer says where they are.
     let r = c.get("/metrics");
+    assert_eq!(r.status, 404);
+    assert!(r.text().contains("--metrics-listen"), "{}", r.text());
+    let page = c.get("/metrics").text();
+    assert!(!page.contains("pure_records_stored_total"), "{page}");
+
+    // The metrics listener: /metrics and /healthz, kept alive too; no links.
+    let mut m = Client::connect(metrics_of(&server));
+    let r = m.get("/metrics");
     assert_eq!(r.status, 200);
     assert_eq!(
         r.header("content-type"),
@@ -79,29 +134,35 @@ fn one_connection_serves_many_requests() {
         page.contains("# TYPE pure_records_stored_total counter"),
         "{page}"
     );
-    assert!(page.contains("pure_http_connections_open 1\n"), "{page}");
-    let r = c.request("HEAD", "/healthz", &[], &[]).unwrap();
-    assert_eq!((r.status, r.header("content-length")), (200, Some("3")));
-    assert_eq!(c.get("/nope").status, 404);
-    // (On a connection of its own: a body the server does not read may close the connection after the answer.)
-    let r = Client::connect(addr)
+    assert!(
+        page.contains("pure_http_connections_open{listener=\"http\"} 1\n"),
+        "{page}"
+    );
+    assert!(
+        page.contains("pure_http_connections_open{listener=\"metrics\"} 1\n"),
+        "{page}"
+    );
+    let r = m.get("/healthz");
+    assert_eq!((r.status, r.text().as_str()), (200, "ok\n"));
+    assert!(m.get("/").text().contains("pure-serve:"));
+    let r = m.post_link(&[vec![1; 100]]);
+    assert_eq!(r.status, 404);
+    assert!(r.text().contains("--http-port"), "{}", r.text());
+    let r = Client::connect(metrics_of(&server))
         .request("POST", "/metrics", &[], b"x")
         .unwrap();
     assert_eq!(r.status, 405);
-    let r = c.get("/link");
-    assert_eq!((r.status, r.header("allow")), (405, Some("POST")));
-    assert!(r.text().contains("POST"), "{}", r.text());
-    // Without an inbox the node takes no links over HTTP.
-    assert_eq!(c.post_link(&[vec![1; 100]]).status, 404);
-    assert_eq!(c.get("/healthz").status, 200, "still the same connection");
 }
 
 #[test]
 fn health_answers_while_100_slow_clients_hold_connections() {
-    let (_server, addr, stats) = start(HttpLimits::default(), None);
+    let (server, addr, stats) = start(HttpLimits::default(), None);
+    let metrics = metrics_of(&server);
+    // From 10 addresses in 4 networks: within what one address and one network may hold.
     let mut slow: Vec<TcpStream> = (0..100)
-        .map(|_| {
-            let mut s = TcpStream::connect(addr).unwrap();
+        .map(|i| {
+            let from = ip(&format!("127.0.{}.{}", 1 + i % 4, 1 + i % 10));
+            let mut s = connect_from(from, addr).unwrap();
             s.write_all(b"G").unwrap();
             s
         })
@@ -125,7 +186,7 @@ fn health_answers_while_100_slow_clients_hold_connections() {
     };
     // Until the server has all 100: they hold connections at once, and it still answers.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while metric(addr, "pure_http_connections_open") < 101.0 {
+    while metric(metrics, "pure_http_connections_open{listener=\"http\"}") < 100.0 {
         assert!(
             Instant::now() < deadline,
             "the slow clients never all connected"
@@ -137,7 +198,7 @@ fn health_answers_while_100_slow_clients_hold_connections() {
     let started = Instant::now();
     let r = c.get("/healthz");
     assert_eq!((r.status, r.text().as_str()), (200, "ok\n"));
-    let r = c.get("/metrics");
+    let r = Client::connect(metrics).get("/metrics");
     assert_eq!(r.status, 200);
     assert!(
         started.elapsed() < Duration::from_secs(5),
@@ -151,7 +212,12 @@ fn health_answers_while_100_slow_clients_hold_connections() {
 #[test]
 fn connections_beyond_the_limit_are_refused_and_counted() {
     let limits = HttpLimits {
-        max_connections: 4,
+        connections: ConnectionLimits {
+            total: 4,
+            per_source: 4,
+            per_prefix: 4,
+            reserved: 0,
+        },
         ..HttpLimits::default()
     };
     let (server, addr, _) = start(limits, None);
@@ -159,37 +225,218 @@ fn connections_beyond_the_limit_are_refused_and_counted() {
     for c in &mut held {
         assert_eq!(c.get("/healthz").status, 200);
     }
-    let mut extra = Client::connect(addr);
+    let mut extra = Client::connect_from(ip("127.0.1.1"), addr);
     let r = extra.read_reply(false).unwrap();
     assert_eq!((r.status, r.header("retry-after")), (503, Some("1")));
+    assert_eq!(r.text(), "too many connections\n");
     assert!(extra.closed_within(Duration::from_secs(5)));
-    assert!(
-        server
-            .counters()
-            .refused
+    let total = |s: &HttpHandle| {
+        s.counters()
+            .http
+            .refused(Refused::Total)
             .load(std::sync::atomic::Ordering::Relaxed)
-            >= 1
+    };
+    assert_eq!(total(&server), 1);
+    // The metrics listener has bounds of its own: it still answers, and shows the refusal.
+    let page = Client::connect(metrics_of(&server)).get("/metrics").text();
+    assert!(
+        page.contains("pure_http_refused_total{listener=\"http\",reason=\"total\"} 1\n"),
+        "{page}"
+    );
+    assert!(
+        page.contains("pure_http_connections_total{listener=\"http\",outcome=\"refused\"} 1\n"),
+        "{page}"
     );
     // One closes; a new connection is served.
     drop(held.pop());
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let mut c = Client::connect(addr);
-        match c.request("GET", "/metrics", &[], &[]) {
-            Ok(r) if r.status == 200 => {
-                assert!(
-                    r.text()
-                        .contains("pure_http_connections_total{outcome=\"refused\"} "),
-                    "{}",
-                    r.text()
-                );
-                break;
-            }
+        match c.request("GET", "/healthz", &[], &[]) {
+            Ok(r) if r.status == 200 => break,
             // The closed one's slot comes back when its task sees the close.
             _ => assert!(Instant::now() < deadline, "no slot came back"),
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Opens `n` connections from `from` that each hold a slot without finishing anything, in turn: idle (nothing
+/// sent), a request head that never ends, and, if `tls`, a TLS handshake that stalls after its first bytes.
+fn hold_connections(from: IpAddr, addr: SocketAddr, n: usize, tls: bool) -> Vec<TcpStream> {
+    let kinds: &[&[u8]] = if tls {
+        &[
+            b"",
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n",
+            &[0x16, 0x03, 0x01, 0x00],
+        ]
+    } else {
+        &[b"", b"GET /healthz HTTP/1.1\r\nHost: x\r\n"]
+    };
+    (0..n)
+        .map(|i| {
+            let mut s = connect_from(from, addr).unwrap();
+            s.write_all(kinds[i % kinds.len()]).unwrap();
+            s
+        })
+        .collect()
+}
+
+/// The node's bounds, with a head timeout long enough that held connections outlast a slow test machine.
+fn held_limits() -> HttpLimits {
+    HttpLimits {
+        head_timeout: Duration::from_secs(300),
+        ..HttpLimits::default()
+    }
+}
+
+/// Waits until the metrics listener at `metrics` says `series` is `want`.
+fn wait_metric(metrics: SocketAddr, series: &str, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = metric(metrics, series);
+        if v == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{series} is {v}, never {want}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What one address at its most leaves another: `/healthz` and `POST /link`, plain and over TLS.
+#[test]
+fn one_address_at_its_most_leaves_room_for_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = test_ca(dir.path());
+    let tls = TlsConfig::load(&ca.cert_file, &ca.key_file).unwrap();
+    let (inbox, queue) = link_channel(4).unwrap();
+    let (server, addr, _) = start_with(held_limits(), Some(inbox), Some(tls));
+    let loop_thread = consumer(queue, Some);
+    let metrics = metrics_of(&server);
+    let most = ConnectionLimits::default().per_source;
+
+    // 127.0.0.1 holds its most: idle, partial-head and stalled-TLS connections.
+    let _held = hold_connections(ip("127.0.0.1"), addr, most, true);
+    wait_metric(
+        metrics,
+        "pure_http_connections_open{listener=\"http\"}",
+        most as f64,
+    );
+    // Its next one is refused at once, and told why.
+    let mut refused = Client::connect_from(ip("127.0.0.1"), addr);
+    let r = refused.read_reply(false).unwrap();
+    assert_eq!(r.status, 503);
+    assert_eq!(r.text(), "too many connections from your address\n");
+    assert!(refused.closed_within(Duration::from_secs(5)));
+    // A TLS client from there gets no handshake.
+    assert!(Client::connect_tls_from(ip("127.0.0.1"), addr, &ca.ca_der).is_err());
+
+    // Another address of the same /24 is served: plain and TLS, /healthz and POST /link.
+    let mut plain = Client::connect_from(ip("127.0.0.2"), addr);
+    assert_eq!(plain.get("/healthz").status, 200);
+    let r = plain.post_link(&[vec![5; 120]]);
+    assert_eq!((r.status, r.packets()), (200, vec![vec![5; 120]]));
+    let mut secure = Client::connect_tls_from(ip("127.0.0.2"), addr, &ca.ca_der).unwrap();
+    assert_eq!(secure.get("/healthz").status, 200);
+    let r = secure.post_link(&[vec![6; 300]]);
+    assert_eq!((r.status, r.packets()), (200, vec![vec![6; 300]]));
+
+    // The refusals are counted by reason, and nothing else was refused.
+    assert_eq!(
+        metric(
+            metrics,
+            "pure_http_refused_total{listener=\"http\",reason=\"per_source\"}"
+        ),
+        2.0
+    );
+    for reason in ["per_prefix", "reserved", "total"] {
+        assert_eq!(
+            metric(
+                metrics,
+                &format!("pure_http_refused_total{{listener=\"http\",reason=\"{reason}\"}}")
+            ),
+            0.0,
+            "{reason}"
+        );
+    }
+    drop(server);
+    loop_thread.join().unwrap();
+}
+
+/// What one /24 at its most leaves another network; and the last of the total is kept for networks that hold
+/// almost none, while several hold their most.
+#[test]
+fn networks_at_their_most_leave_room_for_others() {
+    let (inbox, queue) = link_channel(4).unwrap();
+    let (server, addr, _) = start(held_limits(), Some(inbox));
+    let loop_thread = consumer(queue, Some);
+    let metrics = metrics_of(&server);
+    let l = ConnectionLimits::default();
+    let open = "pure_http_connections_open{listener=\"http\"}";
+    let refused = |reason: &str| {
+        metric(
+            metrics,
+            &format!("pure_http_refused_total{{listener=\"http\",reason=\"{reason}\"}}"),
+        )
+    };
+
+    // 127.0.0.0/24 holds its most from two addresses; a third address of it is refused, another /24 is served.
+    let mut held = hold_connections(ip("127.0.0.1"), addr, l.per_source, false);
+    held.extend(hold_connections(
+        ip("127.0.0.2"),
+        addr,
+        l.per_prefix - l.per_source,
+        false,
+    ));
+    wait_metric(metrics, open, l.per_prefix as f64);
+    let mut c = Client::connect_from(ip("127.0.0.3"), addr);
+    let r = c.read_reply(false).unwrap();
+    assert_eq!(r.status, 503);
+    assert_eq!(r.text(), "too many connections from your network\n");
+    assert_eq!(refused("per_prefix"), 1.0);
+    let mut other = Client::connect_from(ip("127.0.1.1"), addr);
+    assert_eq!(other.get("/healthz").status, 200);
+    assert_eq!(other.post_link(&[vec![1; 64]]).status, 200);
+    drop(other);
+
+    // Two more networks at their most: what is left is the reserve.
+    for net in [2, 3] {
+        for host in [1, 2] {
+            held.extend(hold_connections(
+                ip(&format!("127.0.{net}.{host}")),
+                addr,
+                l.per_source,
+                false,
+            ));
+        }
+    }
+    let loud = 3 * l.per_prefix;
+    assert_eq!(
+        loud,
+        l.total - l.reserved,
+        "the defaults this test is about"
+    );
+    wait_metric(metrics, open, loud as f64);
+    // A fourth network gets its first few, and then none of the reserve.
+    held.extend(hold_connections(ip("127.0.4.1"), addr, 2, false));
+    wait_metric(metrics, open, loud as f64 + 2.0);
+    let mut c = Client::connect_from(ip("127.0.4.1"), addr);
+    let r = c.read_reply(false).unwrap();
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (503, "too many connections\n")
+    );
+    assert_eq!(refused("reserved"), 1.0);
+    // A network that holds none is served from the reserve.
+    let mut quiet = Client::connect_from(ip("127.0.5.1"), addr);
+    assert_eq!(quiet.get("/healthz").status, 200);
+    let r = quiet.post_link(&[vec![2; 64]]);
+    assert_eq!((r.status, r.packets()), (200, vec![vec![2; 64]]));
+    assert_eq!(refused("per_source"), 0.0);
+    assert_eq!(refused("total"), 0.0);
+    drop(held);
+    drop(server);
+    loop_thread.join().unwrap();
 }
 
 #[test]
@@ -208,7 +455,7 @@ fn a_head_that_never_ends_and_an_idle_connection_are_closed() {
 #[test]
 fn a_client_that_never_reads_its_answers_is_cut_off() {
     use socket2::{Domain, Socket, Type};
-    let (_server, addr, _) = start(short_limits(), None);
+    let (server, addr, _) = start(short_limits(), None);
     let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
     socket.connect(&addr.into()).unwrap();
@@ -218,7 +465,11 @@ fn a_client_that_never_reads_its_answers_is_cut_off() {
     let many = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(2000);
     let _ = s.write_all(&many);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while metric(addr, "pure_http_connections_open") > 1.0 {
+    while metric(
+        metrics_of(&server),
+        "pure_http_connections_open{listener=\"http\"}",
+    ) > 0.0
+    {
         assert!(
             Instant::now() < deadline,
             "the connection that does not read is still open"
@@ -319,7 +570,7 @@ fn link_requests_are_handed_over_and_answered() {
         assert_eq!(r.header("content-type"), Some("application/x-pure-link"));
         assert_eq!(r.packets(), vec![vec![3, 2, 1, round], vec![9; 1472]]);
     }
-    let metrics = c.get("/metrics").text();
+    let metrics = Client::connect(metrics_of(&server)).get("/metrics").text();
     assert!(
         metrics.contains("pure_http_link_requests_total 3\n"),
         "{metrics}"

@@ -64,6 +64,17 @@ fn an_address_not_on_this_host_is_blamed_on_bind_not_the_port() {
         "{err}"
     );
     assert!(!err.contains("another node"), "{err}");
+    // The metrics listener's address is its own flag's.
+    let err = node_refuses(
+        &dir.path().join("state2"),
+        &["--metrics-listen", "192.0.2.1:7382"],
+    );
+    assert!(
+        err.contains(
+            "192.0.2.1 is not an address of this host: give one it has with --metrics-listen"
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -81,6 +92,22 @@ fn a_port_in_use_names_the_port_and_its_flag_and_the_os_error_once() {
     let port = tcp.local_addr().unwrap().port().to_string();
     let err = node_refuses(&dir.path().join("state2"), &["--http-port", &port]);
     assert!(err.contains("choose another with --http-port"), "{err}");
+    let taken = format!("127.0.0.1:{port}");
+    let err = node_refuses(&dir.path().join("state3"), &["--metrics-listen", &taken]);
+    assert!(
+        err.contains(&format!(
+            "cannot listen on TCP {taken} for the metrics: port {port} is in use by another program (another \
+             node?): choose another with --metrics-listen"
+        )),
+        "{err}"
+    );
+    // Not an address and a port: said by the flag's parser, with examples.
+    let err = node_refuses(&dir.path().join("state4"), &["--metrics-listen", "7382"]);
+    assert!(
+        err.contains("--metrics-listen")
+            && err.contains("is not ADDR:PORT: give e.g. 127.0.0.1:7382"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -203,9 +230,17 @@ fn check_beside_a_running_node_warns_of_its_ports_and_finds_lost_data() {
         &node.link.port().to_string(),
         "--http-port",
         &node.http.port().to_string(),
+        "--metrics-listen",
+        &node.metrics.to_string(),
     ]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
+    assert_eq!(
+        t.matches("in use, presumably by the node serving from this state")
+            .count(),
+        3,
+        "UDP, HTTP and metrics: {t}"
+    );
     assert!(
         t.contains(&format!(
             "a node (pid {}) is serving from it now",
@@ -229,10 +264,16 @@ fn check_beside_a_running_node_warns_of_its_ports_and_finds_lost_data() {
         &node.link.port().to_string(),
         "--http-port",
         &node.http.port().to_string(),
+        "--metrics-listen",
+        &node.metrics.to_string(),
     ]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
-    assert!(t.contains("in use by a running pure-serve"), "{t}");
+    assert_eq!(
+        t.matches("in use by a running pure-serve").count(),
+        3,
+        "{t}"
+    );
     drop(node);
     std::fs::remove_file(state.join("node.key")).unwrap();
     let out = check(&[

@@ -1,13 +1,15 @@
-//! `/metrics`, `/healthz` and `pure-serve check`, end to end with the real binary (issue 3).
+//! `/metrics`, `/healthz` and `pure-serve check`, end to end with the real binary (issue 3); the metrics on a
+//! listener of their own, loopback unless told otherwise (issue 14, item 4).
 
 mod ops_util;
 
-use std::process::Command;
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
 
 use ops_util::*;
 
 #[test]
-fn metrics_and_health_on_the_http_port() {
+fn metrics_on_their_own_listener_and_health_on_both() {
     let dir = tempfile::tempdir().unwrap();
     let (key, public) = keygen(dir.path(), "dev");
     let senders = dir.path().join("senders");
@@ -15,6 +17,8 @@ fn metrics_and_health_on_the_http_port() {
     let state = dir.path().join("state");
     let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
     assert_ne!(node.http.port(), 0);
+    assert_ne!(node.metrics.port(), 0);
+    assert_ne!(node.metrics, node.http);
 
     let records: Vec<String> = (1..=50).map(|i| format!("m{i}")).collect();
     let (ok, out) = node.send(&key, &records, "60");
@@ -51,6 +55,74 @@ fn metrics_and_health_on_the_http_port() {
     let (code, body) = node.http_get("/healthz");
     assert_eq!((code, body.as_str()), (200, "ok\n"));
     assert_eq!(node.http_get("/nope").0, 404);
+    // The port that takes links answers /healthz (load balancers ask there), not /metrics.
+    let (code, body) = http_get(node.http, "/healthz");
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    let (code, body) = http_get(node.http, "/metrics");
+    assert_eq!(code, 404);
+    assert!(body.contains("--metrics-listen"), "{body}");
+    assert!(!body.contains("pure_"), "{body}");
+}
+
+/// Starts the node with `args` after the state and ports 0, without `--bind 127.0.0.1`.
+fn start_bound(state: &std::path::Path, args: &[&str]) -> NodeProcess {
+    let child = Command::new(bin())
+        .arg("--state")
+        .arg(state)
+        .args(["--link-port", "0", "--http-port", "0"])
+        .args(args)
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    NodeProcess::attach(child, state)
+}
+
+/// Whether a TCP connection to `ip` at `port` is taken.
+fn accepts(ip: &str, port: u16) -> bool {
+    TcpStream::connect(SocketAddr::new(ip.parse().unwrap(), port)).is_ok()
+}
+
+#[test]
+fn the_metrics_listener_is_loopback_unless_told_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    // --bind 0.0.0.0: the link ports are on every address, the metrics on 127.0.0.1 only. (Linux routes all of
+    // 127/8 to loopback, so 127.0.0.2 stands for an address of another interface.)
+    let node = start_bound(&dir.path().join("a"), &["--bind", "0.0.0.0"]);
+    assert_eq!(node.metrics.ip().to_string(), "127.0.0.1");
+    assert!(
+        accepts("127.0.0.2", node.http.port()),
+        "links: every address"
+    );
+    assert!(
+        !accepts("127.0.0.2", node.metrics.port()),
+        "metrics: loopback's 127.0.0.1 only"
+    );
+    assert_eq!(http_get(node.metrics, "/metrics").0, 200);
+    let on_http = SocketAddr::new("127.0.0.2".parse().unwrap(), node.http.port());
+    assert_eq!(http_get(on_http, "/metrics").0, 404);
+    drop(node);
+    // Told another address, it listens there and nowhere else.
+    let node = start_bound(
+        &dir.path().join("b"),
+        &["--bind", "127.0.0.1", "--metrics-listen", "127.0.0.3:0"],
+    );
+    assert_eq!(node.metrics.ip().to_string(), "127.0.0.3");
+    assert!(!accepts("127.0.0.1", node.metrics.port()));
+    let (code, page) = http_get(node.metrics, "/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        page.contains("# TYPE pure_http_refused_total counter"),
+        "{page}"
+    );
+    // --help teaches the flag and its default.
+    let out = Command::new(bin()).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("--metrics-listen <ADDR:PORT>") && help.contains("127.0.0.1:7382"),
+        "{help}"
+    );
 }
 
 #[test]

@@ -12,8 +12,33 @@ use clap::{Args, Parser, Subcommand};
 
 /// Default UDP port of a node's links.
 pub const DEFAULT_LINK_PORT: u16 = 7380;
-/// Default TCP port of `/metrics` and `/healthz` (and later of wires between nodes): the one after the links'.
+/// Default TCP port of `/healthz` and `POST /link` (links over HTTP, and wires from other nodes): the one after
+/// the links'.
 pub const DEFAULT_HTTP_PORT: u16 = 7381;
+/// Default TCP port of the metrics listener (`/metrics`, `/healthz`): the one after HTTP's, on loopback.
+pub const DEFAULT_METRICS_PORT: u16 = 7382;
+
+/// The metrics listener when `--metrics-listen` is not given: loopback, this host only, at
+/// [`DEFAULT_METRICS_PORT`]; at port 0 (a free one) when the HTTP port is 0, so that nodes started side by side
+/// (tests, benches) with `--http-port 0` never collide on it.
+pub fn default_metrics_listen(http_port: u16) -> std::net::SocketAddr {
+    let port = if http_port == 0 {
+        0
+    } else {
+        DEFAULT_METRICS_PORT
+    };
+    std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port))
+}
+
+/// `--metrics-listen`'s value: `ADDR:PORT`.
+pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    s.parse().map_err(|_| {
+        format!(
+            "{s:?} is not ADDR:PORT: give e.g. 127.0.0.1:{DEFAULT_METRICS_PORT}, 0.0.0.0:{DEFAULT_METRICS_PORT} \
+             or [::1]:{DEFAULT_METRICS_PORT}"
+        )
+    })
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -103,6 +128,10 @@ pub struct CheckArgs {
     /// The node's TCP port for HTTP, to try (0: not tried).
     #[arg(long, value_name = "PORT", default_value_t = DEFAULT_HTTP_PORT)]
     pub http_port: u16,
+    /// The node's metrics listener, as the node's --metrics-listen, to try (port 0: not tried). Default:
+    /// 127.0.0.1:7382, or port 0 with --http-port 0.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_listen)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
@@ -121,6 +150,11 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
             .then(|| std::net::SocketAddr::new(args.bind, args.link_port)),
         http_addr: (args.http_port != 0)
             .then(|| std::net::SocketAddr::new(args.bind, args.http_port)),
+        metrics_addr: Some(
+            args.metrics_listen
+                .unwrap_or_else(|| default_metrics_listen(args.http_port)),
+        )
+        .filter(|a| a.port() != 0),
         state_dir,
     };
     let report = crate::ops::check::check(&input);

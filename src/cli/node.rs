@@ -35,10 +35,18 @@ pub struct NodeArgs {
     /// UDP port for links (0 picks a free one and prints it).
     #[arg(long, value_name = "PORT", default_value_t = super::DEFAULT_LINK_PORT)]
     pub link_port: u16,
-    /// TCP port for HTTP: `/metrics` (Prometheus), `/healthz`, and `POST /link` (sealed link packets over HTTP,
-    /// answered with the node's acks; docs/protocol.md). 0 picks a free one and prints it.
+    /// TCP port for HTTP: `/healthz` (for load balancers) and `POST /link` (sealed link packets over HTTP,
+    /// answered with the node's acks; docs/protocol.md), on --bind. `/metrics` is not served here but on
+    /// --metrics-listen. Connections are bounded per address, per /24 (/56) and in all (docs/operations.md). 0 picks
+    /// a free one and prints it.
     #[arg(long, value_name = "PORT", default_value_t = super::DEFAULT_HTTP_PORT)]
     pub http_port: u16,
+    /// Where to serve `/metrics` (Prometheus) and `/healthz`, as ADDR:PORT: a listener of their own, so the metrics
+    /// stay off the port that takes links from the internet. Default: 127.0.0.1:7382, this host only; to scrape
+    /// from elsewhere give an address of the network Prometheus is on (or 0.0.0.0:7382, and firewall it). With
+    /// --http-port 0 the default port is 0 too (a free one, printed), so nodes started side by side never collide.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = super::parse_listen)]
+    pub metrics_listen: Option<SocketAddr>,
     /// Serve TLS (HTTPS) on --http-port too, with this PEM certificate chain: the server's certificate first, then
     /// any intermediates. Needs --tls-key. Plain HTTP keeps working on the same port (the first byte of a
     /// connection tells them apart).
@@ -47,7 +55,7 @@ pub struct NodeArgs {
     /// The PEM private key (PKCS#8, PKCS#1 or SEC1) of --tls-cert. Keep it readable by the node only.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Address to listen on.
+    /// Address to listen on for links: UDP --link-port and TCP --http-port (not the metrics: --metrics-listen).
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
     pub bind: IpAddr,
     /// A run's session is forgotten after this long without packets (it costs nothing while idle).
@@ -208,8 +216,14 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         eprint!("\r\x1b[K");
     }
     let mut ready = ready.context("the node did not start")?;
-    let mut http = HttpServer::bind(http_addr).context("the node did not start")?;
+    let metrics_addr = args
+        .metrics_listen
+        .unwrap_or_else(|| super::default_metrics_listen(args.http_port));
+    let mut http = HttpServer::bind(http_addr)
+        .and_then(|h| h.with_metrics_listener(metrics_addr))
+        .context("the node did not start")?;
     let http_addr = http.local_addr().unwrap_or(http_addr);
+    let metrics_addr = http.metrics_addr().unwrap_or(metrics_addr);
     let tls_line = tls.as_ref().map(|t| {
         format!(
             "tls:        https://{http_addr}/ too (certificate {})",
@@ -228,8 +242,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     }
     println!("public key: {}", ready.public_key());
     println!("link:       udp {}", ready.local_addr());
-    println!("metrics:    http://{http_addr}/metrics and /healthz");
     println!("http link:  POST http://{http_addr}/link");
+    println!("health:     http://{http_addr}/healthz");
+    println!("metrics:    http://{metrics_addr}/metrics and /healthz");
     if let Some(line) = tls_line {
         println!("{line}");
     }

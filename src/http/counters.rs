@@ -4,13 +4,36 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::Listener;
+use super::bounds::Refused;
+
+/// The connections of one listener.
+#[derive(Debug, Default)]
+pub struct ListenerCounters {
+    /// Connections accepted and served.
+    pub served: AtomicU64,
+    /// Connections closed at once, by reason ([`Refused`], indexed by its value).
+    refused: [AtomicU64; Refused::ALL.len()],
+}
+
+impl ListenerCounters {
+    pub fn refused(&self, why: Refused) -> &AtomicU64 {
+        &self.refused[why as usize]
+    }
+
+    /// Connections refused, for every reason.
+    pub fn refused_total(&self) -> u64 {
+        self.refused.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+}
+
 /// Counters of the HTTP server, bumped on its thread and read by `/metrics` (or a test).
 #[derive(Debug, Default)]
 pub struct HttpCounters {
-    /// Connections accepted and served.
-    pub connections: AtomicU64,
-    /// Connections closed at once because [`super::HttpLimits::max_connections`] were open.
-    pub refused: AtomicU64,
+    /// `--http-port`'s connections.
+    pub http: ListenerCounters,
+    /// `--metrics-listen`'s connections.
+    pub metrics: ListenerCounters,
     /// TLS handshakes that failed or took longer than the head timeout.
     pub tls_failed: AtomicU64,
     /// `POST /link` requests whose body was framed packets (answered 200, or 503 below).
@@ -42,34 +65,73 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 impl HttpCounters {
-    /// Appends the HTTP families to a metrics page. `open` is the number of connections open now; `lost` the
-    /// receive loop's count of node packets for link requests answered already
-    /// ([`crate::receive::LiveStats::link_packets_unrouted`]).
-    pub fn render_into(&self, out: &mut String, open: usize, lost: u64) {
+    pub fn listener(&self, which: Listener) -> &ListenerCounters {
+        match which {
+            Listener::Http => &self.http,
+            Listener::Metrics => &self.metrics,
+        }
+    }
+
+    /// Appends the HTTP families to a metrics page. `open` is the number of connections open now on each listener
+    /// (`--http-port`'s, then `--metrics-listen`'s); `lost` the receive loop's count of node packets for link
+    /// requests answered already ([`crate::receive::LiveStats::link_packets_unrouted`]).
+    pub fn render_into(&self, out: &mut String, open: [usize; 2], lost: u64) {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let listeners = [
+            (Listener::Http, &self.http, open[0]),
+            (Listener::Metrics, &self.metrics, open[1]),
+        ];
         family(
             out,
             "pure_http_connections_open",
             "gauge",
-            "HTTP connections open on --http-port.",
+            "HTTP connections open, by listener: http (--http-port), metrics (--metrics-listen).",
         );
-        let _ = writeln!(out, "pure_http_connections_open {open}");
+        for (which, _, n) in listeners {
+            let _ = writeln!(
+                out,
+                "pure_http_connections_open{{listener=\"{}\"}} {n}",
+                which.label()
+            );
+        }
         family(
             out,
             "pure_http_connections_total",
             "counter",
-            "HTTP connections: served, or refused at once because the most allowed were open.",
+            "HTTP connections by listener: served, or refused at once (pure_http_refused_total says why).",
         );
-        let _ = writeln!(
+        for (which, c, _) in listeners {
+            let l = which.label();
+            let _ = writeln!(
+                out,
+                "pure_http_connections_total{{listener=\"{l}\",outcome=\"served\"}} {}",
+                get(&c.served)
+            );
+            let _ = writeln!(
+                out,
+                "pure_http_connections_total{{listener=\"{l}\",outcome=\"refused\"}} {}",
+                c.refused_total()
+            );
+        }
+        family(
             out,
-            "pure_http_connections_total{{outcome=\"served\"}} {}",
-            get(&self.connections)
+            "pure_http_refused_total",
+            "counter",
+            "HTTP connections refused at once, by listener and reason: per_source (the address, or an IPv6 /64, held \
+             its most), per_prefix (its /24 or /56 did), reserved (the last of the total is kept for prefixes that \
+             hold almost none), total (every connection of the listener was open).",
         );
-        let _ = writeln!(
-            out,
-            "pure_http_connections_total{{outcome=\"refused\"}} {}",
-            get(&self.refused)
-        );
+        for (which, c, _) in listeners {
+            for why in Refused::ALL {
+                let _ = writeln!(
+                    out,
+                    "pure_http_refused_total{{listener=\"{}\",reason=\"{}\"}} {}",
+                    which.label(),
+                    why.label(),
+                    get(c.refused(why))
+                );
+            }
+        }
         family(
             out,
             "pure_http_tls_failures_total",
@@ -146,9 +208,18 @@ mod tests {
     fn every_sample_is_numeric() {
         let c = HttpCounters::default();
         bump(&c.link_busy);
+        bump(c.http.refused(Refused::PerSource));
+        bump(c.http.refused(Refused::Total));
         let mut page = String::new();
-        c.render_into(&mut page, 3, 0);
-        assert!(page.contains("pure_http_connections_open 3\n"));
+        c.render_into(&mut page, [3, 1], 0);
+        assert!(page.contains("pure_http_connections_open{listener=\"http\"} 3\n"));
+        assert!(page.contains("pure_http_connections_open{listener=\"metrics\"} 1\n"));
+        assert!(
+            page.contains("pure_http_connections_total{listener=\"http\",outcome=\"refused\"} 2\n")
+        );
+        assert!(
+            page.contains("pure_http_refused_total{listener=\"http\",reason=\"per_source\"} 1\n")
+        );
         assert!(page.contains("pure_http_link_errors_total{reason=\"busy\"} 1\n"));
         for line in page.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();

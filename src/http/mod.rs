@@ -1,18 +1,25 @@
-//! The HTTP server on `--http-port`: `/metrics`, `/healthz`, and `POST /link` (links over HTTP), plain and TLS on
-//! the same port.
+//! The node's HTTP server: `/healthz` and `POST /link` (links over HTTP) on `--http-port`, plain and TLS on the same
+//! port; `/metrics` and `/healthz` on a listener of their own, `--metrics-listen` (loopback by default).
 //!
 //! It owns one thread, `pure-http`, running a tokio current-thread runtime with hyper's HTTP/1.1 server: one epoll,
-//! one task per connection, timers. A host runs on a handful of threads (BRIEF.md: ≤ 5 with 20 outputs), so the
-//! server is exactly one whatever the number of connections, and it never touches the node core: the receive loop
-//! publishes a [`crate::ops::metrics::Snapshot`] and a heartbeat for the pages, and takes link requests from a
-//! bounded queue ([`link`]).
+//! one task per connection, timers, for both listeners. A host runs on a handful of threads (BRIEF.md: ≤ 5 with 20
+//! outputs), so the server is exactly one whatever the number of connections, and it never touches the node core:
+//! the receive loop publishes a [`crate::ops::metrics::Snapshot`] and a heartbeat for the pages, and takes link
+//! requests from a bounded queue ([`link`]).
 //!
-//! Nothing a client does can stall it or grow it without bound (issue 9, item 7):
+//! Why two listeners: `--http-port` takes links from the internet, and what the metrics say (senders, apps,
+//! outlets and their errors, memory) is for the operator, not for everyone who can reach that port. Load balancers
+//! probe `/healthz` where the links are, so it stays there too. Each listener has its own connection bounds, so a
+//! flood of the public port does not stop Prometheus or the operator from reading the metrics.
 //!
-//! - at most [`HttpLimits::max_connections`] connections at once; one more is told 503 and closed at once, and
-//!   counted (`pure_http_connections_total{outcome="refused"}`);
+//! Nothing a client does can stall it or grow it without bound (issue 9, item 7; issue 14, item 4):
+//!
+//! - connections are bounded per source address (IPv6: per /64), per source prefix (/24, /56) and in total, and
+//!   the total's last share is kept for prefixes that hold almost none ([`bounds`]); a connection past a bound is
+//!   told 503 and closed at once, without a task, and counted by reason (`pure_http_refused_total{reason}`);
 //! - a request head must be complete within [`HttpLimits::head_timeout`] of the server being ready for it — on a
-//!   new connection or after the previous answer, so this is also the keep-alive idle time;
+//!   new connection or after the previous answer, so this is also the keep-alive idle time (and a TLS handshake's
+//!   limit);
 //! - a `POST /link` body must arrive, and the node answer it, within [`HttpLimits::request_deadline`];
 //! - a body is at most [`HttpLimits::max_link_body`] bytes (413 beyond);
 //! - a write that waits [`HttpLimits::write_stall`] for a client that does not read fails the connection.
@@ -21,9 +28,11 @@
 //! connection: `/healthz` and `/metrics` answer everyone else at once.
 //!
 //! Layout: [`framing`] (the body format, pure), [`link`] (the hand-over to the receive loop and the pseudo peer
-//! addresses that route acks back to a request), [`tls`] (certificate files), `serve` (accept loop, connections),
-//! `routes` (what each request is answered), `stall` (the write timeout), [`counters`] (the server's metrics).
+//! addresses that route acks back to a request), [`tls`] (certificate files), [`bounds`] (who may hold connections
+//! and handshakes, pure), `serve` (accept loops, connections), `routes` (what each request is answered on each
+//! listener), `stall` (the write timeout), [`counters`] (the server's metrics).
 
+pub mod bounds;
 pub mod counters;
 pub mod framing;
 pub mod link;
@@ -40,8 +49,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use thiserror::Error;
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::oneshot;
 
+pub use bounds::{ConnectionLimits, Refused};
 pub use counters::HttpCounters;
 pub use framing::{Framed, FramingError};
 pub use link::{LINK_QUEUE, LinkInbox, LinkQueue, LinkRequest, link_channel};
@@ -54,9 +64,17 @@ use crate::receive::LiveStats;
 pub enum HttpError {
     #[error(
         "cannot listen on TCP {addr} for HTTP: {}",
-        crate::ops::bind_problem(source, *addr, "--http-port")
+        crate::ops::bind_problem(source, *addr, "--http-port", "--bind")
     )]
     Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot listen on TCP {addr} for the metrics: {}",
+        crate::ops::bind_problem(source, *addr, "--metrics-listen", "--metrics-listen")
+    )]
+    MetricsBind {
         addr: SocketAddr,
         source: std::io::Error,
     },
@@ -88,10 +106,10 @@ pub enum HttpError {
 /// The server's bounds. [`Default`] is what the node uses; tests shorten them.
 #[derive(Debug, Clone)]
 pub struct HttpLimits {
-    /// Connections open at once; beyond it a new one is told 503 and closed. 256 keep-alive connections cost
-    /// about 256 × 16 KiB of buffers at worst.
-    pub max_connections: usize,
-    /// From ready-for-a-request to the end of its head; also the keep-alive idle time.
+    /// Connections open at once, per source, per prefix and in total, on each listener ([`bounds`]).
+    pub connections: ConnectionLimits,
+    /// From ready-for-a-request to the end of its head; also the keep-alive idle time, and the most a TLS
+    /// handshake may take.
     pub head_timeout: Duration,
     /// From the end of a `POST /link` head to its answer: reading the body and waiting for the node's commit.
     pub request_deadline: Duration,
@@ -104,11 +122,30 @@ pub struct HttpLimits {
 impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
-            max_connections: 256,
+            connections: ConnectionLimits::default(),
             head_timeout: Duration::from_secs(10),
             request_deadline: Duration::from_secs(10),
             write_stall: Duration::from_secs(10),
             max_link_body: 1 << 20,
+        }
+    }
+}
+
+/// Which listener a connection came in on: what it is served and which counters it bumps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// `--http-port`: `/healthz`, `POST /link`; TLS if configured.
+    Http,
+    /// `--metrics-listen`: `/metrics`, `/healthz`.
+    Metrics,
+}
+
+impl Listener {
+    /// The value of the `listener` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Listener::Http => "http",
+            Listener::Metrics => "metrics",
         }
     }
 }
@@ -119,40 +156,58 @@ struct Shared {
     links: Option<LinkInbox>,
     counters: Arc<HttpCounters>,
     limits: HttpLimits,
-    permits: Arc<Semaphore>,
+    /// The connections of each listener.
+    http_slots: Arc<serve::Slots>,
+    metrics_slots: Arc<serve::Slots>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     /// Numbered link requests of one client, handed over in their order.
     order: order::OrderGate,
 }
 
 impl Shared {
-    fn open_connections(&self) -> usize {
-        self.limits
-            .max_connections
-            .saturating_sub(self.permits.available_permits())
+    fn slots(&self, listener: Listener) -> &Arc<serve::Slots> {
+        match listener {
+            Listener::Http => &self.http_slots,
+            Listener::Metrics => &self.metrics_slots,
+        }
     }
 }
 
-/// The listener, bound before the node reports ready (so a port in use stops the start with a clear error).
+/// The listeners, bound before the node reports ready (so a port in use stops the start with a clear error).
 pub struct HttpServer {
     listener: std::net::TcpListener,
+    metrics: Option<std::net::TcpListener>,
     limits: HttpLimits,
     tls: Option<TlsConfig>,
 }
 
 impl HttpServer {
+    /// Binds `--http-port`'s listener.
     pub fn bind(addr: SocketAddr) -> Result<Self, HttpError> {
         let listener =
             std::net::TcpListener::bind(addr).map_err(|source| HttpError::Bind { addr, source })?;
         Ok(HttpServer {
             listener,
+            metrics: None,
             limits: HttpLimits::default(),
             tls: None,
         })
     }
 
+    /// Also binds the metrics listener (`--metrics-listen`). Without one, `/metrics` is served nowhere.
+    pub fn with_metrics_listener(mut self, addr: SocketAddr) -> Result<Self, HttpError> {
+        let listener = std::net::TcpListener::bind(addr)
+            .map_err(|source| HttpError::MetricsBind { addr, source })?;
+        self.metrics = Some(listener);
+        Ok(self)
+    }
+
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.listener.local_addr().ok()
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// Also answers TLS on the port (plain HTTP stays).
@@ -174,9 +229,7 @@ impl HttpServer {
         links: Option<LinkInbox>,
     ) -> Result<HttpHandle, HttpError> {
         let local_addr = self.local_addr();
-        self.listener
-            .set_nonblocking(true)
-            .map_err(HttpError::Start)?;
+        let metrics_addr = self.metrics_addr();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
@@ -188,26 +241,33 @@ impl HttpServer {
             stats,
             links,
             counters: counters.clone(),
-            permits: Arc::new(Semaphore::new(limits.max_connections)),
+            http_slots: serve::Slots::new(limits.connections),
+            metrics_slots: serve::Slots::new(limits.connections),
             limits,
             tls: self.tls.map(|t| tokio_rustls::TlsAcceptor::from(t.config)),
             order: order::OrderGate::default(),
         });
-        // Registering the listener needs the runtime's reactor; doing it here reports a failure to the caller.
-        let listener = {
+        // Registering the listeners needs the runtime's reactor; doing it here reports a failure to the caller.
+        let register = |l: std::net::TcpListener| {
+            l.set_nonblocking(true).map_err(HttpError::Start)?;
             let _entered = runtime.enter();
-            tokio::net::TcpListener::from_std(self.listener).map_err(HttpError::Start)?
+            tokio::net::TcpListener::from_std(l).map_err(HttpError::Start)
         };
+        let mut listeners = vec![(register(self.listener)?, Listener::Http)];
+        if let Some(m) = self.metrics {
+            listeners.push((register(m)?, Listener::Metrics));
+        }
         let (stop, stop_rx) = oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("pure-http".into())
-            .spawn(move || runtime.block_on(serve::run(listener, shared, stop_rx)))
+            .spawn(move || runtime.block_on(serve::run(listeners, shared, stop_rx)))
             .map_err(HttpError::Start)?;
         Ok(HttpHandle {
             stop: Some(stop),
             thread: Some(thread),
             counters,
             local_addr,
+            metrics_addr,
         })
     }
 }
@@ -219,6 +279,7 @@ pub struct HttpHandle {
     thread: Option<JoinHandle<()>>,
     counters: Arc<HttpCounters>,
     local_addr: Option<SocketAddr>,
+    metrics_addr: Option<SocketAddr>,
 }
 
 impl HttpHandle {
@@ -228,6 +289,11 @@ impl HttpHandle {
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.local_addr
+    }
+
+    /// The metrics listener's address, if it has one.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     pub fn stop(mut self) {

@@ -1,4 +1,5 @@
-//! What each request is answered: `/metrics`, `/healthz`, `/` (GET or HEAD), `POST /link`, and errors.
+//! What each request is answered, by listener: on `--http-port` `/healthz`, `/` (GET or HEAD) and `POST /link`; on
+//! `--metrics-listen` `/metrics`, `/healthz` and `/`; and errors, each saying where the thing asked for is served.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,10 +11,10 @@ use hyper::header::{ALLOW, CONNECTION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::oneshot;
 
-use super::Shared;
 use super::counters::bump;
 use super::framing::Framed;
 use super::link::{LinkRefused, LinkRequest};
+use super::{Listener, Shared};
 use crate::ops::metrics::{ProcessFigures, health, render};
 
 /// The media type of a `POST /link` answer (and what a request should say it sends).
@@ -51,9 +52,16 @@ fn unavailable(body: impl Into<Bytes>) -> Answer {
 pub(super) async fn handle(
     req: Request<Incoming>,
     peer: SocketAddr,
+    which: Listener,
     shared: Arc<Shared>,
 ) -> Answer {
     let path = req.uri().path();
+    if path == "/link" && which == Listener::Metrics {
+        return text(
+            StatusCode::NOT_FOUND,
+            "POST /link is served on the node's --http-port, not on its metrics listener\n",
+        );
+    }
     if path == "/link" {
         if req.method() != Method::POST {
             let mut r = text(
@@ -74,6 +82,11 @@ pub(super) async fn handle(
     }
     let now = Instant::now();
     match path {
+        "/metrics" if which == Listener::Http => text(
+            StatusCode::NOT_FOUND,
+            "/metrics is not served on this port: it is on the node's --metrics-listen address (loopback unless \
+             changed; docs/operations.md, Ports)\n",
+        ),
         "/metrics" => {
             let snapshot = match shared.stats.snapshot.lock() {
                 Ok(s) => s.clone(),
@@ -87,7 +100,10 @@ pub(super) async fn handle(
             );
             shared.counters.render_into(
                 &mut page,
-                shared.open_connections(),
+                [
+                    shared.slots(Listener::Http).open(),
+                    shared.slots(Listener::Metrics).open(),
+                ],
                 shared
                     .stats
                     .link_packets_unrouted
@@ -114,11 +130,17 @@ pub(super) async fn handle(
         }
         "/" => text(
             StatusCode::OK,
-            "pure-serve: /metrics (Prometheus), /healthz, POST /link (links over HTTP)\n",
+            match which {
+                Listener::Http => "pure-serve: /healthz, POST /link (links over HTTP)\n",
+                Listener::Metrics => "pure-serve: /metrics (Prometheus), /healthz\n",
+            },
         ),
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics or /healthz\n",
+            match which {
+                Listener::Http => "not found: try /healthz\n",
+                Listener::Metrics => "not found: try /metrics or /healthz\n",
+            },
         ),
     }
 }

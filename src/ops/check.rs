@@ -27,6 +27,8 @@ pub struct CheckInput {
     /// The UDP and TCP addresses the node would listen on (`None`: not checked).
     pub link_addr: Option<SocketAddr>,
     pub http_addr: Option<SocketAddr>,
+    /// `--metrics-listen`.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// The findings: facts that are fine, problems (each says what is wrong and how to fix it), and warnings (allowed,
@@ -160,10 +162,17 @@ pub fn check(input: &CheckInput) -> Report {
     }
     // A node serving from another state directory (the operator's usual `check --senders FILE` before a reload,
     // with the node under systemd) holds the ports too: its HTTP port says so.
-    let node_on_http = input.http_addr.is_some_and(answers_as_a_node);
-    for (addr, udp, flag) in [
-        (input.link_addr, true, "--link-port"),
-        (input.http_addr, false, "--http-port"),
+    let node_on_http = input.http_addr.is_some_and(answers_as_a_node)
+        || input.metrics_addr.is_some_and(answers_as_a_node);
+    for (addr, udp, flag, addr_flag) in [
+        (input.link_addr, true, "--link-port", "--bind"),
+        (input.http_addr, false, "--http-port", "--bind"),
+        (
+            input.metrics_addr,
+            false,
+            "--metrics-listen",
+            "--metrics-listen",
+        ),
     ] {
         let Some(addr) = addr else { continue };
         let proto = if udp { "UDP" } else { "TCP" };
@@ -187,7 +196,7 @@ pub fn check(input: &CheckInput) -> Report {
             }
             Err(e) => r.problems.push(format!(
                 "{proto} {addr}: {}",
-                super::bind_problem(&e, addr, flag)
+                super::bind_problem(&e, addr, flag, addr_flag)
             )),
         }
     }
@@ -291,6 +300,7 @@ mod tests {
             apps_file: None,
             link_addr: None,
             http_addr: None,
+            metrics_addr: None,
         });
         assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
         assert!(r.problems[0].contains("node.key"), "{:?}", r.problems);
@@ -320,6 +330,7 @@ mod tests {
             apps_file: None,
             link_addr: None,
             http_addr: None,
+            metrics_addr: None,
         });
         assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
         assert!(
@@ -340,6 +351,7 @@ mod tests {
             apps_file: None,
             link_addr: None,
             http_addr: None,
+            metrics_addr: None,
         });
         assert!(r.problems.is_empty(), "{:?}", r.problems);
         assert_eq!(r.fine.len(), 5);
@@ -367,6 +379,7 @@ mod tests {
             apps_file: Some(apps.clone()),
             link_addr: None,
             http_addr: None,
+            metrics_addr: None,
         });
         assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
         assert!(
@@ -405,6 +418,7 @@ mod tests {
             apps_file: Some(apps.clone()),
             link_addr: None,
             http_addr: None,
+            metrics_addr: None,
         };
         let r = check(&input);
         assert!(r.problems.is_empty(), "{:?}", r.problems);

@@ -6,8 +6,8 @@
 //! - [`signals`] — SIGTERM/SIGINT (clean stop; a second one exits at once) and SIGHUP (reload), as flags the
 //!   receive loop polls, because a signal handler may do almost nothing;
 //! - [`metrics`] — what `/metrics` (Prometheus text) and `/healthz` say, from a snapshot the receive loop
-//!   publishes; [`crate::http`] serves them on `--http-port` from its own thread, so a slow scraper never slows
-//!   the loop;
+//!   publishes; [`crate::http`] serves them on `--metrics-listen` (and `/healthz` on `--http-port` too) from its
+//!   own thread, so a slow scraper never slows the loop;
 //! - [`wake`] — an eventfd another thread writes to wake the receive loop out of poll(2);
 //! - [`check`] — `pure-serve check`: validate the configuration without serving;
 //! - [`fds`] — the limit on open files: raised at start, and checked against what the configuration needs;
@@ -26,8 +26,14 @@ pub mod signals;
 pub mod wake;
 
 /// Why a socket could not be bound to `addr`, in words that point at the flag to change: a port in use is the
-/// port's flag, an address this host does not have is `--bind`, a low port is a privilege.
-pub fn bind_problem(e: &std::io::Error, addr: std::net::SocketAddr, port_flag: &str) -> String {
+/// port's flag, an address this host does not have is the address's flag (`--bind`, or `--metrics-listen` which
+/// names both), a low port is a privilege.
+pub fn bind_problem(
+    e: &std::io::Error,
+    addr: std::net::SocketAddr,
+    port_flag: &str,
+    addr_flag: &str,
+) -> String {
     use std::io::ErrorKind;
     match e.kind() {
         ErrorKind::AddrInUse => format!(
@@ -35,7 +41,7 @@ pub fn bind_problem(e: &std::io::Error, addr: std::net::SocketAddr, port_flag: &
             addr.port()
         ),
         ErrorKind::AddrNotAvailable => format!(
-            "{} is not an address of this host: give one it has with --bind (0.0.0.0 listens on all)",
+            "{} is not an address of this host: give one it has with {addr_flag} (0.0.0.0 listens on all)",
             addr.ip()
         ),
         ErrorKind::PermissionDenied if addr.port() < 1024 => format!(

@@ -81,7 +81,7 @@ pub enum NodeError {
     },
     #[error(
         "cannot listen on UDP {addr}: {}",
-        crate::ops::bind_problem(source, *addr, "--link-port")
+        crate::ops::bind_problem(source, *addr, "--link-port", "--bind")
     )]
     Bind {
         addr: SocketAddr,

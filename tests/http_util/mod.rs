@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,6 +49,18 @@ pub struct Client<S: Read + Write> {
 
 pub type TlsStream = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
 
+/// A TCP connection to `addr` from the address `from` (any port): the whole of 127/8 is loopback on Linux, so a
+/// test can be many sources and prefixes at once (127.0.0.1 and 127.0.0.2 are one /24; 127.0.1.1 is another).
+pub fn connect_from(from: IpAddr, addr: SocketAddr) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.bind(&SocketAddr::new(from, 0).into())?;
+    socket.connect(&addr.into())?;
+    let s: TcpStream = socket.into();
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    Ok(s)
+}
+
 impl Client<TcpStream> {
     pub fn connect(addr: SocketAddr) -> Self {
         let s = TcpStream::connect(addr).unwrap();
@@ -57,11 +69,33 @@ impl Client<TcpStream> {
             io: BufReader::new(s),
         }
     }
+
+    /// [`Client::connect`] from the address `from` ([`connect_from`]).
+    pub fn connect_from(from: IpAddr, addr: SocketAddr) -> Self {
+        Client {
+            io: BufReader::new(connect_from(from, addr).unwrap()),
+        }
+    }
 }
 
 impl Client<TlsStream> {
     /// TLS to `addr`, trusting only `ca_der`, asking for the name `localhost`.
     pub fn connect_tls(addr: SocketAddr, ca_der: &[u8]) -> std::io::Result<Self> {
+        let tcp = TcpStream::connect(addr)?;
+        tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
+        Self::tls_over(tcp, ca_der)
+    }
+
+    /// [`Client::connect_tls`] from the address `from` ([`connect_from`]).
+    pub fn connect_tls_from(
+        from: IpAddr,
+        addr: SocketAddr,
+        ca_der: &[u8],
+    ) -> std::io::Result<Self> {
+        Self::tls_over(connect_from(from, addr)?, ca_der)
+    }
+
+    fn tls_over(tcp: TcpStream, ca_der: &[u8]) -> std::io::Result<Self> {
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(CertificateDer::from(ca_der.to_vec()))
@@ -78,8 +112,6 @@ impl Client<TlsStream> {
             ServerName::try_from("localhost").unwrap(),
         )
         .unwrap();
-        let tcp = TcpStream::connect(addr)?;
-        tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
         let mut stream = rustls::StreamOwned::new(conn, tcp);
         // Drive the handshake now, so a refused certificate shows here.
         while stream.conn.is_handshaking() {

@@ -193,7 +193,10 @@ pub struct NodeProcess {
     pub stderr: Arc<Mutex<String>>,
     pub public_key: String,
     pub link: SocketAddr,
+    /// `--http-port`: `/healthz`, `POST /link`.
     pub http: SocketAddr,
+    /// `--metrics-listen`: `/metrics`, `/healthz`.
+    pub metrics: SocketAddr,
 }
 
 /// Starts `pure-serve` with `args` (state directory and ports 0 are added), `$NOTIFY_SOCKET` if given, and
@@ -272,6 +275,7 @@ impl NodeProcess {
             public_key: String::new(),
             link: "0.0.0.0:0".parse().unwrap(),
             http: "0.0.0.0:0".parse().unwrap(),
+            metrics: "0.0.0.0:0".parse().unwrap(),
         };
         let deadline = Instant::now() + DEADLINE;
         loop {
@@ -286,9 +290,12 @@ impl NodeProcess {
                 node.public_key = v.trim().to_string();
             } else if let Some(v) = line.strip_prefix("link:") {
                 node.link = v.trim().trim_start_matches("udp").trim().parse().unwrap();
+            } else if let Some(v) = line.strip_prefix("http link:") {
+                let url = v.trim().trim_start_matches("POST http://");
+                node.http = url.split('/').next().unwrap().parse().unwrap();
             } else if let Some(v) = line.strip_prefix("metrics:") {
                 let url = v.trim().trim_start_matches("http://");
-                node.http = url.split('/').next().unwrap().parse().unwrap();
+                node.metrics = url.split('/').next().unwrap().parse().unwrap();
             } else if line == "ready" {
                 return node;
             }
@@ -349,9 +356,9 @@ impl NodeProcess {
         child
     }
 
-    /// One HTTP GET on the node's metrics port: (status code, body).
+    /// One HTTP GET on the node's metrics listener: (status code, body).
     pub fn http_get(&self, path: &str) -> (u16, String) {
-        http_get(self.http, path)
+        http_get(self.metrics, path)
     }
 
     /// The value of a sample line of `/metrics` (`name{labels}` as written).
