@@ -175,9 +175,12 @@ fn links_over_https_with_a_test_ca_and_plain_http_on_the_same_port() {
             ca.cert_file.to_str().unwrap(),
             "--tls-key",
             ca.key_file.to_str().unwrap(),
+            "--tls-handshake-budget",
+            "50",
         ],
         None,
     );
+    assert_eq!(node.metric("pure_http_tls_handshake_budget"), Some(50.0));
     let mut sender = sender_for(&node, &key);
     for i in 1..=50 {
         sender.queue("main", format!("s{i}").into_bytes()).unwrap();

@@ -662,6 +662,62 @@ fn tls_and_plain_http_share_the_port() {
     loop_thread.join().unwrap();
 }
 
+/// New TLS connections beyond the handshake budget are closed before their handshake, per network first; another
+/// network still gets one, and a connection kept alive is not touched.
+#[test]
+fn tls_handshakes_beyond_the_budget_are_refused_per_network_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = test_ca(dir.path());
+    let tls = TlsConfig::load(&ca.cert_file, &ca.key_file).unwrap();
+    // One a second in all: a /24 may have one at a time (its share's burst), the total two.
+    let limits = HttpLimits {
+        tls_handshakes_per_second: 1,
+        ..HttpLimits::default()
+    };
+    let (server, addr, _) = start_with(limits, None, Some(tls));
+    let metrics = metrics_of(&server);
+    let mut kept = Client::connect_tls_from(ip("127.0.0.1"), addr, &ca.ca_der).unwrap();
+    // The /24's next handshakes are refused (its share refills in eight seconds; tries come faster than that).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut refused = 0;
+    while refused == 0 {
+        assert!(Instant::now() < deadline, "no handshake was refused");
+        if Client::connect_tls_from(ip("127.0.0.2"), addr, &ca.ca_der).is_err() {
+            refused += 1;
+        }
+    }
+    // Plain HTTP from there is not a handshake: served.
+    assert_eq!(
+        Client::connect_from(ip("127.0.0.2"), addr)
+            .get("/healthz")
+            .status,
+        200
+    );
+    // The connection kept alive is served as before.
+    assert_eq!(kept.get("/healthz").status, 200);
+    // Another network gets its handshake from the total.
+    let mut other = Client::connect_tls_from(ip("127.0.1.1"), addr, &ca.ca_der).unwrap();
+    assert_eq!(other.get("/healthz").status, 200);
+    assert!(
+        metric(
+            metrics,
+            "pure_http_refused_total{listener=\"http\",reason=\"tls_prefix\"}"
+        ) >= 1.0
+    );
+    let handshakes = metric(metrics, "pure_http_tls_handshakes_total");
+    assert!((2.0..=3.0).contains(&handshakes), "{handshakes}");
+    assert_eq!(metric(metrics, "pure_http_tls_failures_total"), 0.0);
+    assert_eq!(metric(metrics, "pure_http_tls_handshake_budget"), 1.0);
+    // Refused handshakes had a connection: they are not connections refused at accept.
+    assert_eq!(
+        metric(
+            metrics,
+            "pure_http_connections_total{listener=\"http\",outcome=\"refused\"}"
+        ),
+        0.0
+    );
+}
+
 #[test]
 fn tls_file_errors_name_the_file_and_the_fix() {
     let dir = tempfile::tempdir().unwrap();

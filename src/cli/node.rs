@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
-use crate::http::{HttpServer, TlsConfig};
+use crate::http::{HttpLimits, HttpServer, TlsConfig};
 use crate::ops::notify::Notifier;
 use crate::ops::signals;
 use crate::receive::{Control, NodeSettings, ReadyNode};
@@ -55,6 +55,14 @@ pub struct NodeArgs {
     /// The PEM private key (PKCS#8, PKCS#1 or SEC1) of --tls-cert. Keep it readable by the node only.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// New TLS connections per second --http-port takes, in total; one /24 (/56) may have an eighth of it, and a
+    /// network that opens more than 4 a second only the half of it that networks opening fewer leave. A handshake
+    /// costs the HTTP thread a key exchange and a signature (~0.26 ms on the development machines); past the budget a
+    /// new TLS connection is closed before its handshake and the client connects again. Connections kept alive are
+    /// not touched by it. The default was measured in research/015-http-bounds.
+    #[arg(long, value_name = "PER_SECOND", default_value_t = crate::http::DEFAULT_TLS_HANDSHAKE_BUDGET,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub tls_handshake_budget: u32,
     /// Address to listen on for links: UDP --link-port and TCP --http-port (not the metrics: --metrics-listen).
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
     pub bind: IpAddr,
@@ -221,7 +229,11 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| super::default_metrics_listen(args.http_port));
     let mut http = HttpServer::bind(http_addr)
         .and_then(|h| h.with_metrics_listener(metrics_addr))
-        .context("the node did not start")?;
+        .context("the node did not start")?
+        .with_limits(HttpLimits {
+            tls_handshakes_per_second: args.tls_handshake_budget,
+            ..HttpLimits::default()
+        });
     let http_addr = http.local_addr().unwrap_or(http_addr);
     let metrics_addr = http.metrics_addr().unwrap_or(metrics_addr);
     let tls_line = tls.as_ref().map(|t| {

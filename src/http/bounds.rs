@@ -1,5 +1,5 @@
-//! Who may hold the server's connections: per source address, per source prefix and in total, with room kept for
-//! sources that hold few (issue 14, item 4). Sans-IO: time comes in as
+//! Who may hold the server's connections, and how many TLS handshakes it does: per source address, per source
+//! prefix and in total, with room kept for sources that hold few (issue 14, item 4). Sans-IO: time comes in as
 //! `now`, and the accept loop asks before it spends anything on a connection.
 //!
 //! One address could hold every connection of a server bounded only in total (256 idle, partial-header or
@@ -16,10 +16,20 @@
 //!   [`ConnectionLimits::reserved`] are kept for prefixes that hold almost none, so a flood from a few prefixes,
 //!   each at its cap, still leaves a new source room.
 //!
-//! State is bounded: the table has an entry per source and prefix holding a connection (at most `total` of each).
+//! A TLS handshake costs the server a key exchange and a signature on its one thread (research/015), so new TLS
+//! connections are also bounded in rate: [`HandshakeBudget`], a token bucket in total and one per prefix of an
+//! eighth of it; a prefix that asks for more than [`QUIET_HANDSHAKES_PER_PREFIX`] a second takes the total's
+//! tokens only while the total is more than half full, so the lower half serves prefixes that handshake rarely (as
+//! the COOKIEs' total does, docs/protocol.md 6.1). A handshake is refused before the server reads its ClientHello
+//! (it has peeked at the first byte, which says TLS): the connection is closed.
+//!
+//! State is bounded: the connection table has an entry per source and prefix holding a connection (at most
+//! `total` of each); the handshake table at most [`MAX_HANDSHAKE_PREFIXES`] prefixes, forgotten when their bucket
+//! is full again.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 use crate::proto::admission::Prefix;
 
@@ -29,6 +39,18 @@ pub const QUIET_PREFIX_CONNECTIONS: usize = 2;
 /// Most prefixes whose handshake buckets are remembered at once (~40 B each); beyond it new prefixes share one
 /// bucket of a prefix's size, so a flood from more prefixes than this gets one prefix's share between them.
 pub const MAX_HANDSHAKE_PREFIXES: usize = 4096;
+/// A prefix that asks for no more handshakes a second than this (its burst too) is *quiet*: it may take the
+/// budget's total to empty, where a louder one may take it only while it is more than half full. A device
+/// reconnects after 10 s of quiet (the keep-alive time), so four a second is some 40 devices of one network each
+/// sending every 10 s on a new connection.
+pub const QUIET_HANDSHAKES_PER_PREFIX: f32 = 4.0;
+/// One prefix may use this share of the handshake budget.
+const HANDSHAKE_PREFIX_SHARE: f32 = 8.0;
+/// A bucket holds this many seconds of its rate: a fleet reconnecting at once after a restart comes in a burst.
+const HANDSHAKE_BURST_SECONDS: f32 = 1.0;
+/// How often full handshake buckets are forgotten.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
 /// Why a connection was refused: the label of `pure_http_refused_total{reason}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
@@ -40,14 +62,20 @@ pub enum Refused {
     Reserved = 2,
     /// Every connection of the total was open.
     Total = 3,
+    /// A TLS handshake, refused because the prefix had used its share of the handshake budget.
+    TlsPrefix = 4,
+    /// A TLS handshake, refused because the handshake budget had no token for it.
+    TlsBudget = 5,
 }
 
 impl Refused {
-    pub const ALL: [Refused; 4] = [
+    pub const ALL: [Refused; 6] = [
         Refused::PerSource,
         Refused::PerPrefix,
         Refused::Reserved,
         Refused::Total,
+        Refused::TlsPrefix,
+        Refused::TlsBudget,
     ];
 
     pub fn label(self) -> &'static str {
@@ -56,15 +84,23 @@ impl Refused {
             Refused::PerPrefix => "per_prefix",
             Refused::Reserved => "reserved",
             Refused::Total => "total",
+            Refused::TlsPrefix => "tls_prefix",
+            Refused::TlsBudget => "tls_budget",
         }
     }
 
-    /// What a refused client is told, in the body of a 503.
+    /// Whether the refusal was made at accept, before the connection got a slot (the rest are TLS handshakes).
+    pub fn at_accept(self) -> bool {
+        !matches!(self, Refused::TlsPrefix | Refused::TlsBudget)
+    }
+
+    /// What a client refused at accept is told, in the body of a 503.
     pub fn why(self) -> &'static str {
         match self {
             Refused::PerSource => "too many connections from your address",
             Refused::PerPrefix => "too many connections from your network",
             Refused::Reserved | Refused::Total => "too many connections",
+            Refused::TlsPrefix | Refused::TlsBudget => "too many new TLS connections",
         }
     }
 }
@@ -209,6 +245,142 @@ impl ConnectionTable {
     }
 }
 
+/// A token bucket.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f32,
+    last: Instant,
+}
+
+impl Bucket {
+    fn full(burst: f32, now: Instant) -> Self {
+        Bucket {
+            tokens: burst,
+            last: now,
+        }
+    }
+
+    fn refill(&mut self, now: Instant, rate: f32, burst: f32) {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f32();
+        self.tokens = (self.tokens + elapsed * rate).min(burst);
+        self.last = now;
+    }
+
+    fn full_by(&self, now: Instant, rate: f32, burst: f32) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f32();
+        self.tokens + elapsed * rate >= burst
+    }
+}
+
+/// One prefix's handshake state.
+#[derive(Debug, Clone, Copy)]
+struct PrefixHandshakes {
+    /// Its share of the budget.
+    share: Bucket,
+    /// Its asks, granted or not, at [`QUIET_HANDSHAKES_PER_PREFIX`]: whether it is quiet.
+    asks: Bucket,
+}
+
+/// New TLS connections per second, in total and per prefix (module docs).
+#[derive(Debug)]
+pub struct HandshakeBudget {
+    rate: f32,
+    burst: f32,
+    prefix_rate: f32,
+    prefix_burst: f32,
+    total: Option<Bucket>,
+    prefixes: HashMap<Prefix, PrefixHandshakes>,
+    /// Shared by every prefix that arrives while the table holds [`MAX_HANDSHAKE_PREFIXES`].
+    overflow: Option<PrefixHandshakes>,
+    next_sweep: Option<Instant>,
+}
+
+impl HandshakeBudget {
+    /// A budget of `per_second` handshakes (at least 1).
+    pub fn new(per_second: u32) -> Self {
+        let rate = per_second.max(1) as f32;
+        let prefix_rate = rate / HANDSHAKE_PREFIX_SHARE;
+        HandshakeBudget {
+            rate,
+            // At least 2 in total, so that the half kept for quiet prefixes leaves the others a token.
+            burst: (rate * HANDSHAKE_BURST_SECONDS).max(2.0),
+            prefix_rate,
+            prefix_burst: (prefix_rate * HANDSHAKE_BURST_SECONDS).max(1.0),
+            total: None,
+            prefixes: HashMap::new(),
+            overflow: None,
+            next_sweep: None,
+        }
+    }
+
+    pub fn per_second(&self) -> u32 {
+        self.rate as u32
+    }
+
+    /// Prefixes remembered now.
+    pub fn prefixes_tracked(&self) -> usize {
+        self.prefixes.len()
+    }
+
+    /// Asks for one handshake from `ip` now; takes its tokens if granted.
+    pub fn take(&mut self, now: Instant, ip: IpAddr) -> Result<(), Refused> {
+        if self.next_sweep.is_none_or(|at| now >= at) {
+            self.sweep(now);
+        }
+        let (rate, burst, prefix_rate, prefix_burst) =
+            (self.rate, self.burst, self.prefix_rate, self.prefix_burst);
+        let total = self.total.get_or_insert_with(|| Bucket::full(burst, now));
+        total.refill(now, rate, burst);
+        let total_tokens = total.tokens;
+        let fresh = || PrefixHandshakes {
+            share: Bucket::full(prefix_burst, now),
+            asks: Bucket::full(QUIET_HANDSHAKES_PER_PREFIX, now),
+        };
+        let prefix = Prefix::of(ip);
+        let full = self.prefixes.len() >= MAX_HANDSHAKE_PREFIXES;
+        let state = if full && !self.prefixes.contains_key(&prefix) {
+            self.overflow.get_or_insert_with(fresh)
+        } else {
+            self.prefixes.entry(prefix).or_insert_with(fresh)
+        };
+        state.share.refill(now, prefix_rate, prefix_burst);
+        state.asks.refill(
+            now,
+            QUIET_HANDSHAKES_PER_PREFIX,
+            QUIET_HANDSHAKES_PER_PREFIX,
+        );
+        // Every ask counts, granted or not: loudness is what the prefix asks for, not what it was given.
+        let quiet = state.asks.tokens >= 1.0;
+        if quiet {
+            state.asks.tokens -= 1.0;
+        }
+        if state.share.tokens < 1.0 {
+            return Err(Refused::TlsPrefix);
+        }
+        let floor = if quiet { 0.0 } else { (burst / 2.0).floor() };
+        if total_tokens - floor < 1.0 {
+            return Err(Refused::TlsBudget);
+        }
+        state.share.tokens -= 1.0;
+        if let Some(t) = self.total.as_mut() {
+            t.tokens -= 1.0;
+        }
+        Ok(())
+    }
+
+    /// Forgets prefixes whose buckets are full again: the same as never seen.
+    pub fn sweep(&mut self, now: Instant) {
+        let (rate, burst) = (self.prefix_rate, self.prefix_burst);
+        let q = QUIET_HANDSHAKES_PER_PREFIX;
+        self.prefixes
+            .retain(|_, s| !(s.share.full_by(now, rate, burst) && s.asks.full_by(now, q, q)));
+        if self.prefixes.capacity() > 2 * self.prefixes.len() + 64 {
+            self.prefixes.shrink_to(self.prefixes.len() * 2);
+        }
+        self.next_sweep = Some(now + SWEEP_EVERY);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,5 +487,69 @@ mod tests {
             (l.total, l.per_prefix, l.per_source, l.reserved),
             (4, 4, 4, 3)
         );
+    }
+
+    #[test]
+    fn handshakes_are_bounded_per_prefix_and_in_total() {
+        let t0 = Instant::now();
+        // 80 a second: a prefix may have 10 a second, with a burst of 10.
+        let mut b = HandshakeBudget::new(80);
+        let granted = (0..100)
+            .filter(|_| b.take(t0, ip("192.0.2.1")).is_ok())
+            .count();
+        assert_eq!(granted, 10);
+        assert_eq!(b.take(t0, ip("192.0.2.99")), Err(Refused::TlsPrefix));
+        // A second later the prefix has its share again.
+        let t1 = t0 + Duration::from_secs(1);
+        let granted = (0..100)
+            .filter(|_| b.take(t1, ip("192.0.2.1")).is_ok())
+            .count();
+        assert_eq!(granted, 10);
+        // Twenty prefixes asking for ten each take the total's burst (80) and no more: the first four their whole
+        // share, down to the total's half; the rest the four each asks for while quiet, down to empty.
+        let mut b = HandshakeBudget::new(80);
+        let mut granted = 0;
+        for net in 0..20 {
+            for _ in 0..10 {
+                granted += b.take(t0, ip(&format!("10.0.{net}.1"))).is_ok() as usize;
+            }
+        }
+        assert_eq!(granted, 80);
+        assert_eq!(b.take(t0, ip("10.9.0.1")), Err(Refused::TlsBudget));
+    }
+
+    #[test]
+    fn loud_prefixes_leave_half_the_total_to_quiet_ones() {
+        let t0 = Instant::now();
+        // 800 a second: a prefix's share 100, the total's burst 800, its half 400.
+        let mut b = HandshakeBudget::new(800);
+        let mut granted = 0;
+        for net in 0..16 {
+            for _ in 0..100 {
+                granted += b.take(t0, ip(&format!("10.0.{net}.1"))).is_ok() as usize;
+            }
+        }
+        // Four prefixes take their share until the total is at its half; the other twelve then get only the four
+        // handshakes they ask for while still quiet.
+        assert_eq!(granted, 400 + 12 * 4);
+        assert_eq!(b.take(t0, ip("10.0.4.1")), Err(Refused::TlsBudget));
+        // New prefixes are quiet: they take from the lower half.
+        let quiet = (0..50)
+            .filter(|i| b.take(t0, ip(&format!("10.1.{i}.1"))).is_ok())
+            .count();
+        assert_eq!(quiet, 50);
+    }
+
+    #[test]
+    fn handshake_prefixes_are_bounded_and_forgotten() {
+        let t0 = Instant::now();
+        let mut b = HandshakeBudget::new(1_000_000);
+        for i in 0..(MAX_HANDSHAKE_PREFIXES + 100) as u32 {
+            let [_, _, x, y] = i.to_be_bytes();
+            let _ = b.take(t0, IpAddr::from([10, x, y, 1]));
+        }
+        assert_eq!(b.prefixes_tracked(), MAX_HANDSHAKE_PREFIXES);
+        b.sweep(t0 + Duration::from_secs(5));
+        assert_eq!(b.prefixes_tracked(), 0);
     }
 }

@@ -21,9 +21,13 @@ impl ListenerCounters {
         &self.refused[why as usize]
     }
 
-    /// Connections refused, for every reason.
+    /// Connections refused at accept, for every reason (TLS handshakes refused had a connection first).
     pub fn refused_total(&self) -> u64 {
-        self.refused.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+        Refused::ALL
+            .iter()
+            .filter(|r| r.at_accept())
+            .map(|r| self.refused(*r).load(Ordering::Relaxed))
+            .sum()
     }
 }
 
@@ -34,6 +38,8 @@ pub struct HttpCounters {
     pub http: ListenerCounters,
     /// `--metrics-listen`'s connections.
     pub metrics: ListenerCounters,
+    /// TLS handshakes begun: granted by the handshake budget.
+    pub tls_handshakes: AtomicU64,
     /// TLS handshakes that failed or took longer than the head timeout.
     pub tls_failed: AtomicU64,
     /// `POST /link` requests whose body was framed packets (answered 200, or 503 below).
@@ -74,8 +80,9 @@ impl HttpCounters {
 
     /// Appends the HTTP families to a metrics page. `open` is the number of connections open now on each listener
     /// (`--http-port`'s, then `--metrics-listen`'s); `lost` the receive loop's count of node packets for link
-    /// requests answered already ([`crate::receive::LiveStats::link_packets_unrouted`]).
-    pub fn render_into(&self, out: &mut String, open: [usize; 2], lost: u64) {
+    /// requests answered already ([`crate::receive::LiveStats::link_packets_unrouted`]); `tls_budget` the handshake
+    /// budget in force.
+    pub fn render_into(&self, out: &mut String, open: [usize; 2], lost: u64, tls_budget: u32) {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let listeners = [
             (Listener::Http, &self.http, open[0]),
@@ -119,7 +126,9 @@ impl HttpCounters {
             "counter",
             "HTTP connections refused at once, by listener and reason: per_source (the address, or an IPv6 /64, held \
              its most), per_prefix (its /24 or /56 did), reserved (the last of the total is kept for prefixes that \
-             hold almost none), total (every connection of the listener was open).",
+             hold almost none), total (every connection of the listener was open); and TLS handshakes refused before \
+             they began: tls_prefix (the /24 or /56 had its share of --tls-handshake-budget), tls_budget (the \
+             budget had none left).",
         );
         for (which, c, _) in listeners {
             for why in Refused::ALL {
@@ -132,6 +141,25 @@ impl HttpCounters {
                 );
             }
         }
+        family(
+            out,
+            "pure_http_tls_handshakes_total",
+            "counter",
+            "TLS handshakes begun (granted by --tls-handshake-budget); those that did not end in a connection are \
+             pure_http_tls_failures_total.",
+        );
+        let _ = writeln!(
+            out,
+            "pure_http_tls_handshakes_total {}",
+            get(&self.tls_handshakes)
+        );
+        family(
+            out,
+            "pure_http_tls_handshake_budget",
+            "gauge",
+            "New TLS connections per second --http-port takes, in total (--tls-handshake-budget).",
+        );
+        let _ = writeln!(out, "pure_http_tls_handshake_budget {tls_budget}");
         family(
             out,
             "pure_http_tls_failures_total",
@@ -211,7 +239,8 @@ mod tests {
         bump(c.http.refused(Refused::PerSource));
         bump(c.http.refused(Refused::Total));
         let mut page = String::new();
-        c.render_into(&mut page, [3, 1], 0);
+        bump(c.http.refused(Refused::TlsBudget));
+        c.render_into(&mut page, [3, 1], 0, 200);
         assert!(page.contains("pure_http_connections_open{listener=\"http\"} 3\n"));
         assert!(page.contains("pure_http_connections_open{listener=\"metrics\"} 1\n"));
         assert!(
@@ -220,6 +249,11 @@ mod tests {
         assert!(
             page.contains("pure_http_refused_total{listener=\"http\",reason=\"per_source\"} 1\n")
         );
+        // A refused handshake is not a connection refused at accept.
+        assert!(
+            page.contains("pure_http_refused_total{listener=\"http\",reason=\"tls_budget\"} 1\n")
+        );
+        assert!(page.contains("pure_http_tls_handshake_budget 200\n"));
         assert!(page.contains("pure_http_link_errors_total{reason=\"busy\"} 1\n"));
         for line in page.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();

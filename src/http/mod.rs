@@ -17,6 +17,8 @@
 //! - connections are bounded per source address (IPv6: per /64), per source prefix (/24, /56) and in total, and
 //!   the total's last share is kept for prefixes that hold almost none ([`bounds`]); a connection past a bound is
 //!   told 503 and closed at once, without a task, and counted by reason (`pure_http_refused_total{reason}`);
+//! - new TLS connections are bounded in rate, in total (`--tls-handshake-budget`) and per prefix, before the
+//!   server spends a key exchange and a signature on their handshake ([`bounds::HandshakeBudget`]);
 //! - a request head must be complete within [`HttpLimits::head_timeout`] of the server being ready for it — on a
 //!   new connection or after the previous answer, so this is also the keep-alive idle time (and a TLS handshake's
 //!   limit);
@@ -103,11 +105,18 @@ pub enum HttpError {
     TlsSetup(String),
 }
 
+/// New TLS connections per second the server takes by default, in total (one prefix an eighth of it):
+/// research/015 measured what a flood of handshakes did to links over UDP and HTTP without a bound and with it.
+pub const DEFAULT_TLS_HANDSHAKE_BUDGET: u32 = 200;
+
 /// The server's bounds. [`Default`] is what the node uses; tests shorten them.
 #[derive(Debug, Clone)]
 pub struct HttpLimits {
     /// Connections open at once, per source, per prefix and in total, on each listener ([`bounds`]).
     pub connections: ConnectionLimits,
+    /// New TLS connections per second, in total (`--tls-handshake-budget`); one prefix may have an eighth
+    /// ([`bounds::HandshakeBudget`]).
+    pub tls_handshakes_per_second: u32,
     /// From ready-for-a-request to the end of its head; also the keep-alive idle time, and the most a TLS
     /// handshake may take.
     pub head_timeout: Duration,
@@ -123,6 +132,7 @@ impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             connections: ConnectionLimits::default(),
+            tls_handshakes_per_second: DEFAULT_TLS_HANDSHAKE_BUDGET,
             head_timeout: Duration::from_secs(10),
             request_deadline: Duration::from_secs(10),
             write_stall: Duration::from_secs(10),
@@ -159,6 +169,7 @@ struct Shared {
     /// The connections of each listener.
     http_slots: Arc<serve::Slots>,
     metrics_slots: Arc<serve::Slots>,
+    handshakes: std::sync::Mutex<bounds::HandshakeBudget>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     /// Numbered link requests of one client, handed over in their order.
     order: order::OrderGate,
@@ -243,6 +254,9 @@ impl HttpServer {
             counters: counters.clone(),
             http_slots: serve::Slots::new(limits.connections),
             metrics_slots: serve::Slots::new(limits.connections),
+            handshakes: std::sync::Mutex::new(bounds::HandshakeBudget::new(
+                limits.tls_handshakes_per_second,
+            )),
             limits,
             tls: self.tls.map(|t| tokio_rustls::TlsAcceptor::from(t.config)),
             order: order::OrderGate::default(),

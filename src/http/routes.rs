@@ -108,6 +108,7 @@ pub(super) async fn handle(
                     .stats
                     .link_packets_unrouted
                     .load(std::sync::atomic::Ordering::Relaxed),
+                shared.limits.tls_handshakes_per_second,
             );
             answer(
                 StatusCode::OK,

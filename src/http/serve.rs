@@ -88,6 +88,10 @@ Content-Type: text/plain\r\nContent-Length: 39\r\n\r\ntoo many connections from 
             b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n\
 Content-Type: text/plain\r\nContent-Length: 39\r\n\r\ntoo many connections from your network\n"
         }
+        Refused::TlsPrefix | Refused::TlsBudget => {
+            b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n\
+Content-Type: text/plain\r\nContent-Length: 29\r\n\r\ntoo many new TLS connections\n"
+        }
         Refused::Reserved | Refused::Total => {
             b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n\
 Content-Type: text/plain\r\nContent-Length: 21\r\n\r\ntoo many connections\n"
@@ -190,6 +194,17 @@ async fn connection(
     if !tls::starts_tls(first[0]) {
         return serve(io, peer, which, shared, closing).await;
     }
+    // Before the ClientHello is read: a refused handshake costs the close, not a key exchange and a signature.
+    let granted = shared
+        .handshakes
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take(std::time::Instant::now(), peer.ip());
+    if let Err(why) = granted {
+        bump(shared.counters.http.refused(why));
+        return;
+    }
+    bump(&shared.counters.tls_handshakes);
     match tokio::time::timeout(limits.head_timeout, acceptor.accept(io)).await {
         Ok(Ok(tls)) => serve(tls, peer, which, shared, closing).await,
         Ok(Err(e)) => {
