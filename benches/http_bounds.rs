@@ -402,6 +402,20 @@ struct FloodOut {
     failed: AtomicU64,
     /// TLS connections the node closed without answering the ClientHello (refused, or its bounds).
     unanswered: AtomicU64,
+    /// CPU time of the flood's threads, in µs: what the flood costs the machine beside what it costs the node.
+    cpu_us: AtomicU64,
+}
+
+fn thread_cpu() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
 /// The first flight of a TLS 1.3 client, as rustls sends it: replayed, it costs the server a full handshake's work
@@ -445,7 +459,14 @@ fn flood(
     let per_worker = rate as f64 / workers as f64;
     let mut made = 0u64;
     let mut k = worker as u32;
+    let mut cpu = thread_cpu();
     while !stop.load(Ordering::Relaxed) {
+        if made.is_multiple_of(64) {
+            let now = thread_cpu();
+            out.cpu_us
+                .fetch_add(((now - cpu) * 1e6) as u64, Ordering::Relaxed);
+            cpu = now;
+        }
         if rate > 0 {
             let due = (start.elapsed().as_secs_f64() * per_worker) as u64;
             if made >= due {
@@ -594,6 +615,7 @@ fn main() {
     let f_open0 = fout.opened.load(Ordering::Relaxed);
     let f_fail0 = fout.failed.load(Ordering::Relaxed);
     let f_unans0 = fout.unanswered.load(Ordering::Relaxed);
+    let f_cpu0 = fout.cpu_us.load(Ordering::Relaxed);
     std::thread::sleep(Duration::from_secs_f64(a.seconds));
     let secs = t0.elapsed().as_secs_f64();
     let m1 = node.scrape();
@@ -604,6 +626,7 @@ fn main() {
     let f_open = fout.opened.load(Ordering::Relaxed) - f_open0;
     let f_fail = fout.failed.load(Ordering::Relaxed) - f_fail0;
     let f_unans = fout.unanswered.load(Ordering::Relaxed) - f_unans0;
+    let f_cpu = (fout.cpu_us.load(Ordering::Relaxed) - f_cpu0) as f64 / 1e6;
     stop.store(true, Ordering::Relaxed);
     for t in threads {
         t.join().unwrap();
@@ -644,6 +667,7 @@ fn main() {
         "flood_opened_per_s": f_open as f64 / secs,
         "flood_connect_failed": f_fail,
         "flood_unanswered_per_s": f_unans as f64 / secs,
+        "flood_cpu": f_cpu / secs,
         "tls_failures_per_s": d("pure_http_tls_failures_total") / secs,
         "connections_served_per_s": d("pure_http_connections_total{listener=\"http\",outcome=\"served\"}") / secs,
         "refused_per_s": refused,

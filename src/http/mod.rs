@@ -262,10 +262,17 @@ impl HttpServer {
             order: order::OrderGate::default(),
         });
         // Registering the listeners needs the runtime's reactor; doing it here reports a failure to the caller.
+        // Registered as descriptors, not as tokio listeners: the accept loop accepts with the standard library, so
+        // that a refused connection is never registered (serve.rs).
         let register = |l: std::net::TcpListener| {
             l.set_nonblocking(true).map_err(HttpError::Start)?;
             let _entered = runtime.enter();
-            tokio::net::TcpListener::from_std(l).map_err(HttpError::Start)
+            // SAFETY: a std TcpListener owns its descriptor, which stays open and the same until the AsyncFd (which
+            // owns the listener) is dropped; nothing else closes or replaces it.
+            unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(l, tokio::io::Interest::READABLE)
+            }
+            .map_err(|e| HttpError::Start(e.into_parts().1))
         };
         let mut listeners = vec![(register(self.listener)?, Listener::Http)];
         if let Some(m) = self.metrics {

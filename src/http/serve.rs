@@ -1,15 +1,24 @@
 //! The accept loops (one per listener) and one task per connection, on the server's current-thread runtime; the
 //! slots that bound a listener's connections ([`Slots`], over [`super::bounds::ConnectionTable`]).
+//!
+//! A refused connection must cost as little as can be: a flood of them is the one thing the bounds cannot bound
+//! (research/015: past the handshake budget, a TLS flood becomes tens of thousands of connections a second). So
+//! the loop accepts with the standard library on a listener registered once (tokio's `AsyncFd`), and decides
+//! before the connection is registered with the reactor or given a task: its slot (refused: one write and the
+//! close) and, where TLS is served, its first byte if it has come (a handshake past the budget: the close).
+//! Only admitted connections are registered and spawned.
 
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::bounds::{ConnectionLimits, ConnectionTable, Refused, Ticket};
@@ -21,13 +30,17 @@ use super::{Listener, Shared, routes, tls};
 const MAX_HEAD: usize = 8 * 1024;
 /// How long a stop waits for connections with a request in progress to finish it.
 const STOP_GRACE: Duration = Duration::from_secs(2);
+/// How often a stop looks whether every connection has closed.
+const STOP_POLL: Duration = Duration::from_millis(10);
 /// Pause after a failed accept (EMFILE and friends) instead of spinning on a listener that cannot accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Connections accepted per wake of a loop before it lets the connections' tasks run: a flood of connections must
+/// not keep the thread from the requests it has.
+const ACCEPT_BATCH: usize = 64;
 
-/// The connections of one listener: the table that admits them, and how many are open for a stop to wait on.
+/// The connections of one listener: the table that admits them.
 pub(super) struct Slots {
     table: Mutex<ConnectionTable>,
-    open: watch::Sender<usize>,
 }
 
 /// An admitted connection's place; given back when the connection's task ends.
@@ -40,7 +53,6 @@ impl Slots {
     pub(super) fn new(limits: ConnectionLimits) -> Arc<Self> {
         Arc::new(Slots {
             table: Mutex::new(ConnectionTable::new(limits)),
-            open: watch::Sender::new(0),
         })
     }
 
@@ -51,9 +63,7 @@ impl Slots {
     }
 
     fn take(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, Refused> {
-        let mut table = self.table();
-        let ticket = table.admit(ip)?;
-        self.open.send_replace(table.open());
+        let ticket = self.table().admit(ip)?;
         Ok(Slot {
             slots: self.clone(),
             ticket,
@@ -61,19 +71,13 @@ impl Slots {
     }
 
     pub(super) fn open(&self) -> usize {
-        *self.open.borrow()
-    }
-
-    async fn all_closed(&self) {
-        let _ = self.open.subscribe().wait_for(|n| *n == 0).await;
+        self.table().open()
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut table = self.slots.table();
-        table.release(self.ticket);
-        self.slots.open.send_replace(table.open());
+        self.slots.table().release(self.ticket);
     }
 }
 
@@ -103,7 +107,7 @@ Content-Type: text/plain\r\nContent-Length: 21\r\n\r\ntoo many connections\n"
 /// for up to [`STOP_GRACE`]. As mini-redis's `run(listener, shutdown)`: the caller owns the listeners and the stop
 /// signal.
 pub(super) async fn run(
-    listeners: Vec<(TcpListener, Listener)>,
+    listeners: Vec<(AsyncFd<std::net::TcpListener>, Listener)>,
     shared: Arc<Shared>,
     stop: tokio::sync::oneshot::Receiver<()>,
 ) {
@@ -119,49 +123,142 @@ pub(super) async fn run(
         let _ = l.await;
     }
     let drained = async {
-        shared.http_slots.all_closed().await;
-        shared.metrics_slots.all_closed().await;
+        while shared.http_slots.open() + shared.metrics_slots.open() > 0 {
+            tokio::time::sleep(STOP_POLL).await;
+        }
     };
     let _ = tokio::time::timeout(STOP_GRACE, drained).await;
 }
 
-/// Accepts on one listener until the server stops. A connection past its bounds is refused here, before a task
-/// or a buffer is spent on it: one write that does not wait, and the close.
+/// Accepts on one listener until the server stops.
 async fn accept_loop(
-    listener: TcpListener,
+    listener: AsyncFd<std::net::TcpListener>,
     which: Listener,
     shared: Arc<Shared>,
     mut closing: watch::Receiver<bool>,
 ) {
-    let slots = shared.slots(which).clone();
-    let counters = shared.counters.listener(which);
     loop {
-        tokio::select! {
+        let mut ready = tokio::select! {
             () = stopping(&mut closing) => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => match slots.take(peer.ip()) {
-                    Ok(slot) => {
-                        bump(&counters.served);
-                        tokio::spawn(connection(stream, peer, which, shared.clone(), slot, closing.clone()));
-                    }
-                    Err(why) => {
-                        bump(counters.refused(why));
-                        let _ = stream.try_write(refusal(why));
-                    }
-                },
+            ready = listener.readable() => match ready {
+                Ok(r) => r,
                 Err(e) => {
-                    tracing::debug!("http accept: {e}");
+                    tracing::debug!("http listener: {e}");
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
                 }
             },
+        };
+        for _ in 0..ACCEPT_BATCH {
+            match ready.try_io(|l| l.get_ref().accept()) {
+                Ok(Ok((stream, peer))) => admit(stream, peer, which, &shared, &closing),
+                Ok(Err(e)) => {
+                    tracing::debug!("http accept: {e}");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    break;
+                }
+                // Nothing more queued; the readiness is cleared and the next wake comes from the reactor.
+                Err(_would_block) => break,
+            }
+        }
+        drop(ready);
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The first byte of a connection, if it has come: `Ok(None)` if not yet, `Err` if the connection is closed or
+/// failed. Does not wait.
+fn first_byte_now(stream: &std::net::TcpStream) -> Result<Option<u8>, ()> {
+    let mut first = [std::mem::MaybeUninit::<u8>::uninit()];
+    let sock = socket2::SockRef::from(stream);
+    match sock.recv_with_flags(&mut first, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        // SAFETY: recv wrote the one byte it says it read.
+        Ok(1) => Ok(Some(unsafe { first[0].assume_init() })),
+        Ok(_) => Err(()),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+        Err(_) => Err(()),
+    }
+}
+
+/// Whether a TLS handshake from `peer` may begin now: takes its token, or counts why not.
+fn handshake_granted(shared: &Shared, peer: SocketAddr) -> bool {
+    let granted = shared
+        .handshakes
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take(std::time::Instant::now(), peer.ip());
+    match granted {
+        Ok(()) => {
+            bump(&shared.counters.tls_handshakes);
+            true
+        }
+        Err(why) => {
+            bump(shared.counters.http.refused(why));
+            false
         }
     }
 }
 
+/// Admits or refuses one accepted connection; an admitted one is registered and gets a task.
+fn admit(
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    which: Listener,
+    shared: &Arc<Shared>,
+    closing: &watch::Receiver<bool>,
+) {
+    let counters = shared.counters.listener(which);
+    let slot = match shared.slots(which).take(peer.ip()) {
+        Ok(slot) => slot,
+        Err(why) => {
+            bump(counters.refused(why));
+            let sock = socket2::SockRef::from(&stream);
+            let _ = sock.send_with_flags(refusal(why), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+            return;
+        }
+    };
+    // Served: it has a slot. (A handshake refused below had one too; it is counted by its reason as well.)
+    bump(&counters.served);
+    let tls = shared.tls.is_some() && which == Listener::Http;
+    // Where TLS is served, the first byte decides; a flood's has come by now, and a handshake past the budget is
+    // refused here, before the connection costs a registration and a task.
+    let first = if tls {
+        match first_byte_now(&stream) {
+            Ok(Some(b)) if tls::starts_tls(b) && !handshake_granted(shared, peer) => return,
+            Ok(first) => first,
+            Err(()) => return,
+        }
+    } else {
+        None
+    };
+    let stream = match stream
+        .set_nonblocking(true)
+        .and_then(|()| TcpStream::from_std(stream))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(%peer, "http connection: {e}");
+            return;
+        }
+    };
+    tracing::trace!(%peer, fd = stream.as_raw_fd(), "http connection");
+    tokio::spawn(connection(
+        stream,
+        peer,
+        which,
+        first,
+        shared.clone(),
+        slot,
+        closing.clone(),
+    ));
+}
+
+/// One connection. `first`: its first byte, if the accept loop saw it (and, for TLS, granted the handshake).
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
     which: Listener,
+    first: Option<u8>,
     shared: Arc<Shared>,
     _slot: Slot,
     closing: watch::Receiver<bool>,
@@ -185,26 +282,26 @@ async fn connection(
     };
     // TLS and plain HTTP share the port: the first byte tells them apart. A client that sends nothing is held no
     // longer than one that sends a head slowly.
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(limits.head_timeout, stream.peek(&mut first)).await {
-        Ok(Ok(1)) => {}
-        _ => return,
-    }
+    let first = match first {
+        Some(b) => b,
+        None => {
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(limits.head_timeout, stream.peek(&mut first)).await {
+                Ok(Ok(1)) => {}
+                _ => return,
+            }
+            // Before the ClientHello is read: a refused handshake costs the close, not a key exchange and a
+            // signature.
+            if tls::starts_tls(first[0]) && !handshake_granted(&shared, peer) {
+                return;
+            }
+            first[0]
+        }
+    };
     let io = Stall::new(stream, limits.write_stall);
-    if !tls::starts_tls(first[0]) {
+    if !tls::starts_tls(first) {
         return serve(io, peer, which, shared, closing).await;
     }
-    // Before the ClientHello is read: a refused handshake costs the close, not a key exchange and a signature.
-    let granted = shared
-        .handshakes
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take(std::time::Instant::now(), peer.ip());
-    if let Err(why) = granted {
-        bump(shared.counters.http.refused(why));
-        return;
-    }
-    bump(&shared.counters.tls_handshakes);
     match tokio::time::timeout(limits.head_timeout, acceptor.accept(io)).await {
         Ok(Ok(tls)) => serve(tls, peer, which, shared, closing).await,
         Ok(Err(e)) => {
