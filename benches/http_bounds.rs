@@ -507,6 +507,8 @@ fn flood(
 struct ProbeOut {
     times_us: std::sync::Mutex<Vec<u64>>,
     failed: AtomicU64,
+    /// Why probes failed, by error.
+    errors: std::sync::Mutex<HashMap<String, u64>>,
 }
 
 fn probe(
@@ -523,10 +525,20 @@ fn probe(
         let from = IpAddr::from([127, 4 + ((n >> 8) & 3) as u8, (n & 255) as u8, 1]);
         n += 1;
         let t0 = Instant::now();
-        let ok = http_util::Client::connect_tls_from(from, to, &ca_der)
-            .and_then(|mut c| c.request("GET", "/healthz", &[], &[]))
-            .is_ok_and(|r| r.status == 200);
-        if ok {
+        let outcome = http_util::Client::connect_tls_from(from, to, &ca_der)
+            .map_err(|e| format!("connect: {e}"))
+            .and_then(|mut c| {
+                c.request("GET", "/healthz", &[], &[])
+                    .map_err(|e| format!("request: {e}"))
+            })
+            .and_then(|r| match r.status {
+                200 => Ok(()),
+                s => Err(format!("status {s}")),
+            });
+        if let Err(e) = &outcome {
+            *out.errors.lock().unwrap().entry(e.clone()).or_default() += 1;
+        }
+        if outcome.is_ok() {
             out.times_us
                 .lock()
                 .unwrap()
@@ -677,6 +689,7 @@ fn main() {
         "sync_thread_cpu": thread_cpu("pure-sync"),
         "probe_ok": probes.len(),
         "probe_failed": probe_failed,
+        "probe_errors": *pout.errors.lock().unwrap(),
         "probe_ms_p50": probes.get(probes.len() / 2).map(|us| *us as f64 / 1000.0),
         "probe_ms_max": probes.last().map(|us| *us as f64 / 1000.0),
     });

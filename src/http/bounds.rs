@@ -44,6 +44,9 @@ pub const MAX_HANDSHAKE_PREFIXES: usize = 4096;
 /// reconnects after 10 s of quiet (the keep-alive time), so four a second is some 40 devices of one network each
 /// sending every 10 s on a new connection.
 pub const QUIET_HANDSHAKES_PER_PREFIX: f32 = 4.0;
+/// How deep in debt a prefix's asks may go, in seconds of the quiet rate: a prefix that has flooded is quiet again
+/// only after this long without a handshake.
+const QUIET_DEBT_SECONDS: f32 = 4.0;
 /// One prefix may use this share of the handshake budget.
 const HANDSHAKE_PREFIX_SHARE: f32 = 8.0;
 /// A bucket holds this many seconds of its rate: a fleet reconnecting at once after a restart comes in a burst.
@@ -277,7 +280,8 @@ impl Bucket {
 struct PrefixHandshakes {
     /// Its share of the budget.
     share: Bucket,
-    /// Its asks, granted or not, at [`QUIET_HANDSHAKES_PER_PREFIX`]: whether it is quiet.
+    /// Its asks, granted or not, at [`QUIET_HANDSHAKES_PER_PREFIX`], in debt down to [`QUIET_DEBT_SECONDS`] of it:
+    /// whether it is quiet.
     asks: Bucket,
 }
 
@@ -349,11 +353,12 @@ impl HandshakeBudget {
             QUIET_HANDSHAKES_PER_PREFIX,
             QUIET_HANDSHAKES_PER_PREFIX,
         );
-        // Every ask counts, granted or not: loudness is what the prefix asks for, not what it was given.
+        // Every ask counts, granted or not: loudness is what the prefix asks for, not what it was given. One that
+        // asks faster than the quiet rate goes into debt, so that it does not win back a quiet handshake every
+        // quarter of a second while it floods: 64 flooding networks doing so would take more than the budget.
         let quiet = state.asks.tokens >= 1.0;
-        if quiet {
-            state.asks.tokens -= 1.0;
-        }
+        state.asks.tokens =
+            (state.asks.tokens - 1.0).max(-QUIET_HANDSHAKES_PER_PREFIX * QUIET_DEBT_SECONDS);
         if state.share.tokens < 1.0 {
             return Err(Refused::TlsPrefix);
         }
@@ -538,6 +543,36 @@ mod tests {
             .filter(|i| b.take(t0, ip(&format!("10.1.{i}.1"))).is_ok())
             .count();
         assert_eq!(quiet, 50);
+    }
+
+    #[test]
+    fn many_loud_prefixes_over_time_leave_newcomers_their_handshakes() {
+        // 64 networks asking 3,500 a second together, in a random order, for five seconds; a newcomer from a network
+        // of its own every 100 ms after the first second. A loud network must not win back a quiet handshake now
+        // and then: 64 of them each doing so four times a second would be more than the whole budget, and drain the
+        // half kept for newcomers. (In the first moments each new network is quiet for its first four: 64 × 4 is
+        // more than the burst, once.)
+        let t0 = Instant::now();
+        let mut b = HandshakeBudget::new(200);
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let (mut granted, mut newcomers) = (0, 0);
+        for i in 0..5 * 3500u32 {
+            let now = t0 + Duration::from_micros(u64::from(i) * 1_000_000 / 3500);
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let net = (rng % 64) as u8;
+            granted += b.take(now, IpAddr::from([10, 0, net, 1])).is_ok() as u32;
+            if i >= 3500 && i % 350 == 349 {
+                let n = (i / 350) as u8;
+                if b.take(now, IpAddr::from([10, 1, n, 1])).is_ok() {
+                    newcomers += 1;
+                }
+            }
+        }
+        assert_eq!(newcomers, 40, "every newcomer got its handshake");
+        // The flood got no more than the budget: its burst and five seconds of its rate.
+        assert!(granted <= 200 + 5 * 200, "{granted}");
     }
 
     #[test]
