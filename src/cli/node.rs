@@ -57,7 +57,7 @@ pub struct NodeArgs {
     pub tls_key: Option<PathBuf>,
     /// New TLS connections per second --http-port takes, in total; one /24 (/56) may have an eighth of it, and a
     /// network that opens more than 4 a second only the half of it that networks opening fewer leave. A handshake
-    /// costs the HTTP thread a key exchange and a signature (~0.26 ms on the development machines); past the budget a
+    /// costs the HTTP thread a key exchange and a signature (~0.3 ms on the development machines); past the budget a
     /// new TLS connection is closed before its handshake and the client connects again. Connections kept alive are
     /// not touched by it. The default was measured in research/015-http-bounds.
     #[arg(long, value_name = "PER_SECOND", default_value_t = crate::http::DEFAULT_TLS_HANDSHAKE_BUDGET,
