@@ -134,6 +134,17 @@ impl Default for ConnectionLimits {
 }
 
 impl ConnectionLimits {
+    /// The metrics listener's: a scraper, a status page and an operator's `curl` need a few, so 64 in all (each
+    /// costs a descriptor), half of them from one address, the last 16 for networks holding fewer than 2.
+    pub fn metrics() -> Self {
+        ConnectionLimits {
+            total: 64,
+            per_source: 32,
+            per_prefix: 48,
+            reserved: 16,
+        }
+    }
+
     /// The limits made consistent: at least one connection in all, a source's most within its prefix's and a
     /// prefix's within the total, and a reserve that leaves loud prefixes at least one.
     fn normalized(self) -> Self {

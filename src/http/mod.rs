@@ -112,8 +112,10 @@ pub const DEFAULT_TLS_HANDSHAKE_BUDGET: u32 = 200;
 /// The server's bounds. [`Default`] is what the node uses; tests shorten them.
 #[derive(Debug, Clone)]
 pub struct HttpLimits {
-    /// Connections open at once, per source, per prefix and in total, on each listener ([`bounds`]).
+    /// Connections open at once on `--http-port`, per source, per prefix and in total ([`bounds`]).
     pub connections: ConnectionLimits,
+    /// The same on the metrics listener: fewer ([`ConnectionLimits::metrics`]).
+    pub metrics_connections: ConnectionLimits,
     /// New TLS connections per second, in total (`--tls-handshake-budget`); one prefix may have an eighth
     /// ([`bounds::HandshakeBudget`]).
     pub tls_handshakes_per_second: u32,
@@ -132,6 +134,7 @@ impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             connections: ConnectionLimits::default(),
+            metrics_connections: ConnectionLimits::metrics(),
             tls_handshakes_per_second: DEFAULT_TLS_HANDSHAKE_BUDGET,
             head_timeout: Duration::from_secs(10),
             request_deadline: Duration::from_secs(10),
@@ -253,7 +256,7 @@ impl HttpServer {
             links,
             counters: counters.clone(),
             http_slots: serve::Slots::new(limits.connections),
-            metrics_slots: serve::Slots::new(limits.connections),
+            metrics_slots: serve::Slots::new(limits.metrics_connections),
             handshakes: std::sync::Mutex::new(bounds::HandshakeBudget::new(
                 limits.tls_handshakes_per_second,
             )),

@@ -18,7 +18,7 @@ use crate::apps::config::{AppsConfig, OutletKind};
 use crate::store::FDS_PER_STORE;
 
 /// The node's own descriptors, whatever its apps: standard streams (3), the state lock (1), the memo's connection
-/// and its kept `-shm` (4), the UDP socket and the HTTP listener (2), the epolls and eventfds of the receive loop,
+/// and its kept `-shm` (4), the UDP socket and the two HTTP listeners (3), the epolls and eventfds of the receive loop,
 /// the HTTP thread, the sync thread, the signal wake and the sending loop (about 12). A running node with its
 /// sending loop holds 20–24 besides its stores; the rest is room for libraries (the resolver's sockets).
 pub const FDS_BASE: u64 = 32;
@@ -77,7 +77,8 @@ pub struct Need {
     pub apps: u64,
     /// Outlets that leave the host ([`FDS_PER_OUTLET`]).
     pub outlets: u64,
-    /// HTTP connections at once: the server's bound, and the one more it accepts to tell it 503.
+    /// HTTP connections at once: each listener's bound (`--http-port`'s and `--metrics-listen`'s), and the one more
+    /// each accepts to tell it 503.
     pub http: u64,
 }
 
@@ -92,7 +93,10 @@ impl Need {
         Need {
             apps: apps.apps.len() as u64,
             outlets: outlets as u64,
-            http: crate::http::HttpLimits::default().max_connections as u64 + 1,
+            http: {
+                let l = crate::http::HttpLimits::default();
+                (l.connections.total + 1 + l.metrics_connections.total + 1) as u64
+            },
         }
     }
 
