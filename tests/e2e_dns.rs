@@ -179,6 +179,14 @@ fn bad_outlets_wait_while_good_ones_deliver(dns: FakeDns, name: &str, asked: boo
         stderr.contains(&format!("name {name} did not resolve")),
         "the log says which name: {stderr}"
     );
+    // In words, not a debug dump of one of hickory's queries (issue 18, item 7).
+    assert!(
+        !stderr.contains("query_type") && !stderr.contains("Query {"),
+        "{stderr}"
+    );
+    if !asked {
+        assert!(stderr.contains("no such name"), "{stderr}");
+    }
     drop(b);
 }
 
