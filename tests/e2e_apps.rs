@@ -30,7 +30,11 @@ fn every_record_reaches_the_far_node_and_the_inner_app_once_through_kills_of_bot
     let senders_b = dir.path().join("senders-b");
     std::fs::write(&senders_b, format!("node-a {pub_a}\n")).unwrap();
     let apps_b = dir.path().join("b.toml");
-    std::fs::write(&apps_b, "[apps.ingest]\naccept = [\"node-a\"]\n").unwrap();
+    std::fs::write(
+        &apps_b,
+        "[apps.ingest]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n",
+    )
+    .unwrap();
     let args_b = args(&[
         "--senders",
         senders_b.to_str().unwrap(),

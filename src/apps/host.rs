@@ -327,6 +327,11 @@ fn hosted(config: &AppConfig) -> HostedApp {
                 AppAccept::Only(names.iter().map(|n| n.as_str().into()).collect())
             }
         },
+        forwarders: config
+            .forwarders
+            .iter()
+            .map(|n| n.as_str().into())
+            .collect(),
         turn_records: config.turn_records.max(1),
         paused: false,
         cannot_store: false,
