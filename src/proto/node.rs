@@ -1840,6 +1840,74 @@ mod tests {
         assert_eq!(node.counters().stored_records, 3);
     }
 
+    /// A forwarding node's flow starts with a FORWARD probe (protocol.md 5.4): a far app that does not let it
+    /// forward refuses the probe (reason 3) before any record is sent, and the sender says so; one that does
+    /// answers it with the heard sequence, and the records follow.
+    #[test]
+    fn a_forwarded_flow_probes_with_forward_and_learns_of_a_refusal_before_sending() {
+        use crate::proto::sender::{FlowStart, SenderEvent};
+        let node_id = Identity::generate();
+        let edge = Identity::generate();
+        let list = Arc::new(AllowList::from_unique(vec![(
+            "edge".to_string(),
+            *edge.public(),
+        )]));
+        let mut node = test_node(&node_id, list);
+        let mut store = memory_store();
+        let mut now = Instant::now();
+        let run = |node: &mut Node, store: &mut Stores, now: &mut Instant| {
+            let mut s = Sender::new(SenderConfig::new(edge.clone(), *node_id.public())).unwrap();
+            s.open_flow_as("main", FlowStart::Probe, wire::RecordFormat::Forwarded)
+                .unwrap();
+            s.queue_forwarded("main", b"dev", 41, b"hello").unwrap();
+            deliver(node, store, &mut s, 1, now);
+            let mut events = Vec::new();
+            while let Some(e) = s.poll_event() {
+                events.push(e);
+            }
+            (s.unacked_total(), events)
+        };
+        let (unacked, events) = run(&mut node, &mut store, &mut now);
+        assert_eq!(
+            events,
+            vec![SenderEvent::Refused {
+                app: "main".into(),
+                reason: wire::REFUSE_NOT_FORWARDER
+            }]
+        );
+        assert_eq!(unacked, 0, "a refused flow holds nothing");
+        let c = node.counters();
+        assert_eq!(
+            (c.forward_refused_frames, c.forward_refused_records),
+            (1, 0),
+            "only the probe was sent"
+        );
+        assert_eq!(c.stored_records, 0);
+        node.set_apps(vec![HostedApp {
+            forwarders: ["edge".into()].into_iter().collect(),
+            ..HostedApp::open("main")
+        }]);
+        let (unacked, events) = run(&mut node, &mut store, &mut now);
+        assert_eq!(unacked, 0);
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, SenderEvent::Refused { .. })),
+            "{events:?}"
+        );
+        assert_eq!(node.counters().stored_records, 1);
+        assert_eq!(node.counters().forward_refused_frames, 1);
+        assert_eq!(
+            stored(&store),
+            vec![(
+                "edge".to_string(),
+                1,
+                Some(("dev".to_string(), 41)),
+                b"hello".to_vec()
+            )]
+        );
+    }
+
     /// Apps' rules in the core: an accept list refuses with reason 2, a paused app takes nothing (and owes no ack),
     /// and a busy app past its share of a turn leaves room for the others.
     #[test]
