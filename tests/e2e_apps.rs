@@ -177,7 +177,8 @@ fn forge(
 /// and to B directly. Neither stores them; both refuse them (REFUSE reason 3), count them and log the sender and
 /// app; dev0's genuine records reach B through A exactly once with their origin, since B's `ingest` lets node-a
 /// forward. A's second outlet, to an app of B that does not, is refused before it sends a record, and both ends
-/// say what to add.
+/// say what to add; once B's operator adds node-a to that app's forwarders and reloads (the upgrade of
+/// docs/apps.md), the outlet goes on by itself and delivers every record once.
 #[test]
 fn a_device_cannot_forge_origins_and_only_an_apps_forwarders_may_forward_to_it() {
     const PER_DEVICE: u64 = 200;
@@ -313,5 +314,27 @@ fn a_device_cannot_forge_origins_and_only_an_apps_forwarders_may_forward_to_it()
             b.link
         )),
         "{log_a}"
+    );
+
+    // What the operator adds, put in force by a reload: nothing was lost, the outlet resumes on its own.
+    ops_util::write_atomic(
+        &apps_b,
+        "[apps.ingest]\naccept = [\"node-a\", \"rogue\"]\nforwarders = [\"node-a\"]\n\
+         [apps.closed]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n",
+    );
+    b.signal(libc::SIGHUP);
+    wait_until("the reload on B", || {
+        b.stderr_text()
+            .contains("reload: app closed: forwarders none → node-a")
+    });
+    wait_until("dev0's records in closed", || {
+        records(&state_b, "closed").len() as u64 >= PER_DEVICE
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_each_once_forwarded(
+        &records(&state_b, "closed"),
+        &["dev0"],
+        PER_DEVICE,
+        "node-a",
     );
 }
