@@ -37,7 +37,8 @@ fn bad_outlets_wait_while_good_ones_deliver(dns: FakeDns, name: &str, asked: boo
     let apps_b = dir.path().join("b.toml");
     std::fs::write(
         &apps_b,
-        "[apps.good-link]\naccept = [\"node-a\"]\n[apps.good-wire]\naccept = [\"node-a\"]\n",
+        "[apps.good-link]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n\
+         [apps.good-wire]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n",
     )
     .unwrap();
     let b = start(

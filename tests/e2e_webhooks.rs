@@ -278,7 +278,12 @@ fn outlets_to_untrusted_certificates_deliver_nothing_and_say_so() {
     let senders_b = dir.path().join("senders-b");
     std::fs::write(&senders_b, format!("node-a {pub_a}\n")).unwrap();
     let apps_b = dir.path().join("b.toml");
-    std::fs::write(&apps_b, "[apps.secure]\naccept = [\"node-a\"]\n").unwrap();
+    // B would take A's forwarded records: only the untrusted certificate stands in the wire's way.
+    std::fs::write(
+        &apps_b,
+        "[apps.secure]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n",
+    )
+    .unwrap();
     let b = start(
         &state_b,
         &args(&[
