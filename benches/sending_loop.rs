@@ -310,7 +310,9 @@ fn start_far(dir: &Path, a_public: &[u8; 32], n: usize) -> (RunningNode, SocketA
     let mut toml = String::new();
     let share = FAR_TURN_RECORDS.load(Ordering::Relaxed);
     for i in 1..=n {
-        toml.push_str(&format!("[apps.d{i}]\naccept = [\"{NODE_A}\"]\n"));
+        toml.push_str(&format!(
+            "[apps.d{i}]\naccept = [\"{NODE_A}\"]\nforwarders = [\"{NODE_A}\"]\n"
+        ));
         if share > 0 {
             toml.push_str(&format!("turn_records = {share}\n"));
         }

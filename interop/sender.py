@@ -47,8 +47,9 @@ MAX_DATAGRAM = 1472
 DEFAULT_DATAGRAM = 1200
 PN_LIMIT = 1 << 62  # §3: packet numbers stop at 2^62
 
-F_PADDING, F_DATA, F_ACK, F_ECHO, F_REFUSE = 0x00, 0x01, 0x02, 0x03, 0x04
-REFUSE_REASONS = {1: "no such app on this node", 2: "this app does not accept this sender"}
+F_PADDING, F_DATA, F_ACK, F_ECHO, F_REFUSE, F_FORWARD = 0x00, 0x01, 0x02, 0x03, 0x04, 0x05
+REFUSE_REASONS = {1: "no such app on this node", 2: "this app does not accept this sender",
+                  3: "this app takes no forwarded records (FORWARD frames) from this sender"}
 APP_CHARS = set(b"abcdefghijklmnopqrstuvwxyz0123456789_-")
 
 DEFAULT_WINDOW = 16384  # §7
@@ -164,6 +165,21 @@ def probe_frame(app):
     return data_frame(app, 0, [])  # §5.1: count 0, first_seq 0
 
 
+def forward_frame(app, first_seq, records):
+    """§5.4: a FORWARD frame, as DATA but each record (origin, origin_seq, payload) is a forwarded record:
+    origin_len (1 byte), origin, origin_seq (varint), payload. A node forwarding records sends these; this sender
+    is a device and uses it only to check that a node refuses it from one (REFUSE reason 3)."""
+    out = bytearray((F_FORWARD, len(app)))
+    out += app
+    out += varint(first_seq)
+    out += varint(len(records))
+    for origin, origin_seq, payload in records:
+        rec = bytes((len(origin),)) + origin + varint(origin_seq) + payload
+        out += varint(len(rec))
+        out += rec
+    return bytes(out)
+
+
 def parse_node_frames(pt):
     """Frames of a node packet: a list of ("ack", app, stored_through), ("echo", pn), ("refuse", app, reason).
 
@@ -195,8 +211,8 @@ def parse_node_frames(pt):
                     raise Malformed("frame runs past the end")
                 frames.append(("refuse", app, pt[i]))
                 i += 1
-        elif t == F_DATA:
-            raise Malformed("DATA frame from the node")
+        elif t in (F_DATA, F_FORWARD):
+            raise Malformed("DATA or FORWARD frame from the node")
         else:
             raise Malformed("unknown frame type 0x%02x" % t)
     return frames

@@ -411,6 +411,25 @@ class Delivery(unittest.TestCase):
             # §5: REFUSE reason 1 for an app the node does not host
             _, opened = p.ask(p.packet(S.probe_frame(b"nosuch")))
             self.assertIn(("refuse", b"nosuch", 1), opened[2])
+            # §5.4: a sender the app does not let forward (this node has no apps file: it lets nobody) gets REFUSE
+            # reason 3 for a FORWARD frame and nothing of it is stored, while its DATA frame beside it is; a
+            # FORWARD probe gets the refusal and no ACK
+            h = p.heard()
+            frames = (S.forward_frame(b"main", h + 1, [(b"someone-else", 7, b"forged")])
+                      + S.data_frame(b"main", h + 1, [b"own"]))
+            _, opened = p.ask(p.packet(frames))
+            got = list(opened[2])
+            while ("ack", b"main", h + 1) not in got:  # §5.3: the ACK may come in a later answer, after its commit
+                p.sock.settimeout(2.0)
+                got += p.run.open(p.sock.recv(4096))[2]
+            self.assertIn(("refuse", b"main", 3), got)
+            _, opened = p.ask(p.packet(S.forward_frame(b"main", 0, [])))
+            self.assertIn(("refuse", b"main", 3), opened[2])
+            self.assertEqual([f for f in opened[2] if f[0] == "ack"], [])
+            recs = {r["seq"]: r for r in self.node.records("raw")}
+            self.assertEqual(recs[h + 1]["raw"], b"own")
+            self.assertNotIn("origin", recs[h + 1])
+            self.assertFalse([r for r in self.node.records() if r["raw"] == b"forged"])
             # §5: a malformed packet applies nothing, even its valid DATA frame
             h = p.heard()
             for bad in (b"\x7f", b"\x02\x04main\x00", b"\x01\x04main" + b"\x80" * 11):

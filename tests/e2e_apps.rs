@@ -1,7 +1,8 @@
 //! Apps and outlets end to end with real processes on loopback: node A hosts app `main` (devices send to it with
 //! `pure-serve send`) with a link outlet to app `ingest` of node B and an inner outlet to its own app `copy`. Both
 //! nodes are killed with SIGKILL several times in the middle; in the end every record is on B and in `copy`
-//! exactly once, in order, with its origin, as `pure-serve records --json` shows them.
+//! exactly once, in order, with its origin, as `pure-serve records --json` shows them. And a device listed on
+//! both nodes cannot forge where records came from: only an app's `forwarders` may send it forwarded records.
 
 mod ops_util;
 mod outlet_util;
@@ -9,11 +10,13 @@ mod outlet_util;
 use std::process::Child;
 use std::time::Duration;
 
-use ops_util::keygen;
+use ops_util::{NodeProcess, keygen};
 use outlet_util::{
-    args, assert_each_once_forwarded, assert_sent, feed_lines, kill_and_restart, records,
-    spawn_send, start, wait_until,
+    args, assert_each_once_forwarded, assert_sent, errors, feed_lines, kill_and_restart, metric,
+    records, spawn_send, start, wait_until,
 };
+use pure_serve::proto::wire::{REFUSE_NOT_FORWARDER, RecordFormat};
+use pure_serve::sender::{FlowStart, UdpLink};
 
 #[test]
 fn every_record_reaches_the_far_node_and_the_inner_app_once_through_kills_of_both() {
@@ -30,7 +33,11 @@ fn every_record_reaches_the_far_node_and_the_inner_app_once_through_kills_of_bot
     let senders_b = dir.path().join("senders-b");
     std::fs::write(&senders_b, format!("node-a {pub_a}\n")).unwrap();
     let apps_b = dir.path().join("b.toml");
-    std::fs::write(&apps_b, "[apps.ingest]\naccept = [\"node-a\"]\n").unwrap();
+    std::fs::write(
+        &apps_b,
+        "[apps.ingest]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n",
+    )
+    .unwrap();
     let args_b = args(&[
         "--senders",
         senders_b.to_str().unwrap(),
@@ -133,4 +140,201 @@ fn every_record_reaches_the_far_node_and_the_inner_app_once_through_kills_of_bot
     );
     drop(a);
     drop(b);
+}
+
+/// FORWARD frames from `key` to `app` of `node`, claiming `origin`'s records `1..=count` with its payloads (as a
+/// compromised device would); returns what the node refused, once the sender is idle.
+fn forge(
+    key: &std::path::Path,
+    node: &NodeProcess,
+    app: &str,
+    origin: &str,
+    count: u64,
+) -> Vec<(String, u8)> {
+    let identity = pure_serve::keys::read_identity(key).unwrap();
+    let node_key = pure_serve::keys::parse_public_key(&node.public_key).unwrap();
+    let mut link = UdpLink::connect(identity, node_key, node.link).unwrap();
+    link.sender()
+        .open_flow_as(app, FlowStart::At(1), RecordFormat::Forwarded)
+        .unwrap();
+    for k in 1..=count {
+        link.sender()
+            .queue_forwarded(
+                app,
+                origin.as_bytes(),
+                k,
+                format!("{origin} line {k}").as_bytes(),
+            )
+            .unwrap();
+    }
+    let outcome = link.deliver(Some(Duration::from_secs(30))).unwrap();
+    assert_eq!(outcome.unacked, 0, "refused, so nothing is left waiting");
+    outcome.refused
+}
+
+/// Issue 14, item 5. A rogue device, listed on edge node A and on far node B, sends FORWARD frames claiming dev0's
+/// records (origin dev0, its sequences and payloads) to A, whose link outlet would carry them on to B as node-a's,
+/// and to B directly. Neither stores them; both refuse them (REFUSE reason 3), count them and log the sender and
+/// app; dev0's genuine records reach B through A exactly once with their origin, since B's `ingest` lets node-a
+/// forward. A's second outlet, to an app of B that does not, is refused before it sends a record, and both ends
+/// say what to add; once B's operator adds node-a to that app's forwarders and reloads (the upgrade of
+/// docs/apps.md), the outlet goes on by itself and delivers every record once.
+#[test]
+fn a_device_cannot_forge_origins_and_only_an_apps_forwarders_may_forward_to_it() {
+    const PER_DEVICE: u64 = 200;
+    const FORGED: u64 = 50;
+    let dir = tempfile::tempdir().unwrap();
+    let (state_a, state_b) = (dir.path().join("a"), dir.path().join("b"));
+    let (key_a, pub_a) = keygen(dir.path(), "node-a");
+    let (key_dev, pub_dev) = keygen(dir.path(), "dev0");
+    let (key_rogue, pub_rogue) = keygen(dir.path(), "rogue");
+
+    let senders_b = dir.path().join("senders-b");
+    std::fs::write(&senders_b, format!("node-a {pub_a}\nrogue {pub_rogue}\n")).unwrap();
+    let apps_b = dir.path().join("b.toml");
+    std::fs::write(
+        &apps_b,
+        "[apps.ingest]\naccept = [\"node-a\", \"rogue\"]\nforwarders = [\"node-a\"]\n\
+         [apps.closed]\naccept = [\"node-a\"]\n",
+    )
+    .unwrap();
+    let b = start(
+        &state_b,
+        &args(&[
+            "--senders",
+            senders_b.to_str().unwrap(),
+            "--apps",
+            apps_b.to_str().unwrap(),
+        ]),
+        0,
+        0,
+    );
+
+    // A: devices send to main (it lets nobody forward to it), which forwards to B's ingest and to B's closed.
+    let senders_a = dir.path().join("senders-a");
+    std::fs::write(&senders_a, format!("dev0 {pub_dev}\nrogue {pub_rogue}\n")).unwrap();
+    let apps_a = dir.path().join("a.toml");
+    std::fs::write(
+        &apps_a,
+        format!(
+            "[apps.main]\n\
+             [apps.main.outlets.to-b]\nkind = \"link\"\nto = \"{to}\"\nnode_key = \"{key}\"\napp = \"ingest\"\n\
+             [apps.main.outlets.to-closed]\nkind = \"link\"\nto = \"{to}\"\nnode_key = \"{key}\"\napp = \"closed\"\n",
+            to = b.link,
+            key = b.public_key
+        ),
+    )
+    .unwrap();
+    let a = start(
+        &state_a,
+        &args(&[
+            "--key",
+            key_a.to_str().unwrap(),
+            "--senders",
+            senders_a.to_str().unwrap(),
+            "--apps",
+            apps_a.to_str().unwrap(),
+        ]),
+        0,
+        0,
+    );
+
+    let mut send = spawn_send(&key_dev, &a, "main", 60);
+    feed_lines(&mut send, "dev0", PER_DEVICE, PER_DEVICE, Duration::ZERO)
+        .join()
+        .unwrap();
+    assert_sent(send, "dev0");
+    let refused = vec![("main".to_string(), REFUSE_NOT_FORWARDER)];
+    assert_eq!(
+        forge(&key_rogue, &a, "main", "dev0", FORGED),
+        refused,
+        "at the edge"
+    );
+    let refused = vec![("ingest".to_string(), REFUSE_NOT_FORWARDER)];
+    assert_eq!(
+        forge(&key_rogue, &b, "ingest", "dev0", FORGED),
+        refused,
+        "at the far node"
+    );
+
+    wait_until("dev0's records on B", || {
+        records(&state_b, "ingest").len() as u64 >= PER_DEVICE
+    });
+    wait_until("A's outlet to closed refused", || {
+        errors(&a, "main", "to-closed", "refused") >= 1.0
+    });
+    // Let anything forged that would get through arrive before looking.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_each_once_forwarded(
+        &records(&state_b, "ingest"),
+        &["dev0"],
+        PER_DEVICE,
+        "node-a",
+    );
+    let on_a = records(&state_a, "main");
+    assert_eq!(on_a.len() as u64, PER_DEVICE);
+    assert!(
+        on_a.iter()
+            .all(|r| r["source"] == "dev0" && r["origin"].is_null()),
+        "only dev0's own records on A"
+    );
+    assert!(
+        records(&state_b, "closed").is_empty(),
+        "closed takes nothing forwarded"
+    );
+    for node in [&a, &b] {
+        assert!(metric(node, "pure_forward_frames_refused_total") >= 1.0);
+        assert!(metric(node, "pure_forward_records_refused_total") >= FORGED as f64);
+        assert_eq!(
+            metric(node, "pure_frames_refused_total"),
+            0.0,
+            "counted apart"
+        );
+    }
+
+    let (log_a, log_b) = (a.stderr_text(), b.stderr_text());
+    for (log, app, sender) in [
+        (&log_a, "main", "rogue"),
+        (&log_b, "ingest", "rogue"),
+        (&log_b, "closed", "node-a"),
+    ] {
+        let line =
+            format!("app {app} refused forwarded records (FORWARD frames) from sender {sender}");
+        assert!(log.contains(&line), "{line}\n{log}");
+        assert_eq!(log.matches(&line).count(), 1, "said once: {line}\n{log}");
+    }
+    assert!(
+        log_b.contains("add it to forwarders of [apps.closed] in the apps file"),
+        "{log_b}"
+    );
+    assert!(
+        log_a.contains(&format!(
+            "outlet main/to-closed: {} app closed does not let this node forward to it (REFUSE reason 3): on that \
+             node, add this node's name in its senders file to `forwarders` of [apps.closed]",
+            b.link
+        )),
+        "{log_a}"
+    );
+
+    // What the operator adds, put in force by a reload: nothing was lost, the outlet resumes on its own.
+    ops_util::write_atomic(
+        &apps_b,
+        "[apps.ingest]\naccept = [\"node-a\", \"rogue\"]\nforwarders = [\"node-a\"]\n\
+         [apps.closed]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n",
+    );
+    b.signal(libc::SIGHUP);
+    wait_until("the reload on B", || {
+        b.stderr_text()
+            .contains("reload: app closed: forwarders none → node-a")
+    });
+    wait_until("dev0's records in closed", || {
+        records(&state_b, "closed").len() as u64 >= PER_DEVICE
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_each_once_forwarded(
+        &records(&state_b, "closed"),
+        &["dev0"],
+        PER_DEVICE,
+        "node-a",
+    );
 }

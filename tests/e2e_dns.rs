@@ -37,7 +37,8 @@ fn bad_outlets_wait_while_good_ones_deliver(dns: FakeDns, name: &str, asked: boo
     let apps_b = dir.path().join("b.toml");
     std::fs::write(
         &apps_b,
-        "[apps.good-link]\naccept = [\"node-a\"]\n[apps.good-wire]\naccept = [\"node-a\"]\n",
+        "[apps.good-link]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n\
+         [apps.good-wire]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n",
     )
     .unwrap();
     let b = start(
@@ -179,6 +180,14 @@ fn bad_outlets_wait_while_good_ones_deliver(dns: FakeDns, name: &str, asked: boo
         stderr.contains(&format!("name {name} did not resolve")),
         "the log says which name: {stderr}"
     );
+    // In words, not a debug dump of one of hickory's queries (issue 18, item 7).
+    assert!(
+        !stderr.contains("query_type") && !stderr.contains("Query {"),
+        "{stderr}"
+    );
+    if !asked {
+        assert!(stderr.contains("no such name"), "{stderr}");
+    }
     drop(b);
 }
 

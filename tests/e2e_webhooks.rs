@@ -278,7 +278,12 @@ fn outlets_to_untrusted_certificates_deliver_nothing_and_say_so() {
     let senders_b = dir.path().join("senders-b");
     std::fs::write(&senders_b, format!("node-a {pub_a}\n")).unwrap();
     let apps_b = dir.path().join("b.toml");
-    std::fs::write(&apps_b, "[apps.secure]\naccept = [\"node-a\"]\n").unwrap();
+    // B would take A's forwarded records: only the untrusted certificate stands in the wire's way.
+    std::fs::write(
+        &apps_b,
+        "[apps.secure]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n",
+    )
+    .unwrap();
     let b = start(
         &state_b,
         &args(&[
@@ -350,12 +355,33 @@ fn outlets_to_untrusted_certificates_deliver_nothing_and_say_so() {
 
     // (outlet, kind, what its log line says is wrong; both test CAs have one name, so another CA's certificate
     // fails on its signature)
+    // (and the hint that goes with it: issue 18, item 7)
     let bad = [
-        ("system-roots", "webhook", "UnknownIssuer"),
-        ("other-ca", "webhook", "BadSignature"),
-        ("wire-other-ca", "wire", "BadSignature"),
-        ("expired", "webhook", "certificate expired"),
-        ("wrong-name", "webhook", "not valid for name"),
+        (
+            "system-roots",
+            "webhook",
+            "UnknownIssuer",
+            "give the outlet `ca_file`",
+        ),
+        (
+            "other-ca",
+            "webhook",
+            "BadSignature",
+            "is the outlet's `ca_file` the CA",
+        ),
+        (
+            "wire-other-ca",
+            "wire",
+            "BadSignature",
+            "is the outlet's `ca_file` the CA",
+        ),
+        ("expired", "webhook", "certificate expired", "renew it"),
+        (
+            "wrong-name",
+            "webhook",
+            "not valid for name",
+            "a host name the certificate lists",
+        ),
     ];
     wait_until("the good webhook to deliver everything", || {
         lag(&a, "main", "good", "webhook") == Some(0.0)
@@ -363,7 +389,7 @@ fn outlets_to_untrusted_certificates_deliver_nothing_and_say_so() {
     // Each untrusted outlet has failed its handshake more than once, so the log shows its rate limit.
     wait_until("two TLS errors on each untrusted outlet", || {
         bad.iter()
-            .all(|(o, _, _)| errors(&a, "main", o, "tls") >= 2.0)
+            .all(|(o, _, _, _)| errors(&a, "main", o, "tls") >= 2.0)
     });
 
     let requests = server.requests();
@@ -381,7 +407,7 @@ fn outlets_to_untrusted_certificates_deliver_nothing_and_say_so() {
     );
     assert!(records(&state_b, "secure").is_empty(), "B got nothing");
     let stderr = a.stderr_text();
-    for (outlet, kind, why) in bad {
+    for (outlet, kind, why, hint) in bad {
         assert_eq!(
             lag(&a, "main", outlet, kind),
             Some(RECORDS as f64),
@@ -396,8 +422,9 @@ fn outlets_to_untrusted_certificates_deliver_nothing_and_say_so() {
             lines[0]
         );
         assert!(lines[0].contains("WARN"), "{}", lines[0]);
+        assert!(lines[0].contains(hint), "{outlet}: {}", lines[0]);
     }
-    for (outlet, _, _) in bad {
+    for (outlet, _, _, _) in bad {
         eprintln!("{}", log_lines(&stderr, "main", outlet)[0]);
     }
 }

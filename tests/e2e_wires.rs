@@ -34,7 +34,8 @@ fn every_record_reaches_both_far_apps_once_over_http_and_https_through_kills_of_
     let apps_b = dir.path().join("b.toml");
     std::fs::write(
         &apps_b,
-        "[apps.plain]\naccept = [\"node-a\"]\n[apps.secure]\naccept = [\"node-a\"]\n",
+        "[apps.plain]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n\
+         [apps.secure]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n",
     )
     .unwrap();
     let args_b = args(&[
@@ -157,7 +158,7 @@ fn a_host_with_ten_links_and_ten_wires_runs_on_at_most_five_threads() {
     let apps_b = dir.path().join("b.toml");
     let b_file: String = far_apps
         .iter()
-        .map(|a| format!("[apps.{a}]\naccept = [\"node-a\"]\n"))
+        .map(|a| format!("[apps.{a}]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n"))
         .collect();
     std::fs::write(&apps_b, b_file).unwrap();
     let b = start(

@@ -61,7 +61,7 @@ fn a_link_outlet_and_an_inner_outlet_deliver_every_record_once_with_its_origin()
     let b = LocalNode::start_apps(
         &dir_b,
         &[("node-a".into(), *key_a.public())],
-        apps("[apps.ingest]\naccept = [\"node-a\"]\n"),
+        apps("[apps.ingest]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n"),
         Duration::from_secs(30),
         4 << 20,
     )

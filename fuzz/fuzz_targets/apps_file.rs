@@ -11,6 +11,7 @@ fuzz_target!(|data: &[u8]| {
     match AppsConfig::parse(std::path::Path::new("apps.toml"), text) {
         Ok(config) => {
             let _ = config.summary();
+            let _ = config.forwarding_summary();
             let _ = config.warnings(&|_| false);
             let _ = config.check_own_key(&[9; 32]);
         }

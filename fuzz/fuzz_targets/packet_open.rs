@@ -1,6 +1,8 @@
 //! The node core on any datagram, and on any plaintext sealed as a real listed sender would seal it: the first
 //! byte chooses. Sealed input goes past the AEAD into the frame parser, the turn, a commit to an in-memory store
-//! and the acks, so the fuzzer explores what an authenticated but hostile sender can send. Never a panic.
+//! and the acks, so the fuzzer explores what an authenticated but hostile sender can send. The top bit of the first
+//! byte lets the sender forward to `main` (docs/apps.md, `forwarders`), so FORWARD frames are both refused (reason
+//! 3) and stored. Never a panic.
 #![no_main]
 
 use std::net::SocketAddr;
@@ -10,7 +12,7 @@ use std::time::{Duration, Instant};
 use libfuzzer_sys::fuzz_target;
 use pure_serve::proto::allow_list::AllowList;
 use pure_serve::proto::crypto::{self, Identity};
-use pure_serve::proto::node::{NoMemo, Node, NodeConfig};
+use pure_serve::proto::node::{HostedApp, NoMemo, Node, NodeConfig};
 use pure_serve::proto::wire::{self, SenderHeader};
 use pure_serve::store::Stores;
 
@@ -52,6 +54,12 @@ fuzz_target!(|data: &[u8]| {
         },
         f.senders.clone(),
     );
+    if choice & 0x80 != 0 {
+        node.set_apps(vec![HostedApp {
+            forwarders: ["dev".into()].into_iter().collect(),
+            ..HostedApp::open("main")
+        }]);
+    }
     let from: SocketAddr = "192.0.2.7:4000".parse().expect("a literal address");
     let datagrams: Vec<Vec<u8>> = if choice & 1 == 0 {
         vec![rest.to_vec()]
@@ -67,7 +75,7 @@ fuzz_target!(|data: &[u8]| {
                 let header = SenderHeader {
                     key_id: crypto::key_id(f.sender.public()),
                     run_id,
-                    packet_number: i as u64 + u64::from(choice >> 1),
+                    packet_number: i as u64 + u64::from((choice & 0x7f) >> 1),
                 };
                 header.emit(&mut p);
                 p.extend_from_slice(plain);

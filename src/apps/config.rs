@@ -1,5 +1,6 @@
-//! The apps file (`--apps FILE`, docs/apps.md): which apps a node hosts, the senders each accepts, its budgets, and
-//! its outlets — parsed, validated, and compared with the file in force when SIGHUP asks for a reload.
+//! The apps file (`--apps FILE`, docs/apps.md): which apps a node hosts, the senders each accepts (and the nodes it
+//! lets forward to it), its budgets, and its outlets — parsed, validated, and compared with the file in force when
+//! SIGHUP asks for a reload.
 //!
 //! What this module owns:
 //!
@@ -8,7 +9,8 @@
 //! - validation that reports **every** problem at once, each with the file's line, the app, the key, what is wrong
 //!   and how to fix it, like the senders file ([`crate::senders`]): a node that refuses to start should say all it
 //!   will refuse, not one thing per attempt;
-//! - [`plan_reload`]: what a reload can apply (new apps, accept lists, budgets, outlets) and what needs a restart.
+//! - [`plan_reload`]: what a reload can apply (new apps, accept and forwarders lists, budgets, outlets) and what
+//!   needs a restart.
 //!
 //! Why the file is walked by hand rather than deserialized with `serde` and `deny_unknown_fields`: serde stops at
 //! the first error of a struct, so a typo in one key would hide a bad key three lines down. The toml crate's
@@ -27,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 use toml::Spanned;
-use toml::de::{DeString, DeTable, DeValue};
+use toml::de::{DeArray, DeString, DeTable, DeValue};
 
 use crate::files::{self, FileError};
 use crate::proto::crypto::PublicKeyBytes;
@@ -73,6 +75,10 @@ pub struct AppConfig {
     /// Which senders (names from the senders file) may send to it directly. Its inner inlet (outlets of kind
     /// `app` naming it) is open whatever this says.
     pub accept: Accept,
+    /// The senders (names from the senders file: other nodes) that may send it forwarded records, FORWARD frames
+    /// with the origin of each record (docs/protocol.md 5.4). Empty by default: a device that is merely accepted
+    /// could otherwise have its records stored as another sender's. Each must also be accepted.
+    pub forwarders: Vec<String>,
     /// Most records it takes in one turn, so a busy app cannot starve a quiet one.
     pub turn_records: u64,
     /// In the order of the file.
@@ -485,12 +491,14 @@ impl fmt::Display for BadFile<'_> {
 
 impl AppsConfig {
     /// The node without `--apps`: one app `main` that accepts every sender and forwards nothing — today's node, so
-    /// an existing state directory keeps working.
+    /// an existing state directory keeps working. It lets no sender forward to it (docs/apps.md, `forwarders`):
+    /// which senders are nodes is something only the operator knows.
     pub fn default_single() -> Self {
         AppsConfig {
             apps: vec![AppConfig {
                 name: DEFAULT_APP.to_string(),
                 accept: Accept::All,
+                forwarders: Vec::new(),
                 turn_records: DEFAULT_TURN_RECORDS,
                 outlets: Vec::new(),
                 line: None,
@@ -531,9 +539,9 @@ impl AppsConfig {
         finish(path, config, problems)
     }
 
-    /// Things that are allowed but probably not meant: names in `accept` that the senders file does not have
-    /// (`is_sender` says whether it does; not an error, since the senders file may gain them later), and apps that
-    /// can never get a record. One line each, `FILE:LINE: …`.
+    /// Things that are allowed but probably not meant: names in `accept` or `forwarders` that the senders file does
+    /// not have (`is_sender` says whether it does; not an error, since the senders file may gain them later), and
+    /// apps that can never get a record. One line each, `FILE:LINE: …`.
     pub fn warnings(&self, is_sender: &dyn Fn(&str) -> bool) -> Vec<String> {
         let path = self.path.as_deref().unwrap_or(Path::new("apps"));
         let fed: HashSet<&str> = self
@@ -547,6 +555,20 @@ impl AppsConfig {
             .collect();
         let mut out = Vec::new();
         for app in &self.apps {
+            for name in app.forwarders.iter().filter(|n| !is_sender(n)) {
+                out.push(
+                    Problem {
+                        line: app.line,
+                        app: Some(app.name.clone()),
+                        key: Some("forwarders".into()),
+                        what: format!("sender {name} is not in the senders file"),
+                        fix: "it cannot forward to this app until the senders file lists it under this name (the \
+                              forwarding node's public key: `pure-serve pubkey` on it), or correct the name"
+                            .into(),
+                    }
+                    .render(path),
+                );
+            }
             let Accept::Only(names) = &app.accept else {
                 continue;
             };
@@ -613,6 +635,27 @@ impl AppsConfig {
     /// Outlets of all apps.
     pub fn outlet_count(&self) -> usize {
         self.apps.iter().map(|a| a.outlets.len()).sum()
+    }
+
+    /// Which apps take forwarded records and from whom, as `check` says it: an operator who upgrades sees at once
+    /// that other nodes' outlets to an app without `forwarders` are refused (docs/apps.md).
+    pub fn forwarding_summary(&self) -> String {
+        let taking: Vec<String> = self
+            .apps
+            .iter()
+            .filter(|a| !a.forwarders.is_empty())
+            .map(|a| format!("{} from {}", a.name, a.forwarders.join(", ")))
+            .collect();
+        if taking.is_empty() {
+            "no app takes forwarded records (no `forwarders`): outlets of other nodes sending here are refused \
+             (REFUSE reason 3)"
+                .to_string()
+        } else {
+            format!(
+                "forwarded records are taken by app {}; other senders' are refused (REFUSE reason 3)",
+                taking.join("; app ")
+            )
+        }
     }
 
     /// `N apps (a, b), M outlets`, as `check` and the node's start line say it.
@@ -738,7 +781,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-const APP_KEYS: &[&str] = &["accept", "turn_records", "outlets"];
+const APP_KEYS: &[&str] = &["accept", "forwarders", "turn_records", "outlets"];
 const COMMON_OUTLET_KEYS: &[&str] = &["kind", "memory_bytes", "max_lag_records"];
 const KINDS: &[(&str, &[&str])] = &[
     ("link", &["to", "node_key", "app"]),
@@ -980,15 +1023,24 @@ impl Walk {
         let mut app = AppConfig {
             name: name.to_string(),
             accept: Accept::All,
+            forwarders: Vec::new(),
             turn_records: DEFAULT_TURN_RECORDS,
             outlets: Vec::new(),
             line: Some(line),
         };
+        // Line of the `forwarders` value: each forwarder must also be accepted, which is known after the loop.
+        let mut forwarders_at = None;
         for (k, v) in in_file_order(table) {
             match k.get_ref().as_ref() {
                 "accept" => {
                     if let Some(a) = self.accept(v, at("accept")) {
                         app.accept = a;
+                    }
+                }
+                "forwarders" => {
+                    if let Some(f) = self.forwarders(v, at("forwarders")) {
+                        forwarders_at = Some(self.lines.of(v.span().start));
+                        app.forwarders = f;
                     }
                 }
                 "turn_records" => {
@@ -1035,6 +1087,17 @@ impl Walk {
                 }
             }
         }
+        for f in app.forwarders.iter().filter(|f| !app.accept.allows(f)) {
+            self.problem_on(
+                forwarders_at,
+                at("forwarders"),
+                format!(
+                    "lists {f}, which accept does not: the node refuses its frames (REFUSE reason 2) before it \
+                     looks at whether they are forwarded"
+                ),
+                format!("add {f:?} to accept as well (or write accept = \"all\")"),
+            );
+        }
         Some(app)
     }
 
@@ -1060,44 +1123,80 @@ impl Walk {
                 );
                 None
             }
-            DeValue::Array(items) => {
-                let mut names: Vec<String> = Vec::new();
-                let mut ok = true;
-                for item in items.iter() {
-                    let Some(name) = self.string(item, at, FIX) else {
-                        ok = false;
-                        continue;
-                    };
-                    if !crate::senders::valid_name(name) {
-                        self.problem(
-                            Some(item.span()),
-                            at,
-                            format!("{name:?} is not a sender name"),
-                            format!(
-                                "names in the senders file are 1–{} letters, digits and . _ : @ -",
-                                crate::senders::MAX_NAME_LEN
-                            ),
-                        );
-                        ok = false;
-                    } else if names.iter().any(|n| n == name) {
-                        self.problem(
-                            Some(item.span()),
-                            at,
-                            format!("lists {name} twice"),
-                            "remove one (or was another sender meant?)",
-                        );
-                        ok = false;
-                    } else {
-                        names.push(name.to_string());
-                    }
-                }
-                ok.then_some(Accept::Only(names))
-            }
+            DeValue::Array(items) => self.sender_names(items, at, FIX).map(Accept::Only),
             _ => {
                 self.wrong_type(v, at, "\"all\" or a list of sender names", FIX);
                 None
             }
         }
+    }
+
+    /// `forwarders`: a list of sender names, and only a list. There is no "all" on purpose: a sender that may
+    /// forward says where each record came from and is believed (docs/protocol.md 5.4, 9), so each is named.
+    fn forwarders(&mut self, v: &Spanned<DeValue<'_>>, at: At<'_>) -> Option<Vec<String>> {
+        const FIX: &str = "list the nodes whose outlets forward to this app, by their names in the senders file, \
+                           such as forwarders = [\"edge-1\", \"edge-2\"]; the default, [], lets none";
+        match v.get_ref() {
+            DeValue::Array(items) => self.sender_names(items, at, FIX),
+            DeValue::String(s) if s == "all" => {
+                self.problem(
+                    Some(v.span()),
+                    at,
+                    "is \"all\", which forwarders does not take: a sender that may forward says where each record \
+                     came from and is believed, so a device among them could have its records stored as another's",
+                    FIX,
+                );
+                None
+            }
+            DeValue::String(s) if crate::senders::valid_name(s) => {
+                self.wrong_type(
+                    v,
+                    at,
+                    "a list of sender names",
+                    &format!("for this one sender write forwarders = [{s:?}]"),
+                );
+                None
+            }
+            _ => {
+                self.wrong_type(v, at, "a list of sender names", FIX);
+                None
+            }
+        }
+    }
+
+    /// A list of sender names (`accept`, `forwarders`): each in the senders file's grammar, none twice.
+    fn sender_names(&mut self, items: &DeArray<'_>, at: At<'_>, fix: &str) -> Option<Vec<String>> {
+        let mut names: Vec<String> = Vec::new();
+        let mut ok = true;
+        for item in items.iter() {
+            let Some(name) = self.string(item, at, fix) else {
+                ok = false;
+                continue;
+            };
+            if !crate::senders::valid_name(name) {
+                self.problem(
+                    Some(item.span()),
+                    at,
+                    format!("{name:?} is not a sender name"),
+                    format!(
+                        "names in the senders file are 1–{} letters, digits and . _ : @ -",
+                        crate::senders::MAX_NAME_LEN
+                    ),
+                );
+                ok = false;
+            } else if names.iter().any(|n| n == name) {
+                self.problem(
+                    Some(item.span()),
+                    at,
+                    format!("lists {name} twice"),
+                    "remove one (or was another sender meant?)",
+                );
+                ok = false;
+            } else {
+                names.push(name.to_string());
+            }
+        }
+        ok.then_some(names)
     }
 
     fn outlet(
@@ -1769,7 +1868,7 @@ fn parse_all(path: &Path, text: &str) -> (AppsConfig, Vec<Problem>) {
 pub struct ReloadPlan {
     /// Apps only in the new file: their stores are opened and they start taking input at the reload.
     pub added: Vec<String>,
-    /// Apps in both whose accept list, turn_records or outlets differ: applied at the reload.
+    /// Apps in both whose accept list, forwarders, turn_records or outlets differ: applied at the reload.
     pub changed: Vec<String>,
     /// Apps only in the old file. Removing (or renaming) an app needs a restart; until then it runs as before.
     pub needs_restart: Vec<String>,
@@ -1790,9 +1889,9 @@ fn same_outlet(a: &OutletConfig, b: &OutletConfig) -> bool {
 
 /// Compares the apps file in force with a new one: what a reload applies, and what only a restart can change.
 ///
-/// Applied: new apps (a store is opened), accept lists, turn_records, and outlets added, removed or changed. Not
-/// applied: an app that is gone from the file — its store is open, its turn and its outlets' backlogs are in
-/// flight, and its senders are mid-run; stopping it cleanly is what a restart does. A rename looks the same (one
+/// Applied: new apps (a store is opened), accept and forwarders lists, turn_records, and outlets added, removed or
+/// changed. Not applied: an app that is gone from the file — its store is open, its turn and its outlets' backlogs
+/// are in flight, and its senders are mid-run; stopping it cleanly is what a restart does. A rename looks the same (one
 /// app gone, one new), and it would start with an empty store, since the store is named after the app.
 pub fn plan_reload(old: &AppsConfig, new: &AppsConfig) -> ReloadPlan {
     let mut plan = ReloadPlan::default();
@@ -1814,6 +1913,21 @@ pub fn plan_reload(old: &AppsConfig, new: &AppsConfig) -> ReloadPlan {
             lines.push(format!(
                 "app {}: accept {} → {}",
                 n.name, o.accept, n.accept
+            ));
+        }
+        if o.forwarders != n.forwarders {
+            let list = |f: &[String]| {
+                if f.is_empty() {
+                    "none".to_string()
+                } else {
+                    f.join(", ")
+                }
+            };
+            lines.push(format!(
+                "app {}: forwarders {} → {}",
+                n.name,
+                list(&o.forwarders),
+                list(&n.forwarders)
             ));
         }
         if o.turn_records != n.turn_records {
@@ -1936,6 +2050,7 @@ mod tests {
             (s.name.as_str(), &s.accept, s.turn_records),
             ("sensors", &Accept::All, 16384)
         );
+        assert_eq!(s.forwarders, ["edge-1"]);
         assert_eq!(s.line, Some(2));
         let names: Vec<&str> = s.outlets.iter().map(|o| o.name.as_str()).collect();
         assert_eq!(names, ["cloud", "archive", "hook", "copy"], "file order");
@@ -1952,7 +2067,7 @@ mod tests {
             (s.outlets[0].memory_bytes, s.outlets[0].max_lag_records),
             (4 << 20, 0)
         );
-        assert_eq!(s.outlets[0].line, Some(6));
+        assert_eq!(s.outlets[0].line, Some(7));
         let OutletKind::Wire {
             url, app, ca_file, ..
         } = &s.outlets[1].kind
@@ -2046,7 +2161,7 @@ mod tests {
         assert!(
             err.contains(
                 "\n  /etc/pure-serve/apps.toml:2: app sensors, key acept: unknown key `acept`; did you mean \
-                 `accept`? the keys of an app are: accept, turn_records, outlets"
+                 `accept`? the keys of an app are: accept, forwarders, turn_records, outlets"
             ),
             "{err}"
         );
@@ -2365,6 +2480,53 @@ mod tests {
         }
     }
 
+    /// `forwarders` is a list of sender names and nothing else (no "all": each forwarder is believed about origins),
+    /// and each must be accepted too, or the node would refuse it before looking at its FORWARD frames.
+    #[test]
+    fn forwarders_lists() {
+        let c = parse("[apps.a]\nforwarders = [\"edge-1\", \"edge-2\"]\n[apps.b]\n").unwrap();
+        assert_eq!(c.apps[0].forwarders, ["edge-1", "edge-2"]);
+        assert!(c.apps[1].forwarders.is_empty(), "none by default");
+        assert!(AppsConfig::default_single().apps[0].forwarders.is_empty());
+        let c = parse("[apps.a]\naccept = [\"hall\", \"edge-1\"]\nforwarders = [\"edge-1\"]\n")
+            .unwrap();
+        assert_eq!(c.apps[0].forwarders, ["edge-1"]);
+        for (text, says) in [
+            (
+                "[apps.a]\nforwarders = \"all\"\n",
+                ":2: app a, key forwarders: is \"all\", which forwarders does not take",
+            ),
+            (
+                "[apps.a]\nforwarders = \"edge-1\"\n",
+                "for this one sender write forwarders = [\"edge-1\"]",
+            ),
+            (
+                "[apps.a]\nforwarders = true\n",
+                "must be a list of sender names, not a boolean",
+            ),
+            (
+                "[apps.a]\nforwarders = [\"edge-1\", \"edge-1\"]\n",
+                "lists edge-1 twice",
+            ),
+            (
+                "[apps.a]\nforwarders = [\"no spaces\"]\n",
+                "\"no spaces\" is not a sender name",
+            ),
+            (
+                "[apps.a]\naccept = [\"hall\"]\n\nforwarders = [\"edge-1\"]\n",
+                ":4: app a, key forwarders: lists edge-1, which accept does not: the node refuses its frames \
+                 (REFUSE reason 2) before it looks at whether they are forwarded; add \"edge-1\" to accept as well",
+            ),
+            (
+                "[apps.a]\nforwarder = [\"edge-1\"]\n",
+                "unknown key `forwarder`; did you mean `forwarders`?",
+            ),
+        ] {
+            let p = one(text);
+            assert!(p.contains(says), "{text:?}: {p}");
+        }
+    }
+
     #[test]
     fn headers_are_checked() {
         let hook = |h: &str| {
@@ -2514,9 +2676,19 @@ mod tests {
 
     #[test]
     fn warnings_for_unknown_senders_and_unfed_apps() {
-        let c = parse("[apps.a]\naccept = [\"hall\", \"attic\"]\n[apps.b]\naccept = []\n").unwrap();
+        let c = parse(
+            "[apps.a]\naccept = [\"hall\", \"attic\"]\n[apps.b]\naccept = []\n\
+             [apps.c]\nforwarders = [\"hall\", \"edge-9\"]\n",
+        )
+        .unwrap();
         let w = c.warnings(&|n| n == "hall");
-        assert_eq!(w.len(), 2, "{w:#?}");
+        assert_eq!(w.len(), 3, "{w:#?}");
+        assert!(
+            w[2].contains(
+                "apps.toml:5: app c, key forwarders: sender edge-9 is not in the senders file; it cannot forward"
+            ),
+            "{w:#?}"
+        );
         assert!(
             w[0].contains(
                 "apps.toml:1: app a, key accept: sender attic is not in the senders file"
@@ -2549,7 +2721,7 @@ mod tests {
             plan_reload(&old, &moved)
         );
         let new = parse(&format!(
-            "[apps.a]\naccept = [\"hall\"]\nturn_records = 100\n\
+            "[apps.a]\naccept = [\"hall\"]\nforwarders = [\"hall\"]\nturn_records = 100\n\
              [apps.a.outlets.up]\nkind = \"link\"\nto = \"h:2\"\nnode_key = \"{KEY_A}\"\n\
              [apps.a.outlets.new]\nkind = \"app\"\napp = \"b\"\n[apps.b]\n[apps.d]\n"
         ))
@@ -2561,6 +2733,7 @@ mod tests {
         let all = plan.lines.join("\n");
         for want in [
             "app a: accept every sender → 1 sender (hall)",
+            "app a: forwarders none → hall",
             "app a: turn_records 16384 → 100",
             "app a: outlet up changed: link to h:1, app a on node daMGbrvt… → link to h:2, app a on node daMGbrvt…",
             "app a: outlet new added (into app b of this host)",

@@ -327,6 +327,11 @@ fn hosted(config: &AppConfig) -> HostedApp {
                 AppAccept::Only(names.iter().map(|n| n.as_str().into()).collect())
             }
         },
+        forwarders: config
+            .forwarders
+            .iter()
+            .map(|n| n.as_str().into())
+            .collect(),
         turn_records: config.turn_records.max(1),
         paused: false,
         cannot_store: false,
@@ -1230,9 +1235,12 @@ impl Host {
         // Apps that stay: rules and outlets.
         for (app, new) in self.apps.iter_mut().zip(&effective) {
             let new = new.clone();
-            if app.config.accept != new.accept || app.config.turn_records != new.turn_records {
+            if app.config.accept != new.accept
+                || app.config.forwarders != new.forwarders
+                || app.config.turn_records != new.turn_records
+            {
                 done.applied.push(format!(
-                    "app {}: accept list and turn share updated",
+                    "app {}: accept list, forwarders and turn share updated",
                     new.name
                 ));
             }

@@ -112,7 +112,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         crate::keys::write_new_identity(&dir_a.join("node.key"), &key_a)?;
         let b_apps = AppsConfig::parse(
             std::path::Path::new("demo-b.toml"),
-            "[apps.ingest]\naccept = [\"node-a\"]\n",
+            "[apps.ingest]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n",
         )?;
         let b = LocalNode::start_apps(
             &dir_b,

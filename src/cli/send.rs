@@ -219,6 +219,9 @@ fn refuse_reason(reason: u8) -> &'static str {
     match reason {
         crate::proto::wire::REFUSE_NO_APP => "no such app on the node",
         crate::proto::wire::REFUSE_NOT_ACCEPTED => "the app does not accept this sender",
+        crate::proto::wire::REFUSE_NOT_FORWARDER => {
+            "the app takes no forwarded records from this sender"
+        }
         _ => "unknown reason",
     }
 }

@@ -244,6 +244,11 @@ pub fn check(input: &CheckInput) -> Report {
                 if own.is_empty() {
                     r.fine
                         .push(format!("apps {}: {}", path.display(), apps.summary()));
+                    r.fine.push(format!(
+                        "apps {}: {}",
+                        path.display(),
+                        apps.forwarding_summary()
+                    ));
                 }
                 r.problems.extend(own.iter().map(|p| p.render(path)));
                 if let Some(names) = &sender_names {
@@ -254,7 +259,9 @@ pub fn check(input: &CheckInput) -> Report {
         },
         None => {
             r.fine.push(format!(
-                "apps: no --apps file; the node hosts the one app `{DEFAULT_APP}`, which accepts every sender"
+                "apps: no --apps file; the node hosts the one app `{DEFAULT_APP}`, which accepts every sender and \
+                 lets none forward to it: outlets of other nodes sending here are refused (REFUSE reason 3) until an \
+                 apps file lists them in `forwarders` (docs/apps.md)"
             ));
             descriptors(&mut r, &AppsConfig::default_single());
         }
@@ -429,9 +436,35 @@ mod tests {
             "{:?}",
             r.fine
         );
+        assert!(
+            r.fine.iter().any(|f| f.ends_with(
+                "apps.toml: no app takes forwarded records (no `forwarders`): outlets of \
+                                      other nodes sending here are refused (REFUSE reason 3)"
+            )),
+            "{:?}",
+            r.fine
+        );
         assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
         assert!(
             r.warnings[0].contains("sender attic is not in the senders file"),
+            "{:?}",
+            r.warnings
+        );
+        // Forwarders: said in a line of their own, and a name the senders file lacks is warned of like accept's.
+        std::fs::write(&apps, "[apps.a]\nforwarders = [\"hall\", \"edge-9\"]\n").unwrap();
+        let r = check(&input);
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        assert!(
+            r.fine.iter().any(|f| f.ends_with(
+                "apps.toml: forwarded records are taken by app a from hall, edge-9; other senders' are refused \
+                 (REFUSE reason 3)"
+            )),
+            "{:?}",
+            r.fine
+        );
+        assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+        assert!(
+            r.warnings[0].contains("key forwarders: sender edge-9 is not in the senders file"),
             "{:?}",
             r.warnings
         );

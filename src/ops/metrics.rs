@@ -141,7 +141,7 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
             c.stored_records
         );
     }
-    let simple: [(&str, &str, &str, u64); 20] = [
+    let simple: [(&str, &str, &str, u64); 22] = [
         (
             "pure_records_duplicate_total",
             "counter",
@@ -169,8 +169,20 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
         (
             "pure_frames_refused_total",
             "counter",
-            "DATA frames for an app this node does not host.",
+            "DATA and FORWARD frames for an app this node does not host, or that does not accept their sender (REFUSE reasons 1 and 2).",
             c.refused_frames,
+        ),
+        (
+            "pure_forward_frames_refused_total",
+            "counter",
+            "FORWARD frames refused because the app does not let their sender forward (REFUSE reason 3, docs/protocol.md 5.4): a sender claiming records of others, or a node missing from the app's forwarders.",
+            c.forward_refused_frames,
+        ),
+        (
+            "pure_forward_records_refused_total",
+            "counter",
+            "Records in those FORWARD frames: none of them stored.",
+            c.forward_refused_records,
         ),
         (
             "pure_x25519_total",
@@ -531,6 +543,8 @@ mod tests {
         };
         s.counters.stored_records = 42;
         s.counters.drops[DropReason::Auth as usize] = 5;
+        s.counters.forward_refused_frames = 2;
+        s.counters.forward_refused_records = 7;
         let page = render(
             &s,
             ProcessFigures {
@@ -543,6 +557,8 @@ mod tests {
         assert!(page.contains("pure_drops_total{stage=\"auth\"} 5\n"));
         assert!(page.contains("pure_drops_total{stage=\"turn_full\"} 0\n"));
         assert!(page.contains("pure_sessions_active 2\n"));
+        assert!(page.contains("pure_forward_frames_refused_total 2\n"));
+        assert!(page.contains("pure_forward_records_refused_total 7\n"));
         assert!(page.contains("pure_threads 3\n"));
         assert!(page.contains("# TYPE pure_x25519_total counter\n"));
         assert!(!page.contains("sender="));

@@ -73,6 +73,35 @@ pub struct Client {
     connection: Option<SendRequest<Full<Bytes>>>,
 }
 
+/// What to do about a failed TLS handshake, for the errors an operator meets: a far side whose certificate this
+/// node cannot trust (its own CA, not given), has expired, or names another host.
+fn tls_hint(e: &std::io::Error) -> &'static str {
+    use rustls::CertificateError;
+    let Some(rustls::Error::InvalidCertificate(cert)) = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    else {
+        return "";
+    };
+    match cert {
+        CertificateError::UnknownIssuer => {
+            " (its certificate is not signed by a CA this node trusts: give the outlet `ca_file` with that CA's \
+             PEM file in the apps file, or add the CA to the system's certificates)"
+        }
+        CertificateError::BadSignature => {
+            " (its certificate does not verify with the CAs this node trusts: is the outlet's `ca_file` the CA that \
+             signed it?)"
+        }
+        CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+            " (its certificate has expired: renew it on the far side; check this host's clock too)"
+        }
+        CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
+            " (its certificate is for another name: the outlet's URL must use a host name the certificate lists)"
+        }
+        _ => "",
+    }
+}
+
 /// Builds the TLS client configuration: the CA file's certificates, or the system's roots.
 pub fn tls_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, HttpError> {
     let mut roots = rustls::RootCertStore::empty();
@@ -166,7 +195,7 @@ impl Client {
                     .await
                     .map_err(|e| HttpError::Tls {
                         host: self.url.host.clone(),
-                        why: e.to_string(),
+                        why: format!("{e}{}", tls_hint(&e)),
                     })?;
                 let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                     .await

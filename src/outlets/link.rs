@@ -5,14 +5,17 @@
 //!
 //! 1. resolve the far node's name (on the loop, [`crate::sending::dns`]) and open a UDP socket to it;
 //! 2. probe the far app: its heard sequence `h` for this node is where the outlet got to before, since the
-//!    forwarded flow is numbered by the app's positions (docs/store.md); ask the host to feed from `h + 1`;
+//!    forwarded flow is numbered by the app's positions (docs/store.md); ask the host to feed from `h + 1`. The
+//!    probe is a FORWARD frame, so a far app that does not let this node forward refuses it at once (REFUSE reason
+//!    3, docs/protocol.md 5.4) and the operator is told what to add there before any record is sent;
 //! 3. queue what the host feeds, send (packets filled to the datagram size), take acks; report the stored position
 //!    to the host, which frees memory and lets it feed more.
 //!
 //! A run ends, and the next starts from a new probe, when the far side says something only a restart can fix (it
-//! went back or ahead of this flow, or refused the app) or after three retransmission rounds with no answer — then
-//! the name is resolved again, in case the far node moved. Nothing is lost between runs: what was not acknowledged
-//! is in the store and is fed again from the far side's heard sequence.
+//! went back or ahead of this flow; or it refused the app or this node's forwarding — then after a wait, since
+//! only the far node's operator can fix that) or after three retransmission rounds with no answer — then the name
+//! is resolved again, in case the far node moved. Nothing is lost between runs: what was not acknowledged is in the
+//! store and is fed again from the far side's heard sequence.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -121,6 +124,8 @@ pub(super) struct Forwarding {
     far_app: String,
     /// The far side, for messages.
     far: String,
+    /// This node's public key, base64: what the far node's senders file must list.
+    own_key: String,
     /// The next position to queue, once the far side told us where it stands.
     next: Option<u64>,
     held: Held,
@@ -154,6 +159,7 @@ impl Forwarding {
             sender,
             far_app: far_app.to_string(),
             far: far.to_string(),
+            own_key: crate::keys::encode_key(identity.public()),
             next: None,
             held: Held::default(),
             rounds_at_progress: 0,
@@ -250,13 +256,19 @@ impl Forwarding {
                     );
                 }
                 SenderEvent::Refused { reason, .. } => {
+                    let (far_app, key) = (&self.far_app, &self.own_key);
                     let why = match reason {
                         wire::REFUSE_NO_APP => "has no such app".to_string(),
-                        wire::REFUSE_NOT_ACCEPTED => {
-                            "does not accept this node (list this node's public key in \
-                             its senders file and the app's accept list)"
-                                .to_string()
-                        }
+                        wire::REFUSE_NOT_ACCEPTED => format!(
+                            "does not accept this node (REFUSE reason 2): on that node, list this node's public \
+                             key {key} in its senders file, and its name there in accept and forwarders of \
+                             [apps.{far_app}] in its apps file (docs/apps.md)"
+                        ),
+                        wire::REFUSE_NOT_FORWARDER => format!(
+                            "does not let this node forward to it (REFUSE reason 3): on that node, add this \
+                             node's name in its senders file to `forwarders` of [apps.{far_app}] in its apps \
+                             file (docs/apps.md) and reload it; this node's public key is {key}"
+                        ),
                         r => format!("refused it (reason {r})"),
                     };
                     outlet.error(

@@ -146,15 +146,9 @@ pub async fn run(outlet: Arc<Outlet>, target: WebhookTarget, node: String, dns: 
                 backoff = Duration::ZERO;
             }
             Ok((status, answer)) => {
-                let text = String::from_utf8_lossy(&answer[..answer.len().min(200)]).to_string();
                 outlet.error(
                     "http",
-                    format!(
-                        "{far} answered {status} to the batch of positions {}–{}: {}",
-                        b.first,
-                        b.last,
-                        text.trim()
-                    ),
+                    refused_batch(&far, status, b.first, b.last, &answer),
                 );
                 backoff = (backoff * 2).clamp(Duration::from_millis(500), BACKOFF_MAX);
             }
@@ -169,9 +163,32 @@ pub async fn run(outlet: Arc<Outlet>, target: WebhookTarget, node: String, dns: 
     }
 }
 
+/// What the outlet says of a batch the receiver answered with a status other than 2xx: the start of the answer's
+/// body when it has one, nothing after the status when it has none.
+fn refused_batch(far: &str, status: u16, first: u64, last: u64, answer: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&answer[..answer.len().min(200)]).to_string();
+    let said = match text.trim() {
+        "" => String::new(),
+        t => format!(": {t}"),
+    };
+    format!("{far} answered {status} to the batch of positions {first}–{last}{said}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_batch_is_said_with_the_body_if_any() {
+        assert_eq!(
+            refused_batch("https://h/x", 500, 1, 2, b""),
+            "https://h/x answered 500 to the batch of positions 1–2"
+        );
+        assert_eq!(
+            refused_batch("https://h/x", 503, 3, 9, b" busy\n"),
+            "https://h/x answered 503 to the batch of positions 3–9: busy"
+        );
+    }
     use crate::ops::wake::Wake;
     use crate::proto::wire::{RecordFormat, put_record};
 

@@ -30,6 +30,10 @@ pub const DEFAULT_SESSIONS_PER_SENDER: usize = 16;
 /// Sessions in all by default, when the driver does not size it from memory (about 600 B each, research/007).
 pub const DEFAULT_MAX_SESSIONS: usize = 1 << 20;
 
+/// (sender, app) pairs whose refused FORWARD frames are told to the driver, once each until the next reload
+/// ([`Node::take_forward_refusals`]): past this many, refusals are only counted, so a flood of them costs no memory.
+const FORWARD_REFUSALS_TOLD: usize = 1024;
+
 /// Records in one turn before the node stops adding to it (BRIEF.md: bound the work per round). Measured in
 /// research/001: big enough that the fsync of a commit is shared by many records.
 pub const TURN_RECORDS: u64 = 16_384;
@@ -157,7 +161,14 @@ pub struct NodeCounters {
     pub sessions_evicted: u64,
     pub acks_sent: u64,
     pub ack_frames_deferred: u64,
+    /// DATA and FORWARD frames refused for an app this node does not host or that does not accept their sender
+    /// (REFUSE reasons 1 and 2).
     pub refused_frames: u64,
+    /// FORWARD frames refused because the app does not let their sender forward (REFUSE reason 3, protocol.md 5.4),
+    /// and the records in them, none stored: a device claiming other senders' records, or a node not yet listed
+    /// in the app's `forwarders`.
+    pub forward_refused_frames: u64,
+    pub forward_refused_records: u64,
     pub stored_records: u64,
     pub duplicate_records: u64,
     pub gap_records: u64,
@@ -179,6 +190,13 @@ impl NodeCounters {
     pub fn total_dropped(&self) -> u64 {
         self.drops.iter().sum()
     }
+}
+
+/// A sender whose FORWARD frames an app refused (REFUSE reason 3), for the driver to tell the operator once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardRefusal {
+    pub sender: String,
+    pub app: String,
 }
 
 /// What [`Node::replace_senders`] did.
@@ -231,11 +249,15 @@ impl AppAccept {
     }
 }
 
-/// An app as the node core sees it: its name, who may send to it, and its share of a turn.
+/// An app as the node core sees it: its name, who may send to it (and forward to it), and its share of a turn.
 #[derive(Debug, Clone)]
 pub struct HostedApp {
     pub name: String,
     pub accept: AppAccept,
+    /// Senders whose FORWARD frames the app takes (docs/apps.md, `forwarders`; protocol.md 5.4). A forwarded
+    /// record's origin is its sender's word, so only named nodes may give one; everyone else's are refused
+    /// (REFUSE reason 3). Empty: none.
+    pub forwarders: HashSet<Box<str>>,
     /// Most records of this app in one turn (docs/apps.md, `turn_records`): a busy app cannot fill every turn.
     pub turn_records: u64,
     /// Set by the host when the app must not take input (its store cannot commit, or an outlet is past its lag
@@ -247,11 +269,12 @@ pub struct HostedApp {
 }
 
 impl HostedApp {
-    /// An app that takes every listed sender, with the default share of a turn.
+    /// An app that takes every listed sender (and forwarded records from none), with the default share of a turn.
     pub fn open(name: &str) -> Self {
         HostedApp {
             name: name.to_string(),
             accept: AppAccept::All,
+            forwarders: HashSet::new(),
             turn_records: TURN_RECORDS,
             paused: false,
             cannot_store: false,
@@ -292,6 +315,10 @@ pub struct Node {
     max_sessions: usize,
     /// The total was reached: the next sweep takes sessions quiet for a quarter of `idle`, not all of it.
     pressure: bool,
+    /// Refused FORWARD frames not yet told, by (sender, app), and the pairs told since the last reload (at most
+    /// [`FORWARD_REFUSALS_TOLD`]): one log line per pair, not one per packet.
+    forward_refusals: Vec<(SenderIndex, AppIndex)>,
+    forward_refusals_told: HashSet<(SenderIndex, AppIndex)>,
     counters: NodeCounters,
 }
 
@@ -354,6 +381,8 @@ impl Node {
             sessions_per_sender: DEFAULT_SESSIONS_PER_SENDER,
             max_sessions: DEFAULT_MAX_SESSIONS,
             pressure: false,
+            forward_refusals: Vec::new(),
+            forward_refusals_told: HashSet::new(),
             counters: NodeCounters::default(),
         }
     }
@@ -416,6 +445,22 @@ impl Node {
         );
         self.turn_app_records.resize(apps.len(), 0);
         self.apps = apps;
+        // The rules changed: a sender still refused is told again.
+        self.forward_refusals_told.clear();
+    }
+
+    /// Senders whose FORWARD frames an app refused since the last call, each (sender, app) once until the apps or
+    /// the senders are reloaded: what the driver logs, with the fix (docs/apps.md, `forwarders`).
+    pub fn take_forward_refusals(&mut self) -> Vec<ForwardRefusal> {
+        std::mem::take(&mut self.forward_refusals)
+            .into_iter()
+            .filter_map(|(sender, app)| {
+                Some(ForwardRefusal {
+                    sender: self.senders.name(sender).to_string(),
+                    app: self.apps.get(app as usize)?.name.clone(),
+                })
+            })
+            .collect()
     }
 
     /// Says whether an app's store can commit (see [`HostedApp::cannot_store`]).
@@ -897,19 +942,37 @@ impl Node {
         let sender = session.sender;
         let mut added = false;
         for (app, d) in resolved {
+            // In the order of protocol.md 5.4: no such app, not accepted, and only then a FORWARD frame from a sender
+            // the app does not let forward. A DATA frame of the same sender is not affected.
             let refusal = match app {
                 None => Some(wire::REFUSE_NO_APP),
-                Some(i)
-                    if !self.apps[i as usize]
-                        .accept
-                        .allows(self.senders.name(sender)) =>
-                {
-                    Some(wire::REFUSE_NOT_ACCEPTED)
+                Some(i) => {
+                    let hosted = &self.apps[i as usize];
+                    let name = self.senders.name(sender);
+                    if !hosted.accept.allows(name) {
+                        Some(wire::REFUSE_NOT_ACCEPTED)
+                    } else if d.format == wire::RecordFormat::Forwarded
+                        && !hosted.forwarders.contains(name)
+                    {
+                        Some(wire::REFUSE_NOT_FORWARDER)
+                    } else {
+                        None
+                    }
                 }
-                Some(_) => None,
             };
             if let Some(reason) = refusal {
-                self.counters.refused_frames += 1;
+                if reason == wire::REFUSE_NOT_FORWARDER {
+                    self.counters.forward_refused_frames += 1;
+                    self.counters.forward_refused_records += d.count;
+                    if let Some(i) = app
+                        && self.forward_refusals_told.len() < FORWARD_REFUSALS_TOLD
+                        && self.forward_refusals_told.insert((sender, i))
+                    {
+                        self.forward_refusals.push((sender, i));
+                    }
+                } else {
+                    self.counters.refused_frames += 1;
+                }
                 if !session.refusals.iter().any(|(a, _)| &a[..] == d.app) {
                     session.refusals.push((d.app.into(), reason));
                 }
@@ -1165,6 +1228,14 @@ impl Node {
         }
         let removed_set: HashSet<SessionId> = removed.iter().copied().collect();
         self.ack_candidates.retain(|id| !removed_set.contains(id));
+        // Refusals not yet told hold indices into the old list (a sender no longer listed is not told); under the
+        // new list every pair is told afresh.
+        let pending = std::mem::take(&mut self.forward_refusals);
+        self.forward_refusals = pending
+            .into_iter()
+            .filter_map(|(s, a)| remap(s).map(|s| (s, a)))
+            .collect();
+        self.forward_refusals_told.clear();
         let new_len = self.senders.len();
         Ok(SendersReplaced {
             senders: new_len,
@@ -1587,6 +1658,254 @@ mod tests {
         assert!(node.counters().ack_frames_deferred > 0);
         assert_eq!(got.len(), apps.len(), "every flow got its ACK: {got:?}");
         assert!(got.values().all(|&h| h == heard));
+    }
+
+    /// Opens a node packet for (sender, run) and returns its REFUSE frames as (app, reason).
+    fn refusals_in(
+        sender: &Identity,
+        node: &PublicKeyBytes,
+        run_id: u64,
+        epoch: u64,
+        bytes: &[u8],
+    ) -> Vec<(Vec<u8>, u8)> {
+        let shared = sender.shared_secret(node).unwrap();
+        let key = crypto::node_to_sender_key(&shared, run_id, epoch, sender.public(), node);
+        let header = wire::NodeHeader::parse(bytes).unwrap();
+        let mut buf = bytes.to_vec();
+        let len =
+            crypto::open(&key, header.packet_number, &mut buf, wire::NODE_HEADER_LEN).unwrap();
+        wire::parse_node_frames(&buf[wire::NODE_HEADER_LEN..wire::NODE_HEADER_LEN + len])
+            .unwrap()
+            .into_iter()
+            .filter_map(|f| match f {
+                wire::NodeFrame::Refuse { app, reason } => Some((app.to_vec(), reason)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// One stored record as the tests compare it: source, seq, origin (name and sequence), payload.
+    type Seen = (String, u64, Option<(String, u64)>, Vec<u8>);
+
+    /// Every record of app 0.
+    fn stored(stores: &Stores) -> Vec<Seen> {
+        let mut v = Vec::new();
+        stores
+            .app(0)
+            .unwrap()
+            .for_each_record_view(None, 0, |r| {
+                v.push((
+                    r.source.to_string(),
+                    r.seq,
+                    r.origin.map(|(o, q)| (o.to_string(), q)),
+                    r.payload.to_vec(),
+                ));
+                true
+            })
+            .unwrap();
+        v
+    }
+
+    /// A forwarded record's origin is its sender's word (protocol.md 5.4), so only an app's forwarders may send
+    /// FORWARD frames. A device the app accepts has its FORWARD frames refused (reason 3) and counted, probes too,
+    /// with nothing of them stored, while its DATA frame in the same packet is stored; a forwarder's FORWARD frame
+    /// is stored with its origins. The driver is told of each refused (sender, app) once.
+    #[test]
+    fn forward_frames_are_taken_only_from_the_apps_forwarders() {
+        let node_id = Identity::generate();
+        let (dev, edge) = (Identity::generate(), Identity::generate());
+        let list = Arc::new(AllowList::from_unique(vec![
+            ("dev".to_string(), *dev.public()),
+            ("edge".to_string(), *edge.public()),
+        ]));
+        let mut node = test_node(&node_id, list);
+        node.set_apps(vec![HostedApp {
+            forwarders: ["edge".into()].into_iter().collect(),
+            ..HostedApp::open("main")
+        }]);
+        let mut store = memory_store();
+        let now = Instant::now();
+        let round = |node: &mut Node, store: &mut Stores, packet: &[u8], port: u16| {
+            node.handle_datagram(now, addr(port), packet, &mut NoMemo);
+            if let Some(turn) = node.take_turn() {
+                let committed = store.apply_turn(&turn, &node.senders().clone()).unwrap();
+                node.handle_committed(&committed);
+            }
+            node.flush_acks();
+            let t = node.poll_transmit().expect("an answer");
+            assert_eq!(t.to, addr(port));
+            assert!(node.poll_transmit().is_none());
+            t.bytes
+        };
+        // The device forges two records of legit0 in a FORWARD frame, then sends one of its own in a DATA frame.
+        let mut frames = Vec::new();
+        wire::put_frame_header(&mut frames, wire::RecordFormat::Forwarded, b"main", 1, 2);
+        wire::Forwarded::put(&mut frames, b"legit0", 7, b"forged 7");
+        wire::Forwarded::put(&mut frames, b"legit0", 7, b"forged 7 again");
+        wire::put_data_header(&mut frames, b"main", 1, 1);
+        wire::put_record(&mut frames, b"own");
+        let answer = round(
+            &mut node,
+            &mut store,
+            &raw_packet(&dev, node_id.public(), 1, 0, &frames),
+            1,
+        );
+        assert_eq!(
+            refusals_in(&dev, node_id.public(), 1, 1, &answer),
+            vec![(b"main".to_vec(), wire::REFUSE_NOT_FORWARDER)]
+        );
+        assert_eq!(
+            acks_in(&dev, node_id.public(), 1, 1, &answer),
+            vec![(b"main".to_vec(), 1)],
+            "its DATA frame is stored and acked"
+        );
+        let c = node.counters();
+        assert_eq!(
+            (c.forward_refused_frames, c.forward_refused_records),
+            (1, 2)
+        );
+        assert_eq!(c.refused_frames, 0, "reasons 1 and 2 are counted apart");
+        assert_eq!(c.stored_records, 1);
+        assert_eq!(
+            stored(&store),
+            vec![("dev".to_string(), 1, None, b"own".to_vec())]
+        );
+        // A FORWARD probe of the device is refused too, and gets no ACK.
+        let mut probe = Vec::new();
+        wire::put_frame_header(&mut probe, wire::RecordFormat::Forwarded, b"main", 0, 0);
+        let answer = round(
+            &mut node,
+            &mut store,
+            &raw_packet(&dev, node_id.public(), 1, 1, &probe),
+            1,
+        );
+        assert_eq!(
+            refusals_in(&dev, node_id.public(), 1, 1, &answer),
+            vec![(b"main".to_vec(), wire::REFUSE_NOT_FORWARDER)]
+        );
+        assert!(acks_in(&dev, node_id.public(), 1, 1, &answer).is_empty());
+        assert_eq!(node.counters().forward_refused_frames, 2);
+        // Told once for the pair, though refused twice.
+        assert_eq!(
+            node.take_forward_refusals(),
+            vec![ForwardRefusal {
+                sender: "dev".into(),
+                app: "main".into()
+            }]
+        );
+        assert!(node.take_forward_refusals().is_empty());
+        // The forwarder's FORWARD frame is stored with its origins.
+        let mut frames = Vec::new();
+        wire::put_frame_header(&mut frames, wire::RecordFormat::Forwarded, b"main", 1, 1);
+        wire::Forwarded::put(&mut frames, b"legit0", 7, b"genuine 7");
+        let answer = round(
+            &mut node,
+            &mut store,
+            &raw_packet(&edge, node_id.public(), 2, 0, &frames),
+            2,
+        );
+        assert!(refusals_in(&edge, node_id.public(), 2, 1, &answer).is_empty());
+        assert_eq!(
+            acks_in(&edge, node_id.public(), 2, 1, &answer),
+            vec![(b"main".to_vec(), 1)]
+        );
+        assert_eq!(
+            stored(&store),
+            vec![
+                ("dev".to_string(), 1, None, b"own".to_vec()),
+                (
+                    "edge".to_string(),
+                    1,
+                    Some(("legit0".to_string(), 7)),
+                    b"genuine 7".to_vec()
+                ),
+            ]
+        );
+        assert_eq!(node.counters().forward_refused_frames, 2);
+        // A reload that lets the device forward too: its next FORWARD frame is taken.
+        node.set_apps(vec![HostedApp {
+            forwarders: ["edge".into(), "dev".into()].into_iter().collect(),
+            ..HostedApp::open("main")
+        }]);
+        let mut frames = Vec::new();
+        wire::put_frame_header(&mut frames, wire::RecordFormat::Forwarded, b"main", 2, 1);
+        wire::Forwarded::put(&mut frames, b"hall", 1, b"relayed");
+        let answer = round(
+            &mut node,
+            &mut store,
+            &raw_packet(&dev, node_id.public(), 1, 2, &frames),
+            1,
+        );
+        assert!(refusals_in(&dev, node_id.public(), 1, 1, &answer).is_empty());
+        assert_eq!(node.counters().stored_records, 3);
+    }
+
+    /// A forwarding node's flow starts with a FORWARD probe (protocol.md 5.4): a far app that does not let it
+    /// forward refuses the probe (reason 3) before any record is sent, and the sender says so; one that does
+    /// answers it with the heard sequence, and the records follow.
+    #[test]
+    fn a_forwarded_flow_probes_with_forward_and_learns_of_a_refusal_before_sending() {
+        use crate::proto::sender::{FlowStart, SenderEvent};
+        let node_id = Identity::generate();
+        let edge = Identity::generate();
+        let list = Arc::new(AllowList::from_unique(vec![(
+            "edge".to_string(),
+            *edge.public(),
+        )]));
+        let mut node = test_node(&node_id, list);
+        let mut store = memory_store();
+        let mut now = Instant::now();
+        let run = |node: &mut Node, store: &mut Stores, now: &mut Instant| {
+            let mut s = Sender::new(SenderConfig::new(edge.clone(), *node_id.public())).unwrap();
+            s.open_flow_as("main", FlowStart::Probe, wire::RecordFormat::Forwarded)
+                .unwrap();
+            s.queue_forwarded("main", b"dev", 41, b"hello").unwrap();
+            deliver(node, store, &mut s, 1, now);
+            let mut events = Vec::new();
+            while let Some(e) = s.poll_event() {
+                events.push(e);
+            }
+            (s.unacked_total(), events)
+        };
+        let (unacked, events) = run(&mut node, &mut store, &mut now);
+        assert_eq!(
+            events,
+            vec![SenderEvent::Refused {
+                app: "main".into(),
+                reason: wire::REFUSE_NOT_FORWARDER
+            }]
+        );
+        assert_eq!(unacked, 0, "a refused flow holds nothing");
+        let c = node.counters();
+        assert_eq!(
+            (c.forward_refused_frames, c.forward_refused_records),
+            (1, 0),
+            "only the probe was sent"
+        );
+        assert_eq!(c.stored_records, 0);
+        node.set_apps(vec![HostedApp {
+            forwarders: ["edge".into()].into_iter().collect(),
+            ..HostedApp::open("main")
+        }]);
+        let (unacked, events) = run(&mut node, &mut store, &mut now);
+        assert_eq!(unacked, 0);
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, SenderEvent::Refused { .. })),
+            "{events:?}"
+        );
+        assert_eq!(node.counters().stored_records, 1);
+        assert_eq!(node.counters().forward_refused_frames, 1);
+        assert_eq!(
+            stored(&store),
+            vec![(
+                "edge".to_string(),
+                1,
+                Some(("dev".to_string(), 41)),
+                b"hello".to_vec()
+            )]
+        );
     }
 
     /// Apps' rules in the core: an accept list refuses with reason 2, a paused app takes nothing (and owes no ack),

@@ -515,7 +515,9 @@ impl Sender {
             if !f.synced && !f.refused && !f.probe_outstanding {
                 let len = wire::data_header_len(f.app.as_bytes(), 0, 0);
                 if out.len() + len <= limit {
-                    wire::put_data_header(out, f.app.as_bytes(), 0, 0);
+                    // In the flow's own frame type: a forwarding node's FORWARD probe is refused at once by a far
+                    // app that does not let it forward (protocol.md 5.4), before any record is sent.
+                    wire::put_frame_header(out, f.format, f.app.as_bytes(), 0, 0);
                     f.probe_outstanding = true;
                 }
                 continue;

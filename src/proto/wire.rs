@@ -58,6 +58,9 @@ pub const MAX_ORIGIN_LEN: usize = 64;
 pub const REFUSE_NO_APP: u8 = 1;
 /// REFUSE reason: the app does not accept this sender.
 pub const REFUSE_NOT_ACCEPTED: u8 = 2;
+/// REFUSE reason: the app accepts this sender but does not let it forward (protocol.md 5.4): its FORWARD frames,
+/// which say where each record came from, are not applied.
+pub const REFUSE_NOT_FORWARDER: u8 = 3;
 /// NOT_STORED reason: the app's store cannot commit (a full or read-only disk, a store deleted under the node).
 pub const NOT_STORED_STORE_FAILING: u8 = 1;
 

@@ -660,6 +660,19 @@ impl ReadyNode {
         udp.clear();
         self.udp_out = udp;
         self.link_requests.answer_finished(self.host.finished_seq());
+        for r in self.node.take_forward_refusals() {
+            tracing::warn!(
+                app = %r.app,
+                sender = %r.sender,
+                "app {app} refused forwarded records (FORWARD frames) from sender {sender}: it is not in the app's \
+                 forwarders, so none is stored (pure_forward_records_refused_total counts them). If {sender} is a \
+                 node whose outlet forwards to this one, add it to forwarders of [apps.{app}] in the apps file \
+                 (without --apps: an apps file with [apps.main] and forwarders = [\"{sender}\"]) and reload \
+                 (docs/apps.md); if it is a device, it is claiming other senders' records",
+                app = r.app,
+                sender = r.sender,
+            );
+        }
         let secrets = self.node.take_new_secrets();
         if let Err(e) = self.memo.put_all(&secrets) {
             tracing::warn!(
@@ -1136,6 +1149,7 @@ fn log_summary(before: &NodeCounters, now: &NodeCounters, sessions: usize) {
         x25519 = now.x25519 - before.x25519,
         x25519_wasted = (now.x25519 - now.x25519_authentic) - (before.x25519 - before.x25519_authentic),
         cookies = now.cookies_sent - before.cookies_sent,
+        forward_refused = now.forward_refused_frames - before.forward_refused_frames,
         drops = %if drops.is_empty() { "none".to_string() } else { drops.join(" ") },
         "link summary"
     );

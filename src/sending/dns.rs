@@ -104,7 +104,7 @@ impl Resolver {
             }),
             Ok(Err(e)) => Err(DnsError::NoAnswer {
                 name: host.to_string(),
-                why: e.to_string(),
+                why: lookup_failure(&e),
             }),
             Ok(Ok(ips)) => {
                 let all: Vec<IpAddr> = ips.iter().collect();
@@ -118,6 +118,18 @@ impl Resolver {
                     })
             }
         }
+    }
+}
+
+/// A failed lookup in words: hickory's own text for an empty answer is a debug dump of one of the two queries
+/// (naming only AAAA, say), when both the IPv4 and the IPv6 address were asked for.
+fn lookup_failure(e: &hickory_resolver::net::NetError) -> String {
+    if e.is_nx_domain() {
+        "no such name (the name server answered NXDOMAIN): check the host in the outlet's `to` or `url`".into()
+    } else if e.is_no_records_found() {
+        "the name has no address (no A or AAAA record): check the host in the outlet's `to` or `url`".into()
+    } else {
+        e.to_string()
     }
 }
 

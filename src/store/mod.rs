@@ -348,11 +348,17 @@ pub struct Applied {
     pub new_chunks: Vec<Chunk>,
 }
 
+/// When a turn is stored, in milliseconds since the Unix epoch, for `stored_at`. Never 0, which the layout keeps
+/// for "stored before the time was kept" (docs/store.md): a clock at or before the epoch (a Raspberry Pi without a
+/// real-time clock, before NTP) stamps 1.
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    stamp_ms(std::time::SystemTime::now())
+}
+
+fn stamp_ms(now: std::time::SystemTime) -> i64 {
+    now.duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_millis() as i64)
+        .max(1)
 }
 
 impl AppStore {
@@ -1451,6 +1457,14 @@ mod tests {
             t.record_count += count;
         }
         t
+    }
+
+    #[test]
+    fn a_record_stored_at_the_epoch_is_stamped_not_unknown() {
+        use std::time::{Duration, UNIX_EPOCH};
+        assert_eq!(stamp_ms(UNIX_EPOCH), 1);
+        assert_eq!(stamp_ms(UNIX_EPOCH - Duration::from_secs(5)), 1);
+        assert_eq!(stamp_ms(UNIX_EPOCH + Duration::from_millis(7)), 7);
     }
 
     #[test]
