@@ -42,6 +42,8 @@ pub fn start(state: &Path, args: &[String], link_port: u16, http_port: u16) -> N
         .args(["--bind", "127.0.0.1"])
         .args(["--link-port", &link_port.to_string()])
         .args(["--http-port", &http_port.to_string()])
+        // A fixed HTTP port would put the metrics at the default 7382, where nodes side by side collide.
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .args(args)
         .env("RUST_LOG", "info")
         .env_remove("NOTIFY_SOCKET")
