@@ -1540,6 +1540,122 @@ fn a_sender_that_ignores_cookies_gets_in_once_the_flood_stops() {
     sim.assert_exactly_once();
 }
 
+// ---- Issue 14, item 6: a flood that echoes real cookies from 16 /24s does not keep a new sender out.
+
+/// A type 4 packet: `packet` with `cookie` in front (protocol.md 4.4).
+fn with_cookie(cookie: &[u8; wire::COOKIE_LEN], packet: &[u8]) -> Vec<u8> {
+    let mut p = vec![wire::TYPE_SENDER_COOKIE];
+    p.extend_from_slice(cookie);
+    p.extend_from_slice(packet);
+    p
+}
+
+/// Gets a real cookie for each of `addrs` the way an attacker at those addresses would: forged first packets until
+/// the node answers one with a COOKIE.
+fn fetch_cookies(
+    sim: &mut Sim,
+    key_ids: &[u32],
+    addrs: &[SocketAddr],
+) -> Vec<[u8; wire::COOKIE_LEN]> {
+    let mut n = 1u64 << 40;
+    addrs
+        .iter()
+        .map(|&addr| {
+            for _ in 0..100 {
+                let p = forged_first_packet(key_ids, n);
+                n += 1;
+                sim.node.handle_datagram(sim.now, addr, &p, &mut sim.memo);
+                sim.work();
+                if let Some((_, bytes)) = sim.strays.iter().rev().find(|(to, _)| *to == addr)
+                    && let Ok(c) = wire::CookiePacket::parse(bytes)
+                {
+                    return c.cookie;
+                }
+            }
+            panic!("no COOKIE for {addr}");
+        })
+        .collect()
+}
+
+/// Attackers in 16 /24s that receive what is sent to them echo real cookies with forged first packets at 400k
+/// packets/s (simulated), so every packet is validated. New senders from a 17th /24 start one after another
+/// during the flood: each gets its first ack within a simulated second (through a COOKIE of its own, then its
+/// first validated packet), every time, and the X25519s spent on the flood stay within the budget.
+#[test]
+fn a_flood_that_echoes_real_cookies_from_16_prefixes_does_not_keep_new_senders_out() {
+    let budget = 250;
+    let starts_ms = [150u64, 420, 777, 1_010, 1_333];
+    let (mut sim, key_ids) = flood_sim(97, starts_ms.len(), budget);
+    let flooders: Vec<SocketAddr> = (0..16).map(flood_addr).collect();
+    let cookies = fetch_cookies(&mut sim, &key_ids, &flooders);
+    let wasted_before = wasted_x25519(&sim);
+    let start = sim.now;
+    let tick = Duration::from_micros(50);
+    let rate = 400_000u64; // packets per simulated second
+    let mut n = 0u64;
+    let mut first_ack: Vec<Option<Duration>> = vec![None; starts_ms.len()];
+    let until = start + Duration::from_millis(2_500);
+    while sim.now < until {
+        // The packets due by now at the flood's rate, from the 16 /24s in turn.
+        let due = (sim.now - start).as_nanos() as u64 * rate / 1_000_000_000;
+        while n < due {
+            let i = (n % 16) as usize;
+            let p = with_cookie(&cookies[i], &forged_first_packet(&key_ids, n));
+            sim.node
+                .handle_datagram(sim.now, flooders[i], &p, &mut sim.memo);
+            n += 1;
+        }
+        for (d, &at) in starts_ms.iter().enumerate() {
+            if sim.now >= start + Duration::from_millis(at) && sim.devices[d].queued.is_empty() {
+                sim.queue(d, 1);
+            }
+        }
+        sim.work();
+        for (d, &at) in starts_ms.iter().enumerate() {
+            let stored = sim.devices[d]
+                .events
+                .iter()
+                .any(|e| matches!(e, SenderEvent::Stored { through: 1, .. }));
+            if stored && first_ack[d].is_none() {
+                first_ack[d] = Some(sim.now - (start + Duration::from_millis(at)));
+            }
+        }
+        // The clock moves to the next event, or by a tick, whichever comes first: the flood never pauses.
+        let before = sim.now;
+        sim.advance();
+        sim.now = sim.now.min(before + tick);
+    }
+    assert!(n >= 999_000, "{n} flood packets");
+    let c = sim.node.counters().clone();
+    assert!(
+        c.dropped(DropReason::X25519Budget) + c.dropped(DropReason::TryBudget) > 900_000,
+        "the flood was validated and refused for the budget: {c:?}"
+    );
+    for (d, t) in first_ack.iter().enumerate() {
+        let t = t.unwrap_or_else(|| {
+            panic!(
+                "new sender {d} (started at {} ms) not stored: {:?} {c:?}",
+                starts_ms[d],
+                sim.devices[d].sender.stats()
+            )
+        });
+        assert!(
+            t <= Duration::from_secs(1),
+            "new sender {d} waited {t:?} for its first ack"
+        );
+    }
+    assert_eq!(c.x25519_authentic, starts_ms.len() as u64);
+    let secs = (sim.now - start).as_secs_f64();
+    let wasted = (wasted_x25519(&sim) - wasted_before) as f64;
+    let limit = budget as f64 * (secs + 0.1);
+    assert!(wasted <= limit, "{wasted} X25519 on the flood in {secs} s");
+    assert!(
+        wasted >= limit * 0.8,
+        "the flood is held to the budget, not shut out: {wasted}"
+    );
+    sim.assert_exactly_once();
+}
+
 // ---- Issue 9, item 6: bounded sessions per sender and in all.
 
 /// A packet of run `run_id` of `identity` carrying record `seq` of app main, sealed by hand (the shared secret is
