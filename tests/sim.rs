@@ -1089,6 +1089,52 @@ fn a_colliding_sender_cannot_take_over_or_block_another_senders_run() {
     assert!(sim.node.counters().x25519 <= 2, "{:?}", sim.node.counters());
 }
 
+/// The memo keeps the secrets worked out for a packet that authenticated, the other candidates' of its key id
+/// tried before the sender's included, so after a restart a new run of either sender of a colliding pair costs
+/// no X25519 (whichever of the two is tried first).
+#[test]
+fn after_a_restart_a_new_run_of_a_colliding_sender_costs_no_x25519() {
+    let mut other_tried_first = 0;
+    for sending in 0..2 {
+        let (a, b) = colliding_pair();
+        let mut sim = Sim::with_identities(
+            61,
+            CLEAN,
+            vec![a, b],
+            FlowStart::At(1),
+            Duration::from_secs(30),
+        );
+        sim.queue(sending, 5);
+        sim.run_until_idle(Duration::from_secs(10));
+        let worked_out = sim.node.counters().x25519;
+        assert!((1..=2).contains(&worked_out));
+        other_tried_first += usize::from(worked_out == 2);
+        assert_eq!(
+            sim.memo.len() as u64,
+            worked_out,
+            "every secret of the authentic packet is kept"
+        );
+        sim.restart_node(7);
+        let identity = sim.devices[sending].identity.clone();
+        let node_public = *sim.node_identity.public();
+        sim.devices[sending].sender =
+            Sim::make_sender(&identity, &node_public, 0xbeef, FlowStart::At(6));
+        sim.queue(sending, 5);
+        sim.run_until_idle(Duration::from_secs(10));
+        assert_eq!(
+            sim.node.counters().x25519,
+            0,
+            "sender {sending}: {:?}",
+            sim.node.counters()
+        );
+        sim.assert_exactly_once();
+    }
+    assert_eq!(
+        other_tried_first, 1,
+        "one of the two is tried after the other's key"
+    );
+}
+
 /// While A's session is live, B's packets under A's run id still reach B's key (A's session does not open them,
 /// and the key id is shared, so the other candidate is tried), and A's run goes on untouched.
 #[test]
@@ -1357,6 +1403,13 @@ fn garbage_first_packets_with_a_valid_key_id_beyond_the_budget_cost_no_x25519() 
         "{wasted} X25519 in 2 s for garbage, budget 100/s"
     );
     assert!(wasted >= 100, "the budget is used, not starved: {wasted}");
+    // The secrets those X25519s worked out are not kept: only packets that authenticate earn a memo write.
+    sim.work();
+    assert!(
+        sim.memo.is_empty(),
+        "{} secrets of forged packets memoised",
+        sim.memo.len()
+    );
 }
 
 /// Forged first packets for listed senders the node has in its memo cost no X25519, but each a memo lookup, HKDF
@@ -1483,6 +1536,11 @@ fn a_sender_that_gets_a_cookie_gets_its_records_stored() {
         c.x25519_authentic, 3,
         "one X25519 per new sender, via its cookie"
     );
+    // Those three are memoised, none of the flood's.
+    assert_eq!(sim.memo.len(), 3);
+    for d in &sim.devices {
+        assert!(sim.memo.contains_key(d.identity.public()));
+    }
     assert!(c.dropped(DropReason::CookieRequired) > 0);
     let secs = (sim.now - start).as_secs_f64();
     let wasted = wasted_x25519(&sim) as f64;
