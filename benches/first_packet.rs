@@ -629,7 +629,8 @@ fn phases(a: &Args) {
             acks += 1;
         }
         let t3 = Instant::now();
-        memo.put_all(&node.take_new_secrets()).expect("memo");
+        memo.put_all(Instant::now(), &node.take_new_secrets())
+            .expect("memo");
         let t4 = Instant::now();
         assert_eq!(acks, 1, "one ack per wake");
         // Sweep everything: the next wake of any sender finds no session, as in the daemon after `idle`.

@@ -156,7 +156,7 @@ fn finish_turn(node: &mut Node, stores: Option<&mut Stores>, memo: Option<&mut M
     }
     let secrets = node.take_new_secrets();
     if let Some(memo) = memo {
-        memo.put_all(&secrets).expect("memo");
+        memo.put_all(Instant::now(), &secrets).expect("memo");
     }
     acks
 }

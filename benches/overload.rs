@@ -15,12 +15,28 @@
 //!   - `forged_memo`: the same for listed senders in the node's memo (a memo lookup, HKDF and an open each);
 //!   - `replay`: copies of 64 captured authentic first packets of distinct runs;
 //!   - `runs`: one compromised listed sender starting a new run with every packet, each authentic (sessions);
+//!   - `cookies`: the packets of `forged`, each echoing a real cookie for its socket's address (type 4): before the
+//!     flood each socket sends forged first packets until the node answers with a COOKIE, and puts it in front of
+//!     all it sends from then on (research/016: an attacker who receives at its addresses; a cookie is good for
+//!     at least 120 s, longer than a run);
 //!
 //!   with `--flood-to sink` the same flood goes to a socket of this process that nobody reads: the control for what
 //!   the flood costs the machine (two cores shared by tool, senders and node) rather than the node; with
 //!   `--flood-to read` a thread of this process reads it and throws it away: the cheapest receiver there can be;
 //! - **new**: with `--new N`, N senders the node has never heard from start one after another during the flood, each
-//!   delivering one record; their time to stored and the COOKIEs they got are reported.
+//!   delivering one record; their time to stored and the COOKIEs they got are reported;
+//! - **burst** (research/016, the memo's writes): with `--burst N`, N listed senders start after the warm-up, one
+//!   every 1/`--burst-rate` s (0: all at once), each delivering one record over a socket of its own; new to the
+//!   node, or with `--burst-known` in its memo (their secrets put there by this tool: the same records and
+//!   sessions to store, no new secret). `--memo-fill K` puts K more secrets (random keys) into the memo before the measured node
+//!   starts, so a new secret goes into a memo of that size. The node's disk writes (`write_bytes` less
+//!   `cancelled_write_bytes` of /proc/PID/io) are counted from the start of the window through its exit, read from
+//!   the exited process before it is reaped, so what it writes as it stops (its checkpoints) is counted too;
+//!   `--settle S` waits S seconds after the window before stopping it. With `--memo-dir DIR --memo-dev DEV` the
+//!   state directory lives in DIR, a filesystem of its own on block device DEV (a loop device made by the script),
+//!   with its `apps/` (the stores) a symbolic link back to this tool's temporary directory: once the node has
+//!   started, the memo is all it writes on DEV, and the sectors DEV wrote (/sys/block/DEV/stat, after a `syncfs`
+//!   of DIR) over the same span are the memo's writes, the filesystem's journal included.
 //!
 //! The node's figures come from its `/metrics` (records stored, X25519 and those that authenticated, drops by stage,
 //! COOKIEs, sessions) and /proc (CPU time, resident and anonymous memory), sampled before and after the measured
@@ -65,6 +81,13 @@ struct Args {
     recv_buffer: usize,
     victims: usize,
     flood_to: String,
+    burst: usize,
+    burst_rate: f64,
+    burst_known: bool,
+    memo_fill: usize,
+    settle: f64,
+    memo_dir: Option<PathBuf>,
+    memo_dev: Option<String>,
     extra: Vec<String>,
 }
 
@@ -85,6 +108,13 @@ fn args() -> Args {
         recv_buffer: 8 << 20,
         victims: 100_000,
         flood_to: "node".into(),
+        burst: 0,
+        burst_rate: 0.0,
+        burst_known: false,
+        memo_fill: 0,
+        settle: 0.0,
+        memo_dir: None,
+        memo_dev: None,
         extra: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -106,6 +136,13 @@ fn args() -> Args {
             "--recv-buffer" => a.recv_buffer = val().parse().expect("bytes"),
             "--victims" => a.victims = val().parse().expect("n"),
             "--flood-to" => a.flood_to = val(),
+            "--burst" => a.burst = val().parse().expect("n"),
+            "--burst-rate" => a.burst_rate = val().parse().expect("senders/s"),
+            "--burst-known" => a.burst_known = true,
+            "--memo-fill" => a.memo_fill = val().parse().expect("n"),
+            "--settle" => a.settle = val().parse().expect("s"),
+            "--memo-dir" => a.memo_dir = Some(PathBuf::from(val())),
+            "--memo-dev" => a.memo_dev = Some(val()),
             "--node-arg" => a.extra.push(val()),
             "--bench" => {}
             other => panic!("unknown argument {other}"),
@@ -184,7 +221,57 @@ fn start_node(a: &Args, dir: &Path, senders: &Path, budget: u32) -> NodeProc {
     }
 }
 
+/// Bytes block device `dev` has written, once what is dirty on the filesystem of `dir` is written out.
+fn device_written(dir: &Path, dev: &str) -> u64 {
+    if let Ok(d) = std::fs::File::open(dir) {
+        // SAFETY: syncfs on a descriptor we own.
+        unsafe {
+            libc::syncfs(d.as_raw_fd());
+        }
+    }
+    let stat = std::fs::read_to_string(format!("/sys/block/{dev}/stat")).unwrap_or_default();
+    // The seventh field: sectors written, of 512 bytes.
+    stat.split_whitespace()
+        .nth(6)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 512
+}
+
+/// (write_bytes, cancelled_write_bytes) of /proc/PID/io.
+fn io_of(pid: u32) -> (u64, u64) {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    let field = |name: &str| {
+        io.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (field("write_bytes:"), field("cancelled_write_bytes:"))
+}
+
 impl NodeProc {
+    /// Bytes the node made the disk write so far: dirtied in the page cache, less what was cancelled (truncated or
+    /// deleted before write-back).
+    fn written(&self) -> u64 {
+        let (w, c) = io_of(self.child.id());
+        w.saturating_sub(c)
+    }
+    /// Stops the node and returns the bytes it made the disk write through its exit: the exited process is read
+    /// before it is reaped.
+    fn stop_written(mut self) -> u64 {
+        let pid = self.child.id();
+        // SAFETY: kill and waitid on a pid we spawned and have not reaped.
+        let written = unsafe {
+            libc::kill(pid as i32, libc::SIGTERM);
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT);
+            let (w, c) = io_of(pid);
+            w.saturating_sub(c)
+        };
+        let _ = self.child.wait();
+        written
+    }
     fn stop(mut self) {
         // SAFETY: kill with a pid we spawned.
         unsafe {
@@ -386,6 +473,8 @@ fn legit(
 #[derive(Default)]
 struct FloodOut {
     sent: AtomicU64,
+    /// `cookies`: sockets that got a COOKIE to echo.
+    cookie_sockets: AtomicU64,
     cpu_us: AtomicU64,
     /// `--flood-to read`: datagrams the reading thread took, and its CPU time.
     read: AtomicU64,
@@ -463,7 +552,7 @@ fn flood_packets(
     // are memoised); other mixes cycle over a smaller pool.
     let n = match mix {
         "runs" => 1_000_000,
-        "forged" => victims.len().saturating_sub(memo_victims).max(1),
+        "forged" | "cookies" => victims.len().saturating_sub(memo_victims).max(1),
         _ => 8192,
     };
     let forged = |key_id: u32, rng: &mut Xorshift| {
@@ -509,7 +598,7 @@ fn flood_packets(
             }
             "unknown" => forged(rng.next() as u32 | 1, &mut rng),
             // Victims past the first `memo_victims` are the ones the node has never heard from.
-            "forged" => {
+            "forged" | "cookies" => {
                 let k = memo_victims + (i % (victims.len() - memo_victims).max(1));
                 forged(crypto::key_id(&victims[k % victims.len()]), &mut rng)
             }
@@ -521,10 +610,43 @@ fn flood_packets(
         .collect()
 }
 
+/// `cookies`: from each socket, forged first packets until the node answers with a COOKIE (or 5 s pass); returns
+/// the 17 bytes each socket puts in front of its packets (type 4 and the cookie), or `None` for a socket that got
+/// none.
+fn fetch_cookies(
+    socks: &[UdpSocket],
+    packets: &[Vec<u8>],
+    to: SocketAddr,
+) -> Vec<Option<[u8; wire::COOKIE_PREFIX_LEN]>> {
+    let mut buf = [0u8; 2048];
+    let mut next = 0usize;
+    socks
+        .iter()
+        .map(|s| {
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(5) {
+                let _ = s.send_to(&packets[next % packets.len()], to);
+                next += 1;
+                std::thread::sleep(Duration::from_micros(500));
+                while let Ok(n) = s.recv(&mut buf) {
+                    if let Ok(c) = wire::CookiePacket::parse(&buf[..n]) {
+                        let mut prefix = [0u8; wire::COOKIE_PREFIX_LEN];
+                        prefix[0] = wire::TYPE_SENDER_COOKIE;
+                        prefix[1..].copy_from_slice(&c.cookie);
+                        return Some(prefix);
+                    }
+                }
+            }
+            None
+        })
+        .collect()
+}
+
 fn flood(
     packets: Vec<Vec<u8>>,
     pps: u64,
     prefixes: u32,
+    echo_cookies: bool,
     to: SocketAddr,
     stop: Arc<AtomicBool>,
     out: Arc<FloodOut>,
@@ -544,6 +666,16 @@ fn flood(
             s
         })
         .collect();
+    // The cookie each socket echoes (`cookies`): fetched before the flood starts; a socket that got none sends
+    // its packets without one.
+    let cookies = if echo_cookies {
+        let c = fetch_cookies(&socks, &packets, to);
+        out.cookie_sockets
+            .store(c.iter().flatten().count() as u64, Ordering::Relaxed);
+        c
+    } else {
+        vec![None; socks.len()]
+    };
     let sa = socket2::SockAddr::from(to);
     let start = Instant::now();
     let mut sent = 0u64;
@@ -557,14 +689,27 @@ fn flood(
             continue;
         }
         let n = ((due - sent) as usize).min(CHUNK);
-        let mut iovs: Vec<libc::iovec> = Vec::with_capacity(n);
+        // Per datagram the socket's cookie prefix (if any) and the packet, gathered by the kernel.
+        let mut iovs: Vec<[libc::iovec; 2]> = Vec::with_capacity(n);
+        let prefix = cookies[sock].as_ref();
         for k in 0..n {
             let p = &packets[(next + k) % packets.len()];
-            iovs.push(libc::iovec {
+            let packet = libc::iovec {
                 iov_base: p.as_ptr() as *mut libc::c_void,
                 iov_len: p.len(),
+            };
+            iovs.push(match prefix {
+                Some(c) => [
+                    libc::iovec {
+                        iov_base: c.as_ptr() as *mut libc::c_void,
+                        iov_len: c.len(),
+                    },
+                    packet,
+                ],
+                None => [packet, packet],
             });
         }
+        let parts = if prefix.is_some() { 2 } else { 1 };
         let mut hdrs: Vec<libc::mmsghdr> = iovs
             .iter_mut()
             .map(|iov| {
@@ -572,8 +717,8 @@ fn flood(
                 let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
                 h.msg_hdr.msg_name = sa.as_ptr() as *mut libc::c_void;
                 h.msg_hdr.msg_namelen = sa.len();
-                h.msg_hdr.msg_iov = iov;
-                h.msg_hdr.msg_iovlen = 1;
+                h.msg_hdr.msg_iov = iov.as_mut_ptr();
+                h.msg_hdr.msg_iovlen = parts;
                 h
             })
             .collect();
@@ -638,6 +783,89 @@ fn new_sender(
     (None, s.stats().cookies_received)
 }
 
+/// `--burst`: `ids` each deliver one record over a socket of their own, sender i starting `i / rate` s after the
+/// first (rate 0: all at once); returns (records stored, seconds from the first start to the last stored).
+fn burst(
+    ids: &[Identity],
+    node: PublicKeyBytes,
+    to: SocketAddr,
+    rate: f64,
+    limit: Duration,
+) -> (usize, f64) {
+    let mut links: Vec<(UdpSocket, Sender, bool)> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            // 250 addresses a /24, from 127.0.4.0/24 on.
+            let sock = UdpSocket::bind(SocketAddr::from((
+                [127, 0, 4 + (i / 250) as u8, 1 + (i % 250) as u8],
+                0,
+            )))
+            .unwrap();
+            sock.connect(to).unwrap();
+            sock.set_nonblocking(true).unwrap();
+            let mut s = Sender::new(SenderConfig::new(id.clone(), node)).unwrap();
+            s.open_flow(APP, FlowStart::At(1)).unwrap();
+            s.queue(APP, record(i as u64)).unwrap();
+            (sock, s, false)
+        })
+        .collect();
+    let t0 = Instant::now();
+    let mut stored = 0;
+    let mut last = 0.0;
+    let mut buf = Vec::new();
+    let mut inbuf = vec![0u8; 2048];
+    while stored < links.len() && t0.elapsed() < limit {
+        let elapsed = t0.elapsed().as_secs_f64();
+        let started = if rate > 0.0 {
+            ((elapsed * rate) as usize + 1).min(links.len())
+        } else {
+            links.len()
+        };
+        for (sock, s, done) in links[..started].iter_mut() {
+            if *done {
+                continue;
+            }
+            let now = Instant::now();
+            s.handle_timeout(now);
+            while s.poll_transmit(now, &mut buf) {
+                let _ = sock.send(&buf);
+            }
+            while let Ok(n) = sock.recv(&mut inbuf) {
+                s.handle_datagram(Instant::now(), &inbuf[..n]);
+            }
+            while let Some(e) = s.poll_event() {
+                if matches!(e, SenderEvent::Stored { through: 1, .. }) {
+                    *done = true;
+                    stored += 1;
+                    last = t0.elapsed().as_secs_f64();
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    (stored, last)
+}
+
+/// Puts `secrets` into the memo file of a stopped node (the layout every build so far reads: a `secrets` table).
+fn fill_memo(path: &Path, secrets: impl Iterator<Item = ([u8; 32], [u8; 32])>) {
+    let mut conn = rusqlite::Connection::open(path).expect("the memo");
+    conn.pragma_update(None, "cache_size", -262_144).unwrap();
+    let tx = conn.transaction().unwrap();
+    {
+        let mut put = tx
+            .prepare("INSERT OR REPLACE INTO secrets (public, shared) VALUES (?1, ?2)")
+            .unwrap();
+        for (k, v) in secrets {
+            put.execute((&k[..], &v[..])).unwrap();
+        }
+    }
+    tx.commit().unwrap();
+    // Into the file, so the measured node starts with an empty -wal.
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+}
+
 // ---------------------------------------------------------------- one run
 
 fn main() {
@@ -645,6 +873,7 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let legit_ids: Vec<Identity> = (0..a.senders).map(|_| Identity::generate()).collect();
     let new_ids: Vec<Identity> = (0..a.new).map(|_| Identity::generate()).collect();
+    let burst_ids: Vec<Identity> = (0..a.burst).map(|_| Identity::generate()).collect();
     let runs_id = Identity::generate();
     let victims: Vec<PublicKeyBytes> = (0..a.victims).map(|_| crypto::random_array()).collect();
     let senders = dir.path().join("senders");
@@ -656,28 +885,34 @@ fn main() {
         for (i, id) in new_ids.iter().enumerate() {
             writeln!(f, "new{i} {}", encode_key(id.public())).unwrap();
         }
+        for (i, id) in burst_ids.iter().enumerate() {
+            writeln!(f, "burst{i} {}", encode_key(id.public())).unwrap();
+        }
         writeln!(f, "runs {}", encode_key(runs_id.public())).unwrap();
         for (i, k) in victims.iter().enumerate() {
             writeln!(f, "victim{i} {}", encode_key(k)).unwrap();
         }
     }
-    // The memo: legit senders (a node that knew them before), and for forged_memo 4096 victims, worked out by a
-    // first node process with an unlimited budget and kept in the state directory for the measured one.
+    // The memo: legit senders (and with `--burst-known` the burst's), learned by a first node process with an
+    // unlimited budget and kept in the state directory for the measured one; for forged_memo 4096 victims, and
+    // `--memo-fill` random keys, put into the file between the two. (A forged packet's secret need not be right:
+    // it costs the memo lookup, HKDF and open all the same. Earlier runs had the first node learn the victims from
+    // forged packets, which only a node that memoises secrets of packets that do not authenticate does.)
     let memo_victims = if a.mix == "forged_memo" { 4096 } else { 0 };
-    {
+    let memo_dir = a.memo_dir.as_ref().map(|d| {
+        // STATE on the memo's filesystem, its apps/ (the stores) back on this one: during the window the memo is
+        // all that is written there.
+        let mine = tempfile::tempdir_in(d).expect("a directory in --memo-dir");
+        std::fs::create_dir_all(dir.path().join("apps")).unwrap();
+        std::fs::create_dir_all(mine.path().join("state")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("apps"), mine.path().join("state/apps"))
+            .unwrap();
+        std::os::unix::fs::symlink(mine.path().join("state"), dir.path().join("state")).unwrap();
+        mine
+    });
+    let node_public = {
         let node = start_node(&a, dir.path(), &senders, u32::MAX / 4);
-        let warm = flood_packets(
-            "forged_memo",
-            &victims,
-            memo_victims.max(1),
-            &runs_id,
-            &node.public,
-        );
-        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-        for p in warm.iter().take(memo_victims) {
-            let _ = sock.send_to(p, node.link);
-            std::thread::sleep(Duration::from_micros(300));
-        }
+        let public = node.public;
         for id in &legit_ids {
             let (t, _) = new_sender(
                 id.clone(),
@@ -690,6 +925,36 @@ fn main() {
         }
         std::thread::sleep(Duration::from_millis(300));
         node.stop();
+        public
+    };
+    // `--burst-known`: the burst's senders' secrets, worked out on their side (X25519 is symmetric), so the node
+    // has them in its memo and nothing of theirs in its store: the same records to store as new senders, no new
+    // secret.
+    let known: Vec<([u8; 32], [u8; 32])> = if a.burst_known {
+        burst_ids
+            .iter()
+            .map(|id| (*id.public(), id.shared_secret(&node_public).unwrap()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if memo_victims + a.memo_fill + known.len() > 0 {
+        let mut rng = Xorshift(0x5eed_0016);
+        let mut random = move || {
+            let mut k = [0u8; 32];
+            for c in k.chunks_mut(8) {
+                c.copy_from_slice(&rng.next().to_le_bytes());
+            }
+            k
+        };
+        fill_memo(
+            &dir.path().join("state").join("memo.sqlite"),
+            victims[..memo_victims]
+                .iter()
+                .map(|k| (*k, [0x5a; 32]))
+                .chain(known)
+                .chain((0..a.memo_fill).map(move |_| (random(), random()))),
+        );
     }
     let node = start_node(&a, dir.path(), &senders, a.budget);
     let stop = Arc::new(AtomicBool::new(false));
@@ -742,7 +1007,8 @@ fn main() {
             a.flood,
             a.prefixes,
         );
-        std::thread::spawn(move || flood(packets, pps, prefixes, to, stop, out))
+        let echo = a.mix == "cookies";
+        std::thread::spawn(move || flood(packets, pps, prefixes, echo, to, stop, out))
     });
     std::thread::sleep(Duration::from_secs_f64(a.warmup));
     let m0 = node.scrape();
@@ -759,6 +1025,23 @@ fn main() {
         fout.read.load(Ordering::Relaxed),
         fout.read_cpu_us.load(Ordering::Relaxed),
     );
+    let written0 = node.written();
+    let memo_device = || match (&memo_dir, &a.memo_dev) {
+        (Some(d), Some(dev)) => Some(device_written(d.path(), dev)),
+        _ => None,
+    };
+    let memo_device0 = memo_device();
+    let (burst_stored, burst_seconds) = if a.burst > 0 {
+        burst(
+            &burst_ids,
+            node.public,
+            node.link,
+            a.burst_rate,
+            Duration::from_secs(120),
+        )
+    } else {
+        (0, 0.0)
+    };
     // New senders, one after another, during the window.
     let mut new_times = Vec::new();
     let mut new_cookies = 0;
@@ -812,6 +1095,7 @@ fn main() {
         "malformed",
         "turn_full",
         "x25519_budget",
+        "try_budget",
         "cookie_required",
         "session_cap",
         "backpressure",
@@ -895,7 +1179,21 @@ fn main() {
         "new_seconds_p50": new_ok.get(new_ok.len() / 2),
         "new_seconds_max": new_ok.last(),
         "new_cookies": new_cookies,
+        "new_seconds": new_times,
+        "flood_cookie_sockets": fout.cookie_sockets.load(Ordering::Relaxed),
+        "burst": a.burst,
+        "burst_rate": a.burst_rate,
+        "burst_known": a.burst_known,
+        "burst_stored": burst_stored,
+        "burst_seconds": burst_seconds,
+        "memo_fill": a.memo_fill,
     });
+    std::thread::sleep(Duration::from_secs_f64(a.settle));
+    let written = node.stop_written();
+    let mut line = line;
+    line["node_written_bytes"] = serde_json::json!(written.saturating_sub(written0));
+    if let (Some(d0), Some(d1)) = (memo_device0, memo_device()) {
+        line["memo_device_written_bytes"] = serde_json::json!(d1.saturating_sub(d0));
+    }
     println!("{line}");
-    node.stop();
 }

@@ -1089,6 +1089,52 @@ fn a_colliding_sender_cannot_take_over_or_block_another_senders_run() {
     assert!(sim.node.counters().x25519 <= 2, "{:?}", sim.node.counters());
 }
 
+/// The memo keeps the secrets worked out for a packet that authenticated, the other candidates' of its key id
+/// tried before the sender's included, so after a restart a new run of either sender of a colliding pair costs
+/// no X25519 (whichever of the two is tried first).
+#[test]
+fn after_a_restart_a_new_run_of_a_colliding_sender_costs_no_x25519() {
+    let mut other_tried_first = 0;
+    for sending in 0..2 {
+        let (a, b) = colliding_pair();
+        let mut sim = Sim::with_identities(
+            61,
+            CLEAN,
+            vec![a, b],
+            FlowStart::At(1),
+            Duration::from_secs(30),
+        );
+        sim.queue(sending, 5);
+        sim.run_until_idle(Duration::from_secs(10));
+        let worked_out = sim.node.counters().x25519;
+        assert!((1..=2).contains(&worked_out));
+        other_tried_first += usize::from(worked_out == 2);
+        assert_eq!(
+            sim.memo.len() as u64,
+            worked_out,
+            "every secret of the authentic packet is kept"
+        );
+        sim.restart_node(7);
+        let identity = sim.devices[sending].identity.clone();
+        let node_public = *sim.node_identity.public();
+        sim.devices[sending].sender =
+            Sim::make_sender(&identity, &node_public, 0xbeef, FlowStart::At(6));
+        sim.queue(sending, 5);
+        sim.run_until_idle(Duration::from_secs(10));
+        assert_eq!(
+            sim.node.counters().x25519,
+            0,
+            "sender {sending}: {:?}",
+            sim.node.counters()
+        );
+        sim.assert_exactly_once();
+    }
+    assert_eq!(
+        other_tried_first, 1,
+        "one of the two is tried after the other's key"
+    );
+}
+
 /// While A's session is live, B's packets under A's run id still reach B's key (A's session does not open them,
 /// and the key id is shared, so the other candidate is tried), and A's run goes on untouched.
 #[test]
@@ -1357,6 +1403,13 @@ fn garbage_first_packets_with_a_valid_key_id_beyond_the_budget_cost_no_x25519() 
         "{wasted} X25519 in 2 s for garbage, budget 100/s"
     );
     assert!(wasted >= 100, "the budget is used, not starved: {wasted}");
+    // The secrets those X25519s worked out are not kept: only packets that authenticate earn a memo write.
+    sim.work();
+    assert!(
+        sim.memo.is_empty(),
+        "{} secrets of forged packets memoised",
+        sim.memo.len()
+    );
 }
 
 /// Forged first packets for listed senders the node has in its memo cost no X25519, but each a memo lookup, HKDF
@@ -1483,6 +1536,11 @@ fn a_sender_that_gets_a_cookie_gets_its_records_stored() {
         c.x25519_authentic, 3,
         "one X25519 per new sender, via its cookie"
     );
+    // Those three are memoised, none of the flood's.
+    assert_eq!(sim.memo.len(), 3);
+    for d in &sim.devices {
+        assert!(sim.memo.contains_key(d.identity.public()));
+    }
     assert!(c.dropped(DropReason::CookieRequired) > 0);
     let secs = (sim.now - start).as_secs_f64();
     let wasted = wasted_x25519(&sim) as f64;
@@ -1537,6 +1595,122 @@ fn a_sender_that_ignores_cookies_gets_in_once_the_flood_stops() {
         sim.devices[0].sender.stats()
     );
     sim.run_until_idle(Duration::from_secs(10));
+    sim.assert_exactly_once();
+}
+
+// ---- Issue 14, item 6: a flood that echoes real cookies from 16 /24s does not keep a new sender out.
+
+/// A type 4 packet: `packet` with `cookie` in front (protocol.md 4.4).
+fn with_cookie(cookie: &[u8; wire::COOKIE_LEN], packet: &[u8]) -> Vec<u8> {
+    let mut p = vec![wire::TYPE_SENDER_COOKIE];
+    p.extend_from_slice(cookie);
+    p.extend_from_slice(packet);
+    p
+}
+
+/// Gets a real cookie for each of `addrs` the way an attacker at those addresses would: forged first packets until
+/// the node answers one with a COOKIE.
+fn fetch_cookies(
+    sim: &mut Sim,
+    key_ids: &[u32],
+    addrs: &[SocketAddr],
+) -> Vec<[u8; wire::COOKIE_LEN]> {
+    let mut n = 1u64 << 40;
+    addrs
+        .iter()
+        .map(|&addr| {
+            for _ in 0..100 {
+                let p = forged_first_packet(key_ids, n);
+                n += 1;
+                sim.node.handle_datagram(sim.now, addr, &p, &mut sim.memo);
+                sim.work();
+                if let Some((_, bytes)) = sim.strays.iter().rev().find(|(to, _)| *to == addr)
+                    && let Ok(c) = wire::CookiePacket::parse(bytes)
+                {
+                    return c.cookie;
+                }
+            }
+            panic!("no COOKIE for {addr}");
+        })
+        .collect()
+}
+
+/// Attackers in 16 /24s that receive what is sent to them echo real cookies with forged first packets at 400k
+/// packets/s (simulated), so every packet is validated. New senders from a 17th /24 start one after another
+/// during the flood: each gets its first ack within a simulated second (through a COOKIE of its own, then its
+/// first validated packet), every time, and the X25519s spent on the flood stay within the budget.
+#[test]
+fn a_flood_that_echoes_real_cookies_from_16_prefixes_does_not_keep_new_senders_out() {
+    let budget = 250;
+    let starts_ms = [150u64, 420, 777, 1_010, 1_333];
+    let (mut sim, key_ids) = flood_sim(97, starts_ms.len(), budget);
+    let flooders: Vec<SocketAddr> = (0..16).map(flood_addr).collect();
+    let cookies = fetch_cookies(&mut sim, &key_ids, &flooders);
+    let wasted_before = wasted_x25519(&sim);
+    let start = sim.now;
+    let tick = Duration::from_micros(50);
+    let rate = 400_000u64; // packets per simulated second
+    let mut n = 0u64;
+    let mut first_ack: Vec<Option<Duration>> = vec![None; starts_ms.len()];
+    let until = start + Duration::from_millis(2_500);
+    while sim.now < until {
+        // The packets due by now at the flood's rate, from the 16 /24s in turn.
+        let due = (sim.now - start).as_nanos() as u64 * rate / 1_000_000_000;
+        while n < due {
+            let i = (n % 16) as usize;
+            let p = with_cookie(&cookies[i], &forged_first_packet(&key_ids, n));
+            sim.node
+                .handle_datagram(sim.now, flooders[i], &p, &mut sim.memo);
+            n += 1;
+        }
+        for (d, &at) in starts_ms.iter().enumerate() {
+            if sim.now >= start + Duration::from_millis(at) && sim.devices[d].queued.is_empty() {
+                sim.queue(d, 1);
+            }
+        }
+        sim.work();
+        for (d, &at) in starts_ms.iter().enumerate() {
+            let stored = sim.devices[d]
+                .events
+                .iter()
+                .any(|e| matches!(e, SenderEvent::Stored { through: 1, .. }));
+            if stored && first_ack[d].is_none() {
+                first_ack[d] = Some(sim.now - (start + Duration::from_millis(at)));
+            }
+        }
+        // The clock moves to the next event, or by a tick, whichever comes first: the flood never pauses.
+        let before = sim.now;
+        sim.advance();
+        sim.now = sim.now.min(before + tick);
+    }
+    assert!(n >= 999_000, "{n} flood packets");
+    let c = sim.node.counters().clone();
+    assert!(
+        c.dropped(DropReason::X25519Budget) + c.dropped(DropReason::TryBudget) > 900_000,
+        "the flood was validated and refused for the budget: {c:?}"
+    );
+    for (d, t) in first_ack.iter().enumerate() {
+        let t = t.unwrap_or_else(|| {
+            panic!(
+                "new sender {d} (started at {} ms) not stored: {:?} {c:?}",
+                starts_ms[d],
+                sim.devices[d].sender.stats()
+            )
+        });
+        assert!(
+            t <= Duration::from_secs(1),
+            "new sender {d} waited {t:?} for its first ack"
+        );
+    }
+    assert_eq!(c.x25519_authentic, starts_ms.len() as u64);
+    let secs = (sim.now - start).as_secs_f64();
+    let wasted = (wasted_x25519(&sim) - wasted_before) as f64;
+    let limit = budget as f64 * (secs + 0.1);
+    assert!(wasted <= limit, "{wasted} X25519 on the flood in {secs} s");
+    assert!(
+        wasted >= limit * 0.8,
+        "the flood is held to the budget, not shut out: {wasted}"
+    );
     sim.assert_exactly_once();
 }
 

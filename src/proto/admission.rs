@@ -16,6 +16,14 @@
 //!   reserve. A flood of packets from addresses that never see an answer (spoofed, or an attacker that does not
 //!   echo) therefore drains the global bucket to the reserve and no further, and the reserve serves validated
 //!   senders: they get their X25519 ahead of the rest.
+//! - **Quiet prefixes first within the reserve.** An attacker that holds its addresses can echo real cookies, and
+//!   16 prefixes at an eighth each ask for twice the budget: every token the total regains went to the next flood
+//!   packet, and a new sender's packet, once per RTO, almost never found one (research/016). So each prefix also
+//!   counts its validated requests against [`QUIET_SHARE`] of the rate; a request within it is quiet and may take
+//!   the total to empty, a louder one only down to [`LOUD_RESERVE`] of its burst. Loud prefixes of any number
+//!   leave the lowest quarter, and the refill, to quiet ones. Validated prefixes have a table of their own that only
+//!   validated packets make entries in, so spoofed floods that fill the table of all prefixes cannot push them
+//!   into its shared entry.
 //! - **Cookies.** When an unvalidated packet is refused, the node may answer it with a COOKIE packet: 16 bytes
 //!   that are a MAC, under a secret that rotates every [`COOKIE_PERIOD`], of the packet's source IP address. The
 //!   node keeps no state for it; a cookie is checked by computing it again. COOKIE packets are rate-limited, in
@@ -28,8 +36,9 @@
 //! the same rules ([`Work::Try`], 20 times the X25519 one): forged packets for senders in the memo cost no X25519
 //! but would otherwise cost a try each without limit.
 //!
-//! Prefix state is bounded ([`MAX_PREFIXES`]); a prefix whose buckets are all full is the same as one never seen
-//! and is forgotten by [`Admission::sweep`], so the table is empty again after a burst.
+//! Prefix state is bounded ([`MAX_PREFIXES`], and [`MAX_VALIDATED_PREFIXES`] apart); a prefix whose buckets are
+//! all full is the same as one never seen and is forgotten by [`Admission::sweep`], so the tables are empty again
+//! after a burst.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -57,6 +66,13 @@ const PREFIX_SHARE: f32 = 8.0;
 const BURST_SECONDS: f32 = 0.1;
 /// Unvalidated packets may draw from the global bucket only above this fraction of its burst.
 const RESERVE: f32 = 0.5;
+/// Validated packets from a loud prefix may draw from the global bucket only above this fraction of its burst;
+/// quiet prefixes may take it to empty (protocol.md 6.1).
+const LOUD_RESERVE: f32 = 0.25;
+/// A prefix's validated requests for work are quiet within this share of the total's rate of that work: 1/64, so
+/// an attacker needs at least 64 prefixes asking at the quiet rate to take the lowest quarter from a new sender,
+/// while a prefix of real senders asks for one per new run, and gets it back when the run authenticates.
+pub const QUIET_SHARE: f32 = 1.0 / 64.0;
 /// COOKIE packets per second in total. A new sender's first packet during a flood gets a COOKIE with the chance
 /// replies/flood, so this must be of the order of a flood's packet rate, not of the X25519 budget: a COOKIE costs
 /// an HMAC and a send (a few µs, research/007), not an X25519.
@@ -72,6 +88,9 @@ pub const QUIET_ASKS_PER_PREFIX: f32 = 100.0;
 /// Most source prefixes tracked at once (16 B of state each, ~40 B in the table). Beyond it, new prefixes share one
 /// entry; a flood from random prefixes is then held by that entry and the global bucket.
 pub const MAX_PREFIXES: usize = 16_384;
+/// Most validated prefixes tracked at once, in a table of their own (only a packet from an address that receives
+/// makes an entry: an attacker needs real addresses in this many /24s to fill it). Beyond it they share one entry.
+pub const MAX_VALIDATED_PREFIXES: usize = 16_384;
 /// How often full buckets are forgotten.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
@@ -169,19 +188,28 @@ pub enum Work {
     X25519 = 1,
 }
 
-/// The buckets of one prefix, refilled together.
+/// The buckets of one prefix for unvalidated packets and COOKIEs, refilled together.
 #[derive(Debug, Clone, Copy)]
 struct PrefixState {
     /// Work for packets from unvalidated addresses of the prefix, per kind.
     unvalidated: [Bucket; 2],
-    /// Work for packets from validated addresses of the prefix (only real addresses can drain it).
-    validated: [Bucket; 2],
     /// COOKIE packets sent to the prefix.
     replies: Bucket,
     /// Packets of the prefix that asked for a COOKIE (refused for want of one): whether it is quiet.
     asks: Bucket,
     /// Milliseconds since the admission's base at the last refill (wrapping; differences stay far below 49 days
     /// because full entries are swept every second).
+    last_ms: u32,
+}
+
+/// The buckets of one validated prefix (only real addresses can drain them), refilled together.
+#[derive(Debug, Clone, Copy)]
+struct ValidatedState {
+    /// Work for packets from validated addresses of the prefix, per kind.
+    work: [Bucket; 2],
+    /// Validated requests of the prefix, per kind: a token taken means the request was quiet.
+    quiet: [Bucket; 2],
+    /// As [`PrefixState::last_ms`].
     last_ms: u32,
 }
 
@@ -207,6 +235,8 @@ struct Rates {
     /// Per kind of work, in total and per prefix.
     global: [Rate; 2],
     prefix: [Rate; 2],
+    /// Quiet validated requests per prefix, per kind.
+    quiet: [Rate; 2],
     replies: Rate,
     prefix_replies: Rate,
     prefix_asks: Rate,
@@ -222,6 +252,10 @@ impl Rates {
             prefix: [
                 Rate::of(tries / PREFIX_SHARE, 1.0),
                 Rate::of(x25519 / PREFIX_SHARE, 1.0),
+            ],
+            quiet: [
+                Rate::of(tries * QUIET_SHARE, 1.0),
+                Rate::of(x25519 * QUIET_SHARE, 1.0),
             ],
             replies: Rate::of(COOKIE_REPLIES_PER_SECOND, 1.0),
             prefix_replies: Rate::of(COOKIE_REPLIES_PER_PREFIX, 1.0),
@@ -240,6 +274,10 @@ pub struct Admission {
     prefixes: HashMap<Prefix, PrefixState>,
     /// Shared by every prefix that arrives while the table holds [`MAX_PREFIXES`].
     overflow: PrefixState,
+    /// Validated prefixes, apart (made only by validated packets).
+    validated: HashMap<Prefix, ValidatedState>,
+    /// Shared by every validated prefix that arrives while that table holds [`MAX_VALIDATED_PREFIXES`].
+    validated_overflow: ValidatedState,
     /// When the admission first saw time; cookie periods and prefix times count from it.
     base: Option<Instant>,
     next_sweep: Option<Instant>,
@@ -278,6 +316,8 @@ impl Admission {
             replies: Bucket::full(rates.replies.burst),
             prefixes: HashMap::new(),
             overflow: Self::fresh(&rates, 0),
+            validated: HashMap::new(),
+            validated_overflow: Self::fresh_validated(&rates, 0),
             base: None,
             next_sweep: None,
             cookie_key: config.cookie_key,
@@ -286,12 +326,18 @@ impl Admission {
     }
 
     fn fresh(rates: &Rates, now_ms: u32) -> PrefixState {
-        let full = rates.prefix.map(|r| Bucket::full(r.burst));
         PrefixState {
-            unvalidated: full,
-            validated: full,
+            unvalidated: rates.prefix.map(|r| Bucket::full(r.burst)),
             replies: Bucket::full(rates.prefix_replies.burst),
             asks: Bucket::full(rates.prefix_asks.burst),
+            last_ms: now_ms,
+        }
+    }
+
+    fn fresh_validated(rates: &Rates, now_ms: u32) -> ValidatedState {
+        ValidatedState {
+            work: rates.prefix.map(|r| Bucket::full(r.burst)),
+            quiet: rates.quiet.map(|r| Bucket::full(r.burst)),
             last_ms: now_ms,
         }
     }
@@ -301,9 +347,9 @@ impl Admission {
         self.rates.global[Work::X25519 as usize].per_s as u32
     }
 
-    /// Source prefixes with state now.
+    /// Entries of source prefixes with state now (a validated prefix has one in each table).
     pub fn prefixes_tracked(&self) -> usize {
-        self.prefixes.len()
+        self.prefixes.len() + self.validated.len()
     }
 
     fn base(&mut self, now: Instant) -> Instant {
@@ -346,7 +392,6 @@ impl Admission {
             for k in 0..2 {
                 let r = rates.prefix[k];
                 state.unvalidated[k].refill(elapsed, r.per_s, r.burst);
-                state.validated[k].refill(elapsed, r.per_s, r.burst);
             }
             state.replies.refill(
                 elapsed,
@@ -356,6 +401,30 @@ impl Admission {
             state
                 .asks
                 .refill(elapsed, rates.prefix_asks.per_s, rates.prefix_asks.burst);
+            state.last_ms = now_ms;
+        }
+        state
+    }
+
+    /// The refilled validated state of `prefix`, made if new (or the shared entry when its table is full).
+    fn validated_state(&mut self, now: Instant, prefix: Prefix) -> &mut ValidatedState {
+        let now_ms = self.ms(now);
+        let rates = self.rates;
+        let full = self.validated.len() >= MAX_VALIDATED_PREFIXES;
+        let state = if full && !self.validated.contains_key(&prefix) {
+            &mut self.validated_overflow
+        } else {
+            self.validated
+                .entry(prefix)
+                .or_insert_with(|| Self::fresh_validated(&rates, now_ms))
+        };
+        let elapsed = now_ms.wrapping_sub(state.last_ms) as f32 / 1000.0;
+        if elapsed > 0.0 {
+            for k in 0..2 {
+                let (r, q) = (rates.prefix[k], rates.quiet[k]);
+                state.work[k].refill(elapsed, r.per_s, r.burst);
+                state.quiet[k].refill(elapsed, q.per_s, q.burst);
+            }
             state.last_ms = now_ms;
         }
         state
@@ -384,25 +453,32 @@ impl Admission {
         self.refill_global(now);
         let k = work as usize;
         let burst = self.rates.global[k].burst;
-        let floor = if validated.is_validated() {
-            1.0
+        // The floor the total must be above: 1 + ⌊burst × reserve⌋, at most the burst (protocol.md 6.1).
+        let floor = |reserve: f32| 1.0 + (burst * reserve).floor().min(burst - 1.0);
+        let total = self.global[k].tokens;
+        let prefix = Prefix::of(ip);
+        let (bucket, global_ok, refusal) = if validated.is_validated() {
+            let quiet_burst = self.rates.quiet[k].burst;
+            let state = self.validated_state(now, prefix);
+            // Every validated request counts, granted or not: loudness is what the prefix asks for. The count goes
+            // below zero (to minus its burst), so a prefix that asks faster than the quiet rate is never quiet, not
+            // quiet once each time its count refills to one.
+            let quiet = state.quiet[k].tokens >= 1.0;
+            state.quiet[k].tokens = (state.quiet[k].tokens - 1.0).max(-quiet_burst);
+            // Quiet requests may take the total to empty; loud ones leave its lowest quarter to quiet ones.
+            let least = if quiet { 1.0 } else { floor(LOUD_RESERVE) };
+            (&mut state.work[k], total >= least, Refusal::Budget)
         } else {
             // Unvalidated input keeps off the reserve; with the least burst (2) it may still take one token.
-            1.0 + (burst * RESERVE).floor().min(burst - 1.0)
-        };
-        let global_ok = self.global[k].tokens >= floor;
-        let state = self.prefix_state(now, Prefix::of(ip));
-        let bucket = if validated.is_validated() {
-            &mut state.validated[k]
-        } else {
-            &mut state.unvalidated[k]
+            let state = self.prefix_state(now, prefix);
+            (
+                &mut state.unvalidated[k],
+                total >= floor(RESERVE),
+                Refusal::CookieRequired,
+            )
         };
         if !global_ok || bucket.tokens < 1.0 {
-            return Err(if validated.is_validated() {
-                Refusal::Budget
-            } else {
-                Refusal::CookieRequired
-            });
+            return Err(refusal);
         }
         bucket.tokens -= 1.0;
         self.global[k].tokens -= 1.0;
@@ -416,14 +492,17 @@ impl Admission {
         }
         let k = work as usize;
         let r = self.rates;
-        self.global[k].tokens = (self.global[k].tokens + n as f32).min(r.global[k].burst);
-        let state = self.prefix_state(now, Prefix::of(ip));
-        let bucket = if validated.is_validated() {
-            &mut state.validated[k]
+        let give = |b: &mut Bucket, rate: Rate| b.tokens = (b.tokens + n as f32).min(rate.burst);
+        give(&mut self.global[k], r.global[k]);
+        if validated.is_validated() {
+            // Its quiet count too: a prefix whose senders authenticate stays quiet.
+            let state = self.validated_state(now, Prefix::of(ip));
+            give(&mut state.work[k], r.prefix[k]);
+            give(&mut state.quiet[k], r.quiet[k]);
         } else {
-            &mut state.unvalidated[k]
-        };
-        bucket.tokens = (bucket.tokens + n as f32).min(r.prefix[k].burst);
+            let state = self.prefix_state(now, Prefix::of(ip));
+            give(&mut state.unvalidated[k], r.prefix[k]);
+        }
     }
 
     /// Whether a COOKIE packet may be sent to `ip` now, asked for a packet refused for want of a cookie: the reply
@@ -515,16 +594,25 @@ impl Admission {
     pub fn sweep(&mut self, now: Instant) {
         let now_ms = self.ms(now);
         let r = self.rates;
+        let full = |b: &Bucket, rate: Rate, last_ms: u32| {
+            let elapsed = now_ms.wrapping_sub(last_ms) as f32 / 1000.0;
+            b.tokens + elapsed * rate.per_s >= rate.burst
+        };
         self.prefixes.retain(|_, s| {
-            let elapsed = now_ms.wrapping_sub(s.last_ms) as f32 / 1000.0;
-            let full = |b: &Bucket, rate: Rate| b.tokens + elapsed * rate.per_s >= rate.burst;
-            !((0..2).all(|k| {
-                full(&s.unvalidated[k], r.prefix[k]) && full(&s.validated[k], r.prefix[k])
-            }) && full(&s.replies, r.prefix_replies)
-                && full(&s.asks, r.prefix_asks))
+            !((0..2).all(|k| full(&s.unvalidated[k], r.prefix[k], s.last_ms))
+                && full(&s.replies, r.prefix_replies, s.last_ms)
+                && full(&s.asks, r.prefix_asks, s.last_ms))
+        });
+        self.validated.retain(|_, s| {
+            !(0..2).all(|k| {
+                full(&s.work[k], r.prefix[k], s.last_ms) && full(&s.quiet[k], r.quiet[k], s.last_ms)
+            })
         });
         if self.prefixes.capacity() > 2 * self.prefixes.len() + 64 {
             self.prefixes.shrink_to(self.prefixes.len() * 2);
+        }
+        if self.validated.capacity() > 2 * self.validated.len() + 64 {
+            self.validated.shrink_to(self.validated.len() * 2);
         }
         self.next_sweep = Some(now + SWEEP_EVERY);
     }
@@ -754,6 +842,137 @@ mod tests {
             a.may_send_cookie(now, IpAddr::from([192, 0, 2, 9])),
             "a quiet prefix gets its COOKIE"
         );
+    }
+
+    /// What a node asks for a first packet: a try, and if granted an X25519 (the candidate is not in the memo).
+    /// Returns whether both were granted; a packet that authenticates gets its tokens back.
+    fn first_packet(a: &mut Admission, now: Instant, from: IpAddr, authentic: bool) -> bool {
+        if a.try_work(now, from, Validated::Cookie, Work::Try).is_err() {
+            return false;
+        }
+        let x = a.try_x25519(now, from, Validated::Cookie).is_ok();
+        if authentic {
+            a.refund(now, from, Validated::Cookie, Work::Try, 1);
+            a.refund(now, from, Validated::Cookie, Work::X25519, u32::from(x));
+        }
+        x
+    }
+
+    /// Issue 14 item 6: 16 /24s echoing real cookies at 400k packets/s used to take every token the total regained,
+    /// so a new sender waited for the flood to end. Loud prefixes now leave the lowest quarter to quiet ones: every
+    /// new sender from a 17th prefix gets its try and its X25519 with its first packet, and the flood still gets
+    /// the budget and no more.
+    #[test]
+    fn a_cookie_echoing_flood_from_16_prefixes_leaves_new_senders_their_first_x25519() {
+        let budget = 250;
+        let mut a = admission(budget);
+        let t0 = Instant::now();
+        let secs = 5u64;
+        let (mut flood_x25519, mut flood_tries, mut new_senders) = (0u64, 0u64, 0);
+        // A packet every 2.5 µs (400k/s) from 16 /24s in turn; a new sender of 192.0.2.0/24 every 50 ms.
+        let packets = secs * 400_000;
+        for i in 0..packets {
+            let now = t0 + Duration::from_nanos(i * 2_500);
+            let from = IpAddr::from([198, 18, (i % 16) as u8, 1 + (i % 200) as u8]);
+            if a.try_work(now, from, Validated::Cookie, Work::Try).is_ok() {
+                flood_tries += 1;
+                flood_x25519 += u64::from(a.try_x25519(now, from, Validated::Cookie).is_ok());
+            }
+            if i % 20_000 == 7_777 {
+                let new = IpAddr::from([192, 0, 2, 1 + (new_senders % 250) as u8]);
+                assert!(
+                    first_packet(&mut a, now, new, true),
+                    "new sender {new_senders} at {:?} refused; total {:?}",
+                    now - t0,
+                    a.global.map(|b| b.tokens)
+                );
+                new_senders += 1;
+            }
+        }
+        assert_eq!(new_senders, 100);
+        let r = a.rates;
+        let within = |k: usize| (r.global[k].per_s * secs as f32 + r.global[k].burst) as u64;
+        assert!(
+            flood_x25519 <= within(1),
+            "{flood_x25519} X25519s in {secs} s"
+        );
+        assert!(flood_tries <= within(0), "{flood_tries} tries in {secs} s");
+        // The flood is held to the budget, not shut out: it still takes nearly all of it (loud, above the quarter).
+        assert!(
+            flood_x25519 >= within(1) * 9 / 10,
+            "the flood got {flood_x25519} of {}",
+            within(1)
+        );
+        // Loud requests never took the total below its quarter.
+        assert!(a.global[1].tokens >= (r.global[1].burst * LOUD_RESERVE).floor());
+    }
+
+    /// A prefix is quiet by what it asks for: its first request is quiet, a prefix asking faster than the quiet
+    /// rate is loud from then on (its count stays below one, not quiet again each time it refills to one), and the
+    /// tokens given back when its packets authenticate keep a prefix of real senders quiet however many it has.
+    #[test]
+    fn a_prefix_is_quiet_by_what_it_asks_and_real_senders_keep_it_quiet() {
+        let mut a = admission(250);
+        let t0 = Instant::now();
+        let quarter = (a.rates.global[1].burst * LOUD_RESERVE).floor();
+        let mut real = 0;
+        for ms in 0..2_000u64 {
+            let now = t0 + Duration::from_millis(ms);
+            // 16 prefixes asking 10 times a millisecond, never authenticating.
+            for i in 0..160u64 {
+                let _ = a.try_x25519(
+                    now,
+                    IpAddr::from([198, 18, (i % 16) as u8, 1]),
+                    Validated::Cookie,
+                );
+            }
+            if ms >= 1 {
+                let t = a.global[1].tokens;
+                assert!(
+                    t >= quarter,
+                    "at {ms} ms loud requests took the total to {t}"
+                );
+            }
+            // From the second second, a prefix of real senders: 100 new ones, one every 10 ms, each quiet and
+            // given its X25519 from the lowest quarter.
+            if ms >= 1_000 && ms % 10 == 0 {
+                assert!(
+                    first_packet(&mut a, now, ip("192.0.2.9"), true),
+                    "real sender {real}"
+                );
+                real += 1;
+            }
+        }
+        assert_eq!(real, 100);
+    }
+
+    /// A flood of spoofed first packets fills the table of prefixes; validated prefixes have their own, so a new
+    /// sender there is not put in the shared entry with a cookie-echoing flood.
+    #[test]
+    fn a_spoofed_flood_that_fills_the_prefix_table_does_not_crowd_out_validated_prefixes() {
+        let mut a = admission(250);
+        let t0 = Instant::now();
+        for i in 0..(MAX_PREFIXES as u32 + 100) {
+            let from = IpAddr::from((0x0a00_0000 + (i << 8)).to_be_bytes());
+            let _ = a.try_x25519(t0, from, Validated::No);
+        }
+        assert_eq!(a.prefixes.len(), MAX_PREFIXES);
+        for i in 0..200_000u64 {
+            let now = t0 + Duration::from_nanos(i * 2_500);
+            let from = IpAddr::from([198, 18, (i % 16) as u8, 1]);
+            let _ = first_packet(&mut a, now, from, false);
+        }
+        let now = t0 + Duration::from_millis(500);
+        assert!(first_packet(&mut a, now, ip("192.0.2.1"), true));
+        assert_eq!(a.validated.len(), 17);
+        // The validated table is bounded too, and empties after a burst.
+        for i in 0..(MAX_VALIDATED_PREFIXES as u32 + 100) {
+            let from = IpAddr::from((0x6440_0000 + (i << 8)).to_be_bytes());
+            let _ = a.try_x25519(now, from, Validated::Transport);
+        }
+        assert_eq!(a.validated.len(), MAX_VALIDATED_PREFIXES);
+        a.sweep(now + Duration::from_secs(5));
+        assert_eq!(a.prefixes_tracked(), 0);
     }
 
     #[test]

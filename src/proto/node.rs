@@ -711,6 +711,9 @@ impl Node {
         let mut tried = 0u32;
         let mut refused: Option<(Refusal, Work)> = None;
         let mut capped = false;
+        // Secrets worked out for this packet are kept only if it authenticates (protocol.md 6): a forged packet's
+        // X25519 costs its budget and nothing more, not a memo write.
+        let secrets_before = self.new_secrets.len();
         for sender in candidates {
             if has_session
                 .iter()
@@ -816,6 +819,9 @@ impl Node {
         has_session.clear();
         self.found = has_session;
         let v = validated.unwrap_or(Validated::No);
+        if made.is_none() {
+            self.new_secrets.truncate(secrets_before);
+        }
         if made.is_some() {
             // Work caused by a real sender: not what the budget bounds.
             self.counters.x25519_authentic += u64::from(charged);
@@ -1249,7 +1255,8 @@ impl Node {
         self.outbox.pop()
     }
 
-    /// Secrets derived since the last call, for the driver to remember in the memo.
+    /// Secrets derived since the last call for packets that authenticated (the sender's, and those of other
+    /// candidates of its key id tried before it), for the driver to remember in the memo.
     pub fn take_new_secrets(&mut self) -> Vec<(PublicKeyBytes, [u8; 32])> {
         std::mem::take(&mut self.new_secrets)
     }

@@ -528,6 +528,11 @@ impl ReadyNode {
                 self.host.drain(&mut self.node);
                 self.after_finish();
                 self.host.checkpoint_at_stop();
+                if let Err(e) = self.memo.write() {
+                    tracing::warn!(
+                        "memo: the last secrets were not written ({e}); each costs an X25519 after the restart"
+                    );
+                }
             }
             let swept_before = self.node.counters().sessions_swept;
             self.node.handle_timeout(now);
@@ -673,8 +678,10 @@ impl ReadyNode {
                 sender = r.sender,
             );
         }
+        // Secrets of packets that authenticated join the memo's batch, written when due: this runs every round (at
+        // least every MAX_WAIT), so a batch is not much later than memo::BATCH_EVERY.
         let secrets = self.node.take_new_secrets();
-        if let Err(e) = self.memo.put_all(&secrets) {
+        if let Err(e) = self.memo.put_all(Instant::now(), &secrets) {
             tracing::warn!(
                 "memo not updated ({e}); known senders will cost an X25519 after a restart"
             );
