@@ -8,12 +8,14 @@ mod http_util;
 mod ops_util;
 mod outlet_util;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ops_util::keygen;
 use outlet_util::{
-    args, assert_each_once_forwarded, assert_sent, feed_lines, kill_and_restart, lag, records,
-    spawn_send, start, threads, wait_until,
+    args, assert_each_once_forwarded, assert_sent, feed_lines, feed_lines_gated, kill_and_restart,
+    lag, records, spawn_send, start, threads, wait_until,
 };
 
 #[test]
@@ -92,11 +94,16 @@ fn every_record_reaches_both_far_apps_once_over_http_and_https_through_kills_of_
         .iter()
         .map(|(k, _)| spawn_send(k, &a, "main", 120))
         .collect();
-    // Paced over about five seconds, so the kills land in the middle of the delivery.
+    // Paced over about five seconds, and the last third held back until the last kill, so the kills land in the
+    // middle of the delivery however slow the machine is.
+    let gate = Arc::new(AtomicU64::new(PER_DEVICE * 2 / 3));
     let writers: Vec<_> = sends
         .iter_mut()
         .zip(devices)
-        .map(|(child, d)| feed_lines(child, d, PER_DEVICE, 100, Duration::from_millis(80)))
+        .map(|(child, d)| {
+            let pause = Duration::from_millis(80);
+            feed_lines_gated(child, d, PER_DEVICE, 100, pause, gate.clone())
+        })
         .collect();
 
     let total = devices.len() as u64 * PER_DEVICE;
@@ -122,6 +129,7 @@ fn every_record_reaches_both_far_apps_once_over_http_and_https_through_kills_of_
             kill_and_restart(&mut b, &args_b);
         }
     }
+    gate.store(PER_DEVICE, Ordering::Relaxed);
     for w in writers {
         w.join().unwrap();
     }

@@ -93,6 +93,26 @@ pub fn feed_lines(
     batch: u64,
     pause: Duration,
 ) -> std::thread::JoinHandle<()> {
+    feed_lines_gated(
+        child,
+        name,
+        count,
+        batch,
+        pause,
+        Arc::new(AtomicU64::new(count)),
+    )
+}
+
+/// [`feed_lines`], writing line K only once `gate` is at least K: a test that must kill nodes in the middle of a
+/// delivery holds part of the input back until its last kill, so a slow machine cannot end the delivery first.
+pub fn feed_lines_gated(
+    child: &mut Child,
+    name: &str,
+    count: u64,
+    batch: u64,
+    pause: Duration,
+    gate: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<()> {
     let mut stdin = child.stdin.take().unwrap();
     let name = name.to_string();
     std::thread::spawn(move || {
@@ -100,7 +120,7 @@ pub fn feed_lines(
         while k <= count {
             let mut text = String::new();
             for _ in 0..batch {
-                if k > count {
+                if k > count || k > gate.load(Ordering::Relaxed) {
                     break;
                 }
                 text.push_str(&format!("{name} line {k}\n"));
