@@ -44,3 +44,22 @@ for shape in shapes:
 loads = [r["load1"] for r in rows if "load1" in r]
 if loads:
     print(f"\nload average (1 min) during the runs: {min(loads):.1f}–{max(loads):.1f}")
+
+if len(sys.argv) > 2:
+    # run2.sh: the follow-up variants, each against `plain` of the same shape in the same round.
+    rows2 = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+    plain = {(r["sources"], r["records"], r["round"]): r["records_per_s"] for r in rows2 if r["engine"] == "pg-plain"}
+    groups = defaultdict(list)
+    for r in rows2:
+        groups[(r["sources"], r["records"], r["engine"], r["writers"])].append(r)
+    print("\n| turn (sources × records) | variant | writers | records/s stored | ÷ plain, same round | records/s cut off as stored already |")
+    print("|---|---|---:|---:|---:|---:|")
+    for (s, n, e, w), rs in groups.items():
+        vals = [r["records_per_s"] for r in rs]
+        ratio = [r["records_per_s"] / plain[(s, n, r["round"])] for r in rs]
+        dup = [r.get("duplicates_skipped_per_s", 0) for r in rs]
+        print(f"| {s} × {n} | {e[3:]} | {w} | {span(vals, lambda v: f'{v/1000:.0f}k')} | "
+              f"{span(ratio, lambda v: f'{v:.2f}') if e != 'pg-plain' else '—'} | "
+              f"{span(dup, lambda v: f'{v/1000:.0f}k') if e == 'pg-race' else '—'} |")
+    loads = [r["load1"] for r in rows2]
+    print(f"\nload average (1 min) during the runs: {min(loads):.1f}–{max(loads):.1f}")

@@ -10,6 +10,7 @@
 //!
 //! Usage: fleet-store-017 sqlite DIR SOURCES RECORDS SECONDS
 //!        fleet-store-017 pg CONNINFO SOURCES RECORDS SECONDS WRITERS shared|own [copy]
+//!        fleet-store-017 pg2 CONNINFO SOURCES RECORDS SECONDS WRITERS plain|external|capN|race
 
 use std::time::{Duration, Instant};
 
@@ -108,6 +109,8 @@ fn sqlite(dir: &str, sources: usize, records: usize, seconds: f64) -> serde_json
 
 struct Pg {
     client: tokio_postgres::Client,
+    begin: tokio_postgres::Statement,
+    commit: tokio_postgres::Statement,
     lock: tokio_postgres::Statement,
     heard: tokio_postgres::Statement,
     head: tokio_postgres::Statement,
@@ -169,7 +172,11 @@ async fn pg_writer(
     until: Instant,
 ) -> (u64, u64) {
     let client = connect(&conninfo).await;
+    // BEGIN and COMMIT prepared too: a statement given as text is prepared first (a round trip), so in a pipeline
+    // the prepared statements behind it would reach the server before it, outside the transaction.
     let pg = Pg {
+        begin: client.prepare("BEGIN").await.unwrap(),
+        commit: client.prepare("COMMIT").await.unwrap(),
         lock: client
             .prepare(
                 "SELECT id, heard FROM sources WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE",
@@ -207,7 +214,7 @@ async fn pg_writer(
     while Instant::now() < until {
         let lock_args: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
         let (_, locked) = futures_util::try_join!(
-            pg.client.execute("BEGIN", &[]),
+            pg.client.execute(&pg.begin, &[]),
             pg.client.query(&pg.lock, &lock_args)
         )
         .unwrap();
@@ -248,7 +255,7 @@ async fn pg_writer(
                 &offsets,
             )
             .await;
-            pg.client.execute("COMMIT", &[]).await.unwrap();
+            pg.client.execute(&pg.commit, &[]).await.unwrap();
         } else {
             let bodies: Vec<&[u8]> = vec![&chunk[..]; sources];
             let insert_args: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
@@ -257,7 +264,7 @@ async fn pg_writer(
                 pg.client.execute(&pg.heard, &heard_args),
                 pg.client.query_one(&pg.head, &head_args),
                 pg.client.execute(&pg.insert, &insert_args),
-                pg.client.execute("COMMIT", &[]),
+                pg.client.execute(&pg.commit, &[]),
             )
             .unwrap();
         }
@@ -387,6 +394,220 @@ fn pg(
     })
 }
 
+/// The follow-up variants (written after the first results): `external` (the body column never compressed),
+/// `capN` (a source's records of a turn in rows of at most N records, so a row stays inline), `race` (every writer
+/// proposes the same sources' next records, as a sender that reaches two nodes at once: each turn stores only
+/// what is past the heard sequence found under the lock, and the end checks that each source's chunks cover
+/// `1..=heard` exactly once).
+fn pg2(
+    conninfo: &str,
+    sources: usize,
+    records: usize,
+    seconds: f64,
+    writers: usize,
+    variant: &str,
+) -> serde_json::Value {
+    let race = variant == "race";
+    let cap = variant
+        .strip_prefix("cap")
+        .map(|n| n.parse::<usize>().unwrap())
+        .unwrap_or(records);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The race's writers share one app and one set of sources (writer 0's); the others each have their own.
+    rt.block_on(async {
+        pg_setup(
+            conninfo,
+            sources,
+            if race { 1 } else { writers },
+            race || writers == 1,
+        )
+        .await;
+        if variant == "external" {
+            connect(conninfo)
+                .await
+                .batch_execute("ALTER TABLE chunks ALTER COLUMN body SET STORAGE EXTERNAL")
+                .await
+                .unwrap();
+        }
+    });
+    let start = Instant::now();
+    let until = start + Duration::from_secs_f64(seconds);
+    let handles: Vec<_> = (0..writers)
+        .map(|w| {
+            let conninfo = conninfo.to_string();
+            std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(pg2_writer(
+                        conninfo,
+                        if race { 0 } else { w },
+                        sources,
+                        records,
+                        cap,
+                        until,
+                    ))
+            })
+        })
+        .collect();
+    let (mut turns, mut stored, mut dup) = (0u64, 0u64, 0u64);
+    for h in handles {
+        let (t, s, d) = h.join().unwrap();
+        turns += t;
+        stored += s;
+        dup += d;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let (total, bad_seq, bad_pos, heard_mismatch) = rt.block_on(async {
+        let c = connect(conninfo).await;
+        let total: i64 = c.query_one("SELECT coalesce(sum(count), 0)::bigint FROM chunks", &[]).await.unwrap().get(0);
+        let bad_seq: i64 = c
+            .query_one(
+                "SELECT count(*) FROM (SELECT first_seq, count, lag(first_seq + count) OVER (PARTITION BY source \
+                 ORDER BY first_seq) AS expect FROM chunks) t WHERE first_seq <> coalesce(expect, 1)",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let bad_pos: i64 = c
+            .query_one(
+                "SELECT count(*) FROM (SELECT pos, lag(pos + count) OVER (PARTITION BY app ORDER BY pos) AS expect \
+                 FROM chunks) t WHERE pos <> coalesce(expect, 1)",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let heard_mismatch: i64 = c
+            .query_one(
+                "SELECT count(*) FROM sources s WHERE s.heard <> (SELECT coalesce(sum(count), 0) FROM chunks c \
+                 WHERE c.source = s.id)",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        (total, bad_seq, bad_pos, heard_mismatch)
+    });
+    assert_eq!(total as u64, stored, "records stored");
+    assert_eq!(
+        (bad_seq, bad_pos, heard_mismatch),
+        (0, 0, 0),
+        "sequences, positions and heard sequences whole"
+    );
+    serde_json::json!({
+        "engine": format!("pg-{variant}"), "sources": sources, "records": records, "writers": writers,
+        "apps": if race || writers == 1 { "shared" } else { "own" },
+        "seconds": secs, "turns_per_s": turns as f64 / secs, "records_per_s": stored as f64 / secs,
+        "duplicates_skipped_per_s": dup as f64 / secs,
+    })
+}
+
+async fn pg2_writer(
+    conninfo: String,
+    w: usize,
+    sources: usize,
+    records: usize,
+    cap: usize,
+    until: Instant,
+) -> (u64, u64, u64) {
+    let client = connect(&conninfo).await;
+    let begin = client.prepare("BEGIN").await.unwrap();
+    let commit = client.prepare("COMMIT").await.unwrap();
+    let lock = client
+        .prepare(
+            "SELECT id, heard FROM sources WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE",
+        )
+        .await
+        .unwrap();
+    let set_heard = client
+        .prepare("UPDATE sources s SET heard = u.h FROM unnest($1::bigint[], $2::bigint[]) u(id, h) WHERE s.id = u.id")
+        .await
+        .unwrap();
+    let head = client
+        .prepare("UPDATE apps SET head = head + $2 WHERE id = $1 RETURNING head")
+        .await
+        .unwrap();
+    let insert = client
+        .prepare(
+            "INSERT INTO chunks (app, source, first_seq, count, body, pos, stored_at, format) \
+             SELECT $1, u.s, u.f, u.c, u.b, a.head - $2 + u.o, $3, 0 \
+             FROM unnest($4::bigint[], $5::bigint[], $6::int[], $7::bytea[], $8::bigint[]) u(s, f, c, b, o), \
+             apps a WHERE a.id = $1",
+        )
+        .await
+        .unwrap();
+    let app = w as i32;
+    let ids: Vec<i64> = (0..sources).map(|s| (w * sources + s) as i64 + 1).collect();
+    let chunk = body(records);
+    let mut local = vec![0i64; sources];
+    let (mut turns, mut stored, mut dup) = (0u64, 0u64, 0u64);
+    while Instant::now() < until {
+        let lock_args: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&ids];
+        let (_, locked) = futures_util::try_join!(
+            client.execute(&begin, &[]),
+            client.query(&lock, &lock_args)
+        )
+        .unwrap();
+        let (mut r_src, mut r_first, mut r_count, mut r_body, mut r_off) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        let (mut h_ids, mut h_new) = (vec![], vec![]);
+        let mut n = 0i64;
+        for (s, row) in locked.iter().enumerate() {
+            let found: i64 = row.get(1);
+            // This writer proposes its next records from what it last knew; what another writer stored since is
+            // cut off here, under the lock, as the node's store cuts a frame that overlaps the heard sequence.
+            let first = local[s] + 1;
+            let end = first + records as i64 - 1;
+            if found >= end {
+                dup += records as u64;
+                local[s] = found;
+                continue;
+            }
+            let from = found.max(first - 1) + 1;
+            dup += (from - first) as u64;
+            let mut seq = from;
+            while seq <= end {
+                let count = ((end - seq + 1) as usize).min(cap);
+                let at = (seq - first) as usize * 33;
+                r_src.push(ids[s]);
+                r_first.push(seq);
+                r_count.push(count as i32);
+                r_body.push(&chunk[at..at + count * 33]);
+                r_off.push(n + 1);
+                n += count as i64;
+                seq += count as i64;
+            }
+            h_ids.push(ids[s]);
+            h_new.push(end);
+            local[s] = end;
+        }
+        if n == 0 {
+            client.execute(&commit, &[]).await.unwrap();
+        } else {
+            let heard_args: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&h_ids, &h_new];
+            let head_args: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&app, &n];
+            let insert_args: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
+                [&app, &n, &1i64, &r_src, &r_first, &r_count, &r_body, &r_off];
+            futures_util::try_join!(
+                client.execute(&set_heard, &heard_args),
+                client.query_one(&head, &head_args),
+                client.execute(&insert, &insert_args),
+                client.execute(&commit, &[]),
+            )
+            .unwrap();
+        }
+        turns += 1;
+        stored += n as u64;
+    }
+    (turns, stored, dup)
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     let num = |i: usize| a[i].parse::<usize>().unwrap();
@@ -401,6 +622,7 @@ fn main() {
             a[7] == "shared",
             a.get(8).is_some_and(|c| c == "copy"),
         ),
+        "pg2" => pg2(&a[2], num(3), num(4), a[5].parse().unwrap(), num(6), &a[7]),
         other => panic!("unknown engine {other}"),
     };
     println!("{out}");
