@@ -6,7 +6,8 @@
 //! ("after_idle" phase) and reads the memory again. Prints one JSON object per measurement.
 //!
 //! With `--reload`, the senders file gets one more line and the node a SIGHUP; the time until the node counts the
-//! reload done ("reload" phase) is the whole parse-and-index path.
+//! reload done ("reload" phase) is the whole parse-and-index path, and the resident peak above rest during it (mapped
+//! pages included) is what a reload costs in memory (research/018).
 //!
 //! Usage: cargo bench --bench idle_links -- [--senders N]... [--runs R] [--send] [--reload] [--bin PATH] [--label L]
 
@@ -75,7 +76,11 @@ fn proc_kb(pid: u32, field: &str) -> u64 {
 
 fn metric(http: SocketAddr, name: &str) -> f64 {
     let mut s = TcpStream::connect(http).unwrap();
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     text.lines()
@@ -292,20 +297,27 @@ fn main() {
                 ));
                 std::fs::write(dir.path().join("senders"), text).unwrap();
                 let before = metric(node.http, "pure_reloads_total");
+                let rest_kb = proc_kb(pid, "VmRSS:");
+                let mut peak_kb = rest_kb;
                 let t = Instant::now();
                 // SAFETY: kill(2) on our own child.
                 unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+                // The resident peak, mapped pages included (issue 17: ≤ 64 MB above rest; research/018), sampled
+                // between the polls of the reload counter.
                 while metric(node.http, "pure_reloads_total") <= before {
                     assert!(
                         t.elapsed() < Duration::from_secs(60),
                         "reload did not finish"
                     );
+                    peak_kb = peak_kb.max(proc_kb(pid, "VmRSS:"));
                     std::thread::sleep(Duration::from_millis(2));
                 }
+                let took = t.elapsed();
                 println!(
-                    "{{\"bench\":\"idle_links\",\"label\":\"{}\",\"run\":{run},\"senders\":{n},\"phase\":\"reload\",\"reload_ms\":{:.1},\"senders_after\":{}}}",
+                    "{{\"bench\":\"idle_links\",\"label\":\"{}\",\"run\":{run},\"senders\":{n},\"phase\":\"reload\",\"reload_ms\":{:.1},\"rss_rest_kb\":{rest_kb},\"rss_peak_above_rest_kb\":{},\"senders_after\":{}}}",
                     a.label,
-                    t.elapsed().as_secs_f64() * 1e3,
+                    took.as_secs_f64() * 1e3,
+                    peak_kb - rest_kb,
                     metric(node.http, "pure_senders")
                 );
             }

@@ -455,18 +455,18 @@ impl Sorted {
         AllowList::encoded_len(self.order.len(), self.parser.names.len())
     }
 
+    /// The senders in key order, as (name, key).
+    fn in_order(&self) -> impl Iterator<Item = (&str, &PublicKeyBytes)> {
+        let p = &self.parser;
+        self.order
+            .iter()
+            .map(|&i| (p.name(i as usize), &p.keys[i as usize]))
+    }
+
     /// Writes the list in the allow-list layout into `out` (exactly [`Sorted::encoded_len`] bytes).
     fn write(&self, stamp: SourceStamp, out: &mut [u8]) {
         let p = &self.parser;
-        AllowList::encode_sorted_into(
-            self.order.len(),
-            p.names.len(),
-            stamp,
-            self.order
-                .iter()
-                .map(|&i| (p.name(i as usize), &p.keys[i as usize])),
-            out,
-        );
+        AllowList::encode_sorted_into(self.order.len(), p.names.len(), stamp, self.in_order(), out);
     }
 }
 
@@ -488,7 +488,16 @@ fn map_index(path: &Path) -> Option<AllowList> {
     // SAFETY: the file belongs to the node's state directory and is replaced only by rename, never truncated or
     // written in place, so the mapped bytes do not change under us. Its contents are checked by `from_backing`.
     let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
-    AllowList::from_backing(Box::new(map)).ok()
+    let (start, len) = (map.as_ptr(), map.len());
+    let list = AllowList::from_backing(Box::new(map)).ok()?;
+    // The checks read every page of the index into this process; give them back. They stay in the page cache,
+    // and a lookup faults in again the few it touches, so a checked index is not resident whole beside the one a
+    // reload replaces (research/018).
+    // SAFETY: `start..start + len` is the read-only mapping of a file that is never written in place (above), now
+    // owned by `list`; MADV_DONTNEED on it only drops this process's page table entries, and the next access
+    // reads the same bytes from the file again. Nothing here holds a reference into it across the call.
+    unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+    Some(list)
 }
 
 /// How [`load_indexed`] got its list.
@@ -518,6 +527,9 @@ pub fn load_indexed(path: &Path, state_dir: &Path) -> Result<(AllowList, IndexUs
     let sorted = read_sorted(path, file)?;
     match write_index(&index, &sorted, stamp) {
         Ok(()) => {
+            // The parser's arrays go before the new index is mapped and checked, so the two are never resident
+            // together (research/018).
+            drop(sorted);
             if let Some(list) = map_index(&index) {
                 return Ok((list, IndexUse::Rebuilt));
             }
@@ -525,6 +537,7 @@ pub fn load_indexed(path: &Path, state_dir: &Path) -> Result<(AllowList, IndexUs
                 "{} was written but cannot be mapped; keeping the senders in memory",
                 index.display()
             );
+            return load(path).map(|list| (list, IndexUse::InMemory));
         }
         Err(e) => tracing::warn!(
             "cannot write {} ({e}); keeping the senders in memory, and the next start parses the file again",
@@ -539,9 +552,9 @@ pub fn load_indexed(path: &Path, state_dir: &Path) -> Result<(AllowList, IndexUs
     Ok((list, IndexUse::InMemory))
 }
 
-/// Writes the index beside its final name — allocated first (a full disk is an error here, not a SIGBUS in the
-/// mapping), mapped, filled, synced — and renames it into place, so a crash leaves either the old index or the
-/// whole new one.
+/// Writes the index beside its final name — allocated first (a full disk is an error here, before any of it is
+/// written), written through a buffer, synced — and renames it into place, so a crash leaves either the old index
+/// or the whole new one.
 fn write_index(path: &Path, sorted: &Sorted, stamp: SourceStamp) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let tmp = path.with_extension("idx.tmp");
@@ -557,12 +570,14 @@ fn write_index(path: &Path, sorted: &Sorted, stamp: SourceStamp) -> std::io::Res
     if rc != 0 {
         return Err(std::io::Error::from_raw_os_error(rc));
     }
-    // SAFETY: the file was made just now by this process beside the index, under the state directory, and every
-    // block of it is allocated; nothing else writes or truncates it while it is mapped here.
-    let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }?;
-    sorted.write(stamp, &mut map);
-    map.flush()?;
-    drop(map);
+    // Written, not mapped: the pages go to the page cache and never count in the node's memory (research/018).
+    AllowList::encode_sorted_to_file(
+        sorted.order.len(),
+        sorted.parser.names.len(),
+        stamp,
+        sorted.in_order(),
+        &file,
+    )?;
     file.sync_all()?;
     drop(file);
     std::fs::rename(&tmp, path)

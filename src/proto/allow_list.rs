@@ -170,10 +170,7 @@ impl AllowList {
         out: &mut [u8],
     ) {
         let n = count;
-        out[0..8].copy_from_slice(MAGIC);
-        out[8..16].copy_from_slice(&(n as u64).to_le_bytes());
-        out[16..24].copy_from_slice(&(names_len as u64).to_le_bytes());
-        stamp.write(&mut out[24..64]);
+        out[..HEADER_LEN].copy_from_slice(&Self::header(n, names_len, stamp));
         let (keys_at, ends_at, names_at) = (HEADER_LEN, HEADER_LEN + 32 * n, HEADER_LEN + 36 * n);
         let mut end = 0usize;
         for (i, (name, key)) in sorted.take(n).enumerate() {
@@ -183,6 +180,72 @@ impl AllowList {
             out[ends_at + 4 * i..ends_at + 4 * (i + 1)]
                 .copy_from_slice(&(end as u32).to_le_bytes());
         }
+    }
+
+    /// The layout's first [`HEADER_LEN`] bytes for a list of `count` senders whose names take `names_len` bytes.
+    fn header(count: usize, names_len: usize, stamp: SourceStamp) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[0..8].copy_from_slice(MAGIC);
+        h[8..16].copy_from_slice(&(count as u64).to_le_bytes());
+        h[16..24].copy_from_slice(&(names_len as u64).to_le_bytes());
+        stamp.write(&mut h[24..64]);
+        h
+    }
+
+    /// [`AllowList::encode_sorted_into`] written into `file` with positional writes through three small buffers,
+    /// one per section (keys, name ends, names), in one pass over `sorted`: the pages go to the page cache, where a
+    /// mapping written in place would make every one of them resident in the writer (research/018).
+    pub fn encode_sorted_to_file<'a>(
+        count: usize,
+        names_len: usize,
+        stamp: SourceStamp,
+        sorted: impl Iterator<Item = (&'a str, &'a PublicKeyBytes)>,
+        file: &std::fs::File,
+    ) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        /// Bytes bound for one place in the file, written when the buffer is full.
+        struct Section<'f> {
+            file: &'f std::fs::File,
+            at: u64,
+            buf: Vec<u8>,
+        }
+        impl Section<'_> {
+            fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+                if self.buf.len() + bytes.len() > self.buf.capacity() {
+                    self.flush()?;
+                }
+                self.buf.extend_from_slice(bytes);
+                Ok(())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                self.file.write_all_at(&self.buf, self.at)?;
+                self.at += self.buf.len() as u64;
+                self.buf.clear();
+                Ok(())
+            }
+        }
+        const BUF: usize = 256 << 10;
+        let section = |at: usize| Section {
+            file,
+            at: at as u64,
+            buf: Vec::with_capacity(BUF),
+        };
+        file.write_all_at(&Self::header(count, names_len, stamp), 0)?;
+        let (mut keys, mut ends, mut names) = (
+            section(HEADER_LEN),
+            section(HEADER_LEN + 32 * count),
+            section(HEADER_LEN + 36 * count),
+        );
+        let mut end = 0u32;
+        for (name, key) in sorted.take(count) {
+            keys.put(key)?;
+            names.put(name.as_bytes())?;
+            end += name.len() as u32;
+            ends.put(&end.to_le_bytes())?;
+        }
+        keys.flush()?;
+        ends.flush()?;
+        names.flush()
     }
 
     /// Builds a list in memory from (name, key) pairs with unique names and keys.
@@ -346,6 +409,41 @@ impl AllowList {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_streamed_layout_is_the_one_written_in_place() {
+        let mut entries: Vec<(String, PublicKeyBytes)> = (0..300u32)
+            .map(|i| {
+                let mut k = [0u8; 32];
+                k[..4].copy_from_slice(&(i.wrapping_mul(2_654_435_761)).to_be_bytes());
+                k[31] = 1;
+                (format!("sender-{i}"), k)
+            })
+            .collect();
+        entries.sort_by_key(|e| e.1);
+        let names_len: usize = entries.iter().map(|(n, _)| n.len()).sum();
+        let stamp = SourceStamp {
+            dev: 1,
+            ino: 2,
+            size: 3,
+            mtime_ns: 4,
+            ctime_ns: 5,
+        };
+        let sorted = || entries.iter().map(|(n, k)| (n.as_str(), k));
+        let mut in_place = vec![0u8; AllowList::encoded_len(entries.len(), names_len)];
+        AllowList::encode_sorted_into(entries.len(), names_len, stamp, sorted(), &mut in_place);
+        let dir = tempfile::tempdir().unwrap();
+        let file = std::fs::File::create_new(dir.path().join("idx")).unwrap();
+        AllowList::encode_sorted_to_file(entries.len(), names_len, stamp, sorted(), &file).unwrap();
+        let streamed = std::fs::read(dir.path().join("idx")).unwrap();
+        assert_eq!(streamed, in_place);
+        let list = AllowList::from_backing(Box::new(streamed)).unwrap();
+        assert_eq!(list.stamp(), stamp);
+        assert_eq!(
+            list.find(&entries[7].1).map(|i| list.name(i)),
+            Some(entries[7].0.as_str())
+        );
+    }
 
     #[test]
     fn candidates_find_every_key_with_the_id() {
