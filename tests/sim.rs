@@ -753,6 +753,43 @@ fn refused_apps_are_reported_to_the_sender() {
     let _ = sim.start;
 }
 
+/// One packet, one answer (docs/protocol.md 5.3; issue 18, item 14): a packet that names an app the node does not
+/// host beside records for `main` is answered once, after the commit, the REFUSE beside the ACK; it used to get
+/// `ECHO, REFUSE` at once and `ECHO, ACK` after the commit. With syncs that finish late too, so that answers for
+/// turns finished early and the REFUSE held for a later turn do not mix.
+#[test]
+fn a_refused_app_beside_stored_records_gets_one_answer_per_packet() {
+    for finish_late in [false, true] {
+        let mut sim = Sim::new(23, CLEAN, 1, FlowStart::At(1));
+        sim.finish_late = finish_late;
+        sim.devices[0]
+            .sender
+            .queue("nosuchapp", b"x".to_vec())
+            .unwrap();
+        sim.queue(0, 3);
+        sim.run_until_idle(Duration::from_secs(5));
+        sim.assert_exactly_once();
+        let d = &sim.devices[0];
+        assert!(
+            d.events.iter().any(
+                |e| matches!(e, SenderEvent::Refused { app, reason: 1 } if app == "nosuchapp")
+            ),
+            "{:?}",
+            d.events
+        );
+        assert_eq!(d.sender.stored_through("main"), Some(3));
+        assert_eq!(
+            d.sent.len(),
+            1,
+            "one packet: a probe of nosuchapp and the records"
+        );
+        assert_eq!(
+            sim.node_datagrams, 1,
+            "finish_late {finish_late}: one answer to the one packet"
+        );
+    }
+}
+
 #[test]
 fn a_sender_that_starts_past_the_node_renumbers_after_the_nodes_heard_sequence() {
     // The device believes 50 records are stored (it starts at 51), but this node's store has none of them.
