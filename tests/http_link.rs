@@ -301,6 +301,11 @@ fn each_request_gets_the_ack_of_its_own_records_when_the_later_one_is_answered_f
     }
     assert_eq!(sender.stored_through("main"), Some(5));
     assert_eq!(records(&state).len(), 5);
+    assert_eq!(
+        node.metric("pure_http_link_packets_lost_total"),
+        Some(0.0),
+        "no node packet went to a request answered already"
+    );
 }
 
 /// `--no-http-links` switches links over HTTP off (protocol.md 10, docs/operations.md): `POST /link` is 404 and
