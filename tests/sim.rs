@@ -1475,7 +1475,7 @@ fn forged_packets_for_memoised_senders_cost_at_most_the_budget_of_tries() {
                 .handle_datagram(at, flood_addr(n % 512), &p, &mut sim.memo);
         }
     }
-    let c = sim.node.counters();
+    let c = sim.node.counters().clone();
     assert_eq!(c.x25519, 0);
     let wasted = c.new_run_tries - c.new_run_tries_authentic;
     // 2 s at 2000 tries/s, plus a burst of 200.
@@ -1489,6 +1489,13 @@ fn forged_packets_for_memoised_senders_cost_at_most_the_budget_of_tries() {
         c.dropped(DropReason::CookieRequired) + c.dropped(DropReason::Auth),
         100_000
     );
+    // No X25519 was asked for, so every COOKIE answered a refused try (protocol.md 4.4 says so since issue 18).
+    assert!(c.dropped(DropReason::CookieRequired) > 0);
+    assert!(c.cookies_sent > 0, "{c:?}");
+    let cookies = std::iter::from_fn(|| sim.node.poll_transmit())
+        .filter(|t| t.bytes[0] == wire::TYPE_COOKIE && t.bytes.len() == wire::COOKIE_PACKET_LEN)
+        .count() as u64;
+    assert_eq!(cookies, c.cookies_sent);
 }
 
 #[test]
