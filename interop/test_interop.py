@@ -418,11 +418,21 @@ class Delivery(unittest.TestCase):
             frames = (S.forward_frame(b"main", h + 1, [(b"someone-else", 7, b"forged")])
                       + S.data_frame(b"main", h + 1, [b"own"]))
             _, opened = p.ask(p.packet(frames))
-            got = list(opened[2])
-            while ("ack", b"main", h + 1) not in got:  # §5.3: the ACK may come in a later answer, after its commit
-                p.sock.settimeout(2.0)
-                got += p.run.open(p.sock.recv(4096))[2]
-            self.assertIn(("refuse", b"main", 3), got)
+            # §5.3, one answer per packet: the REFUSE travels with the ACK, after the commit, in one node packet
+            self.assertIn(("ack", b"main", h + 1), opened[2])
+            self.assertIn(("refuse", b"main", 3), opened[2])
+            p.sock.settimeout(QUIET)
+            with self.assertRaises(socket.timeout, msg="a second answer to one packet"):
+                p.sock.recv(4096)
+            # the same for an app the node does not host beside main: ECHO, ACK and REFUSE reason 1 together
+            h2 = p.heard()
+            frames = S.data_frame(b"nosuch", 1, [b"lost"]) + S.data_frame(b"main", h2 + 1, [b"kept"])
+            raw, opened = p.ask(p.packet(frames))
+            self.assertEqual(opened[2][0], ("echo", p.run.next_pn - 1))
+            self.assertIn(("ack", b"main", h2 + 1), opened[2])
+            self.assertIn(("refuse", b"nosuch", 1), opened[2])
+            with self.assertRaises(socket.timeout, msg="a second answer to one packet"):
+                p.sock.recv(4096)
             _, opened = p.ask(p.packet(S.forward_frame(b"main", 0, [])))
             self.assertIn(("refuse", b"main", 3), opened[2])
             self.assertEqual([f for f in opened[2] if f[0] == "ack"], [])

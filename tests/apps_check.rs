@@ -120,3 +120,39 @@ fn the_node_and_check_both_document_apps() {
         assert!(help.contains("docs/apps.md"), "{args:?}: {help}");
     }
 }
+
+/// Issue 18, item 7: `[app.s]` is `apps` mistyped, so `check` suggests `[apps.s]` (it used to say `[apps.app]`);
+/// a `ca_file` that cannot be read is reported at the line of its key, not of its outlet's table.
+#[test]
+fn check_suggests_the_app_a_mistyped_apps_names_and_reports_ca_file_at_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let apps = dir.path().join("typo.toml");
+    std::fs::write(&apps, "[app.s]\naccept = \"all\"\n").unwrap();
+    let out = check(dir.path(), &apps);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("did you mean [apps.s]?"), "{text}");
+    assert!(!text.contains("[apps.app]"), "{text}");
+
+    let apps = dir.path().join("ca.toml");
+    std::fs::write(
+        &apps,
+        "[apps.main]\n\
+         accept = \"all\"\n\
+         \n\
+         [apps.main.outlets.hook]\n\
+         kind = \"webhook\"\n\
+         url = \"https://receiver.example:8443/in\"\n\
+         \n\
+         ca_file = \"missing-ca.pem\"\n",
+    )
+    .unwrap();
+    let out = check(dir.path(), &apps);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let want = format!("{}:8: app main, key outlets.hook.ca_file: ", apps.display());
+    assert!(text.contains(&want), "{text}");
+    assert!(text.contains("missing-ca.pem"), "{text}");
+}

@@ -247,3 +247,94 @@ fn the_node_does_not_start_on_bad_tls_files() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--tls-key"), "{err}");
 }
+
+/// Two requests of one run on their way at once (issue 18, item 15), the later-numbered one answered first: the
+/// records of the other are stored after that answer went, and their ACK comes in the answer of the request that
+/// carried them (protocol.md 10), not after the sender's timeout. Before, the node sent a run's answers to the
+/// request of its highest packet number, here the one already answered, and the ACK was lost.
+#[test]
+fn each_request_gets_the_ack_of_its_own_records_when_the_later_one_is_answered_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    write_atomic(&senders, &format!("dev {public}\n"));
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let mut sender = sender_for(&node, &key);
+    sender
+        .open_flow("main", pure_serve::proto::sender::FlowStart::At(1))
+        .unwrap();
+    let now = Instant::now();
+    let packet = |sender: &mut Sender, from: u32| {
+        for i in from..from + 5 {
+            sender.queue("main", format!("r{i}").into_bytes()).unwrap();
+        }
+        let mut out = Vec::new();
+        assert!(sender.poll_transmit(now, &mut out));
+        assert!(
+            !sender.poll_transmit(now, &mut Vec::new()),
+            "one packet each"
+        );
+        out
+    };
+    let first = packet(&mut sender, 1); // records 1–5, packet number 0
+    let second = packet(&mut sender, 6); // records 6–10, packet number 1
+    let mut a = Client::connect(node.http);
+    let mut b = Client::connect(node.http);
+    // The second arrives first: its records follow a gap, so it is answered with ACK 0.
+    let r = b.post_link(std::slice::from_ref(&second));
+    assert_eq!(r.status, 200, "{}", r.text());
+    for p in r.packets() {
+        sender.handle_datagram(Instant::now(), &p);
+    }
+    assert_eq!(sender.stored_through("main"), Some(0));
+    // The first, after that answer went: its records are stored and its own answer says so.
+    let r = a.post_link(std::slice::from_ref(&first));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answers = r.packets();
+    assert!(
+        !answers.is_empty(),
+        "the request that stored 1–5 is answered with their ACK"
+    );
+    for p in answers {
+        sender.handle_datagram(Instant::now(), &p);
+    }
+    assert_eq!(sender.stored_through("main"), Some(5));
+    assert_eq!(records(&state).len(), 5);
+    assert_eq!(
+        node.metric("pure_http_link_packets_lost_total"),
+        Some(0.0),
+        "no node packet went to a request answered already"
+    );
+}
+
+/// `--no-http-links` switches links over HTTP off (protocol.md 10, docs/operations.md): `POST /link` is 404 and
+/// says why, `/healthz` is still served on --http-port, and links over UDP work as ever.
+#[test]
+fn no_http_links_answers_post_link_404_and_keeps_health_and_udp() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    write_atomic(&senders, &format!("dev {public}\n"));
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(
+        &state,
+        &["--senders", senders.to_str().unwrap(), "--no-http-links"],
+        None,
+    );
+    let mut sender = sender_for(&node, &key);
+    sender.queue("main", b"x".to_vec()).unwrap();
+    let mut packets = Vec::new();
+    let mut out = Vec::new();
+    while sender.poll_transmit(Instant::now(), &mut out) {
+        packets.push(out.clone());
+    }
+    let mut http = Client::connect(node.http);
+    let r = http.post_link(&packets);
+    assert_eq!(r.status, 404);
+    assert!(r.text().contains("--no-http-links"), "{}", r.text());
+    assert_eq!(http.get("/healthz").status, 200);
+    let (ok, out) = node.send(&key, &["u1".into()], "60");
+    assert!(ok, "{out}");
+    assert_eq!(records(&state).len(), 1, "only the record sent over UDP");
+}

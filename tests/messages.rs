@@ -498,3 +498,23 @@ fn check_does_not_hang_on_a_state_directory_whose_files_are_fifos() {
         "{t}"
     );
 }
+
+/// Issue 18, item 7: the refusal of a too small `--recv-buffer` states the default that `--help` shows (it said
+/// 4194304 while `--help` said 8388608).
+#[test]
+fn the_receive_buffer_refusal_states_the_default_help_shows() {
+    let help = output_within(Command::new(bin()).arg("--help"));
+    let help = String::from_utf8_lossy(&help.stdout).to_string();
+    let at = help.find("--recv-buffer").expect("--recv-buffer in --help");
+    let rest = &help[at..];
+    let default = rest
+        .split("[default: ")
+        .nth(1)
+        .and_then(|r| r.split(']').next())
+        .expect("a default in --help")
+        .to_string();
+    assert_eq!(default, "8388608", "{rest}");
+    let dir = tempfile::tempdir().unwrap();
+    let err = node_refuses(&dir.path().join("state"), &["--recv-buffer", "1"]);
+    assert!(err.contains(&format!("the default is {default}")), "{err}");
+}

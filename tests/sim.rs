@@ -753,6 +753,43 @@ fn refused_apps_are_reported_to_the_sender() {
     let _ = sim.start;
 }
 
+/// One packet, one answer (docs/protocol.md 5.3; issue 18, item 14): a packet that names an app the node does not
+/// host beside records for `main` is answered once, after the commit, the REFUSE beside the ACK; it used to get
+/// `ECHO, REFUSE` at once and `ECHO, ACK` after the commit. With syncs that finish late too, so that answers for
+/// turns finished early and the REFUSE held for a later turn do not mix.
+#[test]
+fn a_refused_app_beside_stored_records_gets_one_answer_per_packet() {
+    for finish_late in [false, true] {
+        let mut sim = Sim::new(23, CLEAN, 1, FlowStart::At(1));
+        sim.finish_late = finish_late;
+        sim.devices[0]
+            .sender
+            .queue("nosuchapp", b"x".to_vec())
+            .unwrap();
+        sim.queue(0, 3);
+        sim.run_until_idle(Duration::from_secs(5));
+        sim.assert_exactly_once();
+        let d = &sim.devices[0];
+        assert!(
+            d.events.iter().any(
+                |e| matches!(e, SenderEvent::Refused { app, reason: 1 } if app == "nosuchapp")
+            ),
+            "{:?}",
+            d.events
+        );
+        assert_eq!(d.sender.stored_through("main"), Some(3));
+        assert_eq!(
+            d.sent.len(),
+            1,
+            "one packet: a probe of nosuchapp and the records"
+        );
+        assert_eq!(
+            sim.node_datagrams, 1,
+            "finish_late {finish_late}: one answer to the one packet"
+        );
+    }
+}
+
 #[test]
 fn a_sender_that_starts_past_the_node_renumbers_after_the_nodes_heard_sequence() {
     // The device believes 50 records are stored (it starts at 51), but this node's store has none of them.
@@ -1438,7 +1475,7 @@ fn forged_packets_for_memoised_senders_cost_at_most_the_budget_of_tries() {
                 .handle_datagram(at, flood_addr(n % 512), &p, &mut sim.memo);
         }
     }
-    let c = sim.node.counters();
+    let c = sim.node.counters().clone();
     assert_eq!(c.x25519, 0);
     let wasted = c.new_run_tries - c.new_run_tries_authentic;
     // 2 s at 2000 tries/s, plus a burst of 200.
@@ -1452,6 +1489,13 @@ fn forged_packets_for_memoised_senders_cost_at_most_the_budget_of_tries() {
         c.dropped(DropReason::CookieRequired) + c.dropped(DropReason::Auth),
         100_000
     );
+    // No X25519 was asked for, so every COOKIE answered a refused try (protocol.md 4.4 says so since issue 18).
+    assert!(c.dropped(DropReason::CookieRequired) > 0);
+    assert!(c.cookies_sent > 0, "{c:?}");
+    let cookies = std::iter::from_fn(|| sim.node.poll_transmit())
+        .filter(|t| t.bytes[0] == wire::TYPE_COOKIE && t.bytes.len() == wire::COOKIE_PACKET_LEN)
+        .count() as u64;
+    assert_eq!(cookies, c.cookies_sent);
 }
 
 #[test]

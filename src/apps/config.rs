@@ -140,6 +140,8 @@ pub struct OutletConfig {
     pub max_lag_records: u64,
     /// Line of its header, for messages; `None` when it does not come from a file.
     pub line: Option<usize>,
+    /// Line of its `ca_file` key, for what `load` finds wrong with that file; `None` without one.
+    pub ca_file_line: Option<usize>,
 }
 
 /// Where an outlet forwards to.
@@ -702,7 +704,7 @@ fn check_files(config: &AppsConfig) -> Vec<Problem> {
                 continue;
             };
             let problem = |what: String, fix: &str| Problem {
-                line: o.line,
+                line: o.ca_file_line.or(o.line),
                 app: Some(app.name.clone()),
                 key: Some(format!("outlets.{}.ca_file", o.name)),
                 what,
@@ -949,7 +951,16 @@ impl Walk {
         for (key, value) in in_file_order(doc) {
             let name: &str = key.get_ref();
             if name != "apps" {
-                let fix = if value.get_ref().is_table() {
+                // `[app.s]` is `apps` mistyped, so the app is `s`; `[sensors]` is an app without `apps.`.
+                let mistyped_apps = did_you_mean(name, ["apps"]).is_some();
+                let fix = if let (true, DeValue::Table(t)) = (mistyped_apps, value.get_ref())
+                    && let Some((first, _)) = in_file_order(t).first()
+                {
+                    format!(
+                        "every app is a table [apps.NAME]: did you mean [apps.{}]?",
+                        first.get_ref()
+                    )
+                } else if value.get_ref().is_table() {
                     format!("every app is a table [apps.NAME]: did you mean [apps.{name}]?")
                 } else {
                     "the file holds only [apps.NAME] tables (docs/apps.md)".to_string()
@@ -1544,6 +1555,7 @@ impl Walk {
             return None;
         }
         let far_or_this = far_app.clone().unwrap_or_else(|| app.to_string());
+        let ca_file_line = ca_file.as_ref().map(|(_, span)| self.lines.of(span.start));
         let kind = match kind {
             "link" => OutletKind::Link {
                 to: to?,
@@ -1570,6 +1582,7 @@ impl Walk {
             memory_bytes,
             max_lag_records,
             line: Some(line),
+            ca_file_line,
         })
     }
 
@@ -2203,6 +2216,14 @@ mod tests {
     }
 
     #[test]
+    fn a_mistyped_apps_suggests_the_app_it_names() {
+        let p = one("[app.s]\naccept = \"all\"\n");
+        assert!(p.contains("unknown top-level key `app`"), "{p}");
+        assert!(p.contains("did you mean [apps.s]?"), "{p}");
+        assert!(!p.contains("[apps.app]"), "{p}");
+    }
+
+    #[test]
     fn names_follow_the_wire_grammar() {
         let p = one("[apps.Sensors]\n");
         assert!(
@@ -2389,12 +2410,13 @@ mod tests {
         let lines = err.lines();
         assert_eq!(lines.len(), 2, "{lines:#?}");
         assert!(
-            lines[0].contains(":1: app a, key outlets.h.ca_file: cannot read "),
+            // The line of the ca_file key, not of its outlet's table.
+            lines[0].contains(":4: app a, key outlets.h.ca_file: cannot read "),
             "{lines:#?}"
         );
         assert!(lines[0].contains("missing.pem"), "{lines:#?}");
         assert!(
-            lines[1].contains(":5: app a, key outlets.w.ca_file: "),
+            lines[1].contains(":9: app a, key outlets.w.ca_file: "),
             "{lines:#?}"
         );
         assert!(lines[1].contains("holds no PEM certificate"), "{lines:#?}");

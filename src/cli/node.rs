@@ -41,6 +41,11 @@ pub struct NodeArgs {
     /// a free one and prints it.
     #[arg(long, value_name = "PORT", default_value_t = super::DEFAULT_HTTP_PORT)]
     pub http_port: u16,
+    /// Take links over UDP only: `POST /link` on --http-port is answered 404 (docs/protocol.md 10), while
+    /// `/healthz` and `/` are still served there, for load balancers. (--http-port 0 does not do this: it picks a
+    /// free port.)
+    #[arg(long)]
+    pub no_http_links: bool,
     /// Where to serve `/metrics` (Prometheus) and `/healthz`, as ADDR:PORT: a listener of their own, so the metrics
     /// stay off the port that takes links from the internet. Default: 127.0.0.1:7382, this host only; to scrape
     /// from elsewhere give an address of the network Prometheus is on (or 0.0.0.0:7382, and firewall it). With
@@ -73,7 +78,7 @@ pub struct NodeArgs {
     /// again by the senders. 8 MiB was the best of 208 KB to 8 MB at overload, with floods and without
     /// (research/007; 4 MiB had kept four links at full speed without loss, research/004). Past
     /// net.core.rmem_max only as root or with CAP_NET_ADMIN; the node warns when it got less.
-    #[arg(long, value_name = "BYTES", default_value_t = 8 << 20, value_parser = parse_recv_buffer)]
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_RECV_BUFFER, value_parser = parse_recv_buffer)]
     pub recv_buffer: usize,
     /// X25519 operations per second that input which does not authenticate may cost the node, in total; one
     /// source prefix (/24, /56) may use an eighth of it. A first packet of a sender not yet known costs one X25519
@@ -106,6 +111,9 @@ pub struct NodeArgs {
     pub accept_lost_state: bool,
 }
 
+/// `--recv-buffer` unless given: `--help` and the refusal of a too small one both show this one number.
+pub const DEFAULT_RECV_BUFFER: usize = 8 << 20;
+
 /// Smallest `--recv-buffer` taken: below it a burst of one sender overflows the buffer and the node crawls
 /// through retransmissions (a buffer of 1 byte was measured 300× slower than the default).
 pub const MIN_RECV_BUFFER: usize = 64 << 10;
@@ -113,13 +121,13 @@ pub const MIN_RECV_BUFFER: usize = 64 << 10;
 pub const MAX_RECV_BUFFER: usize = (i32::MAX / 2) as usize;
 
 fn parse_recv_buffer(s: &str) -> Result<usize, String> {
-    let n: usize = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of bytes (e.g. 4194304 for 4 MiB)"))?;
+    let n: usize = s.parse().map_err(|_| {
+        format!("{s:?} is not a number of bytes (e.g. {DEFAULT_RECV_BUFFER}, the default)")
+    })?;
     if n < MIN_RECV_BUFFER {
         return Err(format!(
             "{n} bytes is too small: bursts beyond it are dropped and resent, which makes the node crawl; give at \
-             least {MIN_RECV_BUFFER} (the default is 4194304)"
+             least {MIN_RECV_BUFFER} (the default is {DEFAULT_RECV_BUFFER})"
         ));
     }
     if n > MAX_RECV_BUFFER {
@@ -245,16 +253,24 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     if let Some(tls) = tls {
         http = http.with_tls(tls);
     }
-    let inbox = ready.link_inbox().context("the node did not start")?;
+    let inbox = if args.no_http_links {
+        None
+    } else {
+        Some(ready.link_inbox().context("the node did not start")?)
+    };
     let http = http
-        .spawn(ready.stats.clone(), Some(inbox))
+        .spawn(ready.stats.clone(), inbox)
         .context("the node did not start")?;
     if ready.key_created {
         println!("made a new node key: {}", key_file.display());
     }
     println!("public key: {}", ready.public_key());
     println!("link:       udp {}", ready.local_addr());
-    println!("http link:  POST http://{http_addr}/link");
+    if args.no_http_links {
+        println!("http link:  off (--no-http-links: POST /link is answered 404)");
+    } else {
+        println!("http link:  POST http://{http_addr}/link");
+    }
     println!("health:     http://{http_addr}/healthz");
     println!("metrics:    http://{metrics_addr}/metrics and /healthz");
     if let Some(line) = tls_line {

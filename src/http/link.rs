@@ -6,11 +6,13 @@
 //! the node packets its packets earned ([`crate::receive`] shows the order). A full queue is answered 503 at once:
 //! the server never waits for room, so a flood of requests cannot tie up the HTTP thread.
 //!
-//! **How acks find their request.** The node core sends every ack to its session's peer, a [`SocketAddr`]. A request
-//! is given a peer that no UDP datagram can come from: an address of the IPv6 discard-only prefix `100::/64`
-//! (RFC 6666) whose low 64 bits are the request's number, with port 0 ([`pseudo_peer`]). After the commit the loop
-//! sends a transmit to such an address to that request's answer instead of the socket ([`request_of`]). A session
-//! whose next packet comes over UDP moves back to its UDP address, as a session does when a NAT rebinding moves it.
+//! **How acks find their request.** The node core sends every ack to a [`SocketAddr`]. A request's packets are
+//! given one that no UDP datagram can come from: an address of the IPv6 discard-only prefix `100::/64` (RFC 6666)
+//! whose low 64 bits are the request's number, with port 0 ([`pseudo_peer`]). The core answers a turn to the last
+//! such address that put the session's packets into it (not to the address of the run's highest packet number, as
+//! over UDP: that request may have been answered already; protocol.md 10), and after the commit the loop sends a
+//! transmit to such an address to that request's answer instead of the socket ([`request_of`]). A session whose
+//! highest packet comes over UDP is answered at its UDP address again, as when a NAT rebinding moves it.
 
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::sync::Arc;

@@ -74,7 +74,10 @@ pub(super) async fn handle(
         }
         return link(req, peer, &shared).await;
     }
-    if req.method() != Method::GET && req.method() != Method::HEAD {
+    // A path not served is 404 whatever the method (a POST to a mistyped /link too): 405 would say the path
+    // exists (protocol.md 10).
+    let served = matches!(path, "/" | "/healthz" | "/metrics");
+    if served && req.method() != Method::GET && req.method() != Method::HEAD {
         let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n");
         r.headers_mut()
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
@@ -139,7 +142,7 @@ pub(super) async fn handle(
         _ => text(
             StatusCode::NOT_FOUND,
             match which {
-                Listener::Http => "not found: try /healthz\n",
+                Listener::Http => "not found: this port serves /healthz, / and POST /link\n",
                 Listener::Metrics => "not found: try /metrics or /healthz\n",
             },
         ),
@@ -202,7 +205,8 @@ async fn link(req: Request<Incoming>, peer: SocketAddr, shared: &Shared) -> Answ
     let Some(inbox) = &shared.links else {
         return text(
             StatusCode::NOT_FOUND,
-            "this node does not take links over HTTP\n",
+            "this node does not take links over HTTP (it runs with --no-http-links): send over UDP to its \
+             --link-port\n",
         );
     };
     bump(&c.link_requests);

@@ -690,6 +690,26 @@ mod tests {
         }
     }
 
+    /// protocol.md 6.1, "Fractions", with its numbers: at `--x25519-budget 8` the total holds 2 and a prefix 1, a
+    /// new sender's first packet is served at once, and a bucket below the bound refuses whatever its fraction.
+    #[test]
+    fn a_small_budget_serves_a_first_packet_at_once_and_fractions_refuse() {
+        let mut a = admission(8);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let (here, there) = (ip("192.0.2.1"), ip("198.51.100.1"));
+        assert!(a.try_x25519(at(0), here, Validated::No).is_ok(), "at once");
+        // The total is at 1: an unvalidated request needs 2.
+        assert!(a.try_x25519(at(0), there, Validated::No).is_err());
+        // 1.8 after 100 ms at 8 a second: still refused.
+        assert!(a.try_x25519(at(100), there, Validated::No).is_err());
+        // 2.04 after 130 ms.
+        assert!(a.try_x25519(at(130), there, Validated::No).is_ok());
+        // The first prefix's bucket (1 a second) holds 0.5 after half a second: refused though the total is full.
+        assert!(a.try_x25519(at(500), here, Validated::No).is_err());
+        assert!(a.try_x25519(at(1001), here, Validated::No).is_ok());
+    }
+
     #[test]
     fn one_prefix_cannot_drain_the_budget_and_a_validated_sender_uses_the_reserve() {
         let mut a = admission(1000);

@@ -72,6 +72,17 @@ pub struct SessionFlow {
     pub acked: Option<u64>,
 }
 
+/// A REFUSE or NOT_STORED frame a session is owed (protocol.md 5.2, 5.3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub app: Box<[u8]>,
+    pub reason: u8,
+    /// The turn that holds DATA frames of the packet that earned it, while that turn is not finished: the notice
+    /// travels in that turn's answer, beside the ACKs the same packet earned, so one packet gets one answer
+    /// (protocol.md 5.3). `None`: it goes in the session's next answer.
+    pub after_turn: Option<u64>,
+}
+
 #[derive(Debug)]
 pub struct Session {
     pub id: SessionId,
@@ -84,13 +95,17 @@ pub struct Session {
     pub k_s2n: PacketKey,
     pub k_n2s: PacketKey,
     pub peer: SocketAddr,
+    /// Where the session's next answer goes when it is not `peer`: the link request (over HTTP, protocol.md 10)
+    /// whose packets that answer answers. Set by each link packet, and by each finished turn to the last link
+    /// request of the session in it; cleared by a UDP packet that moves `peer`.
+    pub answer_to: Option<SocketAddr>,
     pub replay: ReplayWindow,
     pub last_heard: Instant,
     pub flows: Vec<SessionFlow>,
-    /// REFUSE frames owed: (app name, reason).
-    pub refusals: Vec<(Box<[u8]>, u8)>,
-    /// NOT_STORED frames owed: (app name, reason).
-    pub not_stored: Vec<(Box<[u8]>, u8)>,
+    /// REFUSE frames owed.
+    pub refusals: Vec<Notice>,
+    /// NOT_STORED frames owed.
+    pub not_stored: Vec<Notice>,
     /// Bytes received from this session less the bytes of the acks sent to it: the next ack may not be larger, so
     /// the node never answers a session with more than it received (docs/protocol.md 9).
     pub ack_budget: usize,
@@ -313,6 +328,7 @@ impl SessionCache {
                 k_s2n,
                 k_n2s,
                 peer,
+                answer_to: None,
                 replay: ReplayWindow::default(),
                 last_heard: now,
                 flows: Vec::new(),
@@ -451,11 +467,11 @@ mod tests {
         cache.get_mut(ids[0]).unwrap().turns_waiting = 1;
         assert_eq!(cache.room_for(7, 0, 3), Room::Evict(ids[1]));
         cache.get_mut(ids[1]).unwrap().turns_waiting = 1;
-        cache
-            .get_mut(ids[2])
-            .unwrap()
-            .refusals
-            .push((b"x"[..].into(), 1));
+        cache.get_mut(ids[2]).unwrap().refusals.push(Notice {
+            app: b"x"[..].into(),
+            reason: 1,
+            after_turn: None,
+        });
         assert_eq!(cache.room_for(7, 0, 3), Room::Full);
         // Another sender of the same key id is counted apart.
         assert_eq!(cache.room_for(7, 1, 1), Room::Evict(other));

@@ -290,8 +290,9 @@ impl NodeProcess {
                 node.public_key = v.trim().to_string();
             } else if let Some(v) = line.strip_prefix("link:") {
                 node.link = v.trim().trim_start_matches("udp").trim().parse().unwrap();
-            } else if let Some(v) = line.strip_prefix("http link:") {
-                let url = v.trim().trim_start_matches("POST http://");
+            } else if let Some(v) = line.strip_prefix("health:") {
+                // (Not the "http link:" line: with --no-http-links it says "off".)
+                let url = v.trim().trim_start_matches("http://");
                 node.http = url.split('/').next().unwrap().parse().unwrap();
             } else if let Some(v) = line.strip_prefix("metrics:") {
                 let url = v.trim().trim_start_matches("http://");
