@@ -8,10 +8,11 @@
 #
 # Usage: .ci/systemd-test.sh [PACKAGE.deb]
 #   Without a package it builds one (`cargo build --release`, `cargo deb --no-build`).
-#   PURE_SYSTEMD_ROOTFS=DIR  keep the debootstrapped Debian there and reuse it on later runs (else a temp dir,
+#   PURE_SYSTEMD_ROOTFS=DIR  keep the bootstrapped Debian there and reuse it on later runs (else a temp dir,
 #                            removed at exit). Each run boots a fresh copy of it, so runs never see each other.
 #   PURE_SYSTEMD_SUITE=NAME  the Debian suite to boot (default bookworm: systemd 252, as on Raspberry Pi OS 12).
-# Needs root, systemd-nspawn (package systemd-container) and debootstrap; without them it says "skipped" and why.
+# Needs root, systemd-nspawn (package systemd-container) and mmdebstrap or debootstrap; without them it says
+# "skipped" and why.
 # Exit status: 0 when every check passed (or skipped), 1 when any failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,26 +25,52 @@ since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; 
 say() { echo "systemd: $*"; }
 
 if [ "$(id -u)" != 0 ]; then
-    say "skipped — needs root (debootstrap and systemd-nspawn); run it with sudo"
+    say "skipped — needs root (to bootstrap a Debian and boot it with systemd-nspawn); run it with sudo"
     exit 0
 fi
-for tool in systemd-nspawn debootstrap nsenter; do
+for tool in systemd-nspawn nsenter; do
     if ! command -v "$tool" >/dev/null; then
-        say "skipped — no $tool on this machine (apt-get install systemd-container debootstrap)"
+        say "skipped — no $tool on this machine (apt-get install systemd-container mmdebstrap)"
         exit 0
     fi
 done
+# mmdebstrap does what debootstrap does with half its CPU (it unpacks each package once, and without a sync per
+# file): measured once side by side on a 2-core machine under load, 109 s (31 s of CPU) beside debootstrap's 169 s
+# (59 s of CPU). Either will do.
+if command -v mmdebstrap >/dev/null; then
+    BOOTSTRAP=mmdebstrap
+elif command -v debootstrap >/dev/null; then
+    BOOTSTRAP=debootstrap
+else
+    say "skipped — neither mmdebstrap nor debootstrap on this machine (apt-get install mmdebstrap)"
+    exit 0
+fi
 
 WORK="$(mktemp -d /var/tmp/pure-systemd.XXXXXX)"
+# In memory when there is room (some 450 MB: the Debian and the copy that boots): on a busy disk, copying and
+# removing its 10,000 files took 15 and 23 s.
+ON_TMPFS=""
+if [ "$(awk '/^MemAvailable:/ {print int($2 / 1024)}' /proc/meminfo)" -gt 3000 ] \
+    && mount -t tmpfs -o size=2g,mode=0700 pure-systemd "$WORK" 2>/dev/null; then
+    ON_TMPFS=1
+fi
 NSPAWN_PID=""
 cleanup() {
+    local t
+    t=$(date +%s.%N)
     if [ -n "$NSPAWN_PID" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; then
         # SIGTERM asks the container's systemd for a clean poweroff; SIGKILL if it does not stop in time.
         kill -TERM "$NSPAWN_PID" 2>/dev/null || true
-        for _ in $(seq 100); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 0.1; done
+        # Until it has exited: a zombie, our child not yet waited for, still answers kill -0.
+        for _ in $(seq 100); do
+            [ "$(awk '{print $3}' "/proc/$NSPAWN_PID/stat" 2>/dev/null || echo Z)" = Z ] && break
+            sleep 0.1
+        done
         kill -KILL "$NSPAWN_PID" 2>/dev/null || true
         wait "$NSPAWN_PID" 2>/dev/null || true
+        say "container powered off in $(since "$t") s"
     fi
+    if [ -n "$ON_TMPFS" ]; then umount "$WORK" || umount -l "$WORK"; fi
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -63,8 +90,8 @@ fi
 [ -f "$DEB" ] || { say "FAIL: no package at $DEB"; exit 1; }
 say "package $(basename "$DEB")"
 
-# ---- the Debian to boot: debootstrapped once, from the mirror this machine's apt uses -------------------------
-# The mirror: the first Debian archive (not the security one) in the apt sources; debootstrap's default otherwise.
+# ---- the Debian to boot: bootstrapped once, from the mirror this machine's apt uses -------------------------
+# The mirror: the first Debian archive (not the security one) in the apt sources; the tool's default otherwise.
 mirror() {
     local f
     for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
@@ -77,19 +104,23 @@ if [ -f "$ROOTFS/.pure-serve-rootfs-$SUITE" ]; then
     say "Debian $SUITE from $ROOTFS (built earlier)"
 else
     MIRROR="$(mirror || true)"
-    say "debootstrap Debian $SUITE into $ROOTFS from ${MIRROR:-the default mirror of debootstrap}"
+    say "$BOOTSTRAP Debian $SUITE into $ROOTFS from ${MIRROR:-the default mirror of $BOOTSTRAP}"
     rm -rf "$ROOTFS"
     mkdir -p "$ROOTFS"
-    # minbase and systemd: PID 1, journald, systemctl, systemd-analyze; dbus as on any real host; apt to install
-    # the package the way an operator does.
-    if ! debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus "$SUITE" "$ROOTFS" $MIRROR \
-        >"$WORK/debootstrap.log" 2>&1; then
-        tail -n 30 "$WORK/debootstrap.log"
-        say "FAIL: debootstrap of Debian $SUITE did not succeed (log above)"
+    # minbase (the Priority: required packages and apt, nothing more: no procps, no libnss-systemd) and systemd:
+    # PID 1, journald, systemctl, systemd-analyze; dbus as on any real host; apt to install the package the way an
+    # operator does. What the package needs beyond that it must depend on.
+    T=$(date +%s.%N)
+    OPTS=(--variant=minbase --include=systemd,systemd-sysv,dbus)
+    if [ "$BOOTSTRAP" = mmdebstrap ]; then OPTS+=(--dpkgopt=force-unsafe-io); fi
+    # shellcheck disable=SC2086 # no mirror: the tool's default
+    if ! "$BOOTSTRAP" "${OPTS[@]}" "$SUITE" "$ROOTFS" $MIRROR >"$WORK/bootstrap.log" 2>&1; then
+        tail -n 30 "$WORK/bootstrap.log"
+        say "FAIL: $BOOTSTRAP of Debian $SUITE did not succeed (log above)"
         exit 1
     fi
     touch "$ROOTFS/.pure-serve-rootfs-$SUITE"
-    say "debootstrap done in $(since "$T0") s"
+    say "$BOOTSTRAP done in $(since "$T") s"
 fi
 
 # ---- boot it ---------------------------------------------------------------------------------------------------
