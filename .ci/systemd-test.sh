@@ -11,6 +11,7 @@
 #   PURE_SYSTEMD_ROOTFS=DIR  keep the bootstrapped Debian there and reuse it on later runs (else a temp dir,
 #                            removed at exit). Each run boots a fresh copy of it, so runs never see each other.
 #   PURE_SYSTEMD_SUITE=NAME  the Debian suite to boot (default bookworm: systemd 252, as on Raspberry Pi OS 12).
+#   PURE_SYSTEMD_BOOTSTRAP=mmdebstrap|debootstrap  which tool makes it (default: mmdebstrap if installed).
 # Needs root, systemd-nspawn (package systemd-container) and mmdebstrap or debootstrap; without them it says
 # "skipped" and why.
 # Exit status: 0 when every check passed (or skipped), 1 when any failed.
@@ -37,7 +38,10 @@ done
 # mmdebstrap does what debootstrap does with half its CPU (it unpacks each package once, and without a sync per
 # file): measured once side by side on a 2-core machine under load, 109 s (31 s of CPU) beside debootstrap's 169 s
 # (59 s of CPU). Either will do.
-if command -v mmdebstrap >/dev/null; then
+if [ -n "${PURE_SYSTEMD_BOOTSTRAP:-}" ]; then
+    BOOTSTRAP="$PURE_SYSTEMD_BOOTSTRAP"
+    command -v "$BOOTSTRAP" >/dev/null || { say "FAIL: no $BOOTSTRAP (PURE_SYSTEMD_BOOTSTRAP) on this machine"; exit 1; }
+elif command -v mmdebstrap >/dev/null; then
     BOOTSTRAP=mmdebstrap
 elif command -v debootstrap >/dev/null; then
     BOOTSTRAP=debootstrap
@@ -74,8 +78,11 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM HUP # so that the container is stopped and the temp dir removed then too
 # A command that fails outside a check stops the run; say where, so that it is not a silent exit 1.
-trap 'say "FAIL: line $LINENO: \`$BASH_COMMAND\` exited $?"' ERR
+# (-E: in functions too; checks run their commands in conditions, where a failure is the check's to report.)
+set -E
+trap 'say "FAIL: line ${BASH_LINENO[0]/#0/$LINENO}: \`$BASH_COMMAND\` exited $?; stopping here (${PASSED:-0} checks passed, ${FAILED:-0} failed before)"' ERR
 
 # ---- the package -----------------------------------------------------------------------------------------------
 if [ $# -ge 1 ]; then
@@ -88,7 +95,7 @@ else
     DEB="$(ls "$WORK"/deb/*.deb)"
 fi
 [ -f "$DEB" ] || { say "FAIL: no package at $DEB"; exit 1; }
-say "package $(basename "$DEB")"
+say "package $(basename "$DEB") ($(since "$T0") s)"
 
 # ---- the Debian to boot: bootstrapped once, from the mirror this machine's apt uses -------------------------
 # The mirror: the first Debian archive (not the security one) in the apt sources; the tool's default otherwise.
