@@ -421,6 +421,24 @@ fn the_status_page_in_a_real_browser() {
     assert!(!text.contains("s3cret"), "{text}");
     assert_eq!(v["marker"], json!("same document"));
 
+    // A reload refused: the page says so, and why, with the file's line.
+    write_atomic(
+        &apps,
+        "[apps.sensors]\nturn_records = \"many\"\n[apps.archive]\naccept = []\n",
+    );
+    node.signal(libc::SIGHUP);
+    wait_for("the page to show the refused reload", || {
+        let v = read();
+        let reload = v["page"]["reload"].as_str().unwrap_or("");
+        reload.starts_with("REFUSED") && reload.contains("turn_records")
+    });
+    let reload = read()["page"]["reload"].clone();
+    assert!(
+        reload.as_str().unwrap().contains("(0 applied, 1 refused)"),
+        "{reload}"
+    );
+    assert_eq!(node.metric("pure_reloads_failed_total"), Some(1.0));
+
     let png = browser.screenshot();
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
     if let Some(path) = std::env::var_os("STATUS_PAGE_SCREENSHOT") {
