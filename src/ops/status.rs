@@ -13,8 +13,9 @@
 //! opens the page. Recording is kept to the least that gives that history: every 5 s the HTTP thread (never the
 //! receive or sending loop) takes the snapshot's lock for the time it takes to read one integer per app and per
 //! outlet (plus two node counters), writes them into slots allocated when the series first appeared, and sleeps.
-//! That is a few hundred nanoseconds of the HTTP thread per 5 s and one more wake of an idle process every 5 s
-//! (the receive loop already wakes ten times a second). Nothing else happens without a request: rates, lag in
+//! That is one lock and a copy of one integer per series (a search among at most [`MAX_SERIES`] keys each) on
+//! the HTTP thread per 5 s, and one more wake of an idle process every 5 s (the receive loop already wakes ten
+//! times a second). Nothing else happens without a request: rates, lag in
 //! seconds, hints and the JSON are computed only when `/status.json` is asked for, from the snapshot and the ring.
 //! The receive loop's side is unchanged in kind: it already copied its figures into the snapshot each round; it
 //! now also copies the node key, its address and the last reload once (not per round), and a shared string for
@@ -696,6 +697,40 @@ mod tests {
         assert!(!o.lag_seconds_at_least);
         assert_eq!(s.history.ends_seconds_ago, vec![13.0, 8.0, 3.0, 0.0]);
         assert!(s.healthy);
+    }
+
+    /// Not a check of a bound: prints how big `/status.json` is for a node with two apps and two outlets after an
+    /// hour of varied rates (what a page open in a browser fetches every 2 s).
+    #[test]
+    fn the_json_of_an_hour() {
+        let t0 = Instant::now();
+        let mut h = History::new(t0);
+        let mut s = snapshot(1, 0, 0);
+        s.app_figures[0].outlets.push(OutletFigures {
+            name: "archive".into(),
+            kind: "app",
+            ..OutletFigures::default()
+        });
+        s.app_figures.push(AppFigures {
+            name: "archive".into(),
+            head: 1,
+            ..AppFigures::default()
+        });
+        for k in 0..SAMPLES as u64 {
+            let head = 1 + k * k * 7 % 100_003 + k * 1234;
+            s.app_figures[0].head = head;
+            s.app_figures[1].head = head;
+            s.app_figures[0].outlets[1].sent_records = head - 1;
+            s.counters.x25519 = k * 3;
+            h.sample(t0 + SAMPLE_EVERY * k as u32, &s);
+        }
+        let now = t0 + SAMPLE_EVERY * SAMPLES as u32;
+        let json = serde_json::to_vec(&report(&s, &h, &Listens::default(), t0, None, now)).unwrap();
+        eprintln!(
+            "/status.json after an hour, 2 apps and 2 outlets: {} bytes",
+            json.len()
+        );
+        assert!(json.len() > 6 * SAMPLES, "every series has its hour");
     }
 
     #[test]
