@@ -1,6 +1,6 @@
 //! The status page in a real browser (issue 19, item 5): Chromium, headless, driven by chromedriver over the
-//! WebDriver HTTP API (a small client below: JSON over HTTP/1.1 on loopback). A node with two apps and two outlets,
-//! one of them a webhook to a port where nothing listens, serves the page; the test checks that it renders, that
+//! WebDriver HTTP API (a small client below: JSON over HTTP/1.1 on loopback). A node with two apps and three
+//! outlets, a webhook and a link to a port where nothing listens and an inner one that works, serves the page; the test checks that it renders, that
 //! its figures are those of `/metrics`, that the failing outlet is shown failing with its reason and what to do,
 //! and that the rate chart moves while records flow, all without reloading the page.
 //!
@@ -254,6 +254,8 @@ fn the_status_page_in_a_real_browser() {
         &format!(
             "[apps.sensors]\n\
              [apps.sensors.outlets.cloud]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{down_port}/ingest?token=s3cret\"\n\
+             [apps.sensors.outlets.relay]\nkind = \"link\"\nto = \"127.0.0.1:{down_port}\"\n\
+             node_key = \"daMGbrvtfNPfdX0m7LxP65QWRxE6CrjCt7+W4FtVWgA=\"\n\
              [apps.sensors.outlets.archive]\nkind = \"app\"\napp = \"archive\"\n\
              [apps.archive]\naccept = []\n"
         ),
@@ -347,7 +349,7 @@ fn the_status_page_in_a_real_browser() {
         );
         assert!(cards[app]["class"].as_str().unwrap() == "card", "{v}");
     }
-    for (outlet, kind) in [("cloud", "webhook"), ("archive", "app")] {
+    for (outlet, kind) in [("cloud", "webhook"), ("relay", "link"), ("archive", "app")] {
         let lag = cards[format!("sensors/{outlet}")]["lag"].as_str().unwrap();
         assert_eq!(
             number(lag),
@@ -411,6 +413,18 @@ fn the_status_page_in_a_real_browser() {
             >= 1.0
     );
     assert_eq!(number(cloud["lag"].as_str().unwrap()), total as f64);
+    // The link to the same closed port (UDP) fails or waits between retries: never shown as fine, always with
+    // the error in words.
+    let relay = &cards["sensors/relay"];
+    let class = relay["class"].as_str().unwrap();
+    assert!(class.contains("fail") || class.contains("warn"), "{relay}");
+    assert!(
+        relay["state_words"]
+            .as_str()
+            .unwrap()
+            .contains("Connection refused"),
+        "{relay}"
+    );
     let healthy = &cards["sensors/archive"];
     assert!(
         !healthy["class"].as_str().unwrap().contains("fail"),

@@ -245,6 +245,8 @@ pub struct OutletFigures {
     pub last_error_kind: Option<&'static str>,
     /// Since when the outlet has been failing without a success between.
     pub failing_since: Option<std::time::Instant>,
+    /// Since when it has been in `status`.
+    pub status_since: Option<std::time::Instant>,
     pub errors: Vec<(&'static str, u64)>,
     /// Where it sends, in words (no secrets: a URL's query is left out).
     pub target: Arc<str>,
@@ -1174,6 +1176,7 @@ impl Host {
                             last_error: state.last_error,
                             last_error_kind: state.last_error_kind,
                             failing_since: state.failing_since,
+                            status_since: state.status_since,
                             errors: state.errors.into_iter().collect(),
                             target: o.target_words.clone(),
                         }
@@ -1192,6 +1195,7 @@ impl Host {
                         last_error: None,
                         last_error_kind: None,
                         failing_since: None,
+                        status_since: None,
                         errors: Vec::new(),
                         target: format!("app {}", self.apps[inner.dest as usize].config.name)
                             .into(),

@@ -344,6 +344,8 @@ pub struct OutletStatus {
     pub last_error_kind: Option<&'static str>,
     pub hint: Option<&'static str>,
     pub failing_seconds: Option<f64>,
+    /// Since `state` last changed (`null` for inner outlets, which have no state of their own).
+    pub state_seconds: Option<f64>,
     pub lag_records: u64,
     pub lag_seconds: Option<f64>,
     pub lag_seconds_at_least: bool,
@@ -428,6 +430,15 @@ pub fn redact_queries(text: &str) -> String {
 
 /// What an outlet's state word means, in words.
 fn state_words(status: &str, error: Option<&str>) -> String {
+    let words = state_word(status, error);
+    match error {
+        // Between retries (resolving, syncing again) the error that sent it back there still stands.
+        Some(e) if status != "failing" => format!("{words}; last error: {e}"),
+        _ => words,
+    }
+}
+
+fn state_word(status: &str, error: Option<&str>) -> String {
     match status {
         "sending" => "sending".into(),
         "idle" => "idle: everything sent".into(),
@@ -462,7 +473,9 @@ pub fn hint(kind: &str) -> &'static str {
         "timeout" => {
             "the far side does not answer in time: is it up and reachable from here (firewall, route)?"
         }
-        "socket" => "this host cannot use its socket to the far side: see the error",
+        "socket" => {
+            "the far side's port refuses, or this host cannot send there: is the far node running on that address and port?"
+        }
         "refused" => {
             "the far node refuses these records: its app must accept this node's key (accept, forwarders)"
         }
@@ -559,6 +572,9 @@ pub fn report(
                 hint: o.last_error_kind.map(hint),
                 failing_seconds: o
                     .failing_since
+                    .map(|t| round(now.saturating_duration_since(t).as_secs_f64())),
+                state_seconds: o
+                    .status_since
                     .map(|t| round(now.saturating_duration_since(t).as_secs_f64())),
                 lag_records: o.lag_records,
                 lag_seconds,

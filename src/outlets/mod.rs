@@ -122,6 +122,8 @@ pub struct OutletState {
     pub last_error_kind: Option<&'static str>,
     /// When the errors since the last success began.
     pub failing_since: Option<Instant>,
+    /// When `status` last changed (set only on a change: a status set again keeps its time).
+    pub status_since: Option<Instant>,
     /// Errors by kind (dns, tls, http, socket, refused, far_state, timeout).
     pub errors: BTreeMap<&'static str, u64>,
     last_logged: Option<Instant>,
@@ -159,6 +161,7 @@ impl Outlet {
             host,
             state: Mutex::new(OutletState {
                 status: "starting",
+                status_since: Some(Instant::now()),
                 ..OutletState::default()
             }),
         }
@@ -267,7 +270,7 @@ impl Outlet {
 
     pub fn set_status(&self, status: &'static str) {
         if let Ok(mut s) = self.state.lock() {
-            s.status = status;
+            s.change_status(status);
         }
     }
 
@@ -277,7 +280,7 @@ impl Outlet {
             return;
         };
         *s.errors.entry(kind).or_insert(0) += 1;
-        s.status = "failing";
+        s.change_status("failing");
         let now = Instant::now();
         s.last_error_kind = Some(kind);
         s.failing_since.get_or_insert(now);
@@ -310,7 +313,16 @@ impl Outlet {
             tracing::info!(app = %self.app, outlet = %self.name, "outlet {}/{}: working again", self.app, self.name);
             s.last_logged = None;
         }
-        s.status = status;
+        s.change_status(status);
+    }
+}
+
+impl OutletState {
+    fn change_status(&mut self, status: &'static str) {
+        if self.status != status {
+            self.status = status;
+            self.status_since = Some(Instant::now());
+        }
     }
 }
 
