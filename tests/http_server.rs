@@ -150,7 +150,19 @@ fn one_connection_serves_many_requests() {
     );
     let r = m.get("/healthz");
     assert_eq!((r.status, r.text().as_str()), (200, "ok\n"));
-    assert!(m.get("/").text().contains("pure-serve:"));
+    // The status page (issue 19), and its figures.
+    let r = m.get("/");
+    assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
+    assert!(r.text().contains("pure-serve:"));
+    let r = m.get("/status.json");
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let status: serde_json::Value = serde_json::from_str(&r.text()).unwrap();
+    assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        c.get("/status.json").status,
+        404,
+        "not on the port that takes links"
+    );
     let r = m.post_link(&[vec![1; 100]]);
     assert_eq!(r.status, 404);
     assert!(r.text().contains("--http-port"), "{}", r.text());

@@ -120,6 +120,8 @@ pub const INNER_SOURCE_PREFIX: &str = "app/";
 struct RemoteOutlet {
     outlet: Arc<Outlet>,
     target: Target,
+    /// Where it sends, in words for the status page (made once: the figures copy it each round).
+    target_words: Arc<str>,
     /// The next position to feed; `None` until the outlet says where its far side stands.
     fed_next: Option<u64>,
     max_lag: u64,
@@ -221,6 +223,8 @@ pub struct AppFigures {
     pub queue_depth: u64,
     /// Why the app cannot store now, if it cannot.
     pub failed: Option<String>,
+    /// The store's next position (1 when empty): what outlets' acknowledged positions are compared with.
+    pub head: u64,
     pub paused_for_lag: bool,
     /// Times the app stopped taking input for lag since the start.
     pub lag_pauses: u64,
@@ -237,7 +241,15 @@ pub struct OutletFigures {
     pub held_bytes: usize,
     pub status: &'static str,
     pub last_error: Option<String>,
+    /// The kind of the last error (one of `errors`' kinds), while it stands.
+    pub last_error_kind: Option<&'static str>,
+    /// Since when the outlet has been failing without a success between.
+    pub failing_since: Option<std::time::Instant>,
+    /// Since when it has been in `status`.
+    pub status_since: Option<std::time::Instant>,
     pub errors: Vec<(&'static str, u64)>,
+    /// Where it sends, in words (no secrets: a URL's query is left out).
+    pub target: Arc<str>,
 }
 
 /// What one turn of the host did.
@@ -506,6 +518,7 @@ impl Host {
         changes.start.push((outlet.clone(), target.clone()));
         Some(RemoteOutlet {
             outlet,
+            target_words: target.words().into(),
             target,
             fed_next: None,
             max_lag: o.max_lag_records,
@@ -1161,7 +1174,11 @@ impl Host {
                             held_bytes: o.outlet.held_bytes(),
                             status: state.status,
                             last_error: state.last_error,
+                            last_error_kind: state.last_error_kind,
+                            failing_since: state.failing_since,
+                            status_since: state.status_since,
                             errors: state.errors.into_iter().collect(),
+                            target: o.target_words.clone(),
                         }
                     })
                     .collect();
@@ -1176,7 +1193,12 @@ impl Host {
                         held_bytes: 0,
                         status: "sending",
                         last_error: None,
+                        last_error_kind: None,
+                        failing_since: None,
+                        status_since: None,
                         errors: Vec::new(),
+                        target: format!("app {}", self.apps[inner.dest as usize].config.name)
+                            .into(),
                     });
                 }
                 let queue_depth = self
@@ -1196,6 +1218,7 @@ impl Host {
                     turns_failed: app.turns_failed,
                     queue_depth,
                     failed: app.failure.as_ref().map(Failure::words),
+                    head,
                     paused_for_lag: app.lag_paused,
                     lag_pauses: app.lag_pauses,
                     outlets,

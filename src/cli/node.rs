@@ -46,8 +46,9 @@ pub struct NodeArgs {
     /// free port.)
     #[arg(long)]
     pub no_http_links: bool,
-    /// Where to serve `/metrics` (Prometheus) and `/healthz`, as ADDR:PORT: a listener of their own, so the metrics
-    /// stay off the port that takes links from the internet. Default: 127.0.0.1:7382, this host only; to scrape
+    /// Where to serve the status page (`/`, `/status.json`), `/metrics` (Prometheus) and `/healthz`, as ADDR:PORT: a
+    /// listener of their own, so the metrics stay off the port that takes links from the internet. Default:
+    /// 127.0.0.1:7382, this host only; to scrape
     /// from elsewhere give an address of the network Prometheus is on (or 0.0.0.0:7382, and firewall it). With
     /// --http-port 0 the default port is 0 too (a free one, printed), so nodes started side by side never collide.
     #[arg(long, value_name = "ADDR:PORT", value_parser = super::parse_listen)]
@@ -273,6 +274,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     }
     println!("health:     http://{http_addr}/healthz");
     println!("metrics:    http://{metrics_addr}/metrics and /healthz");
+    println!("status:     http://{metrics_addr}/");
     if let Some(line) = tls_line {
         println!("{line}");
     }

@@ -1,5 +1,6 @@
 //! The node's HTTP server: `/healthz` and `POST /link` (links over HTTP) on `--http-port`, plain and TLS on the same
-//! port; `/metrics` and `/healthz` on a listener of their own, `--metrics-listen` (loopback by default).
+//! port; `/metrics`, `/healthz` and the status page (`/`, `/status.json`; [`crate::ops::status`]) on a listener of
+//! their own, `--metrics-listen` (loopback by default).
 //!
 //! It owns one thread, `pure-http`, running a tokio current-thread runtime with hyper's HTTP/1.1 server: one epoll,
 //! one task per connection, timers, for both listeners. A host runs on a handful of threads (BRIEF.md: ≤ 5 with 20
@@ -149,7 +150,7 @@ impl Default for HttpLimits {
 pub enum Listener {
     /// `--http-port`: `/healthz`, `POST /link`; TLS if configured.
     Http,
-    /// `--metrics-listen`: `/metrics`, `/healthz`.
+    /// `--metrics-listen`: `/metrics`, `/healthz`, the status page (`/`, `/status.json`).
     Metrics,
 }
 
@@ -176,6 +177,9 @@ struct Shared {
     tls: Option<tokio_rustls::TlsAcceptor>,
     /// Numbered link requests of one client, handed over in their order.
     order: order::OrderGate,
+    /// The status page's history (sampled on this thread only while there is a metrics listener).
+    history: std::sync::Mutex<crate::ops::status::History>,
+    listens: crate::ops::status::Listens,
 }
 
 impl Shared {
@@ -251,7 +255,16 @@ impl HttpServer {
             .map_err(HttpError::Start)?;
         let counters = Arc::new(HttpCounters::default());
         let limits = self.limits;
+        let listens = crate::ops::status::Listens {
+            http: local_addr,
+            metrics: metrics_addr,
+            tls: self.tls.is_some(),
+        };
         let shared = Arc::new(Shared {
+            history: std::sync::Mutex::new(crate::ops::status::History::new(
+                stats.heartbeat.started(),
+            )),
+            listens,
             stats,
             links,
             counters: counters.clone(),
@@ -278,13 +291,22 @@ impl HttpServer {
             .map_err(|e| HttpError::Start(e.into_parts().1))
         };
         let mut listeners = vec![(register(self.listener)?, Listener::Http)];
+        let status_page = self.metrics.is_some();
         if let Some(m) = self.metrics {
             listeners.push((register(m)?, Listener::Metrics));
         }
         let (stop, stop_rx) = oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("pure-http".into())
-            .spawn(move || runtime.block_on(serve::run(listeners, shared, stop_rx)))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    // Ends with the runtime, when the server stops.
+                    if status_page {
+                        tokio::spawn(routes::sample_history(shared.clone()));
+                    }
+                    serve::run(listeners, shared, stop_rx).await
+                })
+            })
             .map_err(HttpError::Start)?;
         Ok(HttpHandle {
             stop: Some(stop),

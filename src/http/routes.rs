@@ -1,5 +1,9 @@
 //! What each request is answered, by listener: on `--http-port` `/healthz`, `/` (GET or HEAD) and `POST /link`; on
-//! `--metrics-listen` `/metrics`, `/healthz` and `/`; and errors, each saying where the thing asked for is served.
+//! `--metrics-listen` `/metrics`, `/healthz`, the status page `/` and its figures `/status.json`; and errors, each
+//! saying where the thing asked for is served.
+//!
+//! The page is one file, `status.html` (HTML, CSS and the script that draws its charts, no third-party code),
+//! compiled into the binary: it works with no internet, and it only reads `/status.json`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,7 +11,7 @@ use std::time::Instant;
 
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Body, Bytes, Incoming};
-use hyper::header::{ALLOW, CONNECTION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::header::{ALLOW, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::oneshot;
 
@@ -16,6 +20,63 @@ use super::framing::Framed;
 use super::link::{LinkRefused, LinkRequest};
 use super::{Listener, Shared};
 use crate::ops::metrics::{ProcessFigures, health, render};
+
+/// The status page, served whole from the binary.
+pub(super) const STATUS_PAGE: &str = include_str!("status.html");
+
+/// Samples the status page's history every [`crate::ops::status::SAMPLE_EVERY`], on the HTTP thread: a copy of a
+/// few integers under the snapshot's lock (the module doc of [`crate::ops::status`] weighs the cost).
+pub(super) async fn sample_history(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(crate::ops::status::SAMPLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let snapshot = shared
+            .stats
+            .snapshot
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Ok(mut h) = shared.history.lock() {
+            h.sample(now, &snapshot);
+        }
+    }
+}
+
+/// `/status.json`: the figures of the status page.
+fn status_json(shared: &Shared, now: Instant) -> Answer {
+    let snapshot = match shared.stats.snapshot.lock() {
+        Ok(s) => s.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    };
+    let status = match shared.history.lock() {
+        Ok(h) => crate::ops::status::report(
+            &snapshot,
+            &h,
+            &shared.listens,
+            shared.stats.heartbeat.started(),
+            shared.stats.heartbeat.age(now),
+            now,
+        ),
+        Err(poisoned) => crate::ops::status::report(
+            &snapshot,
+            &poisoned.into_inner(),
+            &shared.listens,
+            shared.stats.heartbeat.started(),
+            shared.stats.heartbeat.age(now),
+            now,
+        ),
+    };
+    match serde_json::to_vec(&status) {
+        Ok(body) => {
+            let mut r = answer(StatusCode::OK, "application/json", body);
+            r.headers_mut()
+                .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            r
+        }
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+    }
+}
 
 /// The media type of a `POST /link` answer (and what a request should say it sends).
 pub const LINK_CONTENT_TYPE: &str = "application/x-pure-link";
@@ -76,7 +137,7 @@ pub(super) async fn handle(
     }
     // A path not served is 404 whatever the method (a POST to a mistyped /link too): 405 would say the path
     // exists (protocol.md 10).
-    let served = matches!(path, "/" | "/healthz" | "/metrics");
+    let served = matches!(path, "/" | "/status.json" | "/healthz" | "/metrics");
     if served && req.method() != Method::GET && req.method() != Method::HEAD {
         let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n");
         r.headers_mut()
@@ -132,18 +193,29 @@ pub(super) async fn handle(
                 Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
             }
         }
-        "/" => text(
-            StatusCode::OK,
-            match which {
-                Listener::Http => "pure-serve: /healthz, POST /link (links over HTTP)\n",
-                Listener::Metrics => "pure-serve: /metrics (Prometheus), /healthz\n",
+        "/" | "/status.json" if which == Listener::Http => text(
+            if path == "/" {
+                StatusCode::OK
+            } else {
+                StatusCode::NOT_FOUND
             },
+            "pure-serve: /healthz, POST /link (links over HTTP); the status page is on the node's \
+             --metrics-listen address (loopback unless changed; docs/operations.md, Status page)\n",
         ),
+        "/" => {
+            let mut r = answer(StatusCode::OK, "text/html; charset=utf-8", STATUS_PAGE);
+            r.headers_mut()
+                .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            r
+        }
+        "/status.json" => status_json(&shared, now),
         _ => text(
             StatusCode::NOT_FOUND,
             match which {
                 Listener::Http => "not found: this port serves /healthz, / and POST /link\n",
-                Listener::Metrics => "not found: try /metrics or /healthz\n",
+                Listener::Metrics => {
+                    "not found: try / (the status page), /status.json, /metrics or /healthz\n"
+                }
             },
         ),
     }

@@ -35,6 +35,22 @@ pub struct Snapshot {
     pub sending_loop_alive: Option<bool>,
     /// The X25519 budget in force, per second.
     pub x25519_budget: u32,
+    /// The node's public key, as the senders file and apps files write it.
+    pub node_key: String,
+    /// The link socket's address.
+    pub link_addr: Option<std::net::SocketAddr>,
+    /// The last reload (SIGHUP), if there was one.
+    pub last_reload: Option<LastReload>,
+}
+
+/// What the last reload did, for the status page.
+#[derive(Debug, Clone)]
+pub struct LastReload {
+    pub at: Instant,
+    /// Both files (the senders file, and the apps file if there is one) were taken whole.
+    pub applied: bool,
+    /// What was wrong (the refused file, its first problem with its line), or a note of an applied one.
+    pub note: Option<String>,
 }
 
 /// When the receive loop last turned, as microseconds since `base` (0: never).
@@ -58,6 +74,11 @@ impl Heartbeat {
     pub fn beat(&self, now: Instant) {
         let us = now.saturating_duration_since(self.base).as_micros() as u64 + 1;
         self.last_us.store(us, Ordering::Relaxed);
+    }
+
+    /// When the figures began: the node's start, for its uptime.
+    pub fn started(&self) -> Instant {
+        self.base
     }
 
     /// How long ago the loop last turned, or `None` if it never has.

@@ -8,6 +8,7 @@
 //! - [`metrics`] — what `/metrics` (Prometheus text) and `/healthz` say, from a snapshot the receive loop
 //!   publishes; [`crate::http`] serves them on `--metrics-listen` (and `/healthz` on `--http-port` too) from its
 //!   own thread, so a slow scraper never slows the loop;
+//! - [`status`] — the status page's figures (`/status.json`) and the ring of samples behind its charts;
 //! - [`wake`] — an eventfd another thread writes to wake the receive loop out of poll(2);
 //! - [`check`] — `pure-serve check`: validate the configuration without serving;
 //! - [`fds`] — the limit on open files: raised at start, and checked against what the configuration needs;
@@ -23,6 +24,7 @@ pub mod journal;
 pub mod metrics;
 pub mod notify;
 pub mod signals;
+pub mod status;
 pub mod wake;
 
 /// Why a socket could not be bound to `addr`, in words that point at the flag to change: a port in use is the

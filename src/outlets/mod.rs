@@ -52,6 +52,24 @@ pub enum Target {
 }
 
 impl Target {
+    /// Where it sends, for the status page: the link's address and far app, or the URL without its query (which
+    /// may carry a token).
+    pub fn words(&self) -> String {
+        let url = |u: &crate::apps::config::HttpUrl| {
+            let mut u = u.clone();
+            if let Some(q) = u.path_and_query.find('?') {
+                u.path_and_query.truncate(q);
+                u.path_and_query.push_str("?…");
+            }
+            u.to_string()
+        };
+        match self {
+            Target::Link { to, far_app, .. } => format!("udp {to}, app {far_app}"),
+            Target::Wire(w) => format!("{}, app {}", url(&w.url), w.far_app),
+            Target::Webhook(h) => url(&h.url),
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Target::Link { .. } => "link",
@@ -100,6 +118,12 @@ pub struct OutletState {
     pub status: &'static str,
     /// The last error, shown in logs and status.
     pub last_error: Option<String>,
+    /// The kind of `last_error`.
+    pub last_error_kind: Option<&'static str>,
+    /// When the errors since the last success began.
+    pub failing_since: Option<Instant>,
+    /// When `status` last changed (set only on a change: a status set again keeps its time).
+    pub status_since: Option<Instant>,
     /// Errors by kind (dns, tls, http, socket, refused, far_state, timeout).
     pub errors: BTreeMap<&'static str, u64>,
     last_logged: Option<Instant>,
@@ -137,6 +161,7 @@ impl Outlet {
             host,
             state: Mutex::new(OutletState {
                 status: "starting",
+                status_since: Some(Instant::now()),
                 ..OutletState::default()
             }),
         }
@@ -245,7 +270,7 @@ impl Outlet {
 
     pub fn set_status(&self, status: &'static str) {
         if let Ok(mut s) = self.state.lock() {
-            s.status = status;
+            s.change_status(status);
         }
     }
 
@@ -255,8 +280,10 @@ impl Outlet {
             return;
         };
         *s.errors.entry(kind).or_insert(0) += 1;
-        s.status = "failing";
+        s.change_status("failing");
         let now = Instant::now();
+        s.last_error_kind = Some(kind);
+        s.failing_since.get_or_insert(now);
         if s.last_logged
             .is_none_or(|t| now.duration_since(t) >= LOG_EVERY)
         {
@@ -280,11 +307,22 @@ impl Outlet {
         let Ok(mut s) = self.state.lock() else {
             return;
         };
+        s.last_error_kind = None;
+        s.failing_since = None;
         if s.last_error.take().is_some() {
             tracing::info!(app = %self.app, outlet = %self.name, "outlet {}/{}: working again", self.app, self.name);
             s.last_logged = None;
         }
-        s.status = status;
+        s.change_status(status);
+    }
+}
+
+impl OutletState {
+    fn change_status(&mut self, status: &'static str) {
+        if self.status != status {
+            self.status = status;
+            self.status_since = Some(Instant::now());
+        }
     }
 }
 

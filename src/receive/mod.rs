@@ -198,6 +198,8 @@ pub struct ReadyNode {
     reloads_failed: u64,
     /// Time spent in `apply_turn` (apply and commit), for `pure_commit_seconds_total`.
     commit_time: Duration,
+    /// When the last reload ended and whether it took effect whole.
+    last_reload: Option<(Instant, bool)>,
     /// Said in every STATUS= line until the next good reload: a refused reload must stay visible.
     status_note: Option<String>,
     /// What STATUS says of the last reload of the apps file while it was refused (cleared by one that is not).
@@ -368,6 +370,7 @@ impl ReadyNode {
             reloads_ok: 0,
             reloads_failed: 0,
             commit_time: Duration::ZERO,
+            last_reload: None,
             status_note: None,
             apps_note: None,
             apps_refused: false,
@@ -841,12 +844,14 @@ impl ReadyNode {
 
     /// A reload is over: it counts as taking effect only if neither file was refused.
     fn count_reload(&mut self, senders_taken: bool) {
-        if senders_taken && !std::mem::take(&mut self.apps_refused) {
+        let applied = senders_taken && !std::mem::take(&mut self.apps_refused);
+        if applied {
             self.reloads_ok += 1;
         } else {
             self.apps_refused = false;
             self.reloads_failed += 1;
         }
+        self.last_reload = Some((Instant::now(), applied));
     }
 
     fn apply_outlet_changes(&mut self, changes: crate::apps::host::OutletChanges) {
@@ -1036,6 +1041,26 @@ impl ReadyNode {
             s.reloads_failed = self.reloads_failed;
             s.commit_seconds = self.commit_time.as_secs_f64();
             s.x25519_budget = self.node.x25519_budget();
+            if s.node_key.is_empty() {
+                s.node_key = self.public_key();
+                s.link_addr = Some(self.local_addr());
+            }
+            if let Some((at, applied)) = self.last_reload
+                && s.last_reload.as_ref().is_none_or(|r| r.at != at)
+            {
+                // Copied once per reload: the note is the refused file's first problem (or what an applied
+                // reload said), the same words STATUS= has.
+                let notes: Vec<&str> = [&self.status_note, &self.apps_note]
+                    .into_iter()
+                    .flatten()
+                    .map(String::as_str)
+                    .collect();
+                s.last_reload = Some(crate::ops::metrics::LastReload {
+                    at,
+                    applied,
+                    note: (!notes.is_empty()).then(|| notes.join("; ")),
+                });
+            }
         }
         self.stats
             .stored_records
