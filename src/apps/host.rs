@@ -201,6 +201,9 @@ struct App {
     outlets: Vec<RemoteOutlet>,
     /// Behind an outlet by more than its lag budget: not taking input.
     lag_paused: bool,
+    /// Records the app may still take before an outlet with a lag budget is at it (`None`: no budget), as the
+    /// node core was last told ([`HostedApp::lag_room`]).
+    lag_room: Option<u64>,
     /// Times `lag_paused` was set: how often backpressure stopped this app's input.
     lag_pauses: u64,
     /// The spell of lag pauses the log has told of, if one is going on.
@@ -335,6 +338,7 @@ fn hosted(config: &AppConfig) -> HostedApp {
         turn_records: config.turn_records.max(1),
         paused: false,
         cannot_store: false,
+        lag_room: None,
     }
 }
 
@@ -469,6 +473,7 @@ impl Host {
             config,
             outlets,
             lag_paused: false,
+            lag_room: None,
             lag_pauses: 0,
             lag_spell: LagSpell::default(),
             failure: None,
@@ -555,6 +560,7 @@ impl Host {
                 let mut h = hosted(&a.config);
                 h.paused = a.failure.is_some() || a.lag_paused;
                 h.cannot_store = a.failure.is_some();
+                h.lag_room = a.lag_room;
                 h
             })
             .collect()
@@ -682,6 +688,8 @@ impl Host {
                 self.fail_app(app, &e, node, now);
             }
         }
+        // The heads moved: the lag budgets' room for the next turn is smaller.
+        self.check_lag(node);
         let seq = self.next_seq;
         self.next_seq += 1;
         let files: SyncFiles = parts
@@ -904,11 +912,16 @@ impl Host {
             .apps
             .iter()
             .zip(direct_counts)
-            .map(|(a, c)| a.config.turn_records.saturating_sub(*c))
+            .map(|(a, c)| {
+                // The destination's turn share, and what its own outlets' lag budgets leave (less what its direct
+                // input already took in this turn).
+                let lag_room = a.lag_room.map_or(u64::MAX, |r| r.saturating_sub(*c));
+                a.config.turn_records.saturating_sub(*c).min(lag_room)
+            })
             .collect();
         for inner in &mut self.inner {
             let dest = inner.dest as usize;
-            if self.apps[dest].failure.is_some() || room[dest] == 0 {
+            if self.apps[dest].failure.is_some() || self.apps[dest].lag_paused || room[dest] == 0 {
                 continue;
             }
             let heard = match inner.heard {
@@ -1038,32 +1051,42 @@ impl Host {
         }
     }
 
-    /// Pauses apps whose outlets are beyond their lag budget; resumes them below [`LAG_RESUME_PERCENT`] of it
-    /// (hysteresis).
+    /// Pauses apps whose outlets are at their lag budget; resumes them at [`LAG_RESUME_PERCENT`] of it
+    /// (hysteresis). While an app takes input the node core is told the records it may still take before an outlet
+    /// reaches its budget, so a burst passes it by less than a frame (protocol.md 6.3), not by a turn. Called after
+    /// each turn's commits (the head moved) and when a turn is finished (acknowledgements may have come).
     fn check_lag(&mut self, node: &mut Node) {
         let heads: Vec<u64> = (0..self.apps.len())
             .map(|i| self.stores.app(i as AppIndex).map_or(1, |s| s.head()))
             .collect();
         let mut over: Vec<Option<bool>> = vec![None; self.apps.len()];
+        let mut rooms: Vec<Option<u64>> = vec![None; self.apps.len()];
+        let mut budget = |i: usize, lag: u64, max: u64, paused: bool| {
+            if max == 0 {
+                return;
+            }
+            let v = over[i].get_or_insert(false);
+            *v |= lag >= max || (paused && lag > resume_below(max));
+            let room = max.saturating_sub(lag);
+            rooms[i] = Some(rooms[i].map_or(room, |r| r.min(room)));
+        };
         for (i, app) in self.apps.iter().enumerate() {
             for o in &app.outlets {
                 let lag = heads[i].saturating_sub(1).saturating_sub(o.outlet.acked());
-                let paused = app.lag_paused;
-                let max = o.max_lag;
-                if max > 0 {
-                    let v = over[i].get_or_insert(false);
-                    *v |= lag > max || (paused && lag > resume_below(max));
-                }
+                budget(i, lag, o.max_lag, app.lag_paused);
             }
         }
         for inner in &self.inner {
-            let lag = heads[inner.source as usize]
+            let s = inner.source as usize;
+            let lag = heads[s]
                 .saturating_sub(1)
                 .saturating_sub(inner.heard.unwrap_or(0));
-            let paused = self.apps[inner.source as usize].lag_paused;
-            if inner.max_lag > 0 {
-                let v = over[inner.source as usize].get_or_insert(false);
-                *v |= lag > inner.max_lag || (paused && lag > resume_below(inner.max_lag));
+            budget(s, lag, inner.max_lag, self.apps[s].lag_paused);
+        }
+        for (i, app) in self.apps.iter_mut().enumerate() {
+            if rooms[i] != app.lag_room {
+                app.lag_room = rooms[i];
+                node.set_app_lag_room(i as AppIndex, rooms[i]);
             }
         }
         let now = Instant::now();
