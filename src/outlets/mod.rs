@@ -103,6 +103,8 @@ pub struct OutletState {
     /// Errors by kind (dns, tls, http, socket, refused, far_state, timeout).
     pub errors: BTreeMap<&'static str, u64>,
     last_logged: Option<Instant>,
+    /// The likely cause of a silence has been told ([`Outlet::silent`]); cleared when the far side answers.
+    silence_told: bool,
 }
 
 /// An error is logged at most this often per outlet: a far side that is down for an hour makes a line a minute, not
@@ -275,11 +277,43 @@ impl Outlet {
         s.last_error = Some(what);
     }
 
+    /// The far side has not answered a single packet for a while: counted (kind `unanswered`) each time, and the
+    /// likely cause with its fix, `what`, logged once until it answers (docs/operations.md, "When an outlet does not
+    /// deliver"). The commonest mistake, a far node whose senders file lacks this node's key, looks exactly like
+    /// this: the far node cannot say why, since it cannot tell who sent what it cannot open.
+    pub fn silent(&self, what: String) {
+        let Ok(mut s) = self.state.lock() else {
+            return;
+        };
+        *s.errors.entry("unanswered").or_insert(0) += 1;
+        s.status = "failing";
+        if !s.silence_told {
+            s.silence_told = true;
+            tracing::warn!(
+                app = %self.app,
+                outlet = %self.name,
+                kind = "unanswered",
+                "outlet {}/{}: {what}",
+                self.app,
+                self.name
+            );
+        }
+        s.last_error = Some(what);
+    }
+
+    /// The far side answered (a packet that authenticated): a later silence is told again.
+    pub fn answered(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.silence_told = false;
+        }
+    }
+
     /// The error is over: say so once.
     pub fn recovered(&self, status: &'static str) {
         let Ok(mut s) = self.state.lock() else {
             return;
         };
+        s.silence_told = false;
         if s.last_error.take().is_some() {
             tracing::info!(app = %self.app, outlet = %self.name, "outlet {}/{}: working again", self.app, self.name);
             s.last_logged = None;
