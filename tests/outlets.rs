@@ -201,3 +201,90 @@ fn an_app_whose_outlet_is_past_its_lag_budget_stops_taking_input_and_loses_nothi
     assert_eq!(records(&a.state_dir, "main").len(), stored);
     a.stop().unwrap();
 }
+
+/// docs/apps.md, `memory_bytes`: what an outlet holds (`pure_outlet_held_bytes`, [`OutletFigures::held_bytes`]) is
+/// at most its budget, even when one turn's chunk of a sender is many times the budget (issue 18, item 4: a link
+/// with 65,536 held 209,202). B's app pauses after a few records (its own outlet goes nowhere), so A's link, which
+/// B answered, holds its budget's worth and waits; the rest of the burst waits in A's store.
+#[test]
+fn an_outlet_holds_at_most_its_memory_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (dir_a, dir_b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&dir_a).unwrap();
+    std::fs::create_dir_all(&dir_b).unwrap();
+    let key_a = Identity::generate();
+    pure_serve::keys::write_new_identity(&dir_a.join("node.key"), &key_a).unwrap();
+    let device = Identity::generate();
+    let dead = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    let b = LocalNode::start_apps(
+        &dir_b,
+        &[("node-a".into(), *key_a.public())],
+        apps(&format!(
+            "[apps.ingest]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n\
+             [apps.ingest.outlets.away]\nkind = \"link\"\nto = \"{dead_addr}\"\nnode_key = \"{}\"\n\
+             max_lag_records = 1\n",
+            encode_key(Identity::generate().public())
+        )),
+        Duration::from_secs(30),
+        4 << 20,
+    )
+    .unwrap();
+    const BUDGET: usize = 65_536;
+    let a = LocalNode::start_apps(
+        &dir_a,
+        &[("dev".into(), *device.public())],
+        apps(&format!(
+            "[apps.main]\n[apps.main.outlets.to-b]\nkind = \"link\"\nto = \"{}\"\nnode_key = \"{}\"\n\
+             app = \"ingest\"\nmemory_bytes = {BUDGET}\n",
+            b.addr,
+            encode_key(&b.public)
+        )),
+        Duration::from_secs(30),
+        4 << 20,
+    )
+    .unwrap();
+    let held = || a.stats.snapshot.lock().unwrap().app_figures[0].outlets[0].held_bytes;
+    // The link has synced with B (its probe was answered) before the burst.
+    wait_for("the link to sync", Duration::from_secs(10), || {
+        a.stats.snapshot.lock().unwrap().app_figures[0].outlets[0].status == "idle"
+            || a.stats.snapshot.lock().unwrap().app_figures[0].outlets[0].status == "sending"
+    });
+    let mut link = UdpLink::connect(device, a.public, a.addr).unwrap();
+    for i in 1..=4_000 {
+        link.sender()
+            .queue("main", format!("{i:06} {}", "x".repeat(500)).into_bytes())
+            .unwrap();
+    }
+    let mut most = 0;
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut delivered = false;
+    while Instant::now() < until {
+        if !delivered {
+            delivered = link
+                .deliver(Some(Duration::from_millis(100)))
+                .unwrap()
+                .unacked
+                == 0;
+        } else {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        most = most.max(held());
+    }
+    assert!(
+        delivered,
+        "A stored the burst (2 MB, 30 times the link's budget)"
+    );
+    assert!(
+        most <= BUDGET,
+        "held {most} bytes with memory_bytes = {BUDGET}"
+    );
+    assert!(
+        most > BUDGET / 2,
+        "the link held its budget's worth: {most}"
+    );
+    assert!(records(&b.state_dir, "ingest").len() < 4_000, "B paused");
+    a.stop().unwrap();
+    b.stop().unwrap();
+}

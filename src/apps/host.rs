@@ -999,23 +999,37 @@ impl Host {
                 let fresh = &new_chunks[i];
                 let mut fed: Vec<Arc<Chunk>> = Vec::new();
                 let mut at = next;
+                // Chunks are fed whole while they fit the outlet's room and the one that does not is cut to it, so
+                // what it holds never passes `memory_bytes` (a turn's chunk can be far larger than the budget).
+                let mut take = |c: Arc<Chunk>, room: &mut usize| -> bool {
+                    if c.body.len() <= *room {
+                        *room -= c.body.len();
+                        at = c.pos + c.count;
+                        fed.push(c);
+                        return true;
+                    }
+                    if let Some(part) = c.prefix_within(*room) {
+                        *room -= part.body.len();
+                        at = part.pos + part.count;
+                        fed.push(Arc::new(part));
+                    }
+                    false
+                };
                 if fresh.first().is_some_and(|c| c.pos == next) {
                     // Caught up: this turn's chunks are exactly what it wants next, already in memory.
                     for c in fresh {
-                        if room == 0 {
+                        if !take(c.clone(), &mut room) {
                             break;
                         }
-                        room = room.saturating_sub(c.body.len());
-                        at = c.pos + c.count;
-                        fed.push(c.clone());
                     }
                 } else {
                     match store.read_from(next, CATCH_UP_RECORDS.min(head - next), room) {
                         Ok(chunks) => {
                             // Chunks end at turns' ends, so none straddles `head`.
                             for c in chunks.into_iter().take_while(|c| c.pos < head) {
-                                at = c.pos + c.count;
-                                fed.push(Arc::new(c));
+                                if !take(Arc::new(c), &mut room) {
+                                    break;
+                                }
                             }
                         }
                         Err(e) => {

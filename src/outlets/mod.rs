@@ -16,9 +16,9 @@
 //! wakes the loop once (a [`tokio::sync::Notify`]); the loop takes them, and wakes the host through its eventfd
 //! when acknowledgements have made room or when the far side said where to resume.
 //!
-//! Memory is bounded by the outlet's budget (`memory_bytes`): the host feeds only while what the outlet holds plus
-//! what waits in its feed is below it; the rest of a backlog stays in the store, which is also what survives a
-//! crash.
+//! Memory is bounded by the outlet's budget (`memory_bytes`): what the outlet holds plus what waits in its feed
+//! (records' bytes as stored) never passes it, since the host feeds chunks only while they fit the room left and
+//! cuts the one that does not; the rest of a backlog stays in the store, which is also what survives a crash.
 
 pub mod http;
 pub mod link;

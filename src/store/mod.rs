@@ -297,6 +297,29 @@ impl Chunk {
         RecordIter::new(&self.body)
     }
 
+    /// The chunk's first records whose bytes add up to at most `max_bytes`, as a chunk of their own: what an
+    /// outlet with that much room may take of it. `None` if not even the first record fits.
+    pub fn prefix_within(&self, max_bytes: usize) -> Option<Chunk> {
+        let mut it = self.records();
+        let (mut count, mut end) = (0u64, 0usize);
+        while it.next().is_some() {
+            if it.position() > max_bytes {
+                break;
+            }
+            count += 1;
+            end = it.position();
+        }
+        (count > 0).then(|| Chunk {
+            pos: self.pos,
+            source: self.source.clone(),
+            first_seq: self.first_seq,
+            count,
+            format: self.format,
+            stored_at_ms: self.stored_at_ms,
+            body: self.body[..end].to_vec(),
+        })
+    }
+
     /// The chunk's records as views, from position `from` on (a record that does not parse ends the walk).
     pub fn views(&self, from: u64) -> impl Iterator<Item = RecordView<'_>> {
         let forwarded = self.format == RecordFormat::Forwarded;
