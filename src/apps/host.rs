@@ -464,8 +464,13 @@ impl Host {
         let outlets = config
             .outlets
             .iter()
-            .filter_map(|o| self.make_outlet(&config.name, o, &acked, changes))
+            .filter_map(|o| self.make_outlet(index, &config.name, o, &acked, changes))
             .collect();
+        if let Some(store) = self.stores.app_mut(index)
+            && let Err(e) = store.forget_legacy_outlets()
+        {
+            tracing::warn!("app {}: {e}", config.name);
+        }
         // What a store holds when it is opened is durable (its open synced it).
         self.durable
             .push(self.stores.app(index).map_or(1, AppStore::head));
@@ -488,6 +493,7 @@ impl Host {
     /// store says its far side acknowledged, and queued in `changes` for the sending loop to start.
     fn make_outlet(
         &mut self,
+        index: AppIndex,
         app: &str,
         o: &super::config::OutletConfig,
         acked: &std::collections::HashMap<String, u64>,
@@ -495,6 +501,7 @@ impl Host {
     ) -> Option<RemoteOutlet> {
         let target = target_of(&o.kind)?;
         let was = acked.get(&o.name).copied().unwrap_or(0);
+        let start = self.outlet_start(index, app, o, was);
         let id = self.next_outlet_id;
         self.next_outlet_id += 1;
         let outlet = Arc::new(
@@ -506,7 +513,8 @@ impl Host {
                 o.memory_bytes,
                 self.wake.clone(),
             )
-            .with_acked(was),
+            .with_base(start - 1)
+            .with_acked(was.max(start - 1)),
         );
         changes.start.push((outlet.clone(), target.clone()));
         Some(RemoteOutlet {
@@ -516,6 +524,72 @@ impl Host {
             max_lag: o.max_lag_records,
             acked_written: was,
         })
+    }
+
+    /// The first position outlet `o` of app `index` sends (docs/apps.md, `from`), kept in the store the first time
+    /// the outlet is applied so that it stays through restarts. An outlet known to the store by its name and
+    /// target keeps its start; a link or wire into a far flow the store knows (renamed, or moved between link and
+    /// wire) keeps that flow's, since the far node numbers the flow by it; an outlet that has a saved position from
+    /// a node that kept no starts, or of a store whose outlets all came from one, starts at 1, as it always did.
+    /// Otherwise `from`: 1, or the app's head now. A store that cannot be read or written now gives 1: sending
+    /// again what a receiver has is repaired by its `(source, seq)`; a record never sent is not.
+    fn outlet_start(
+        &mut self,
+        index: AppIndex,
+        app: &str,
+        o: &super::config::OutletConfig,
+        was: u64,
+    ) -> u64 {
+        let Some(store) = self.stores.app_mut(index) else {
+            return 1;
+        };
+        let (starts, legacy) = match store.outlet_starts() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(
+                    "app {app}: outlet {}: cannot read its start: {e}; it starts at the first record",
+                    o.name
+                );
+                return 1;
+            }
+        };
+        let (kind, target) = o.kind.target();
+        let flow = o.kind.far_flow_key();
+        let known = starts
+            .iter()
+            .find(|s| s.name == o.name && s.kind == kind && s.target == target)
+            .or_else(|| {
+                flow.as_ref()
+                    .and_then(|f| starts.iter().find(|s| s.flow.as_ref() == Some(f)))
+            })
+            .map(|s| s.start);
+        let start = match known {
+            Some(s) => s,
+            None if legacy || (was > 0 && !starts.iter().any(|s| s.name == o.name)) => 1,
+            None => match o.from {
+                super::config::StartFrom::First => 1,
+                super::config::StartFrom::Next => store.head(),
+            },
+        };
+        let row = store::OutletStart {
+            name: o.name.clone(),
+            kind: kind.to_string(),
+            target,
+            flow,
+            start,
+        };
+        if !starts.contains(&row) {
+            if let Err(e) = store.set_outlet_starts(&[row]) {
+                tracing::warn!("app {app}: outlet {}: cannot keep its start: {e}", o.name);
+            } else if known.is_none() && start > 1 {
+                tracing::info!(
+                    "app {app}: outlet {} starts at position {start}: from = \"next\", it sends only what is \
+                     stored from now on",
+                    o.name
+                );
+            }
+        }
+        start
     }
 
     /// Inner outlets from the config, keeping what is known of those that stay.
@@ -1319,7 +1393,9 @@ impl Host {
                 if self.apps[i].outlets.iter().any(|x| x.outlet.name == o.name) {
                     continue;
                 }
-                if let Some(remote) = self.make_outlet(&config.name, o, &acked, &mut done.outlets) {
+                if let Some(remote) =
+                    self.make_outlet(i as AppIndex, &config.name, o, &acked, &mut done.outlets)
+                {
                     done.applied
                         .push(format!("app {}: outlet {} started", config.name, o.name));
                     self.apps[i].outlets.push(remote);

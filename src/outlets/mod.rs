@@ -84,6 +84,9 @@ pub struct Outlet {
     pub kind: &'static str,
     /// Bytes of records this outlet may hold in memory (fed and not yet acknowledged).
     pub memory_bytes: usize,
+    /// Positions before its start (docs/apps.md, `from`): a link or wire numbers its far flow `position − base`,
+    /// so a far app that has heard nothing of this node starts at the outlet's start.
+    pub base: u64,
     feed: Mutex<Feed>,
     push: Notify,
     /// The far side's stored position (0 until known).
@@ -112,6 +115,12 @@ pub struct OutletState {
 const LOG_EVERY: Duration = Duration::from_secs(60);
 
 impl Outlet {
+    /// Sets the positions before the outlet's start ([`Outlet::base`]).
+    pub fn with_base(mut self, base: u64) -> Self {
+        self.base = base;
+        self
+    }
+
     /// Sets what the far side is known to have acknowledged (from the store at start): where a webhook resumes.
     pub fn with_acked(self, acked: u64) -> Self {
         self.acked.store(acked, Ordering::Release);
@@ -132,6 +141,7 @@ impl Outlet {
             name: name.to_string(),
             kind,
             memory_bytes,
+            base: 0,
             feed: Mutex::new(Feed::default()),
             push: Notify::new(),
             acked: AtomicU64::new(0),
