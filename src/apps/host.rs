@@ -1522,4 +1522,79 @@ mod tests {
             "a new spell"
         );
     }
+
+    /// docs/apps.md, `from`, "Upgrading": outlets of a store written by a node that kept no starts keep the
+    /// position they had whatever their `from` (a webhook with a saved position goes on from it; one without starts
+    /// at the first record); an outlet added later with `from = "next"` starts at the head then, and a restart
+    /// keeps every start.
+    #[test]
+    fn outlets_of_an_older_store_keep_their_position_and_new_ones_start_by_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let wake = Arc::new(Wake::new().unwrap());
+        let config = |outlets: &[&str]| {
+            let mut text = "[apps.main]\n".to_string();
+            for o in outlets {
+                text.push_str(&format!(
+                    "[apps.main.outlets.{o}]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/{o}\"\nfrom = \"next\"\n"
+                ));
+            }
+            AppsConfig::parse(Path::new("apps.toml"), &text).unwrap()
+        };
+        {
+            let (mut host, _) = Host::open(dir.path(), &config(&[]), wake.clone()).unwrap();
+            let mut body = Vec::new();
+            for r in ["1", "2", "3", "4", "5"] {
+                crate::proto::wire::put_record(&mut body, r.as_bytes());
+            }
+            let store = host.stores.app_mut(0).unwrap();
+            let mut pieces = vec![Piece {
+                source: "dev",
+                first_seq: 1,
+                count: 5,
+                format: RecordFormat::Plain,
+                records: &body,
+            }];
+            // A webhook `hook` of the older node had 3 acknowledged.
+            store.apply(&mut pieces, &[("hook", 3)], false).unwrap();
+        }
+        // What an older node's store looks like: no starts.
+        let conn = rusqlite::Connection::open(store::app_store_path(dir.path(), "main")).unwrap();
+        conn.execute_batch("DROP TABLE outlet_starts").unwrap();
+        drop(conn);
+        let acked = |host: &Host, name: &str| {
+            let o = host.apps[0]
+                .outlets
+                .iter()
+                .find(|o| o.outlet.name == name)
+                .unwrap();
+            (o.outlet.acked(), o.outlet.base)
+        };
+        {
+            let (host, _) =
+                Host::open(dir.path(), &config(&["hook", "quiet"]), wake.clone()).unwrap();
+            assert_eq!(acked(&host, "hook"), (3, 0), "keeps its saved position");
+            assert_eq!(
+                acked(&host, "quiet"),
+                (0, 0),
+                "in the file at the upgrade: from the first record"
+            );
+        }
+        {
+            let (host, _) = Host::open(
+                dir.path(),
+                &config(&["hook", "quiet", "later"]),
+                wake.clone(),
+            )
+            .unwrap();
+            assert_eq!(acked(&host, "hook"), (3, 0));
+            assert_eq!(acked(&host, "quiet"), (0, 0), "a restart keeps its start");
+            assert_eq!(
+                acked(&host, "later"),
+                (5, 5),
+                "added later with next: from the head"
+            );
+        }
+        let (host, _) = Host::open(dir.path(), &config(&["later"]), wake).unwrap();
+        assert_eq!(acked(&host, "later"), (5, 5), "a restart keeps its start");
+    }
 }
