@@ -245,11 +245,18 @@ fn an_outlet_holds_at_most_its_memory_bytes() {
         4 << 20,
     )
     .unwrap();
-    let held = || a.stats.snapshot.lock().unwrap().app_figures[0].outlets[0].held_bytes;
+    let outlet = || {
+        let snapshot = a.stats.snapshot.lock().unwrap();
+        snapshot
+            .app_figures
+            .first()
+            .and_then(|f| f.outlets.first())
+            .map(|o| (o.status, o.held_bytes))
+    };
+    let held = || outlet().map_or(0, |(_, h)| h);
     // The link has synced with B (its probe was answered) before the burst.
     wait_for("the link to sync", Duration::from_secs(10), || {
-        a.stats.snapshot.lock().unwrap().app_figures[0].outlets[0].status == "idle"
-            || a.stats.snapshot.lock().unwrap().app_figures[0].outlets[0].status == "sending"
+        outlet().is_some_and(|(s, _)| s == "idle" || s == "sending")
     });
     let mut link = UdpLink::connect(device, a.public, a.addr).unwrap();
     for i in 1..=4_000 {
