@@ -540,8 +540,27 @@ impl Host {
         o: &super::config::OutletConfig,
         was: u64,
     ) -> u64 {
+        let (kind, target) = o.kind.target();
+        let flow = o.kind.far_flow_key();
         let Some(store) = self.stores.app_mut(index) else {
-            return 1;
+            // The store is closed (it failed): its kept start, read from the file, else the first record (it is
+            // not kept, so the next start decides again; nothing is sent before the store is open).
+            let kept = self
+                .state_dir
+                .as_deref()
+                .and_then(|dir| store::open_app_for_reading(dir, app).ok())
+                .and_then(|s| s.outlet_starts().ok())
+                .and_then(|(starts, _)| {
+                    starts
+                        .iter()
+                        .find(|s| s.name == o.name && s.kind == kind && s.target == target)
+                        .or_else(|| {
+                            flow.as_ref()
+                                .and_then(|f| starts.iter().find(|s| s.flow.as_ref() == Some(f)))
+                        })
+                        .map(|s| s.start)
+                });
+            return kept.unwrap_or(1);
         };
         let (starts, legacy) = match store.outlet_starts() {
             Ok(s) => s,
@@ -553,8 +572,6 @@ impl Host {
                 return 1;
             }
         };
-        let (kind, target) = o.kind.target();
-        let flow = o.kind.far_flow_key();
         let known = starts
             .iter()
             .find(|s| s.name == o.name && s.kind == kind && s.target == target)
