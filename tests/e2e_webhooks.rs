@@ -428,3 +428,161 @@ fn outlets_to_untrusted_certificates_deliver_nothing_and_say_so() {
         eprintln!("{}", log_lines(&stderr, "main", outlet)[0]);
     }
 }
+
+/// The positions each outlet of the receiver got in 2xx'd batches.
+fn positions_of(server: &HookServer, outlet: &str) -> BTreeSet<u64> {
+    let mut got = BTreeSet::new();
+    for req in server.requests() {
+        if req.answer != Answer::Ok {
+            continue;
+        }
+        let v = req.json();
+        if v["outlet"] != outlet {
+            continue;
+        }
+        for r in v["records"].as_array().unwrap() {
+            got.insert(r["pos"].as_u64().unwrap());
+        }
+    }
+    got
+}
+
+/// Issue 18, item 1 (docs/apps.md, `from` and "Reload"), through a real node and a reload: an outlet added with
+/// the default `from = "first"` sends the app's whole store; one added with `from = "next"` (a webhook, and a link to
+/// another node, whose far flow then starts at 1 with the first new record) only what is stored after the reload;
+/// renaming a webhook is warned of by `check` and by the reload's log, and with `from = "next"` the renamed one
+/// sends nothing twice. A restart keeps every start.
+#[test]
+fn outlets_added_or_renamed_on_reload_send_what_their_from_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = dir.path().join("ca");
+    std::fs::create_dir_all(&ca_dir).unwrap();
+    let ca = http_util::test_ca(&ca_dir);
+    let server = HookServer::start(&ca.cert_file, &ca.key_file, |_| Answer::Ok);
+    let (state_a, state_b) = (dir.path().join("a"), dir.path().join("b"));
+    let (key_a, pub_a) = keygen(dir.path(), "node-a");
+    let (key_dev, pub_dev) = keygen(dir.path(), "dev");
+    let senders_b = dir.path().join("senders-b");
+    std::fs::write(&senders_b, format!("node-a {pub_a}\n")).unwrap();
+    let apps_b = dir.path().join("b.toml");
+    std::fs::write(&apps_b, "[apps.ingest]\nforwarders = [\"node-a\"]\n").unwrap();
+    let b = start(
+        &state_b,
+        &args(&[
+            "--senders",
+            senders_b.to_str().unwrap(),
+            "--apps",
+            apps_b.to_str().unwrap(),
+        ]),
+        0,
+        0,
+    );
+    let senders = dir.path().join("senders");
+    std::fs::write(&senders, format!("dev {pub_dev}\n")).unwrap();
+    let hook = |name: &str, from: &str| {
+        format!(
+            "[apps.main.outlets.{name}]\nkind = \"webhook\"\nurl = \"https://localhost:{}/in\"\n\
+             ca_file = \"{}\"\nbatch_records = 7\n{from}",
+            server.port(),
+            ca.ca_file.display()
+        )
+    };
+    let apps = dir.path().join("a.toml");
+    std::fs::write(&apps, format!("[apps.main]\n{}", hook("hook", ""))).unwrap();
+    let dns = outlet_util::FakeDns::nxdomain();
+    let args_a = args(&[
+        "--key",
+        key_a.to_str().unwrap(),
+        "--senders",
+        senders.to_str().unwrap(),
+        "--apps",
+        apps.to_str().unwrap(),
+        "--dns",
+        &dns.addr.to_string(),
+    ]);
+    let mut a = start(&state_a, &args_a, 0, 0);
+    let send = |a: &ops_util::NodeProcess, from: u64, to: u64| {
+        let mut child = spawn_send(&key_dev, a, "main", 30);
+        let mut stdin = child.stdin.take().unwrap();
+        use std::io::Write;
+        for k in from..=to {
+            writeln!(stdin, "dev line {k}").unwrap();
+        }
+        drop(stdin);
+        assert_sent(child, "dev");
+    };
+    send(&a, 1, 20);
+    wait_until("hook to get 1-20", || {
+        positions_of(&server, "hook") == (1..=20).collect()
+    });
+
+    // hook renamed to hook2 (from = "next"); fresh added (default: first); later added (next); a link to B (next).
+    let new_file = format!(
+        "[apps.main]\n{}{}{}\
+         [apps.main.outlets.to-b]\nkind = \"link\"\nto = \"{}\"\nnode_key = \"{}\"\napp = \"ingest\"\nfrom = \"next\"\n",
+        hook("hook2", "from = \"next\"\n"),
+        hook("fresh", ""),
+        hook("later", "from = \"next\"\n"),
+        b.link,
+        b.public_key
+    );
+    std::fs::write(&apps, &new_file).unwrap();
+    let check = std::process::Command::new(ops_util::bin())
+        .args([
+            "check",
+            "--apps",
+            apps.to_str().unwrap(),
+            "--senders",
+            senders.to_str().unwrap(),
+        ])
+        .arg("--state")
+        .arg(&state_a)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout).to_string()
+        + &String::from_utf8_lossy(&check.stderr);
+    let warning = "app main: outlet hook removed and hook2 added with the same kind and target";
+    assert!(said.contains(warning), "check warns of the rename: {said}");
+    a.signal(libc::SIGHUP);
+    wait_until("the reload to warn of the rename", || {
+        a.stderr_text()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains(warning) && l.contains("from = \"next\""))
+    });
+    wait_until("fresh to get 1-20", || {
+        positions_of(&server, "fresh") == (1..=20).collect()
+    });
+    send(&a, 21, 30);
+    let new: BTreeSet<u64> = (21..=30).collect();
+    wait_until("every outlet to get 21-30", || {
+        positions_of(&server, "fresh") == (1..=30).collect()
+            && positions_of(&server, "hook2") == new
+            && positions_of(&server, "later") == new
+            && records(&state_b, "ingest").len() == 10
+    });
+    assert_eq!(
+        positions_of(&server, "hook"),
+        (1..=20).collect(),
+        "hook stopped"
+    );
+    // On B: the link's flow starts with the first new record, as sequence 1; each keeps its origin.
+    let on_b = records(&state_b, "ingest");
+    for (k, r) in on_b.iter().enumerate() {
+        assert_eq!(r["seq"], k as u64 + 1, "{r}");
+        assert_eq!(r["origin"], "dev", "{r}");
+        assert_eq!(r["origin_seq"], k as u64 + 21, "{r}");
+        assert_eq!(r["payload"], format!("dev line {}", k + 21), "{r}");
+    }
+
+    // A restart keeps every start: nothing older is sent, the new goes on.
+    kill_and_restart(&mut a, &args_a);
+    send(&a, 31, 35);
+    wait_until("every outlet to get 31-35", || {
+        positions_of(&server, "fresh") == (1..=35).collect()
+            && positions_of(&server, "hook2") == (21..=35).collect()
+            && positions_of(&server, "later") == (21..=35).collect()
+            && records(&state_b, "ingest").len() == 15
+    });
+    drop(a);
+    drop(b);
+}

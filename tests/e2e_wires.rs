@@ -239,3 +239,94 @@ fn a_host_with_ten_links_and_ten_wires_runs_on_at_most_five_threads() {
         "A has its sending loop"
     );
 }
+
+/// Issue 18, item 3: the commonest mistake — a far node whose senders file lacks this node's key — is silent on
+/// the far side (it cannot tell who sent what it cannot open). A link and a wire to such a node each log once the
+/// likely cause with the fix, naming this node's key and the far app, and count it
+/// (`pure_outlet_errors_total{kind="unanswered"}`); once the far node lists the key (a reload) both deliver.
+#[test]
+fn a_far_node_that_does_not_list_this_node_is_told_once_with_the_likely_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let (state_a, state_b) = (dir.path().join("a"), dir.path().join("b"));
+    let (key_a, pub_a) = keygen(dir.path(), "node-a");
+    let (key_dev, pub_dev) = keygen(dir.path(), "dev");
+    // B lists only some other sender: A is unknown to it.
+    let (_, pub_other) = keygen(dir.path(), "other");
+    let senders_b = dir.path().join("senders-b");
+    std::fs::write(&senders_b, format!("other {pub_other}\n")).unwrap();
+    let apps_b = dir.path().join("b.toml");
+    std::fs::write(
+        &apps_b,
+        "[apps.udp]\nforwarders = [\"node-a\"]\n[apps.http]\nforwarders = [\"node-a\"]\n",
+    )
+    .unwrap();
+    let args_b = args(&[
+        "--senders",
+        senders_b.to_str().unwrap(),
+        "--apps",
+        apps_b.to_str().unwrap(),
+    ]);
+    let b = start(&state_b, &args_b, 0, 0);
+    let senders_a = dir.path().join("senders-a");
+    std::fs::write(&senders_a, format!("dev {pub_dev}\n")).unwrap();
+    let apps_a = dir.path().join("a.toml");
+    std::fs::write(
+        &apps_a,
+        format!(
+            "[apps.main]\n\
+             [apps.main.outlets.link]\nkind = \"link\"\nto = \"{}\"\nnode_key = \"{key}\"\napp = \"udp\"\n\
+             [apps.main.outlets.wire]\nkind = \"wire\"\nurl = \"http://127.0.0.1:{}/link\"\n\
+             node_key = \"{key}\"\napp = \"http\"\n",
+            b.link,
+            b.http.port(),
+            key = b.public_key,
+        ),
+    )
+    .unwrap();
+    let args_a = args(&[
+        "--key",
+        key_a.to_str().unwrap(),
+        "--senders",
+        senders_a.to_str().unwrap(),
+        "--apps",
+        apps_a.to_str().unwrap(),
+    ]);
+    let a = start(&state_a, &args_a, 0, 0);
+    let mut send = spawn_send(&key_dev, &a, "main", 30);
+    feed_lines(&mut send, "dev", 100, 100, Duration::ZERO)
+        .join()
+        .unwrap();
+    assert_sent(send, "dev");
+    for (outlet, app) in [("link", "udp"), ("wire", "http")] {
+        let head = format!("outlet main/{outlet}: the far node does not answer");
+        let fix = format!(
+            "does its senders file list this node's key {pub_a}, and does its app {app} accept it?"
+        );
+        wait_until(&format!("{outlet} to tell why"), || {
+            let log = a.stderr_text();
+            log.lines().any(|l| l.contains(&head) && l.contains(&fix))
+        });
+    }
+    // Counted each time; logged once.
+    wait_until("a second unanswered spell of each", || {
+        outlet_util::errors(&a, "main", "link", "unanswered") >= 2.0
+            && outlet_util::errors(&a, "main", "wire", "unanswered") >= 2.0
+    });
+    let log = a.stderr_text();
+    for outlet in ["link", "wire"] {
+        let head = format!("outlet main/{outlet}: the far node does not answer");
+        assert_eq!(
+            log.lines().filter(|l| l.contains(&head)).count(),
+            1,
+            "told once: {log}"
+        );
+    }
+    // The fix: B lists A; a reload of B, and both outlets deliver everything.
+    std::fs::write(&senders_b, format!("other {pub_other}\nnode-a {pub_a}\n")).unwrap();
+    b.signal(libc::SIGHUP);
+    wait_until("both far apps to have every record", || {
+        records(&state_b, "udp").len() == 100 && records(&state_b, "http").len() == 100
+    });
+    drop(a);
+    drop(b);
+}

@@ -111,6 +111,11 @@ struct Sim {
     finish_late: bool,
     /// Turns committed in the store and not yet handed back to the node core, with when their sync is done.
     unfinished: Vec<(Instant, Committed)>,
+    /// As the app host does for an outlet with `max_lag_records` (src/apps/host.rs): after each commit the node
+    /// core is told the records app `main` may still take before the outlet, which has acknowledged
+    /// `outlet_acked` of them, is this far behind.
+    lag_budget: Option<u64>,
+    outlet_acked: u64,
 }
 
 /// How long a sync takes with `finish_late` (an fdatasync on the development machines: ~0.2–1 ms).
@@ -182,6 +187,17 @@ impl Sim {
             strays: Vec::new(),
             finish_late: false,
             unfinished: Vec::new(),
+            lag_budget: None,
+            outlet_acked: 0,
+        }
+    }
+
+    /// Tells the node core the room `main`'s lag budget leaves, as the app host does after each commit.
+    fn set_lag_room(&mut self) {
+        if let Some(max) = self.lag_budget {
+            let stored = self.stores.app(0).unwrap().head() - 1;
+            let lag = stored.saturating_sub(self.outlet_acked);
+            self.node.set_app_lag_room(0, Some(max.saturating_sub(lag)));
         }
     }
 
@@ -321,6 +337,7 @@ impl Sim {
     /// Applies a taken turn to the store; the node core learns it now, or at the next step with `finish_late`.
     fn commit(&mut self, turn: &Turn) {
         let committed = self.stores.apply_turn(turn, &self.senders).unwrap();
+        self.set_lag_room();
         if self.finish_late {
             // Syncs finish in order: one after the last, or SYNC_TIME from now.
             let last = self.unfinished.last().map_or(self.now, |(at, _)| *at);
@@ -1901,5 +1918,75 @@ fn a_run_sending_to_a_paused_and_an_open_app_is_still_opened() {
     );
     sim.node.set_app_paused(0, false);
     sim.run_until_idle(Duration::from_secs(10));
+    sim.assert_exactly_once();
+}
+
+// ---- Issue 18, item 5: a lag budget is passed by less than a frame.
+
+/// A burst five times an outlet's `max_lag_records` stops at the budget plus less than one frame (not a turn of up
+/// to 16,384 records): the frame that reaches the room is taken whole and the rest waits in the senders. Once the
+/// outlet has caught up everything is delivered, exactly once.
+#[test]
+fn a_burst_stops_at_the_lag_budget_plus_less_than_a_frame() {
+    let mut sim = Sim::new(109, CLEAN, 4, FlowStart::At(1));
+    sim.lag_budget = Some(1000);
+    sim.set_lag_room();
+    for i in 0..4 {
+        sim.queue(i, 1250);
+    }
+    sim.run_for(Duration::from_secs(3));
+    let stored = sim.stores.app(0).unwrap().head() - 1;
+    // A frame holds at most what fits in one 1472-byte datagram: records of at least 10 bytes here.
+    assert!(
+        (1000..1000 + 1472 / 10).contains(&stored),
+        "stored {stored} with a budget of 1000"
+    );
+    let c = sim.node.counters().clone();
+    assert!(
+        c.dropped(DropReason::Backpressure) + c.paused_records > 0,
+        "the rest was held back: {c:?}"
+    );
+    // The outlet acknowledges what was stored: the room opens again, and so on until all is stored.
+    let until = sim.now + Duration::from_secs(120);
+    while !sim.all_idle() {
+        assert!(sim.now < until, "{:?}", sim.node.counters());
+        sim.outlet_acked = sim.stores.app(0).unwrap().head() - 1;
+        sim.set_lag_room();
+        sim.step();
+        let stored = sim.stores.app(0).unwrap().head() - 1;
+        assert!(stored - sim.outlet_acked < 1000 + 1472 / 10);
+    }
+    sim.assert_exactly_once();
+}
+
+/// protocol.md 6.3: a run that has so far named only a paused app cannot start a flow for another app while the
+/// pause lasts (its packets are not opened); once the app takes input both flows are delivered, exactly once.
+#[test]
+fn a_run_that_named_only_a_paused_app_starts_its_other_flow_when_the_pause_ends() {
+    let mut sim = Sim::new(113, CLEAN, 1, FlowStart::At(1));
+    sim.queue(0, 5);
+    sim.run_until_idle(Duration::from_secs(5));
+    sim.node.set_app_paused(0, true);
+    sim.queue(0, 5);
+    sim.run_for(Duration::from_secs(1));
+    sim.devices[0]
+        .sender
+        .open_flow("second", FlowStart::At(1))
+        .unwrap();
+    sim.devices[0]
+        .sender
+        .queue("second", b"s1".to_vec())
+        .unwrap();
+    sim.run_for(Duration::from_secs(3));
+    let c = sim.node.counters().clone();
+    assert!(c.dropped(DropReason::Backpressure) > 0, "{c:?}");
+    assert_eq!(
+        sim.devices[0].sender.unacked("second"),
+        1,
+        "not opened: the new flow waits for the pause to end"
+    );
+    sim.node.set_app_paused(0, false);
+    sim.run_until_idle(Duration::from_secs(10));
+    assert_eq!(sim.devices[0].sender.unacked("second"), 0);
     sim.assert_exactly_once();
 }

@@ -138,10 +138,31 @@ pub struct OutletConfig {
     /// When this many records are stored but not yet acknowledged by the far side, the app stops taking input
     /// (its senders get no ack and retry) instead of letting the backlog grow. 0: no limit.
     pub max_lag_records: u64,
+    /// Where it starts when it is first applied (docs/apps.md, `from`); read only then.
+    pub from: StartFrom,
     /// Line of its header, for messages; `None` when it does not come from a file.
     pub line: Option<usize>,
     /// Line of its `ca_file` key, for what `load` finds wrong with that file; `None` without one.
     pub ca_file_line: Option<usize>,
+}
+
+/// `from` of an outlet: what a new outlet sends of what its app stored before it was applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StartFrom {
+    /// The app's whole store, from position 1 (the default: a new outlet forwards every record its app stores).
+    #[default]
+    First,
+    /// Only the records stored from the moment the outlet is first applied.
+    Next,
+}
+
+impl fmt::Display for StartFrom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StartFrom::First => "first",
+            StartFrom::Next => "next",
+        })
+    }
 }
 
 /// Where an outlet forwards to.
@@ -177,6 +198,37 @@ pub enum OutletKind {
 }
 
 impl OutletKind {
+    /// The kind's name and where it sends, as a string: equal for two outlets of the same kind and target (a link's
+    /// `to`, far node and far app; a wire's url, far node and far app; a webhook's url; an inner outlet's app),
+    /// whatever their other keys. What the store keeps of an outlet's start, and how a rename is recognised.
+    pub fn target(&self) -> (&'static str, String) {
+        match self {
+            OutletKind::Link { to, node_key, app } => (
+                "link",
+                format!("{to} {} {app}", crate::keys::encode_key(node_key)),
+            ),
+            OutletKind::Wire {
+                url, node_key, app, ..
+            } => (
+                "wire",
+                format!("{url} {} {app}", crate::keys::encode_key(node_key)),
+            ),
+            OutletKind::Webhook { url, .. } => ("webhook", url.to_string()),
+            OutletKind::App { app } => ("app", app.clone()),
+        }
+    }
+
+    /// The far node's flow a link or wire forwards into (far node's key and far app): a link and a wire into the
+    /// same far app are one flow, numbered alike (docs/protocol.md 5.4). `None` for webhooks and inner outlets.
+    pub fn far_flow_key(&self) -> Option<String> {
+        match self {
+            OutletKind::Link { node_key, app, .. } | OutletKind::Wire { node_key, app, .. } => {
+                Some(format!("{} {app}", crate::keys::encode_key(node_key)))
+            }
+            _ => None,
+        }
+    }
+
     /// The `kind` value in the file.
     pub fn kind_name(&self) -> &'static str {
         match self {
@@ -786,9 +838,12 @@ fn edit_distance(a: &str, b: &str) -> usize {
 const APP_KEYS: &[&str] = &["accept", "forwarders", "turn_records", "outlets"];
 const COMMON_OUTLET_KEYS: &[&str] = &["kind", "memory_bytes", "max_lag_records"];
 const KINDS: &[(&str, &[&str])] = &[
-    ("link", &["to", "node_key", "app"]),
-    ("wire", &["url", "node_key", "app", "ca_file"]),
-    ("webhook", &["url", "ca_file", "headers", "batch_records"]),
+    ("link", &["to", "node_key", "app", "from"]),
+    ("wire", &["url", "node_key", "app", "ca_file", "from"]),
+    (
+        "webhook",
+        &["url", "ca_file", "headers", "batch_records", "from"],
+    ),
     ("app", &["app"]),
 ];
 /// Every key some outlet has, for an outlet whose kind is not known.
@@ -1300,6 +1355,7 @@ impl Walk {
 
         let mut memory_bytes = DEFAULT_MEMORY_BYTES;
         let mut max_lag_records = 0u64;
+        let mut from = StartFrom::default();
         let mut to: Option<String> = None;
         let mut url: Option<(HttpUrl, Range<usize>)> = None;
         let mut node_key: Option<PublicKeyBytes> = None;
@@ -1381,6 +1437,24 @@ impl Walk {
                         "give a number of records, or 0 for no limit",
                     ) {
                         Some(n) => max_lag_records = n,
+                        None => ok = false,
+                    }
+                }
+                "from" => {
+                    let fix = "write \"first\" (the app's whole store, the default) or \"next\" (only what it \
+                               stores from when the outlet is first applied)";
+                    match self.string(v, at, fix) {
+                        Some("first") => from = StartFrom::First,
+                        Some("next") => from = StartFrom::Next,
+                        Some(other) => {
+                            self.problem(
+                                Some(v.span()),
+                                at,
+                                format!("{other:?} is not a start"),
+                                fix,
+                            );
+                            ok = false;
+                        }
                         None => ok = false,
                     }
                 }
@@ -1581,6 +1655,7 @@ impl Walk {
             kind,
             memory_bytes,
             max_lag_records,
+            from,
             line: Some(line),
             ca_file_line,
         })
@@ -1887,6 +1962,8 @@ pub struct ReloadPlan {
     pub needs_restart: Vec<String>,
     /// One line for each difference, for the log and the reply to the operator.
     pub lines: Vec<String>,
+    /// Differences that may not be what the operator meant (an outlet renamed), for a warning.
+    pub warnings: Vec<String>,
 }
 
 impl ReloadPlan {
@@ -1894,6 +1971,36 @@ impl ReloadPlan {
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.changed.is_empty() && self.needs_restart.is_empty()
     }
+}
+
+/// The warning for an outlet `old` of `app` removed while `new`, of the same kind and target, is added: a rename,
+/// most likely, and a rename makes a new outlet (docs/apps.md, "Reload").
+pub fn renamed_outlet(app: &str, old: &str, new: &OutletConfig) -> String {
+    let what = match (&new.kind, new.from) {
+        (OutletKind::Link { .. } | OutletKind::Wire { .. }, _) => format!(
+            "a link or wire goes on from where the far node stands, so {} sends nothing twice",
+            new.name
+        ),
+        (OutletKind::Webhook { .. }, StartFrom::First) => format!(
+            "{} is a new outlet with from = \"first\": it sends every record of the app again, under its new name \
+             and new idempotency keys; to send only what is stored from now on, set from = \"next\" on it, or keep \
+             the old name",
+            new.name
+        ),
+        (OutletKind::Webhook { .. }, StartFrom::Next) => format!(
+            "{} is a new outlet with from = \"next\": it sends only what is stored from now on; what {old} had not \
+             delivered yet is not sent to it",
+            new.name
+        ),
+        (OutletKind::App { .. }, _) => format!(
+            "an inner outlet goes on from where its destination stands, so {} copies nothing twice",
+            new.name
+        ),
+    };
+    format!(
+        "app {app}: outlet {old} removed and {} added with the same kind and target ({}): renamed? {what}",
+        new.name, new.kind
+    )
 }
 
 fn same_outlet(a: &OutletConfig, b: &OutletConfig) -> bool {
@@ -1988,6 +2095,23 @@ pub fn plan_reload(old: &AppsConfig, new: &AppsConfig) -> ReloadPlan {
             .filter(|x| !n.outlets.iter().any(|y| y.name == x.name))
         {
             lines.push(format!("app {}: outlet {} removed", n.name, oo.name));
+            for no in n.outlets.iter().filter(|y| {
+                !o.outlets.iter().any(|x| x.name == y.name) && y.kind.target() == oo.kind.target()
+            }) {
+                plan.warnings.push(renamed_outlet(&n.name, &oo.name, no));
+            }
+        }
+        for no in &n.outlets {
+            if let Some(oo) = o.outlets.iter().find(|x| x.name == no.name)
+                && oo.from != no.from
+                && oo.kind == no.kind
+            {
+                lines.push(format!(
+                    "app {}: outlet {}: from {} → {} changes nothing: `from` is read only when an outlet is first \
+                     applied, and {} keeps its position",
+                    n.name, no.name, oo.from, no.from, no.name
+                ));
+            }
         }
         if !lines.is_empty() {
             plan.changed.push(n.name.clone());

@@ -203,6 +203,9 @@ struct App {
     outlets: Vec<RemoteOutlet>,
     /// Behind an outlet by more than its lag budget: not taking input.
     lag_paused: bool,
+    /// Records the app may still take before an outlet with a lag budget is at it (`None`: no budget), as the
+    /// node core was last told ([`HostedApp::lag_room`]).
+    lag_room: Option<u64>,
     /// Times `lag_paused` was set: how often backpressure stopped this app's input.
     lag_pauses: u64,
     /// The spell of lag pauses the log has told of, if one is going on.
@@ -347,6 +350,7 @@ fn hosted(config: &AppConfig) -> HostedApp {
         turn_records: config.turn_records.max(1),
         paused: false,
         cannot_store: false,
+        lag_room: None,
     }
 }
 
@@ -472,8 +476,13 @@ impl Host {
         let outlets = config
             .outlets
             .iter()
-            .filter_map(|o| self.make_outlet(&config.name, o, &acked, changes))
+            .filter_map(|o| self.make_outlet(index, &config.name, o, &acked, changes))
             .collect();
+        if let Some(store) = self.stores.app_mut(index)
+            && let Err(e) = store.forget_legacy_outlets()
+        {
+            tracing::warn!("app {}: {e}", config.name);
+        }
         // What a store holds when it is opened is durable (its open synced it).
         self.durable
             .push(self.stores.app(index).map_or(1, AppStore::head));
@@ -481,6 +490,7 @@ impl Host {
             config,
             outlets,
             lag_paused: false,
+            lag_room: None,
             lag_pauses: 0,
             lag_spell: LagSpell::default(),
             failure: None,
@@ -495,6 +505,7 @@ impl Host {
     /// store says its far side acknowledged, and queued in `changes` for the sending loop to start.
     fn make_outlet(
         &mut self,
+        index: AppIndex,
         app: &str,
         o: &super::config::OutletConfig,
         acked: &std::collections::HashMap<String, u64>,
@@ -502,6 +513,7 @@ impl Host {
     ) -> Option<RemoteOutlet> {
         let target = target_of(&o.kind)?;
         let was = acked.get(&o.name).copied().unwrap_or(0);
+        let start = self.outlet_start(index, app, o, was);
         let id = self.next_outlet_id;
         self.next_outlet_id += 1;
         let outlet = Arc::new(
@@ -513,7 +525,8 @@ impl Host {
                 o.memory_bytes,
                 self.wake.clone(),
             )
-            .with_acked(was),
+            .with_base(start - 1)
+            .with_acked(was.max(start - 1)),
         );
         changes.start.push((outlet.clone(), target.clone()));
         Some(RemoteOutlet {
@@ -524,6 +537,89 @@ impl Host {
             max_lag: o.max_lag_records,
             acked_written: was,
         })
+    }
+
+    /// The first position outlet `o` of app `index` sends (docs/apps.md, `from`), kept in the store the first time
+    /// the outlet is applied so that it stays through restarts. An outlet known to the store by its name and
+    /// target keeps its start; a link or wire into a far flow the store knows (renamed, or moved between link and
+    /// wire) keeps that flow's, since the far node numbers the flow by it; an outlet that has a saved position from
+    /// a node that kept no starts, or of a store whose outlets all came from one, starts at 1, as it always did.
+    /// Otherwise `from`: 1, or the app's head now. A store that cannot be read or written now gives 1: sending
+    /// again what a receiver has is repaired by its `(source, seq)`; a record never sent is not.
+    fn outlet_start(
+        &mut self,
+        index: AppIndex,
+        app: &str,
+        o: &super::config::OutletConfig,
+        was: u64,
+    ) -> u64 {
+        let (kind, target) = o.kind.target();
+        let flow = o.kind.far_flow_key();
+        let Some(store) = self.stores.app_mut(index) else {
+            // The store is closed (it failed): its kept start, read from the file, else the first record (it is
+            // not kept, so the next start decides again; nothing is sent before the store is open).
+            let kept = self
+                .state_dir
+                .as_deref()
+                .and_then(|dir| store::open_app_for_reading(dir, app).ok())
+                .and_then(|s| s.outlet_starts().ok())
+                .and_then(|(starts, _)| {
+                    starts
+                        .iter()
+                        .find(|s| s.name == o.name && s.kind == kind && s.target == target)
+                        .or_else(|| {
+                            flow.as_ref()
+                                .and_then(|f| starts.iter().find(|s| s.flow.as_ref() == Some(f)))
+                        })
+                        .map(|s| s.start)
+                });
+            return kept.unwrap_or(1);
+        };
+        let (starts, legacy) = match store.outlet_starts() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(
+                    "app {app}: outlet {}: cannot read its start: {e}; it starts at the first record",
+                    o.name
+                );
+                return 1;
+            }
+        };
+        let known = starts
+            .iter()
+            .find(|s| s.name == o.name && s.kind == kind && s.target == target)
+            .or_else(|| {
+                flow.as_ref()
+                    .and_then(|f| starts.iter().find(|s| s.flow.as_ref() == Some(f)))
+            })
+            .map(|s| s.start);
+        let start = match known {
+            Some(s) => s,
+            None if legacy || (was > 0 && !starts.iter().any(|s| s.name == o.name)) => 1,
+            None => match o.from {
+                super::config::StartFrom::First => 1,
+                super::config::StartFrom::Next => store.head(),
+            },
+        };
+        let row = store::OutletStart {
+            name: o.name.clone(),
+            kind: kind.to_string(),
+            target,
+            flow,
+            start,
+        };
+        if !starts.contains(&row) {
+            if let Err(e) = store.set_outlet_starts(&[row]) {
+                tracing::warn!("app {app}: outlet {}: cannot keep its start: {e}", o.name);
+            } else if known.is_none() && start > 1 {
+                tracing::info!(
+                    "app {app}: outlet {} starts at position {start}: from = \"next\", it sends only what is \
+                     stored from now on",
+                    o.name
+                );
+            }
+        }
+        start
     }
 
     /// Inner outlets from the config, keeping what is known of those that stay.
@@ -568,6 +664,7 @@ impl Host {
                 let mut h = hosted(&a.config);
                 h.paused = a.failure.is_some() || a.lag_paused;
                 h.cannot_store = a.failure.is_some();
+                h.lag_room = a.lag_room;
                 h
             })
             .collect()
@@ -695,6 +792,8 @@ impl Host {
                 self.fail_app(app, &e, node, now);
             }
         }
+        // The heads moved: the lag budgets' room for the next turn is smaller.
+        self.check_lag(node);
         let seq = self.next_seq;
         self.next_seq += 1;
         let files: SyncFiles = parts
@@ -917,11 +1016,16 @@ impl Host {
             .apps
             .iter()
             .zip(direct_counts)
-            .map(|(a, c)| a.config.turn_records.saturating_sub(*c))
+            .map(|(a, c)| {
+                // The destination's turn share, and what its own outlets' lag budgets leave (less what its direct
+                // input already took in this turn).
+                let lag_room = a.lag_room.map_or(u64::MAX, |r| r.saturating_sub(*c));
+                a.config.turn_records.saturating_sub(*c).min(lag_room)
+            })
             .collect();
         for inner in &mut self.inner {
             let dest = inner.dest as usize;
-            if self.apps[dest].failure.is_some() || room[dest] == 0 {
+            if self.apps[dest].failure.is_some() || self.apps[dest].lag_paused || room[dest] == 0 {
                 continue;
             }
             let heard = match inner.heard {
@@ -999,23 +1103,37 @@ impl Host {
                 let fresh = &new_chunks[i];
                 let mut fed: Vec<Arc<Chunk>> = Vec::new();
                 let mut at = next;
+                // Chunks are fed whole while they fit the outlet's room and the one that does not is cut to it, so
+                // what it holds never passes `memory_bytes` (a turn's chunk can be far larger than the budget).
+                let mut take = |c: Arc<Chunk>, room: &mut usize| -> bool {
+                    if c.body.len() <= *room {
+                        *room -= c.body.len();
+                        at = c.pos + c.count;
+                        fed.push(c);
+                        return true;
+                    }
+                    if let Some(part) = c.prefix_within(*room) {
+                        *room -= part.body.len();
+                        at = part.pos + part.count;
+                        fed.push(Arc::new(part));
+                    }
+                    false
+                };
                 if fresh.first().is_some_and(|c| c.pos == next) {
                     // Caught up: this turn's chunks are exactly what it wants next, already in memory.
                     for c in fresh {
-                        if room == 0 {
+                        if !take(c.clone(), &mut room) {
                             break;
                         }
-                        room = room.saturating_sub(c.body.len());
-                        at = c.pos + c.count;
-                        fed.push(c.clone());
                     }
                 } else {
                     match store.read_from(next, CATCH_UP_RECORDS.min(head - next), room) {
                         Ok(chunks) => {
                             // Chunks end at turns' ends, so none straddles `head`.
                             for c in chunks.into_iter().take_while(|c| c.pos < head) {
-                                at = c.pos + c.count;
-                                fed.push(Arc::new(c));
+                                if !take(Arc::new(c), &mut room) {
+                                    break;
+                                }
                             }
                         }
                         Err(e) => {
@@ -1051,32 +1169,42 @@ impl Host {
         }
     }
 
-    /// Pauses apps whose outlets are beyond their lag budget; resumes them below [`LAG_RESUME_PERCENT`] of it
-    /// (hysteresis).
+    /// Pauses apps whose outlets are at their lag budget; resumes them at [`LAG_RESUME_PERCENT`] of it
+    /// (hysteresis). While an app takes input the node core is told the records it may still take before an outlet
+    /// reaches its budget, so a burst passes it by less than a frame (protocol.md 6.3), not by a turn. Called after
+    /// each turn's commits (the head moved) and when a turn is finished (acknowledgements may have come).
     fn check_lag(&mut self, node: &mut Node) {
         let heads: Vec<u64> = (0..self.apps.len())
             .map(|i| self.stores.app(i as AppIndex).map_or(1, |s| s.head()))
             .collect();
         let mut over: Vec<Option<bool>> = vec![None; self.apps.len()];
+        let mut rooms: Vec<Option<u64>> = vec![None; self.apps.len()];
+        let mut budget = |i: usize, lag: u64, max: u64, paused: bool| {
+            if max == 0 {
+                return;
+            }
+            let v = over[i].get_or_insert(false);
+            *v |= lag >= max || (paused && lag > resume_below(max));
+            let room = max.saturating_sub(lag);
+            rooms[i] = Some(rooms[i].map_or(room, |r| r.min(room)));
+        };
         for (i, app) in self.apps.iter().enumerate() {
             for o in &app.outlets {
                 let lag = heads[i].saturating_sub(1).saturating_sub(o.outlet.acked());
-                let paused = app.lag_paused;
-                let max = o.max_lag;
-                if max > 0 {
-                    let v = over[i].get_or_insert(false);
-                    *v |= lag > max || (paused && lag > resume_below(max));
-                }
+                budget(i, lag, o.max_lag, app.lag_paused);
             }
         }
         for inner in &self.inner {
-            let lag = heads[inner.source as usize]
+            let s = inner.source as usize;
+            let lag = heads[s]
                 .saturating_sub(1)
                 .saturating_sub(inner.heard.unwrap_or(0));
-            let paused = self.apps[inner.source as usize].lag_paused;
-            if inner.max_lag > 0 {
-                let v = over[inner.source as usize].get_or_insert(false);
-                *v |= lag > inner.max_lag || (paused && lag > resume_below(inner.max_lag));
+            budget(s, lag, inner.max_lag, self.apps[s].lag_paused);
+        }
+        for (i, app) in self.apps.iter_mut().enumerate() {
+            if rooms[i] != app.lag_room {
+                app.lag_room = rooms[i];
+                node.set_app_lag_room(i as AppIndex, rooms[i]);
             }
         }
         let now = Instant::now();
@@ -1305,7 +1433,9 @@ impl Host {
                 if self.apps[i].outlets.iter().any(|x| x.outlet.name == o.name) {
                     continue;
                 }
-                if let Some(remote) = self.make_outlet(&config.name, o, &acked, &mut done.outlets) {
+                if let Some(remote) =
+                    self.make_outlet(i as AppIndex, &config.name, o, &acked, &mut done.outlets)
+                {
                     done.applied
                         .push(format!("app {}: outlet {} started", config.name, o.name));
                     self.apps[i].outlets.push(remote);
@@ -1431,5 +1561,80 @@ mod tests {
             Some(LagLine::SpellBegins),
             "a new spell"
         );
+    }
+
+    /// docs/apps.md, `from`, "Upgrading": outlets of a store written by a node that kept no starts keep the
+    /// position they had whatever their `from` (a webhook with a saved position goes on from it; one without starts
+    /// at the first record); an outlet added later with `from = "next"` starts at the head then, and a restart
+    /// keeps every start.
+    #[test]
+    fn outlets_of_an_older_store_keep_their_position_and_new_ones_start_by_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let wake = Arc::new(Wake::new().unwrap());
+        let config = |outlets: &[&str]| {
+            let mut text = "[apps.main]\n".to_string();
+            for o in outlets {
+                text.push_str(&format!(
+                    "[apps.main.outlets.{o}]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/{o}\"\nfrom = \"next\"\n"
+                ));
+            }
+            AppsConfig::parse(Path::new("apps.toml"), &text).unwrap()
+        };
+        {
+            let (mut host, _) = Host::open(dir.path(), &config(&[]), wake.clone()).unwrap();
+            let mut body = Vec::new();
+            for r in ["1", "2", "3", "4", "5"] {
+                crate::proto::wire::put_record(&mut body, r.as_bytes());
+            }
+            let store = host.stores.app_mut(0).unwrap();
+            let mut pieces = vec![Piece {
+                source: "dev",
+                first_seq: 1,
+                count: 5,
+                format: RecordFormat::Plain,
+                records: &body,
+            }];
+            // A webhook `hook` of the older node had 3 acknowledged.
+            store.apply(&mut pieces, &[("hook", 3)], false).unwrap();
+        }
+        // What an older node's store looks like: no starts.
+        let conn = rusqlite::Connection::open(store::app_store_path(dir.path(), "main")).unwrap();
+        conn.execute_batch("DROP TABLE outlet_starts").unwrap();
+        drop(conn);
+        let acked = |host: &Host, name: &str| {
+            let o = host.apps[0]
+                .outlets
+                .iter()
+                .find(|o| o.outlet.name == name)
+                .unwrap();
+            (o.outlet.acked(), o.outlet.base)
+        };
+        {
+            let (host, _) =
+                Host::open(dir.path(), &config(&["hook", "quiet"]), wake.clone()).unwrap();
+            assert_eq!(acked(&host, "hook"), (3, 0), "keeps its saved position");
+            assert_eq!(
+                acked(&host, "quiet"),
+                (0, 0),
+                "in the file at the upgrade: from the first record"
+            );
+        }
+        {
+            let (host, _) = Host::open(
+                dir.path(),
+                &config(&["hook", "quiet", "later"]),
+                wake.clone(),
+            )
+            .unwrap();
+            assert_eq!(acked(&host, "hook"), (3, 0));
+            assert_eq!(acked(&host, "quiet"), (0, 0), "a restart keeps its start");
+            assert_eq!(
+                acked(&host, "later"),
+                (5, 5),
+                "added later with next: from the head"
+            );
+        }
+        let (host, _) = Host::open(dir.path(), &config(&["later"]), wake).unwrap();
+        assert_eq!(acked(&host, "later"), (5, 5), "a restart keeps its start");
     }
 }

@@ -254,6 +254,7 @@ pub fn check(input: &CheckInput) -> Report {
                 if let Some(names) = &sender_names {
                     r.warnings.extend(apps.warnings(&|n| names.contains(n)));
                 }
+                r.warnings.extend(renamed_outlets(dir, &apps));
             }
             Err(e) => r.problems.extend(e.lines()),
         },
@@ -267,6 +268,34 @@ pub fn check(input: &CheckInput) -> Report {
         }
     }
     r
+}
+
+/// Outlets the file renames, as far as the state tells: an outlet the app's store knows (it was applied) that the
+/// file no longer has, while the file has a new one of the same kind and target (docs/apps.md, "Reload").
+fn renamed_outlets(dir: &Path, apps: &AppsConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    for app in &apps.apps {
+        let Ok(store) = crate::store::open_app_for_reading(dir, &app.name) else {
+            continue;
+        };
+        let Ok((known, _)) = store.outlet_starts() else {
+            continue;
+        };
+        for old in known
+            .iter()
+            .filter(|k| !app.outlets.iter().any(|o| o.name == k.name))
+        {
+            for new in app.outlets.iter().filter(|o| {
+                let (kind, target) = o.kind.target();
+                !known.iter().any(|k| k.name == o.name) && kind == old.kind && target == old.target
+            }) {
+                out.push(crate::apps::config::renamed_outlet(
+                    &app.name, &old.name, new,
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// Whether the node, started from here, may open the descriptors the configuration needs: it raises its soft

@@ -480,7 +480,7 @@ fn render_apps(out: &mut String, s: &Snapshot) {
         out,
         "pure_outlet_errors_total",
         "counter",
-        "Outlet errors by kind: dns, connect, tls, http, timeout, socket, refused, far_state.",
+        "Outlet errors by kind: dns, connect, tls, http, timeout, unanswered, socket, refused, far_state.",
     );
     for (a, o) in outlets() {
         for (kind, n) in &o.errors {

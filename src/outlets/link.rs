@@ -130,6 +130,9 @@ pub(super) struct Forwarding {
     next: Option<u64>,
     held: Held,
     rounds_at_progress: u64,
+    /// Retransmission rounds and authenticated packets from the far side when it last answered.
+    rounds_at_answer: u64,
+    received: u64,
 }
 
 impl Forwarding {
@@ -163,6 +166,8 @@ impl Forwarding {
             next: None,
             held: Held::default(),
             rounds_at_progress: 0,
+            rounds_at_answer: 0,
+            received: 0,
         })
     }
 
@@ -211,6 +216,8 @@ impl Forwarding {
         while let Some(event) = self.sender.poll_event() {
             match event {
                 SenderEvent::Stored { through, .. } => {
+                    // The far flow is numbered from the outlet's start: its sequence s is position s + base.
+                    let through = through + outlet.base;
                     self.rounds_at_progress = self.sender.stats().retransmit_rounds;
                     if self.next.is_none() {
                         self.next = Some(through + 1);
@@ -288,6 +295,35 @@ impl Forwarding {
         self.sender.stats().retransmit_rounds >= self.rounds_at_progress + UNANSWERED_ROUNDS
     }
 
+    /// Whether the far side has answered nothing at all (no packet that authenticated) for [`UNANSWERED_ROUNDS`]
+    /// retransmission rounds; if so it is told to the operator, with the likely cause and its fix
+    /// ([`Outlet::silent`]), and the count starts again. A far node that does not list this node's key drops
+    /// every packet without an answer, as does one whose key is not `node_key`, one that does not run there, and a
+    /// far app that is paused; one that lists it but whose app refuses it answers REFUSE, told elsewhere.
+    pub fn check_silence(&mut self, outlet: &Outlet) -> bool {
+        let stats = self.sender.stats();
+        if stats.packets_received > self.received {
+            self.received = stats.packets_received;
+            self.rounds_at_answer = stats.retransmit_rounds;
+            outlet.answered();
+            return false;
+        }
+        if stats.retransmit_rounds < self.rounds_at_answer + UNANSWERED_ROUNDS {
+            return false;
+        }
+        self.rounds_at_answer = stats.retransmit_rounds;
+        outlet.silent(format!(
+            "the far node does not answer ({}: nothing came back to {UNANSWERED_ROUNDS} rounds of retransmissions): does its senders file list this node's key {}, and \
+             does its app {} accept it? (Also: is node_key its key — `pure-serve pubkey` on it — and does it run \
+             and take {} there?) docs/operations.md, \"When an outlet does not deliver\"",
+            self.far,
+            self.own_key,
+            self.far_app,
+            if self.far.contains("://") { "HTTP" } else { "UDP" },
+        ));
+        true
+    }
+
     /// Ends the run: what it held is released (the store has it).
     pub fn abandon(&mut self, outlet: &Outlet) {
         outlet.release(self.held.bytes());
@@ -353,6 +389,11 @@ async fn serve(
         }
         if let Err(end) = flow.events(outlet) {
             return end;
+        }
+        if flow.check_silence(outlet) {
+            // Nothing at all came back: told with its likely cause; look for the far side again.
+            flow.abandon(outlet);
+            return RunEnd::Unanswered;
         }
         if flow.unanswered() {
             outlet.error(

@@ -16,9 +16,9 @@
 //! wakes the loop once (a [`tokio::sync::Notify`]); the loop takes them, and wakes the host through its eventfd
 //! when acknowledgements have made room or when the far side said where to resume.
 //!
-//! Memory is bounded by the outlet's budget (`memory_bytes`): the host feeds only while what the outlet holds plus
-//! what waits in its feed is below it; the rest of a backlog stays in the store, which is also what survives a
-//! crash.
+//! Memory is bounded by the outlet's budget (`memory_bytes`): what the outlet holds plus what waits in its feed
+//! (records' bytes as stored) never passes it, since the host feeds chunks only while they fit the room left and
+//! cuts the one that does not; the rest of a backlog stays in the store, which is also what survives a crash.
 
 pub mod http;
 pub mod link;
@@ -102,6 +102,9 @@ pub struct Outlet {
     pub kind: &'static str,
     /// Bytes of records this outlet may hold in memory (fed and not yet acknowledged).
     pub memory_bytes: usize,
+    /// Positions before its start (docs/apps.md, `from`): a link or wire numbers its far flow `position − base`,
+    /// so a far app that has heard nothing of this node starts at the outlet's start.
+    pub base: u64,
     feed: Mutex<Feed>,
     push: Notify,
     /// The far side's stored position (0 until known).
@@ -127,6 +130,8 @@ pub struct OutletState {
     /// Errors by kind (dns, tls, http, socket, refused, far_state, timeout).
     pub errors: BTreeMap<&'static str, u64>,
     last_logged: Option<Instant>,
+    /// The likely cause of a silence has been told ([`Outlet::silent`]); cleared when the far side answers.
+    silence_told: bool,
 }
 
 /// An error is logged at most this often per outlet: a far side that is down for an hour makes a line a minute, not
@@ -134,6 +139,12 @@ pub struct OutletState {
 const LOG_EVERY: Duration = Duration::from_secs(60);
 
 impl Outlet {
+    /// Sets the positions before the outlet's start ([`Outlet::base`]).
+    pub fn with_base(mut self, base: u64) -> Self {
+        self.base = base;
+        self
+    }
+
     /// Sets what the far side is known to have acknowledged (from the store at start): where a webhook resumes.
     pub fn with_acked(self, acked: u64) -> Self {
         self.acked.store(acked, Ordering::Release);
@@ -154,6 +165,7 @@ impl Outlet {
             name: name.to_string(),
             kind,
             memory_bytes,
+            base: 0,
             feed: Mutex::new(Feed::default()),
             push: Notify::new(),
             acked: AtomicU64::new(0),
@@ -302,6 +314,37 @@ impl Outlet {
         s.last_error = Some(what);
     }
 
+    /// The far side has not answered a single packet for a while: counted (kind `unanswered`) each time, and the
+    /// likely cause with its fix, `what`, logged once until it answers (docs/operations.md, "When an outlet does not
+    /// deliver"). The commonest mistake, a far node whose senders file lacks this node's key, looks exactly like
+    /// this: the far node cannot say why, since it cannot tell who sent what it cannot open.
+    pub fn silent(&self, what: String) {
+        let Ok(mut s) = self.state.lock() else {
+            return;
+        };
+        *s.errors.entry("unanswered").or_insert(0) += 1;
+        s.status = "failing";
+        if !s.silence_told {
+            s.silence_told = true;
+            tracing::warn!(
+                app = %self.app,
+                outlet = %self.name,
+                kind = "unanswered",
+                "outlet {}/{}: {what}",
+                self.app,
+                self.name
+            );
+        }
+        s.last_error = Some(what);
+    }
+
+    /// The far side answered (a packet that authenticated): a later silence is told again.
+    pub fn answered(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.silence_told = false;
+        }
+    }
+
     /// The error is over: say so once.
     pub fn recovered(&self, status: &'static str) {
         let Ok(mut s) = self.state.lock() else {
@@ -309,6 +352,7 @@ impl Outlet {
         };
         s.last_error_kind = None;
         s.failing_since = None;
+        s.silence_told = false;
         if s.last_error.take().is_some() {
             tracing::info!(app = %self.app, outlet = %self.name, "outlet {}/{}: working again", self.app, self.name);
             s.last_logged = None;

@@ -180,6 +180,7 @@ async fn serve(
                 if let Err(end) = flow.events(outlet) {
                     return end;
                 }
+                flow.check_silence(outlet);
                 continue;
             }
             done = answer_of(first) => (0, done),
@@ -217,6 +218,8 @@ async fn serve(
         if let Err(end) = flow.events(outlet) {
             return end;
         }
+        // HTTP answers 200 with no packets when the far node cannot open them: say what that likely means.
+        flow.check_silence(outlet);
     }
 }
 

@@ -266,6 +266,11 @@ pub struct HostedApp {
     /// Set by the host while the app's store cannot commit: its senders are told so (NOT_STORED) rather than
     /// left to time out.
     pub cannot_store: bool,
+    /// Set by the host when an outlet of the app has a lag budget (docs/apps.md, `max_lag_records`): the records
+    /// the app may still take, counted in the turn being filled, before that outlet is at its budget. A frame is
+    /// taken whole while the app's records in the turn are below it, so the budget is passed by less than one
+    /// frame (protocol.md 6.3); the rest is held back like a pause. `None`: no budget.
+    pub lag_room: Option<u64>,
 }
 
 impl HostedApp {
@@ -278,7 +283,13 @@ impl HostedApp {
             turn_records: TURN_RECORDS,
             paused: false,
             cannot_store: false,
+            lag_room: None,
         }
+    }
+
+    /// Whether the app has taken, in the turn being filled, the records its lag budget leaves room for.
+    fn at_lag_budget(&self, in_turn: u64) -> bool {
+        self.lag_room.is_some_and(|room| in_turn >= room)
     }
 }
 
@@ -468,6 +479,14 @@ impl Node {
     pub fn set_app_cannot_store(&mut self, app: AppIndex, cannot: bool) {
         if let Some(a) = self.apps.get_mut(app as usize) {
             a.cannot_store = cannot;
+        }
+    }
+
+    /// Sets the records an app may still take before an outlet is at its lag budget (see
+    /// [`HostedApp::lag_room`]).
+    pub fn set_app_lag_room(&mut self, app: AppIndex, room: Option<u64>) {
+        if let Some(a) = self.apps.get_mut(app as usize) {
+            a.lag_room = room;
         }
     }
 
@@ -879,13 +898,14 @@ impl Node {
     }
 
     /// Whether an app takes no input now: the host paused it, or it has its share of the turn being filled (the
-    /// high-water mark; the turn being taken is the low one). The host's pauses have their own hysteresis and
+    /// high-water mark; the turn being taken is the low one), or the room its lag budget leaves. The host's pauses have their own hysteresis and
     /// retry timers (src/apps/host.rs); a full share opens again with the next turn, at most a round away. An app
     /// whose store cannot commit is not gated: its packets are opened so that its senders are told NOT_STORED
     /// (protocol.md 5.2) rather than left to time out.
     fn app_gated(&self, app: AppIndex) -> bool {
         self.apps.get(app as usize).is_some_and(|a| {
-            (a.paused && !a.cannot_store) || self.turn_app_records[app as usize] >= a.turn_records
+            let in_turn = self.turn_app_records[app as usize];
+            (a.paused && !a.cannot_store) || in_turn >= a.turn_records || a.at_lag_budget(in_turn)
         })
     }
 
@@ -1026,6 +1046,11 @@ impl Node {
                 continue;
             }
             let in_turn = self.turn_app_records[app as usize];
+            if hosted.at_lag_budget(in_turn) {
+                // An outlet of the app would pass its lag budget: held back as by a pause (protocol.md 6.3).
+                self.counters.paused_records += d.count;
+                continue;
+            }
             if in_turn >= hosted.turn_records {
                 // The app has its share of this turn (the driver takes the turn as soon as it has: see
                 // `turn_is_full`, so only the rest of the packet that filled it lands here); the sender resends,
@@ -2358,5 +2383,59 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A lag budget's room is passed by less than one frame: the frame that reaches it is taken whole, every later
+    /// frame of the app in the turn is held back (`paused_records`), and a session that sends only to that app has
+    /// its packets dropped before they are opened (`backpressure`) until the room grows (protocol.md 6.3).
+    #[test]
+    fn a_lag_room_is_passed_by_less_than_a_frame() {
+        let node_id = Identity::generate();
+        let a = Identity::generate();
+        let list = Arc::new(AllowList::from_unique(vec![("a".to_string(), *a.public())]));
+        let mut node = test_node(&node_id, list);
+        node.set_apps(vec![HostedApp::open("main")]);
+        node.set_app_lag_room(0, Some(10));
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let mut config = SenderConfig::new(a, *node_id.public());
+        config.max_datagram = 200;
+        let mut sa = Sender::new(config).unwrap();
+        sa.open_flow("main", crate::proto::sender::FlowStart::At(1))
+            .unwrap();
+        for i in 0..100u8 {
+            sa.queue("main", vec![i; 20]).unwrap();
+        }
+        let mut packets = 0;
+        while sa.poll_transmit(now, &mut out) {
+            node.handle_datagram(now, addr(1), &out, &mut NoMemo);
+            packets += 1;
+        }
+        assert!(packets > 3, "several frames: {packets}");
+        let turn = node.take_turn().unwrap();
+        let taken: u64 = turn.items.iter().map(|i| i.count).sum();
+        let frame = turn.items[turn.items.len() - 1].count;
+        assert!(
+            taken >= 10 && taken < 10 + frame,
+            "taken {taken}, frame {frame}"
+        );
+        let c = node.counters();
+        assert_eq!(
+            c.paused_records, 0,
+            "the first held-back packet is opened: {c:?}"
+        );
+        assert!(
+            c.dropped(DropReason::Backpressure) > 0,
+            "then packets of a session that sends only to the app are not opened: {c:?}"
+        );
+        // Room again (the host's next turn): its frames are taken.
+        node.handle_turn_failed(turn.id);
+        node.set_app_lag_room(0, Some(1000));
+        sa.handle_timeout(now + Duration::from_secs(5));
+        while sa.poll_transmit(now + Duration::from_secs(5), &mut out) {
+            node.handle_datagram(now + Duration::from_secs(5), addr(1), &out, &mut NoMemo);
+        }
+        let turn = node.take_turn().unwrap();
+        assert_eq!(turn.items.iter().map(|i| i.count).sum::<u64>(), 100);
     }
 }

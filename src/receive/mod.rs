@@ -809,6 +809,9 @@ impl ReadyNode {
                 for line in &plan.lines {
                     tracing::info!("reload: {line}");
                 }
+                for line in &plan.warnings {
+                    tracing::warn!("reload: {line}");
+                }
                 for line in &done.needs_restart {
                     tracing::warn!("reload: {line}");
                 }

@@ -167,8 +167,38 @@ CREATE TABLE IF NOT EXISTS outlets (
     name  TEXT PRIMARY KEY,
     acked INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS outlet_starts (
+    name   TEXT PRIMARY KEY,
+    kind   TEXT NOT NULL,
+    target TEXT NOT NULL,
+    flow   TEXT,
+    start  INTEGER NOT NULL
+);
 PRAGMA user_version = 2;
 ";
+
+/// The table of outlets' starts (docs/store.md), added to layout 2 without a new version: a store of an older node
+/// gets it at its first open by this one, with the row [`LEGACY_OUTLETS`] saying that its outlets were applied
+/// before starts were kept (so they start from the first record, as they always did).
+const OUTLET_STARTS: &str = "
+CREATE TABLE outlet_starts (name TEXT PRIMARY KEY, kind TEXT NOT NULL, target TEXT NOT NULL, flow TEXT,
+                            start INTEGER NOT NULL);
+INSERT INTO outlet_starts VALUES ('', '', '', NULL, 1);
+";
+
+/// The name of the row of a store whose outlets were applied by a node that kept no starts.
+const LEGACY_OUTLETS: &str = "";
+
+/// Where an outlet started, as the store keeps it: its name, kind and target ([`crate::apps::config::OutletKind::target`]),
+/// the far flow of a link or wire, and the first position it sends (docs/apps.md, `from`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutletStart {
+    pub name: String,
+    pub kind: String,
+    pub target: String,
+    pub flow: Option<String>,
+    pub start: u64,
+}
 
 /// Layout 1 → 2: positions (the app's log order) for every chunk in the order they were written (rowid), the
 /// commit time unknown (0), every record plain; and the outlets table. One transaction: all or nothing.
@@ -295,6 +325,29 @@ pub struct Chunk {
 impl Chunk {
     pub fn records(&self) -> RecordIter<'_> {
         RecordIter::new(&self.body)
+    }
+
+    /// The chunk's first records whose bytes add up to at most `max_bytes`, as a chunk of their own: what an
+    /// outlet with that much room may take of it. `None` if not even the first record fits.
+    pub fn prefix_within(&self, max_bytes: usize) -> Option<Chunk> {
+        let mut it = self.records();
+        let (mut count, mut end) = (0u64, 0usize);
+        while it.next().is_some() {
+            if it.position() > max_bytes {
+                break;
+            }
+            count += 1;
+            end = it.position();
+        }
+        (count > 0).then(|| Chunk {
+            pos: self.pos,
+            source: self.source.clone(),
+            first_seq: self.first_seq,
+            count,
+            format: self.format,
+            stored_at_ms: self.stored_at_ms,
+            body: self.body[..end].to_vec(),
+        })
     }
 
     /// The chunk's records as views, from position `from` on (a record that does not parse ends the walk).
@@ -565,7 +618,19 @@ impl AppStore {
                     return Err(sql(e));
                 }
             }
-            LAYOUT_VERSION => {}
+            LAYOUT_VERSION => {
+                let has_starts: bool = conn
+                    .query_row(
+                        "SELECT COUNT(*) > 0 FROM sqlite_master WHERE name = 'outlet_starts'",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .map_err(sql)?;
+                if !has_starts {
+                    conn.execute_batch(&format!("BEGIN;{OUTLET_STARTS}COMMIT;"))
+                        .map_err(sql)?;
+                }
+            }
             other => {
                 return Err(StoreError::Layout {
                     path,
@@ -919,6 +984,82 @@ impl AppStore {
             .optional()
             .map_err(self.err())?;
         Ok(heard.unwrap_or(0) as u64)
+    }
+
+    /// Where each outlet started (docs/apps.md, `from`), and whether the store's outlets were applied by a node
+    /// that kept no starts (they start from the first record).
+    pub fn outlet_starts(&self) -> Result<(Vec<OutletStart>, bool), StoreError> {
+        let has: bool = self
+            .conn
+            .query_row(
+                "SELECT COUNT(*) > 0 FROM sqlite_master WHERE name = 'outlet_starts'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(self.err())?;
+        if !has {
+            // A reader of a store no node of this version opened yet.
+            return Ok((Vec::new(), true));
+        }
+        let mut stmt = self
+            .conn
+            .prepare("SELECT name, kind, target, flow, start FROM outlet_starts")
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(OutletStart {
+                    name: r.get(0)?,
+                    kind: r.get(1)?,
+                    target: r.get(2)?,
+                    flow: r.get(3)?,
+                    start: r.get::<_, i64>(4)? as u64,
+                })
+            })
+            .map_err(self.err())?;
+        let all: Vec<OutletStart> = rows.collect::<Result<_, _>>().map_err(self.err())?;
+        let legacy = all.iter().any(|o| o.name == LEGACY_OUTLETS);
+        Ok((
+            all.into_iter()
+                .filter(|o| o.name != LEGACY_OUTLETS)
+                .collect(),
+            legacy,
+        ))
+    }
+
+    /// Keeps where outlets started (replacing what was kept under their names): one commit, before any record after a start is stored. It is made
+    /// durable with the next turn's sync, which every record it could concern waits for.
+    pub fn set_outlet_starts(&mut self, starts: &[OutletStart]) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let sql = move |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(&sql)?;
+        {
+            let mut put = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO outlet_starts (name, kind, target, flow, start) VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(&sql)?;
+            for o in starts {
+                put.execute(params![o.name, o.kind, o.target, o.flow, o.start as i64])
+                    .map_err(&sql)?;
+            }
+        }
+        tx.commit().map_err(&sql)?;
+        Ok(())
+    }
+
+    /// The outlets in the file at the first start of a node that keeps starts have theirs: outlets added from now
+    /// on start by their `from`.
+    pub fn forget_legacy_outlets(&mut self) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "DELETE FROM outlet_starts WHERE name = ?1",
+                [LEGACY_OUTLETS],
+            )
+            .map_err(self.err())?;
+        Ok(())
     }
 
     /// What each outlet's far side has stored, as last written (position; 0: nothing yet).
