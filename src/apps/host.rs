@@ -127,6 +127,49 @@ struct RemoteOutlet {
     max_lag: u64,
     /// The acknowledged position last written to the store.
     acked_written: u64,
+    /// Its start (docs/apps.md, `from`) when it could not be kept in the store as it was applied (the store closed
+    /// or failing): the outlet is fed nothing until it is, since a far side that had records under one start and
+    /// a restart that decides another would number the flow differently (skipping or doubling records).
+    unkept_start: Option<store::OutletStart>,
+}
+
+/// Keeps in the store the start of an outlet that could not keep it when it was applied, unless the store already
+/// holds one for it; the outlet is fed from then on. A different start found there (the store could not be read
+/// then) is kept and the outlet stays unfed: its numbering would not be the far side's, and a reload or restart
+/// makes it again with the start the store holds.
+fn keep_start(store: &mut AppStore, app: &str, o: &mut RemoteOutlet) {
+    let Some(row) = &o.unkept_start else { return };
+    let found = match store.outlet_starts() {
+        Ok((starts, _)) => starts
+            .into_iter()
+            .find(|s| s.name == row.name && s.kind == row.kind && s.target == row.target),
+        Err(_) => return,
+    };
+    match found {
+        Some(s) if s.start == row.start => {}
+        Some(s) => {
+            o.outlet.error(
+                "store",
+                format!(
+                    "its start in the store is position {}, not {}: reload or restart the node to send from it",
+                    s.start, row.start
+                ),
+            );
+            return;
+        }
+        None => {
+            if let Err(e) = store.set_outlet_starts(std::slice::from_ref(row)) {
+                tracing::debug!("app {app}: outlet {}: start still not kept: {e}", row.name);
+                return;
+            }
+        }
+    }
+    tracing::info!(
+        "app {app}: outlet {} keeps its start (position {}) and sends",
+        row.name,
+        row.start
+    );
+    o.unkept_start = None;
 }
 
 /// An inner outlet: records of app `source` go into app `dest` of this host.
@@ -513,7 +556,7 @@ impl Host {
     ) -> Option<RemoteOutlet> {
         let target = target_of(&o.kind)?;
         let was = acked.get(&o.name).copied().unwrap_or(0);
-        let start = self.outlet_start(index, app, o, was);
+        let (start, unkept_start) = self.outlet_start(index, app, o, was);
         let id = self.next_outlet_id;
         self.next_outlet_id += 1;
         let outlet = Arc::new(
@@ -536,6 +579,7 @@ impl Host {
             fed_next: None,
             max_lag: o.max_lag_records,
             acked_written: was,
+            unkept_start,
         })
     }
 
@@ -544,24 +588,26 @@ impl Host {
     /// target keeps its start; a link or wire into a far flow the store knows (renamed, or moved between link and
     /// wire) keeps that flow's, since the far node numbers the flow by it; an outlet that has a saved position from
     /// a node that kept no starts, or of a store whose outlets all came from one, starts at 1, as it always did.
-    /// Otherwise `from`: 1, or the app's head now. A store that cannot be read or written now gives 1: sending
-    /// again what a receiver has is repaired by its `(source, seq)`; a record never sent is not.
+    /// Otherwise `from`: 1, or the app's head now. With the start, the row still to be kept when the store could
+    /// not keep it now (closed, or its write failed): the outlet is fed only once it is ([`keep_start`]).
     fn outlet_start(
         &mut self,
         index: AppIndex,
         app: &str,
         o: &super::config::OutletConfig,
         was: u64,
-    ) -> u64 {
+    ) -> (u64, Option<store::OutletStart>) {
         let (kind, target) = o.kind.target();
         let flow = o.kind.far_flow_key();
         let Some(store) = self.stores.app_mut(index) else {
-            // The store is closed (it failed): its kept start, read from the file, else the first record (it is
-            // not kept, so the next start decides again; nothing is sent before the store is open).
-            let kept = self
+            // The store is closed (it failed): its kept start, read from the file; else one decided from what the
+            // file holds, kept once the store is open again, and nothing fed before (`unkept_start`).
+            let reading = self
                 .state_dir
                 .as_deref()
-                .and_then(|dir| store::open_app_for_reading(dir, app).ok())
+                .and_then(|dir| store::open_app_for_reading(dir, app).ok());
+            let kept = reading
+                .as_ref()
                 .and_then(|s| s.outlet_starts().ok())
                 .and_then(|(starts, _)| {
                     starts
@@ -573,16 +619,37 @@ impl Host {
                         })
                         .map(|s| s.start)
                 });
-            return kept.unwrap_or(1);
+            if let Some(start) = kept {
+                return (start, None);
+            }
+            let start = match o.from {
+                super::config::StartFrom::Next if was == 0 => reading.map_or(1, |s| s.head()),
+                _ => 1,
+            };
+            let row = store::OutletStart {
+                name: o.name.clone(),
+                kind: kind.to_string(),
+                target,
+                flow,
+                start,
+            };
+            return (start, Some(row));
         };
         let (starts, legacy) = match store.outlet_starts() {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(
-                    "app {app}: outlet {}: cannot read its start: {e}; it starts at the first record",
+                    "app {app}: outlet {}: cannot read its start: {e}; it sends nothing until its start is read",
                     o.name
                 );
-                return 1;
+                let row = store::OutletStart {
+                    name: o.name.clone(),
+                    kind: kind.to_string(),
+                    target,
+                    flow,
+                    start: 1,
+                };
+                return (1, Some(row));
             }
         };
         let known = starts
@@ -609,8 +676,12 @@ impl Host {
             start,
         };
         if !starts.contains(&row) {
-            if let Err(e) = store.set_outlet_starts(&[row]) {
-                tracing::warn!("app {app}: outlet {}: cannot keep its start: {e}", o.name);
+            if let Err(e) = store.set_outlet_starts(std::slice::from_ref(&row)) {
+                tracing::warn!(
+                    "app {app}: outlet {}: cannot keep its start: {e}; it sends nothing until it is kept",
+                    o.name
+                );
+                return (start, Some(row));
             } else if known.is_none() && start > 1 {
                 tracing::info!(
                     "app {app}: outlet {} starts at position {start}: from = \"next\", it sends only what is \
@@ -619,7 +690,7 @@ impl Host {
                 );
             }
         }
-        start
+        (start, None)
     }
 
     /// Inner outlets from the config, keeping what is known of those that stay.
@@ -1083,6 +1154,11 @@ impl Host {
     /// Feeds every remote outlet what it has room for and pushes each one that got something.
     fn feed_outlets(&mut self, new_chunks: &[Vec<Arc<Chunk>>]) {
         for (i, app) in self.apps.iter_mut().enumerate() {
+            if let Some(store) = self.stores.app_mut(i as AppIndex) {
+                for o in app.outlets.iter_mut().filter(|o| o.unkept_start.is_some()) {
+                    keep_start(store, &app.config.name, o);
+                }
+            }
             let Some(store) = self.stores.app(i as AppIndex) else {
                 continue;
             };
@@ -1093,7 +1169,7 @@ impl Host {
                     o.fed_next = Some(from);
                 }
                 let Some(next) = o.fed_next else { continue };
-                if next >= head {
+                if next >= head || o.unkept_start.is_some() {
                     continue;
                 }
                 let mut room = o.outlet.room();
@@ -1636,5 +1712,105 @@ mod tests {
         }
         let (host, _) = Host::open(dir.path(), &config(&["later"]), wake).unwrap();
         assert_eq!(acked(&host, "later"), (5, 5), "a restart keeps its start");
+    }
+
+    /// An outlet first applied with `from = "next"` while its app's store is closed is fed nothing until its
+    /// start is kept; once the store is open it keeps the start it decided (the store's head), and a restart makes
+    /// it with that start. A different start found in the store then is not overwritten: the outlet stays unfed
+    /// and says why.
+    #[test]
+    fn an_outlet_whose_start_cannot_be_kept_is_fed_nothing_until_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let wake = Arc::new(Wake::new().unwrap());
+        let config = |outlets: &[&str]| {
+            let mut text = "[apps.main]\n".to_string();
+            for o in outlets {
+                text.push_str(&format!(
+                    "[apps.main.outlets.{o}]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/{o}\"\nfrom = \"next\"\n"
+                ));
+            }
+            AppsConfig::parse(Path::new("apps.toml"), &text).unwrap()
+        };
+        let (mut host, _) = Host::open(dir.path(), &config(&[]), wake.clone()).unwrap();
+        let mut body = Vec::new();
+        for r in ["1", "2", "3", "4", "5"] {
+            crate::proto::wire::put_record(&mut body, r.as_bytes());
+        }
+        let mut pieces = vec![Piece {
+            source: "dev",
+            first_seq: 1,
+            count: 5,
+            format: RecordFormat::Plain,
+            records: &body,
+        }];
+        let store = host.stores.app_mut(0).unwrap();
+        store.apply(&mut pieces, &[], false).unwrap();
+        store.sync().unwrap();
+        host.stores.close_failed(0, 6, None);
+        assert!(host.stores.app(0).is_none(), "the store is closed");
+
+        let two = config(&["later", "other"]);
+        let mut changes = OutletChanges::default();
+        let mut make = |host: &mut Host, k: usize| {
+            host.make_outlet(
+                0,
+                "main",
+                &two.apps[0].outlets[k],
+                &std::collections::HashMap::new(),
+                &mut changes,
+            )
+            .unwrap()
+        };
+        let mut later = make(&mut host, 0);
+        let mut other = make(&mut host, 1);
+        assert_eq!(later.outlet.base, 5, "decided from what the file holds");
+        let row = later
+            .unkept_start
+            .clone()
+            .expect("not kept: the store is closed");
+        assert_eq!(row.start, 6);
+        assert!(other.unkept_start.is_some());
+
+        let path = store::app_store_path(dir.path(), "main");
+        let mut reopened = AppStore::open(&path).unwrap();
+        // Meanwhile the store got another start for `other` (as when it could not be read): kept, not overwritten.
+        let mut elsewhere = other.unkept_start.clone().unwrap();
+        elsewhere.start = 2;
+        reopened.set_outlet_starts(&[elsewhere]).unwrap();
+        keep_start(&mut reopened, "main", &mut later);
+        keep_start(&mut reopened, "main", &mut other);
+        assert!(later.unkept_start.is_none(), "kept once the store is open");
+        assert!(
+            other.unkept_start.is_some(),
+            "a different start: still unfed"
+        );
+        assert!(
+            other
+                .outlet
+                .state()
+                .last_error
+                .is_some_and(|e| e.contains("position 2")),
+            "and it says why"
+        );
+        // Records stored after it: a start decided again now would be the new head.
+        let mut more = Vec::new();
+        for r in ["6", "7"] {
+            crate::proto::wire::put_record(&mut more, r.as_bytes());
+        }
+        let mut pieces = vec![Piece {
+            source: "dev",
+            first_seq: 6,
+            count: 2,
+            format: RecordFormat::Plain,
+            records: &more,
+        }];
+        reopened.apply(&mut pieces, &[], false).unwrap();
+        reopened.sync().unwrap();
+        drop(reopened);
+        drop(host);
+        let (host, _) = Host::open(dir.path(), &config(&["later"]), wake).unwrap();
+        let o = &host.apps[0].outlets[0];
+        assert_eq!(o.outlet.base, 5, "a restart keeps the start it kept");
+        assert!(o.unkept_start.is_none());
     }
 }
