@@ -1639,6 +1639,38 @@ mod tests {
         );
     }
 
+    /// App `main` with a webhook outlet of `from = "next"` for each name.
+    fn next_webhooks(outlets: &[&str]) -> AppsConfig {
+        let mut text = "[apps.main]\n".to_string();
+        for o in outlets {
+            text.push_str(&format!(
+                "[apps.main.outlets.{o}]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/{o}\"\nfrom = \"next\"\n"
+            ));
+        }
+        AppsConfig::parse(Path::new("apps.toml"), &text).unwrap()
+    }
+
+    /// Stores `records` of source `dev` from `first_seq`, with the outlets' acknowledged positions `acked`.
+    fn store_records(
+        store: &mut AppStore,
+        first_seq: u64,
+        records: &[&str],
+        acked: &[(&str, u64)],
+    ) {
+        let mut body = Vec::new();
+        for r in records {
+            crate::proto::wire::put_record(&mut body, r.as_bytes());
+        }
+        let mut pieces = vec![Piece {
+            source: "dev",
+            first_seq,
+            count: records.len() as u64,
+            format: RecordFormat::Plain,
+            records: &body,
+        }];
+        store.apply(&mut pieces, acked, false).unwrap();
+    }
+
     /// docs/apps.md, `from`, "Upgrading": outlets of a store written by a node that kept no starts keep the
     /// position they had whatever their `from` (a webhook with a saved position goes on from it; one without starts
     /// at the first record); an outlet added later with `from = "next"` starts at the head then, and a restart
@@ -1647,31 +1679,11 @@ mod tests {
     fn outlets_of_an_older_store_keep_their_position_and_new_ones_start_by_from() {
         let dir = tempfile::tempdir().unwrap();
         let wake = Arc::new(Wake::new().unwrap());
-        let config = |outlets: &[&str]| {
-            let mut text = "[apps.main]\n".to_string();
-            for o in outlets {
-                text.push_str(&format!(
-                    "[apps.main.outlets.{o}]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/{o}\"\nfrom = \"next\"\n"
-                ));
-            }
-            AppsConfig::parse(Path::new("apps.toml"), &text).unwrap()
-        };
         {
-            let (mut host, _) = Host::open(dir.path(), &config(&[]), wake.clone()).unwrap();
-            let mut body = Vec::new();
-            for r in ["1", "2", "3", "4", "5"] {
-                crate::proto::wire::put_record(&mut body, r.as_bytes());
-            }
-            let store = host.stores.app_mut(0).unwrap();
-            let mut pieces = vec![Piece {
-                source: "dev",
-                first_seq: 1,
-                count: 5,
-                format: RecordFormat::Plain,
-                records: &body,
-            }];
+            let (mut host, _) = Host::open(dir.path(), &next_webhooks(&[]), wake.clone()).unwrap();
             // A webhook `hook` of the older node had 3 acknowledged.
-            store.apply(&mut pieces, &[("hook", 3)], false).unwrap();
+            let store = host.stores.app_mut(0).unwrap();
+            store_records(store, 1, &["1", "2", "3", "4", "5"], &[("hook", 3)]);
         }
         // What an older node's store looks like: no starts.
         let conn = rusqlite::Connection::open(store::app_store_path(dir.path(), "main")).unwrap();
@@ -1687,7 +1699,7 @@ mod tests {
         };
         {
             let (host, _) =
-                Host::open(dir.path(), &config(&["hook", "quiet"]), wake.clone()).unwrap();
+                Host::open(dir.path(), &next_webhooks(&["hook", "quiet"]), wake.clone()).unwrap();
             assert_eq!(acked(&host, "hook"), (3, 0), "keeps its saved position");
             assert_eq!(
                 acked(&host, "quiet"),
@@ -1698,7 +1710,7 @@ mod tests {
         {
             let (host, _) = Host::open(
                 dir.path(),
-                &config(&["hook", "quiet", "later"]),
+                &next_webhooks(&["hook", "quiet", "later"]),
                 wake.clone(),
             )
             .unwrap();
@@ -1710,7 +1722,7 @@ mod tests {
                 "added later with next: from the head"
             );
         }
-        let (host, _) = Host::open(dir.path(), &config(&["later"]), wake).unwrap();
+        let (host, _) = Host::open(dir.path(), &next_webhooks(&["later"]), wake).unwrap();
         assert_eq!(acked(&host, "later"), (5, 5), "a restart keeps its start");
     }
 
@@ -1722,34 +1734,14 @@ mod tests {
     fn an_outlet_whose_start_cannot_be_kept_is_fed_nothing_until_it_is() {
         let dir = tempfile::tempdir().unwrap();
         let wake = Arc::new(Wake::new().unwrap());
-        let config = |outlets: &[&str]| {
-            let mut text = "[apps.main]\n".to_string();
-            for o in outlets {
-                text.push_str(&format!(
-                    "[apps.main.outlets.{o}]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/{o}\"\nfrom = \"next\"\n"
-                ));
-            }
-            AppsConfig::parse(Path::new("apps.toml"), &text).unwrap()
-        };
-        let (mut host, _) = Host::open(dir.path(), &config(&[]), wake.clone()).unwrap();
-        let mut body = Vec::new();
-        for r in ["1", "2", "3", "4", "5"] {
-            crate::proto::wire::put_record(&mut body, r.as_bytes());
-        }
-        let mut pieces = vec![Piece {
-            source: "dev",
-            first_seq: 1,
-            count: 5,
-            format: RecordFormat::Plain,
-            records: &body,
-        }];
+        let (mut host, _) = Host::open(dir.path(), &next_webhooks(&[]), wake.clone()).unwrap();
         let store = host.stores.app_mut(0).unwrap();
-        store.apply(&mut pieces, &[], false).unwrap();
+        store_records(store, 1, &["1", "2", "3", "4", "5"], &[]);
         store.sync().unwrap();
         host.stores.close_failed(0, 6, None);
         assert!(host.stores.app(0).is_none(), "the store is closed");
 
-        let two = config(&["later", "other"]);
+        let two = next_webhooks(&["later", "other"]);
         let mut changes = OutletChanges::default();
         let mut make = |host: &mut Host, k: usize| {
             host.make_outlet(
@@ -1793,22 +1785,11 @@ mod tests {
             "and it says why"
         );
         // Records stored after it: a start decided again now would be the new head.
-        let mut more = Vec::new();
-        for r in ["6", "7"] {
-            crate::proto::wire::put_record(&mut more, r.as_bytes());
-        }
-        let mut pieces = vec![Piece {
-            source: "dev",
-            first_seq: 6,
-            count: 2,
-            format: RecordFormat::Plain,
-            records: &more,
-        }];
-        reopened.apply(&mut pieces, &[], false).unwrap();
+        store_records(&mut reopened, 6, &["6", "7"], &[]);
         reopened.sync().unwrap();
         drop(reopened);
         drop(host);
-        let (host, _) = Host::open(dir.path(), &config(&["later"]), wake).unwrap();
+        let (host, _) = Host::open(dir.path(), &next_webhooks(&["later"]), wake).unwrap();
         let o = &host.apps[0].outlets[0];
         assert_eq!(o.outlet.base, 5, "a restart keeps the start it kept");
         assert!(o.unkept_start.is_none());
