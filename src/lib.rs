@@ -35,6 +35,7 @@
 
 pub mod apps;
 pub mod cli;
+pub mod common;
 pub mod files;
 pub mod http;
 pub mod keys;

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http_util::*;
+use pure_serve::common::figures::LiveStats;
 use pure_serve::http::{
     ConnectionLimits, HttpHandle, HttpLimits, HttpServer, LinkInbox, LinkQueue, Refused, TlsConfig,
     link_channel,
 };
-use pure_serve::receive::LiveStats;
 
 fn live_stats() -> Arc<LiveStats> {
     let stats = Arc::new(LiveStats::default());

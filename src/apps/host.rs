@@ -29,7 +29,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::config::{Accept, AppConfig, AppsConfig, OutletKind};
-use crate::ops::wake::Wake;
+use crate::common::figures::{AppFigures, OutletFigures};
+use crate::common::wake::Wake;
 use crate::outlets::{Outlet, Target};
 use crate::proto::node::{AppAccept, HostedApp, Node};
 use crate::proto::turn::{AppIndex, Committed};
@@ -257,45 +258,6 @@ struct App {
     stored: u64,
     turns_failed: u64,
     last_progress_write: Instant,
-}
-
-/// What the operator sees of an app (metrics, status, health).
-#[derive(Debug, Clone, Default)]
-pub struct AppFigures {
-    pub name: String,
-    pub stored_records: u64,
-    pub turns_failed: u64,
-    /// Records offered to the app and not yet stored (what its inner outlets' sources hold beyond it).
-    pub queue_depth: u64,
-    /// Why the app cannot store now, if it cannot.
-    pub failed: Option<String>,
-    /// The store's next position (1 when empty): what outlets' acknowledged positions are compared with.
-    pub head: u64,
-    pub paused_for_lag: bool,
-    /// Times the app stopped taking input for lag since the start.
-    pub lag_pauses: u64,
-    pub outlets: Vec<OutletFigures>,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct OutletFigures {
-    pub name: String,
-    pub kind: &'static str,
-    /// Records stored by the app and not yet acknowledged by the outlet's far side.
-    pub lag_records: u64,
-    pub sent_records: u64,
-    pub held_bytes: usize,
-    pub status: &'static str,
-    pub last_error: Option<String>,
-    /// The kind of the last error (one of `errors`' kinds), while it stands.
-    pub last_error_kind: Option<&'static str>,
-    /// Since when the outlet has been failing without a success between.
-    pub failing_since: Option<std::time::Instant>,
-    /// Since when it has been in `status`.
-    pub status_since: Option<std::time::Instant>,
-    pub errors: Vec<(&'static str, u64)>,
-    /// Where it sends, in words (no secrets: a URL's query is left out).
-    pub target: Arc<str>,
 }
 
 /// What one turn of the host did.

@@ -186,7 +186,7 @@ impl NodeArgs {
             max_sessions: self
                 .max_sessions
                 .unwrap_or_else(crate::receive::max_sessions_for_memory),
-            dns: crate::sending::dns::DnsSettings { server: self.dns },
+            dns: crate::common::dns::DnsSettings { server: self.dns },
             accept_lost_state: self.accept_lost_state,
             state_dir,
         })

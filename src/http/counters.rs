@@ -80,7 +80,7 @@ impl HttpCounters {
 
     /// Appends the HTTP families to a metrics page. `open` is the number of connections open now on each listener
     /// (`--http-port`'s, then `--metrics-listen`'s); `lost` the receive loop's count of node packets for link
-    /// requests answered already ([`crate::receive::LiveStats::link_packets_unrouted`]); `tls_budget` the handshake
+    /// requests answered already ([`crate::common::figures::LiveStats::link_packets_unrouted`]); `tls_budget` the handshake
     /// budget in force.
     pub fn render_into(&self, out: &mut String, open: [usize; 2], lost: u64, tls_budget: u32) {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);

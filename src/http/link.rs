@@ -1,7 +1,7 @@
 //! The hand-over of `POST /link` from the HTTP thread to the receive loop, which alone owns the node core.
 //!
 //! The server puts a [`LinkRequest`] (the request's packets and a one-shot reply) in a bounded queue and wakes the
-//! loop once ([`crate::ops::wake::Wake`]). The loop takes a bounded amount of requests per round, feeds their
+//! loop once ([`crate::common::wake::Wake`]). The loop takes a bounded amount of requests per round, feeds their
 //! packets to the node core as if they were datagrams, applies and commits the turn, and answers each request with
 //! the node packets its packets earned ([`crate::receive`] shows the order). A full queue is answered 503 at once:
 //! the server never waits for room, so a flood of requests cannot tie up the HTTP thread.
@@ -21,7 +21,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use tokio::sync::oneshot;
 
 use super::framing::Framed;
-use crate::ops::wake::Wake;
+use crate::common::wake::Wake;
 
 /// Requests waiting for the receive loop before the server answers 503 (`Retry-After: 1`): with at most 1 MiB each,
 /// enough to keep the loop busy for many rounds, few enough that a waiting request is answered within its deadline.

@@ -5,7 +5,7 @@
 //! It owns one thread, `pure-http`, running a tokio current-thread runtime with hyper's HTTP/1.1 server: one epoll,
 //! one task per connection, timers, for both listeners. A host runs on a handful of threads (BRIEF.md: ≤ 5 with 20
 //! outputs), so the server is exactly one whatever the number of connections, and it never touches the node core:
-//! the receive loop publishes a [`crate::ops::metrics::Snapshot`] and a heartbeat for the pages, and takes link
+//! the receive loop publishes a [`crate::common::figures::Snapshot`] and a heartbeat for the pages, and takes link
 //! requests from a bounded queue ([`link`]).
 //!
 //! Why two listeners: `--http-port` takes links from the internet, and what the metrics say (senders, apps,
@@ -61,7 +61,7 @@ pub use link::{LINK_QUEUE, LinkInbox, LinkQueue, LinkRequest, link_channel};
 pub use routes::LINK_CONTENT_TYPE;
 pub use tls::TlsConfig;
 
-use crate::receive::LiveStats;
+use crate::common::figures::LiveStats;
 
 #[derive(Debug, Error)]
 pub enum HttpError {

@@ -1,5 +1,5 @@
 //! What `/metrics` (Prometheus text format 0.0.4) and `/healthz` say, as pure functions of what the receive loop
-//! publishes: a [`Snapshot`] it copies under a lock once per round, and a [`Heartbeat`] it bumps. The HTTP server
+//! publishes: a [`Snapshot`] it copies under a lock once per round, and a [`Heartbeat`](crate::common::figures::Heartbeat) it bumps. The HTTP server
 //! that serves them, on its own thread, is [`crate::http`]; it appends its own families to the page. The receive
 //! loop never waits for a reader: it holds the lock only for a copy.
 //!
@@ -10,88 +10,14 @@
 //! before its first round), so a stuck loop shows even when systemd's watchdog is not in use.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::proto::node::{DropReason, NodeCounters};
+use crate::common::figures::{AppFigures, Snapshot};
+use crate::proto::node::DropReason;
 
 /// A receive loop that has not turned for this long is reported unhealthy. The loop turns at least every 100 ms
 /// when idle; only a commit (an fsync on a slow SD card) or a stuck store keeps it away longer.
 pub const HEALTH_STALE: Duration = Duration::from_secs(10);
-/// What the receive loop publishes each round for the metrics page.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    pub counters: NodeCounters,
-    pub apps: Vec<String>,
-    pub senders: usize,
-    pub sessions: usize,
-    pub reloads_ok: u64,
-    pub reloads_failed: u64,
-    /// Time spent applying and committing turns, in total.
-    pub commit_seconds: f64,
-    /// Every app's figures and its outlets'.
-    pub app_figures: Vec<crate::apps::host::AppFigures>,
-    /// Whether the sending loop beats (`None`: no outlets, no loop).
-    pub sending_loop_alive: Option<bool>,
-    /// The X25519 budget in force, per second.
-    pub x25519_budget: u32,
-    /// The node's public key, as the senders file and apps files write it.
-    pub node_key: String,
-    /// The link socket's address.
-    pub link_addr: Option<std::net::SocketAddr>,
-    /// The last reload (SIGHUP), if there was one.
-    pub last_reload: Option<LastReload>,
-}
-
-/// What the last reload did, for the status page.
-#[derive(Debug, Clone)]
-pub struct LastReload {
-    pub at: Instant,
-    /// Both files (the senders file, and the apps file if there is one) were taken whole.
-    pub applied: bool,
-    /// What was wrong (the refused file, its first problem with its line), or a note of an applied one.
-    pub note: Option<String>,
-}
-
-/// When the receive loop last turned, as microseconds since `base` (0: never).
-#[derive(Debug)]
-pub struct Heartbeat {
-    base: Instant,
-    last_us: AtomicU64,
-}
-
-impl Default for Heartbeat {
-    fn default() -> Self {
-        Heartbeat {
-            base: Instant::now(),
-            last_us: AtomicU64::new(0),
-        }
-    }
-}
-
-impl Heartbeat {
-    /// Called by the loop each round.
-    pub fn beat(&self, now: Instant) {
-        let us = now.saturating_duration_since(self.base).as_micros() as u64 + 1;
-        self.last_us.store(us, Ordering::Relaxed);
-    }
-
-    /// When the figures began: the node's start, for its uptime.
-    pub fn started(&self) -> Instant {
-        self.base
-    }
-
-    /// How long ago the loop last turned, or `None` if it never has.
-    pub fn age(&self, now: Instant) -> Option<Duration> {
-        let us = self.last_us.load(Ordering::Relaxed);
-        if us == 0 {
-            return None;
-        }
-        let since = now.saturating_duration_since(self.base).as_micros() as u64 + 1;
-        Some(Duration::from_micros(since.saturating_sub(us)))
-    }
-}
-
 /// The health rule: the loop has turned, and recently.
 pub fn healthy(age: Option<Duration>, stale: Duration) -> bool {
     age.is_some_and(|a| a < stale)
@@ -393,7 +319,7 @@ fn render_apps(out: &mut String, s: &Snapshot) {
         return;
     }
     // One line per app for each of these families.
-    type Figure = fn(&crate::apps::host::AppFigures) -> u64;
+    type Figure = fn(&AppFigures) -> u64;
     let per_app: [(&str, &str, &str, Figure); 5] = [
         (
             "pure_app_can_store",
@@ -539,19 +465,6 @@ mod tests {
         assert!(!healthy(None, stale));
         assert!(healthy(Some(Duration::from_millis(100)), stale));
         assert!(!healthy(Some(Duration::from_secs(11)), stale));
-    }
-
-    #[test]
-    fn heartbeat_ages() {
-        let hb = Heartbeat::default();
-        let t = Instant::now();
-        assert_eq!(hb.age(t), None);
-        hb.beat(t);
-        assert_eq!(hb.age(t), Some(Duration::ZERO));
-        assert_eq!(
-            hb.age(t + Duration::from_secs(3)),
-            Some(Duration::from_secs(3))
-        );
     }
 
     #[test]

@@ -9,7 +9,6 @@
 //!   publishes; [`crate::http`] serves them on `--metrics-listen` (and `/healthz` on `--http-port` too) from its
 //!   own thread, so a slow scraper never slows the loop;
 //! - [`status`] — the status page's figures (`/status.json`) and the ring of samples behind its charts;
-//! - [`wake`] — an eventfd another thread writes to wake the receive loop out of poll(2);
 //! - [`check`] — `pure-serve check`: validate the configuration without serving;
 //! - [`fds`] — the limit on open files: raised at start, and checked against what the configuration needs;
 //! - [`journal`] — log lines with the journal's priorities when standard error is systemd's journal.
@@ -25,7 +24,6 @@ pub mod metrics;
 pub mod notify;
 pub mod signals;
 pub mod status;
-pub mod wake;
 
 /// Why a socket could not be bound to `addr`, in words that point at the flag to change: a port in use is the
 /// port's flag, an address this host does not have is the address's flag (`--bind`, or `--metrics-listen` which

@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::metrics::{Snapshot, health};
+use super::metrics::health;
+use crate::common::figures::Snapshot;
 use crate::proto::node::DropReason;
 
 /// How often the ring takes a sample.
@@ -648,7 +649,7 @@ pub fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apps::host::{AppFigures, OutletFigures};
+    use crate::common::figures::{AppFigures, OutletFigures};
 
     fn snapshot(head: u64, sent: u64, lag: u64) -> Snapshot {
         Snapshot {

@@ -20,8 +20,8 @@ use hyper_util::rt::TokioIo;
 use thiserror::Error;
 use tokio::net::TcpStream;
 
-use crate::apps::config::HttpUrl;
-use crate::sending::dns::Resolver;
+use crate::common::address::HttpUrl;
+use crate::common::dns::Resolver;
 
 /// A request whose answer has not come within this is abandoned (issue 7: a 10 s deadline without progress).
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
@@ -31,7 +31,7 @@ const MAX_ANSWER: usize = 4 << 20;
 #[derive(Debug, Error)]
 pub enum HttpError {
     #[error("{0}")]
-    Dns(#[from] crate::sending::dns::DnsError),
+    Dns(#[from] crate::common::dns::DnsError),
     #[error("cannot connect to {addr}: {source}")]
     Connect {
         addr: std::net::SocketAddr,

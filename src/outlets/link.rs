@@ -3,7 +3,7 @@
 //!
 //! It is the sans-IO [`Sender`] driven by a task of the sending loop. A run of the outlet:
 //!
-//! 1. resolve the far node's name (on the loop, [`crate::sending::dns`]) and open a UDP socket to it;
+//! 1. resolve the far node's name (on the loop, [`crate::common::dns`]) and open a UDP socket to it;
 //! 2. probe the far app: its heard sequence `h` for this node is where the outlet got to before, since the
 //!    forwarded flow is numbered by the app's positions (docs/store.md); ask the host to feed from `h + 1`. The
 //!    probe is a FORWARD frame, so a far app that does not let this node forward refuses it at once (REFUSE reason
@@ -24,10 +24,10 @@ use std::time::{Duration, Instant};
 use tokio::net::UdpSocket;
 
 use super::{Held, Outlet};
+use crate::common::dns::Resolver;
 use crate::proto::crypto::{Identity, PublicKeyBytes};
 use crate::proto::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
 use crate::proto::wire::{self, RecordFormat};
-use crate::sending::dns::Resolver;
 use crate::store::Chunk;
 
 /// Retransmission rounds without an answer before the name is resolved again (docs/apps.md).

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::ops::wake::Wake;
+use crate::common::wake::Wake;
 use crate::proto::crypto::PublicKeyBytes;
 use crate::store::Chunk;
 
@@ -55,7 +55,7 @@ impl Target {
     /// Where it sends, for the status page: the link's address and far app, or the URL without its query (which
     /// may carry a token).
     pub fn words(&self) -> String {
-        let url = |u: &crate::apps::config::HttpUrl| {
+        let url = |u: &crate::common::address::HttpUrl| {
             let mut u = u.clone();
             if let Some(q) = u.path_and_query.find('?') {
                 u.path_and_query.truncate(q);

@@ -23,8 +23,8 @@ use bytes::Bytes;
 use super::Outlet;
 use super::http::Client;
 use super::link::RETRY_AFTER;
-use crate::apps::config::HttpUrl;
-use crate::sending::dns::Resolver;
+use crate::common::address::HttpUrl;
+use crate::common::dns::Resolver;
 use crate::store::Chunk;
 
 /// Longest wait between retries of a batch.
@@ -189,7 +189,7 @@ mod tests {
             "https://h/x answered 503 to the batch of positions 3–9: busy"
         );
     }
-    use crate::ops::wake::Wake;
+    use crate::common::wake::Wake;
     use crate::proto::wire::{RecordFormat, put_record};
 
     #[test]

@@ -19,10 +19,10 @@ use bytes::Bytes;
 use super::Outlet;
 use super::http::Client;
 use super::link::{Forwarding, RETRY_AFTER, RunEnd};
-use crate::apps::config::HttpUrl;
+use crate::common::address::HttpUrl;
+use crate::common::dns::Resolver;
 use crate::proto::crypto::{Identity, PublicKeyBytes};
 use crate::proto::wire;
-use crate::sending::dns::Resolver;
 
 /// Largest request body: the far node takes up to 1 MiB (docs/protocol.md 10).
 pub const MAX_BODY: usize = 512 << 10;

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{LiveStats, NodeError, NodeSettings, ReadyNode};
+use super::{NodeError, NodeSettings, ReadyNode};
 use crate::apps::config::AppsConfig;
+use crate::common::figures::LiveStats;
 use crate::proto::crypto::PublicKeyBytes;
 use crate::proto::node::NodeCounters;
 

@@ -19,8 +19,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -29,18 +28,18 @@ use thiserror::Error;
 
 use crate::apps::config::{AppsConfig, AppsError};
 use crate::apps::host::Host;
+use crate::common::dns::DnsSettings;
+use crate::common::figures::LiveStats;
+use crate::common::wake::Wake;
 use crate::http::link::{self, LinkInbox, LinkQueue};
 use crate::keys::{self, KeyError};
 use crate::ops::fds;
-use crate::ops::metrics::{Heartbeat, Snapshot};
 use crate::ops::notify::{Notifier, WatchdogTimer};
-use crate::ops::wake::Wake;
 use crate::proto::admission::AdmissionConfig;
 use crate::proto::allow_list::AllowList;
 use crate::proto::crypto;
 use crate::proto::node::{DropReason, Node, NodeConfig, NodeCounters, Transmit};
 use crate::senders::{self, SendersError};
-use crate::sending::dns::DnsSettings;
 use crate::sending::{LoopSettings, SendingLoop};
 use crate::store::StoreError;
 use crate::store::memo::Memo;
@@ -138,23 +137,6 @@ pub struct NodeSettings {
     pub dns: DnsSettings,
     /// Start even where the state looks like it lost data (`--accept-lost-state`; [`state::judge`]).
     pub accept_lost_state: bool,
-}
-
-/// Live figures a caller (the demo, tests, later metrics) may read while the node runs.
-#[derive(Debug, Default)]
-pub struct LiveStats {
-    pub stored_records: AtomicU64,
-    pub datagrams: AtomicU64,
-    pub dropped: AtomicU64,
-    pub sessions: AtomicU64,
-    pub x25519: AtomicU64,
-    /// Everything `/metrics` shows, copied once per round.
-    pub snapshot: Mutex<Snapshot>,
-    /// Bumped each round; `/healthz` fails when it goes stale.
-    pub heartbeat: Heartbeat,
-    /// Node packets for a link request (HTTP) that was answered already: lost, as a datagram to a peer that moved
-    /// on would be; the sender sends again.
-    pub link_packets_unrouted: AtomicU64,
 }
 
 /// What the process around the receive loop gives it: when to stop, when to reload, whom to tell.
@@ -1058,7 +1040,7 @@ impl ReadyNode {
                     .flatten()
                     .map(String::as_str)
                     .collect();
-                s.last_reload = Some(crate::ops::metrics::LastReload {
+                s.last_reload = Some(crate::common::figures::LastReload {
                     at,
                     applied,
                     note: (!notes.is_empty()).then(|| notes.join("; ")),
@@ -1241,7 +1223,7 @@ fn wait_readable(socket: &UdpSocket, wakes: &[Option<RawFd>], timeout: Duration)
     }
     for p in &fds[1..] {
         if p.fd >= 0 && p.revents & libc::POLLIN != 0 {
-            crate::ops::wake::clear_eventfd(p.fd);
+            crate::common::wake::clear_eventfd(p.fd);
         }
     }
 }

@@ -12,8 +12,6 @@
 //! loop (a task that blocks it) stops the beat, which the receive loop checks before it feeds systemd's watchdog
 //! and `/healthz` reports.
 
-pub mod dns;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -21,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::ops::metrics::Heartbeat;
+use crate::common::dns;
+use crate::common::figures::Heartbeat;
 use crate::outlets::{Outlet, Target, link, webhook, wire};
 use crate::proto::crypto::Identity;
 

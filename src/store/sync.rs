@@ -41,7 +41,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use super::StoreError;
-use crate::ops::wake::Wake;
+use crate::common::wake::Wake;
 use crate::proto::turn::AppIndex;
 
 /// The descriptors one open store is synced through, opened with the store and kept (the module doc says why).

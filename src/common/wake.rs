@@ -7,7 +7,7 @@
 //!
 //! Waking costs a system call and, when the loop sleeps, a context switch (35–60 µs here, BRIEF.md): a producer
 //! wakes once per hand-over (a whole request of packets), never per packet. The signal handlers keep their own
-//! eventfd in [`super::signals`], because a signal handler may not touch anything that is not static.
+//! eventfd in [`crate::ops::signals`], because a signal handler may not touch anything that is not static.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

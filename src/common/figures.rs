@@ -1,0 +1,160 @@
+//! What the receive loop publishes for its readers on other threads: the figures of a round ([`Snapshot`], copied
+//! under a lock once per round, with every app's and outlet's), the loop's [`Heartbeat`], and the counters a
+//! caller may read at any time ([`LiveStats`]). The receive loop and the app host fill them; the HTTP server
+//! (`/metrics`, `/healthz`, the status page), `src/ops/metrics.rs` and `src/ops/status.rs` read them. They live
+//! below all of those so that no reader imports from the loop it reads.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::proto::node::NodeCounters;
+
+/// Live figures a caller (the demo, tests, later metrics) may read while the node runs.
+#[derive(Debug, Default)]
+pub struct LiveStats {
+    pub stored_records: AtomicU64,
+    pub datagrams: AtomicU64,
+    pub dropped: AtomicU64,
+    pub sessions: AtomicU64,
+    pub x25519: AtomicU64,
+    /// Everything `/metrics` shows, copied once per round.
+    pub snapshot: Mutex<Snapshot>,
+    /// Bumped each round; `/healthz` fails when it goes stale.
+    pub heartbeat: Heartbeat,
+    /// Node packets for a link request (HTTP) that was answered already: lost, as a datagram to a peer that moved
+    /// on would be; the sender sends again.
+    pub link_packets_unrouted: AtomicU64,
+}
+
+/// What the receive loop publishes each round for the metrics page.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub counters: NodeCounters,
+    pub apps: Vec<String>,
+    pub senders: usize,
+    pub sessions: usize,
+    pub reloads_ok: u64,
+    pub reloads_failed: u64,
+    /// Time spent applying and committing turns, in total.
+    pub commit_seconds: f64,
+    /// Every app's figures and its outlets'.
+    pub app_figures: Vec<AppFigures>,
+    /// Whether the sending loop beats (`None`: no outlets, no loop).
+    pub sending_loop_alive: Option<bool>,
+    /// The X25519 budget in force, per second.
+    pub x25519_budget: u32,
+    /// The node's public key, as the senders file and apps files write it.
+    pub node_key: String,
+    /// The link socket's address.
+    pub link_addr: Option<std::net::SocketAddr>,
+    /// The last reload (SIGHUP), if there was one.
+    pub last_reload: Option<LastReload>,
+}
+
+/// What the last reload did, for the status page.
+#[derive(Debug, Clone)]
+pub struct LastReload {
+    pub at: Instant,
+    /// Both files (the senders file, and the apps file if there is one) were taken whole.
+    pub applied: bool,
+    /// What was wrong (the refused file, its first problem with its line), or a note of an applied one.
+    pub note: Option<String>,
+}
+
+/// When the receive loop last turned, as microseconds since `base` (0: never).
+#[derive(Debug)]
+pub struct Heartbeat {
+    base: Instant,
+    last_us: AtomicU64,
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Heartbeat {
+            base: Instant::now(),
+            last_us: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Heartbeat {
+    /// Called by the loop each round.
+    pub fn beat(&self, now: Instant) {
+        let us = now.saturating_duration_since(self.base).as_micros() as u64 + 1;
+        self.last_us.store(us, Ordering::Relaxed);
+    }
+
+    /// When the figures began: the node's start, for its uptime.
+    pub fn started(&self) -> Instant {
+        self.base
+    }
+
+    /// How long ago the loop last turned, or `None` if it never has.
+    pub fn age(&self, now: Instant) -> Option<Duration> {
+        let us = self.last_us.load(Ordering::Relaxed);
+        if us == 0 {
+            return None;
+        }
+        let since = now.saturating_duration_since(self.base).as_micros() as u64 + 1;
+        Some(Duration::from_micros(since.saturating_sub(us)))
+    }
+}
+
+/// What the operator sees of an app (metrics, status, health).
+#[derive(Debug, Clone, Default)]
+pub struct AppFigures {
+    pub name: String,
+    pub stored_records: u64,
+    pub turns_failed: u64,
+    /// Records offered to the app and not yet stored (what its inner outlets' sources hold beyond it).
+    pub queue_depth: u64,
+    /// Why the app cannot store now, if it cannot.
+    pub failed: Option<String>,
+    /// The store's next position (1 when empty): what outlets' acknowledged positions are compared with.
+    pub head: u64,
+    pub paused_for_lag: bool,
+    /// Times the app stopped taking input for lag since the start.
+    pub lag_pauses: u64,
+    pub outlets: Vec<OutletFigures>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct OutletFigures {
+    pub name: String,
+    pub kind: &'static str,
+    /// Records stored by the app and not yet acknowledged by the outlet's far side.
+    pub lag_records: u64,
+    pub sent_records: u64,
+    pub held_bytes: usize,
+    pub status: &'static str,
+    pub last_error: Option<String>,
+    /// The kind of the last error (one of `errors`' kinds), while it stands.
+    pub last_error_kind: Option<&'static str>,
+    /// Since when the outlet has been failing without a success between.
+    pub failing_since: Option<std::time::Instant>,
+    /// Since when it has been in `status`.
+    pub status_since: Option<std::time::Instant>,
+    pub errors: Vec<(&'static str, u64)>,
+    /// Where it sends, in words (no secrets: a URL's query is left out).
+    pub target: Arc<str>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeat_ages() {
+        let hb = Heartbeat::default();
+        let t = Instant::now();
+        assert_eq!(hb.age(t), None);
+        hb.beat(t);
+        assert_eq!(hb.age(t), Some(Duration::ZERO));
+        assert_eq!(
+            hb.age(t + Duration::from_secs(3)),
+            Some(Duration::from_secs(3))
+        );
+    }
+}
