@@ -45,13 +45,14 @@ use std::time::{Duration, Instant};
 
 use pure_serve::apps::config::AppsConfig;
 use pure_serve::apps::host::FeedMode;
+use pure_serve::common::figures::LiveStats;
 use pure_serve::http::{HttpHandle, HttpServer};
 use pure_serve::keys::{self, encode_key};
 use pure_serve::proto::crypto::Identity;
 use pure_serve::proto::node::NodeCounters;
 use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig};
 use pure_serve::proto::wire::{self, Forwarded, RecordFormat};
-use pure_serve::receive::{LiveStats, NodeSettings, ReadyNode};
+use pure_serve::receive::{NodeSettings, ReadyNode};
 use pure_serve::store::{self, AppStore, Piece};
 
 /// Bytes of a record's payload (as research/001: ~30 forwarded records fill a 1,472-byte packet).
