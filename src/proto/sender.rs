@@ -135,6 +135,40 @@ impl RecordQueue {
         write(&mut self.bytes);
         self.ends.push_back(self.bytes.len());
     }
+    /// How many records from the `from`-th (at most `max`) fit in `room` bytes of a frame, each with its length.
+    /// One walk over the ends: a record's length is the distance to the end before it.
+    fn fit(&self, from: usize, max: usize, room: usize) -> usize {
+        let mut prev = if from == 0 {
+            self.start
+        } else {
+            self.ends[from - 1]
+        };
+        let to = self.ends.len().min(from.saturating_add(max));
+        let mut used = 0;
+        let mut count = 0;
+        for &end in self.ends.range(from..to) {
+            let len = end - prev;
+            used += wire::varint_len(len as u64) + len;
+            if used > room {
+                break;
+            }
+            count += 1;
+            prev = end;
+        }
+        count
+    }
+    /// Writes records `from .. from + count` into `out`, each with its length (DATA frame records).
+    fn put_range(&self, out: &mut Vec<u8>, from: usize, count: usize) {
+        let mut prev = if from == 0 {
+            self.start
+        } else {
+            self.ends[from - 1]
+        };
+        for &end in self.ends.range(from..from + count) {
+            wire::put_record(out, &self.bytes[prev..end]);
+            prev = end;
+        }
+    }
     fn clear(&mut self) {
         self.bytes.clear();
         self.start = 0;
@@ -398,6 +432,36 @@ impl Sender {
         Ok(())
     }
 
+    /// Queues each line of `block` ended by `\n` (without it) as a record for `app`, at most `max` of them, each
+    /// copied once into the flow's queue: the flow is found once per block, and nothing is allocated per record.
+    /// What follows the last `\n` taken is left for the caller (a line the block's end cut). Returns the bytes of
+    /// `block` consumed (through the last `\n` taken) and the lines queued; on a line that cannot be queued, the
+    /// lines queued before it and why (those stay queued).
+    pub fn queue_lines(
+        &mut self,
+        app: &str,
+        block: &[u8],
+        max: usize,
+    ) -> Result<(usize, usize), (usize, SenderError)> {
+        let i = self.queue_flow(app, 0).map_err(|e| (0, e))?;
+        let most = self.max_payload(app);
+        let records = &mut self.flows[i].records;
+        let (mut pos, mut n) = (0, 0);
+        while n < max {
+            let Some(k) = memchr::memchr(b'\n', &block[pos..]) else {
+                break;
+            };
+            if k > most {
+                return Err((n, SenderError::TooLarge { len: k, max: most }));
+            }
+            records.bytes.extend_from_slice(&block[pos..pos + k]);
+            records.ends.push_back(records.bytes.len());
+            pos += k + 1;
+            n += 1;
+        }
+        Ok((pos, n))
+    }
+
     /// Queues one forwarded record for `app` (protocol.md 5.4), written in place: `origin`, `origin_seq`, then
     /// `payload`. For a forwarding node's outlet, whose flow was opened with [`RecordFormat::Forwarded`].
     pub fn queue_forwarded(
@@ -529,16 +593,8 @@ impl Sender {
             let first = f.cursor;
             let start_idx = (first - f.acked - 1) as usize;
             let room = limit.saturating_sub(out.len() + frame_overhead(f.app.as_bytes(), first));
-            let mut used = 0;
-            let mut count = 0usize;
-            while start_idx + count < f.records.len() && f.in_flight() + (count as u64) < window {
-                let len = wire::record_len(f.records.get(start_idx + count));
-                if used + len > room {
-                    break;
-                }
-                used += len;
-                count += 1;
-            }
+            let may = usize::try_from(window - f.in_flight()).unwrap_or(usize::MAX);
+            let mut count = f.records.fit(start_idx, may, room);
             // One record that does not fit even an empty datagram of the usual size goes alone in a larger one,
             // when this sender may (a forwarding node, protocol.md 5.4); `queue` let only such records in.
             let alone = out.len() == wire::SENDER_HEADER_LEN;
@@ -558,9 +614,7 @@ impl Sender {
                 f.base_sent_pn = Some(pn);
             }
             wire::put_frame_header(out, f.format, f.app.as_bytes(), first, count as u64);
-            for k in start_idx..start_idx + count {
-                wire::put_record(out, f.records.get(k));
-            }
+            f.records.put_range(out, start_idx, count);
             f.cursor += count as u64;
         }
         self.next_flow = (self.next_flow + 1) % n.max(1);
@@ -876,6 +930,29 @@ mod tests {
         q.release(q.len() + 5);
         assert!(q.is_empty());
         assert_eq!((q.start, q.bytes.len()), (0, 0));
+    }
+
+    #[test]
+    fn queue_lines_takes_whole_lines_up_to_max_and_leaves_the_cut_one() {
+        let mut s = Sender::new(SenderConfig::new(
+            Identity::generate(),
+            *Identity::generate().public(),
+        ))
+        .unwrap();
+        let block = b"a\n\nbc\r\ndef\ncut";
+        assert_eq!(s.queue_lines("main", block, 2).unwrap(), (3, 2));
+        assert_eq!(s.queue_lines("main", &block[3..], 10).unwrap(), (8, 2));
+        let q = &s.flows[0].records;
+        let got: Vec<&[u8]> = (0..q.len()).map(|i| q.get(i)).collect();
+        assert_eq!(got, [&b"a"[..], b"", b"bc\r", b"def"]);
+        let mut long = vec![b'z'; s.max_payload("main") + 1];
+        long.push(b'\n');
+        let mut with_long = b"ok\n".to_vec();
+        with_long.extend_from_slice(&long);
+        let (n, e) = s.queue_lines("main", &with_long, 10).unwrap_err();
+        assert_eq!(n, 1);
+        assert!(matches!(e, SenderError::TooLarge { .. }));
+        assert_eq!(s.unacked("main"), 5);
     }
 
     #[test]
