@@ -14,8 +14,12 @@ use clap::Args;
 
 use crate::sender::{SenderEvent, UdpLink};
 
-/// Records queued in the sender at most; what is read beyond waits in blocks.
-const LINE_QUEUE: usize = 65_536;
+/// Records in flight at once: four of the node's turns (protocol.md 6), so the link goes on while the node syncs a
+/// turn and acknowledges it only then. The library's default is one turn's share (research/022).
+const SEND_WINDOW: u64 = 65_536;
+/// Records queued in the sender at most (twice the window, so acks always find more to send); what is read beyond
+/// waits in blocks.
+const LINE_QUEUE: usize = 2 * SEND_WINDOW as usize;
 /// Bytes of standard input one read takes at most, and blocks read ahead of the link at most.
 const BLOCK: usize = 256 << 10;
 const BLOCKS_AHEAD: usize = 4;
@@ -61,6 +65,7 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
     if !crate::proto::wire::valid_app_name(args.app.as_bytes()) {
         bail!("--app {:?} is not 1–32 characters of a-z 0-9 _ -", args.app);
     }
+    link.sender().set_window(SEND_WINDOW);
     // Standard input is read on its own thread so records stream: `tail -f log | pure-serve send …` works, and
     // sending starts before the input ends. It reads blocks (whatever each read gives, up to BLOCK) and hands them
     // over whole; this thread splits them into lines and queues each straight from the block, and the buffers go

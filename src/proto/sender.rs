@@ -105,10 +105,11 @@ impl Flow {
 
 /// A flow's queued records back to back in one buffer, with the end of each: queueing a record copies its bytes
 /// and allocates nothing per record, and an ack releases a prefix by moving an offset (research/006: an outlet's
-/// loop spent about a third of its time allocating and freeing a `Vec` per record).
+/// loop spent about a third of its time allocating and freeing a `Vec` per record). Each record is kept as a DATA
+/// frame carries it (its length as a varint, then its bytes), so a frame's records are one copy (research/022).
 #[derive(Debug, Default)]
 struct RecordQueue {
-    /// The records' bytes; those before `start` are released.
+    /// The records in their frame form; those before `start` are released.
     bytes: Vec<u8>,
     start: usize,
     /// Where each record ends in `bytes`.
@@ -125,48 +126,49 @@ impl RecordQueue {
     fn is_empty(&self) -> bool {
         self.ends.is_empty()
     }
-    /// The `i`-th record (0: the oldest).
-    fn get(&self, i: usize) -> &[u8] {
-        let from = if i == 0 { self.start } else { self.ends[i - 1] };
-        &self.bytes[from..self.ends[i]]
+    /// Where the `i`-th record (0: the oldest) begins, its length varint included.
+    fn begin(&self, i: usize) -> usize {
+        if i == 0 { self.start } else { self.ends[i - 1] }
     }
-    /// Appends one record written by `write` to the buffer it is given.
-    fn push_with(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+    /// The `i`-th record's bytes, without its length.
+    #[cfg(test)]
+    fn get(&self, i: usize) -> &[u8] {
+        let (from, to) = (self.begin(i), self.ends[i]);
+        let len = self.bytes[from..to]
+            .iter()
+            .position(|b| b & 0x80 == 0)
+            .map_or(0, |k| k + 1);
+        &self.bytes[from + len..to]
+    }
+    /// The `i`-th record's length in a frame (its length varint included).
+    fn wire_len(&self, i: usize) -> usize {
+        self.ends[i] - self.begin(i)
+    }
+    /// Appends one record of `len` bytes, written by `write` to the buffer it is given.
+    fn push_with(&mut self, len: usize, write: impl FnOnce(&mut Vec<u8>)) {
+        wire::put_varint(&mut self.bytes, len as u64);
         write(&mut self.bytes);
         self.ends.push_back(self.bytes.len());
+    }
+    /// Appends one record, copied from `record`.
+    fn push_slice(&mut self, record: &[u8]) {
+        self.push_with(record.len(), |b| b.extend_from_slice(record));
     }
     /// How many records from the `from`-th (at most `max`) fit in `room` bytes of a frame, each with its length.
     /// One walk over the ends: a record's length is the distance to the end before it.
     fn fit(&self, from: usize, max: usize, room: usize) -> usize {
-        let mut prev = if from == 0 {
-            self.start
-        } else {
-            self.ends[from - 1]
-        };
+        let begin = self.begin(from);
         let to = self.ends.len().min(from.saturating_add(max));
-        let mut used = 0;
-        let mut count = 0;
-        for &end in self.ends.range(from..to) {
-            let len = end - prev;
-            used += wire::varint_len(len as u64) + len;
-            if used > room {
-                break;
-            }
-            count += 1;
-            prev = end;
-        }
-        count
+        // Ends grow, so the records that fit are those whose end is within `room` of the first one's start.
+        self.ends
+            .range(from..to)
+            .take_while(|&&end| end - begin <= room)
+            .count()
     }
-    /// Writes records `from .. from + count` into `out`, each with its length (DATA frame records).
+    /// Writes records `from .. from + count` into `out` as a DATA frame carries them: one copy.
     fn put_range(&self, out: &mut Vec<u8>, from: usize, count: usize) {
-        let mut prev = if from == 0 {
-            self.start
-        } else {
-            self.ends[from - 1]
-        };
-        for &end in self.ends.range(from..from + count) {
-            wire::put_record(out, &self.bytes[prev..end]);
-            prev = end;
+        if count > 0 {
+            out.extend_from_slice(&self.bytes[self.begin(from)..self.ends[from + count - 1]]);
         }
     }
     fn clear(&mut self) {
@@ -426,9 +428,7 @@ impl Sender {
     /// Queues one record for `app`, copied from `record`.
     pub fn queue_slice(&mut self, app: &str, record: &[u8]) -> Result<(), SenderError> {
         let i = self.queue_flow(app, record.len())?;
-        self.flows[i]
-            .records
-            .push_with(|b| b.extend_from_slice(record));
+        self.flows[i].records.push_slice(record);
         Ok(())
     }
 
@@ -454,8 +454,7 @@ impl Sender {
             if k > most {
                 return Err((n, SenderError::TooLarge { len: k, max: most }));
             }
-            records.bytes.extend_from_slice(&block[pos..pos + k]);
-            records.ends.push_back(records.bytes.len());
+            records.push_slice(&block[pos..pos + k]);
             pos += k + 1;
             n += 1;
         }
@@ -473,9 +472,9 @@ impl Sender {
     ) -> Result<usize, SenderError> {
         let len = wire::Forwarded::len(origin, origin_seq, payload.len());
         let i = self.queue_flow(app, len)?;
-        self.flows[i]
-            .records
-            .push_with(|b| wire::Forwarded::put_bare(b, origin, origin_seq, payload));
+        self.flows[i].records.push_with(len, |b| {
+            wire::Forwarded::put_bare(b, origin, origin_seq, payload)
+        });
         Ok(len)
     }
 
@@ -603,7 +602,7 @@ impl Sender {
                     - wire::TAG_LEN
                     - wire::SENDER_HEADER_LEN
                     - frame_overhead(f.app.as_bytes(), first);
-                if wire::record_len(f.records.get(start_idx)) <= hard_room {
+                if f.records.wire_len(start_idx) <= hard_room {
                     count = 1;
                 }
             }
@@ -908,7 +907,7 @@ mod tests {
         for round in 0..200 {
             for _ in 0..(50 + round % 37) {
                 let r = record(next);
-                q.push_with(|b| b.extend_from_slice(&r));
+                q.push_slice(&r);
                 next += 1;
             }
             let n = (round * 7) % 60;
