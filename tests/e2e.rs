@@ -295,3 +295,80 @@ fn with_no_flags_the_node_makes_its_state_and_key_and_serves() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), node.public_key);
     assert!(dir.path().join("pure-state/apps/main.sqlite").exists());
 }
+
+/// `send` reads standard input in blocks and cuts them into lines itself (research/021): every line is one record
+/// whatever block boundary or short read cuts it, an empty line is an empty record, a `\r` stays in its record, a
+/// last line without `\n` is a record too, and a line too long for a datagram is refused with its line number.
+#[test]
+fn send_takes_every_line_across_block_boundaries_and_short_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let senders = dir.path().join("senders");
+    let (key, public) = keygen(dir.path(), "dev");
+    std::fs::write(&senders, format!("dev {public}\n")).unwrap();
+    let node = node_on_port(&state, &senders, 0);
+
+    // Well over four 256 KiB blocks, written in odd-sized pieces so reads end mid-line.
+    const LINES: u64 = 120_000;
+    let line = |k: u64| -> String {
+        match k {
+            k if k % 1000 == 0 => String::new(),
+            k if k % 777 == 0 => format!("{k} carriage\r"),
+            k => format!("{k} {}", "x".repeat((k % 13) as usize)),
+        }
+    };
+    let mut text = String::new();
+    for k in 1..=LINES {
+        text.push_str(&line(k));
+        text.push('\n');
+    }
+    text.push_str("the last line, without a newline");
+    let mut child = spawn_send(&key, &node);
+    let mut stdin = child.stdin.take().unwrap();
+    let bytes = text.into_bytes();
+    let writer = std::thread::spawn(move || {
+        for (i, piece) in bytes.chunks(4093).enumerate() {
+            stdin.write_all(piece).unwrap();
+            if i % 64 == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    });
+    writer.join().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "send failed: {said}");
+    assert!(
+        said.contains(&format!("stored {} records", LINES + 1)),
+        "{said}"
+    );
+    let got = records(&state);
+    assert_eq!(got.len() as u64, LINES + 1);
+    for (k, (source, seq, payload)) in (1u64..).zip(&got) {
+        assert_eq!((source.as_str(), *seq), ("dev", k));
+        let want = if k == LINES + 1 {
+            "the last line, without a newline".to_string()
+        } else {
+            line(k)
+        };
+        assert_eq!(payload, &want, "record {k}");
+    }
+
+    // A line too long for one datagram: the lines before it are stored, and the error names its line.
+    let (key2, public2) = keygen(dir.path(), "dev2");
+    drop(node);
+    std::fs::write(&senders, format!("dev {public}\ndev2 {public2}\n")).unwrap();
+    let node = node_on_port(&state, &senders, 0);
+    let mut child = spawn_send(&key2, &node);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(format!("one\ntwo\n{}\nfour\n", "y".repeat(5000)).as_bytes())
+        .unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success());
+    assert!(said.contains("line 3 of standard input"), "{said}");
+    assert!(said.contains("does not fit"), "{said}");
+}

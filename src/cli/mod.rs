@@ -79,8 +79,9 @@ pub enum Command {
         seq 1 1000 | pure-serve send --key device.key --node NODE_PUBLIC_KEY --to 192.0.2.1:7380\n  \
         tail -f readings.log | pure-serve send --key device.key --node NODE_PUBLIC_KEY --to node.lan:7380 --timeout 0\n\n\
         The first packet asks the node where this sender's records of the app stand, so records continue after\n\
-        what an earlier run stored. Exit status: 0 when every record is stored, 1 otherwise (the message says\n\
-        how many were not acknowledged and why).")]
+        what an earlier run stored. Up to 65,536 records are in flight at once (four of a node's turns, so the\n\
+        link goes on while the node syncs a turn). Exit status: 0 when every record is stored, 1 otherwise (the\n\
+        message says how many were not acknowledged and why).")]
     Send(send::SendArgs),
     /// Print stored records.
     #[command(after_help = "Examples:\n  \

@@ -3,7 +3,7 @@
 //! The flow starts with a probe (docs/protocol.md 7): the command keeps no state between runs, so it asks the node
 //! where the flow is and numbers its records from there.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -14,8 +14,15 @@ use clap::Args;
 
 use crate::sender::{SenderEvent, UdpLink};
 
-/// Lines read ahead of the link, and records queued in the sender at most.
-const LINE_QUEUE: usize = 65_536;
+/// Records in flight at once: four of the node's turns (protocol.md 6), so the link goes on while the node syncs a
+/// turn and acknowledges it only then. The library's default is one turn's share (research/022).
+const SEND_WINDOW: u64 = 65_536;
+/// Records queued in the sender at most (twice the window, so acks always find more to send); what is read beyond
+/// waits in blocks.
+const LINE_QUEUE: usize = 2 * SEND_WINDOW as usize;
+/// Bytes of standard input one read takes at most, and blocks read ahead of the link at most.
+const BLOCK: usize = 256 << 10;
+const BLOCKS_AHEAD: usize = 4;
 /// How long one round waits for the node before looking at the input again.
 const INPUT_POLL: Duration = Duration::from_millis(5);
 
@@ -58,19 +65,42 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
     if !crate::proto::wire::valid_app_name(args.app.as_bytes()) {
         bail!("--app {:?} is not 1–32 characters of a-z 0-9 _ -", args.app);
     }
+    link.sender().set_window(SEND_WINDOW);
     // Standard input is read on its own thread so records stream: `tail -f log | pure-serve send …` works, and
-    // sending starts before the input ends. The channel is bounded so a fast producer waits for the link.
-    let (lines_tx, lines_rx) = mpsc::sync_channel::<std::io::Result<Vec<u8>>>(LINE_QUEUE);
+    // sending starts before the input ends. It reads blocks (whatever each read gives, up to BLOCK) and hands them
+    // over whole; this thread splits them into lines and queues each straight from the block, and the buffers go
+    // back to the reader: one channel hop per block and no allocation per record (research/021). The channel is
+    // bounded so a fast producer waits for the link.
+    let (blocks_tx, blocks_rx) =
+        mpsc::sync_channel::<std::io::Result<(Vec<u8>, usize)>>(BLOCKS_AHEAD);
+    let (free_tx, free_rx) = mpsc::channel::<Vec<u8>>();
     std::thread::Builder::new()
         .name("send-stdin".into())
         .spawn(move || {
-            for line in std::io::stdin().lock().split(b'\n') {
-                if lines_tx.send(line).is_err() {
+            let mut stdin = std::io::stdin().lock();
+            loop {
+                let mut buf = free_rx.try_recv().unwrap_or_else(|_| vec![0u8; BLOCK]);
+                let got = loop {
+                    match stdin.read(&mut buf) {
+                        Ok(0) => return,
+                        Ok(n) => break Ok((buf, n)),
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => break Err(e),
+                    }
+                };
+                let failed = got.is_err();
+                if blocks_tx.send(got).is_err() || failed {
                     return;
                 }
             }
         })
         .context("starting the input reader")?;
+    let mut input = LineInput {
+        blocks: blocks_rx,
+        free: free_tx,
+        block: None,
+        partial: Vec::new(),
+    };
     let no_progress_limit = (args.timeout > 0.0).then(|| Duration::from_secs_f64(args.timeout));
     let progress = std::io::stderr().is_terminal();
     let start = Instant::now();
@@ -85,18 +115,8 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
     let mut cannot_store: Option<String> = None;
     loop {
         // Take what input there is, up to the sender's window, without waiting for it.
-        while input_open && link.sender().unacked_total() < LINE_QUEUE {
-            match lines_rx.try_recv() {
-                Ok(line) => {
-                    let line = line.context("reading standard input")?;
-                    link.sender()
-                        .queue(&args.app, line)
-                        .with_context(|| format!("line {} of standard input", lines + 1))?;
-                    lines += 1;
-                }
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) => input_open = false,
-            }
+        if input_open {
+            input_open = input.take(link.sender(), &args.app, &mut lines)?;
         }
         if !input_open && (lines == 0 || link.sender().is_idle()) {
             break;
@@ -203,6 +223,95 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
         first_seq.unwrap_or(1),
         lines as f64 / secs.max(1e-9)
     );
+    Ok(())
+}
+
+/// Standard input as blocks from the reader thread, cut into lines.
+struct LineInput {
+    blocks: mpsc::Receiver<std::io::Result<(Vec<u8>, usize)>>,
+    free: mpsc::Sender<Vec<u8>>,
+    /// The block being queued: its buffer, the bytes read into it, and how far it is queued.
+    block: Option<(Vec<u8>, usize, usize)>,
+    /// The start of a line a block's end cut, until its `\n` comes (or the input ends).
+    partial: Vec<u8>,
+}
+
+impl LineInput {
+    /// Queues the lines there are, until the sender holds [`LINE_QUEUE`] records, without waiting for input.
+    /// `lines` counts the lines queued. Returns false once the input has ended and all of it is queued.
+    fn take(
+        &mut self,
+        sender: &mut crate::sender::Sender,
+        app: &str,
+        lines: &mut u64,
+    ) -> anyhow::Result<bool> {
+        loop {
+            let room = LINE_QUEUE.saturating_sub(sender.unacked_total());
+            if room == 0 {
+                return Ok(true);
+            }
+            let Some((buf, len, pos)) = &mut self.block else {
+                match self.blocks.try_recv() {
+                    Ok(Ok((buf, len))) => self.block = Some((buf, len, 0)),
+                    Ok(Err(e)) => return Err(e).context("reading standard input"),
+                    Err(mpsc::TryRecvError::Empty) => return Ok(true),
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        // A last line without `\n` is a record too.
+                        if !self.partial.is_empty() {
+                            queue_partial(&mut self.partial, sender, app, lines)?;
+                        }
+                        return Ok(false);
+                    }
+                }
+                continue;
+            };
+            let data = &buf[*pos..*len];
+            if !self.partial.is_empty() {
+                match memchr::memchr(b'\n', data) {
+                    Some(k) => {
+                        self.partial.extend_from_slice(&data[..k]);
+                        *pos += k + 1;
+                        queue_partial(&mut self.partial, sender, app, lines)?;
+                    }
+                    None => {
+                        self.partial.extend_from_slice(data);
+                        *pos = *len;
+                    }
+                }
+            } else {
+                let (used, n) = sender.queue_lines(app, data, room).map_err(|(n, e)| {
+                    anyhow::Error::new(e)
+                        .context(format!("line {} of standard input", *lines + n as u64 + 1))
+                })?;
+                *lines += n as u64;
+                *pos += used;
+                if n < room {
+                    // No `\n` in the rest: the start of a line the next block ends.
+                    self.partial.extend_from_slice(&buf[*pos..*len]);
+                    *pos = *len;
+                }
+            }
+            if *pos == *len
+                && let Some((buf, _, _)) = self.block.take()
+            {
+                let _ = self.free.send(buf);
+            }
+        }
+    }
+}
+
+/// Queues the line gathered in `partial` and empties it (keeping its buffer).
+fn queue_partial(
+    partial: &mut Vec<u8>,
+    sender: &mut crate::sender::Sender,
+    app: &str,
+    lines: &mut u64,
+) -> anyhow::Result<()> {
+    sender
+        .queue_slice(app, partial)
+        .with_context(|| format!("line {} of standard input", *lines + 1))?;
+    *lines += 1;
+    partial.clear();
     Ok(())
 }
 

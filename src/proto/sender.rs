@@ -105,10 +105,11 @@ impl Flow {
 
 /// A flow's queued records back to back in one buffer, with the end of each: queueing a record copies its bytes
 /// and allocates nothing per record, and an ack releases a prefix by moving an offset (research/006: an outlet's
-/// loop spent about a third of its time allocating and freeing a `Vec` per record).
+/// loop spent about a third of its time allocating and freeing a `Vec` per record). Each record is kept as a DATA
+/// frame carries it (its length as a varint, then its bytes), so a frame's records are one copy (research/022).
 #[derive(Debug, Default)]
 struct RecordQueue {
-    /// The records' bytes; those before `start` are released.
+    /// The records in their frame form; those before `start` are released.
     bytes: Vec<u8>,
     start: usize,
     /// Where each record ends in `bytes`.
@@ -125,15 +126,50 @@ impl RecordQueue {
     fn is_empty(&self) -> bool {
         self.ends.is_empty()
     }
-    /// The `i`-th record (0: the oldest).
-    fn get(&self, i: usize) -> &[u8] {
-        let from = if i == 0 { self.start } else { self.ends[i - 1] };
-        &self.bytes[from..self.ends[i]]
+    /// Where the `i`-th record (0: the oldest) begins, its length varint included.
+    fn begin(&self, i: usize) -> usize {
+        if i == 0 { self.start } else { self.ends[i - 1] }
     }
-    /// Appends one record written by `write` to the buffer it is given.
-    fn push_with(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+    /// The `i`-th record's bytes, without its length.
+    #[cfg(test)]
+    fn get(&self, i: usize) -> &[u8] {
+        let (from, to) = (self.begin(i), self.ends[i]);
+        let len = self.bytes[from..to]
+            .iter()
+            .position(|b| b & 0x80 == 0)
+            .map_or(0, |k| k + 1);
+        &self.bytes[from + len..to]
+    }
+    /// The `i`-th record's length in a frame (its length varint included).
+    fn wire_len(&self, i: usize) -> usize {
+        self.ends[i] - self.begin(i)
+    }
+    /// Appends one record of `len` bytes, written by `write` to the buffer it is given.
+    fn push_with(&mut self, len: usize, write: impl FnOnce(&mut Vec<u8>)) {
+        wire::put_varint(&mut self.bytes, len as u64);
         write(&mut self.bytes);
         self.ends.push_back(self.bytes.len());
+    }
+    /// Appends one record, copied from `record`.
+    fn push_slice(&mut self, record: &[u8]) {
+        self.push_with(record.len(), |b| b.extend_from_slice(record));
+    }
+    /// How many records from the `from`-th (at most `max`) fit in `room` bytes of a frame, each with its length.
+    /// One walk over the ends: a record's length is the distance to the end before it.
+    fn fit(&self, from: usize, max: usize, room: usize) -> usize {
+        let begin = self.begin(from);
+        let to = self.ends.len().min(from.saturating_add(max));
+        // Ends grow, so the records that fit are those whose end is within `room` of the first one's start.
+        self.ends
+            .range(from..to)
+            .take_while(|&&end| end - begin <= room)
+            .count()
+    }
+    /// Writes records `from .. from + count` into `out` as a DATA frame carries them: one copy.
+    fn put_range(&self, out: &mut Vec<u8>, from: usize, count: usize) {
+        if count > 0 {
+            out.extend_from_slice(&self.bytes[self.begin(from)..self.ends[from + count - 1]]);
+        }
     }
     fn clear(&mut self) {
         self.bytes.clear();
@@ -392,10 +428,37 @@ impl Sender {
     /// Queues one record for `app`, copied from `record`.
     pub fn queue_slice(&mut self, app: &str, record: &[u8]) -> Result<(), SenderError> {
         let i = self.queue_flow(app, record.len())?;
-        self.flows[i]
-            .records
-            .push_with(|b| b.extend_from_slice(record));
+        self.flows[i].records.push_slice(record);
         Ok(())
+    }
+
+    /// Queues each line of `block` ended by `\n` (without it) as a record for `app`, at most `max` of them, each
+    /// copied once into the flow's queue: the flow is found once per block, and nothing is allocated per record.
+    /// What follows the last `\n` taken is left for the caller (a line the block's end cut). Returns the bytes of
+    /// `block` consumed (through the last `\n` taken) and the lines queued; on a line that cannot be queued, the
+    /// lines queued before it and why (those stay queued).
+    pub fn queue_lines(
+        &mut self,
+        app: &str,
+        block: &[u8],
+        max: usize,
+    ) -> Result<(usize, usize), (usize, SenderError)> {
+        let i = self.queue_flow(app, 0).map_err(|e| (0, e))?;
+        let most = self.max_payload(app);
+        let records = &mut self.flows[i].records;
+        let (mut pos, mut n) = (0, 0);
+        while n < max {
+            let Some(k) = memchr::memchr(b'\n', &block[pos..]) else {
+                break;
+            };
+            if k > most {
+                return Err((n, SenderError::TooLarge { len: k, max: most }));
+            }
+            records.push_slice(&block[pos..pos + k]);
+            pos += k + 1;
+            n += 1;
+        }
+        Ok((pos, n))
     }
 
     /// Queues one forwarded record for `app` (protocol.md 5.4), written in place: `origin`, `origin_seq`, then
@@ -409,9 +472,9 @@ impl Sender {
     ) -> Result<usize, SenderError> {
         let len = wire::Forwarded::len(origin, origin_seq, payload.len());
         let i = self.queue_flow(app, len)?;
-        self.flows[i]
-            .records
-            .push_with(|b| wire::Forwarded::put_bare(b, origin, origin_seq, payload));
+        self.flows[i].records.push_with(len, |b| {
+            wire::Forwarded::put_bare(b, origin, origin_seq, payload)
+        });
         Ok(len)
     }
 
@@ -529,16 +592,8 @@ impl Sender {
             let first = f.cursor;
             let start_idx = (first - f.acked - 1) as usize;
             let room = limit.saturating_sub(out.len() + frame_overhead(f.app.as_bytes(), first));
-            let mut used = 0;
-            let mut count = 0usize;
-            while start_idx + count < f.records.len() && f.in_flight() + (count as u64) < window {
-                let len = wire::record_len(f.records.get(start_idx + count));
-                if used + len > room {
-                    break;
-                }
-                used += len;
-                count += 1;
-            }
+            let may = usize::try_from(window - f.in_flight()).unwrap_or(usize::MAX);
+            let mut count = f.records.fit(start_idx, may, room);
             // One record that does not fit even an empty datagram of the usual size goes alone in a larger one,
             // when this sender may (a forwarding node, protocol.md 5.4); `queue` let only such records in.
             let alone = out.len() == wire::SENDER_HEADER_LEN;
@@ -547,7 +602,7 @@ impl Sender {
                     - wire::TAG_LEN
                     - wire::SENDER_HEADER_LEN
                     - frame_overhead(f.app.as_bytes(), first);
-                if wire::record_len(f.records.get(start_idx)) <= hard_room {
+                if f.records.wire_len(start_idx) <= hard_room {
                     count = 1;
                 }
             }
@@ -558,9 +613,7 @@ impl Sender {
                 f.base_sent_pn = Some(pn);
             }
             wire::put_frame_header(out, f.format, f.app.as_bytes(), first, count as u64);
-            for k in start_idx..start_idx + count {
-                wire::put_record(out, f.records.get(k));
-            }
+            f.records.put_range(out, start_idx, count);
             f.cursor += count as u64;
         }
         self.next_flow = (self.next_flow + 1) % n.max(1);
@@ -854,7 +907,7 @@ mod tests {
         for round in 0..200 {
             for _ in 0..(50 + round % 37) {
                 let r = record(next);
-                q.push_with(|b| b.extend_from_slice(&r));
+                q.push_slice(&r);
                 next += 1;
             }
             let n = (round * 7) % 60;
@@ -876,6 +929,29 @@ mod tests {
         q.release(q.len() + 5);
         assert!(q.is_empty());
         assert_eq!((q.start, q.bytes.len()), (0, 0));
+    }
+
+    #[test]
+    fn queue_lines_takes_whole_lines_up_to_max_and_leaves_the_cut_one() {
+        let mut s = Sender::new(SenderConfig::new(
+            Identity::generate(),
+            *Identity::generate().public(),
+        ))
+        .unwrap();
+        let block = b"a\n\nbc\r\ndef\ncut";
+        assert_eq!(s.queue_lines("main", block, 2).unwrap(), (3, 2));
+        assert_eq!(s.queue_lines("main", &block[3..], 10).unwrap(), (8, 2));
+        let q = &s.flows[0].records;
+        let got: Vec<&[u8]> = (0..q.len()).map(|i| q.get(i)).collect();
+        assert_eq!(got, [&b"a"[..], b"", b"bc\r", b"def"]);
+        let mut long = vec![b'z'; s.max_payload("main") + 1];
+        long.push(b'\n');
+        let mut with_long = b"ok\n".to_vec();
+        with_long.extend_from_slice(&long);
+        let (n, e) = s.queue_lines("main", &with_long, 10).unwrap_err();
+        assert_eq!(n, 1);
+        assert!(matches!(e, SenderError::TooLarge { .. }));
+        assert_eq!(s.unacked("main"), 5);
     }
 
     #[test]
