@@ -7,6 +7,7 @@
 //! stored exactly once.
 
 pub mod disk;
+pub mod engine;
 pub mod json;
 pub mod memo;
 pub mod state;
