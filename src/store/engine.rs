@@ -1,9 +1,96 @@
-//! Which store the node uses (`--store`), and the one interface the layers above the store apply turns through.
+//! Which store the node uses (`--store`), and the one interface a turn is applied through ([`TurnStore`]).
 //!
-//! SQLite (files under the state directory, [`super::AppStore`]) is the embedded default and needs no flag;
-//! PostgreSQL is for several nodes that serve one fleet together (docs/scale-out.md).
+//! SQLite (files under the state directory, [`super::AppStore`], behind [`super::sqlite_engine::SqliteTurns`])
+//! is the embedded default and needs no flag; PostgreSQL ([`super::postgres`]) is for several nodes that serve
+//! one fleet together (docs/scale-out.md).
+//!
+//! The interface is "submit a turn; later, its outcome": a loop hands a turn over and never waits on a database
+//! round trip or a disk sync, and learns the outcome when [`TurnStore::wake_fd`] is readable. SQLite commits in
+//! the caller's thread (in-process, no round trip) and gives the outcome once the `pure-sync` thread has synced
+//! it; PostgreSQL runs the whole transaction on a store thread of its own. Either way the outcome is what is
+//! durable, and only it may be acked.
+
+use std::os::fd::RawFd;
+use std::sync::Arc;
 
 use thiserror::Error;
+
+use super::{Applied, Piece, StoreError};
+use crate::proto::turn::AppIndex;
+use crate::proto::wire::RecordFormat;
+
+/// Records of one flow to apply, owned, so that a turn can be handed to another thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedPiece {
+    pub source: String,
+    pub first_seq: u64,
+    pub count: u64,
+    pub format: RecordFormat,
+    /// `count` records in their wire encoding.
+    pub records: Vec<u8>,
+}
+
+impl OwnedPiece {
+    pub fn from_piece(p: &Piece<'_>) -> Self {
+        OwnedPiece {
+            source: p.source.to_string(),
+            first_seq: p.first_seq,
+            count: p.count,
+            format: p.format,
+            records: p.records.to_vec(),
+        }
+    }
+
+    pub fn as_piece(&self) -> Piece<'_> {
+        Piece {
+            source: &self.source,
+            first_seq: self.first_seq,
+            count: self.count,
+            format: self.format,
+            records: &self.records,
+        }
+    }
+}
+
+/// What one app applies in a turn, in one transaction of its own.
+#[derive(Debug, Clone, Default)]
+pub struct AppTurn {
+    pub app: AppIndex,
+    pub pieces: Vec<OwnedPiece>,
+    /// Outlets' progress (name, highest position the far side acknowledged), written in the same transaction.
+    pub outlets: Vec<(String, u64)>,
+    /// Whether the outcome should carry the chunks written ([`Applied::new_chunks`]).
+    pub keep_new: bool,
+}
+
+/// The outcome of a submitted turn, once it is durable: per app of the turn, what its transaction did, or why it
+/// did not (nothing of a failed app's part may be acked).
+#[derive(Debug)]
+pub struct TurnOutcome {
+    pub seq: u64,
+    pub apps: Vec<(AppIndex, Result<Applied, Arc<StoreError>>)>,
+}
+
+/// The store as everything above `src/store/` applies turns to it.
+pub trait TurnStore {
+    /// Hands over turn `seq` (increasing), one [`AppTurn`] per app with something to apply. Never waits on a
+    /// database round trip or a sync.
+    fn submit(&mut self, seq: u64, parts: Vec<AppTurn>);
+    /// Outcomes of turns that became durable since the last call, in the order submitted.
+    fn done(&mut self) -> Vec<TurnOutcome>;
+    /// Blocks until the oldest submitted turn has its outcome (or none waits), then returns what is done.
+    fn wait_done(&mut self) -> Vec<TurnOutcome>;
+    /// Readable when an outcome is ready; `None` when outcomes are ready at once (stores in memory).
+    fn wake_fd(&self) -> Option<RawFd>;
+    /// Turns submitted whose outcome has not been returned yet.
+    fn waiting(&self) -> usize;
+    /// The heard sequence of `source` in `app` (0 if none): a read that may wait, for starts, tests and tools,
+    /// never for a loop.
+    fn heard_of(&mut self, app: AppIndex, source: &str) -> Result<u64, StoreError>;
+    /// The app's next position (1 when empty) as the store holds it now, turns still waiting for their outcome
+    /// included: a read that may wait, as [`TurnStore::heard_of`].
+    fn head(&mut self, app: AppIndex) -> Result<u64, StoreError>;
+}
 
 /// `--store`: where records and heard sequences are kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
