@@ -10,6 +10,7 @@ pub mod disk;
 pub mod engine;
 pub mod json;
 pub mod memo;
+pub mod postgres;
 pub mod sqlite_engine;
 pub mod state;
 pub mod sync;
@@ -139,6 +140,24 @@ pub enum StoreError {
          or acknowledged for it until it is open"
     )]
     Closed { app: AppIndex },
+    #[error(
+        "the fleet's database {url}, {doing}: {source}; nothing of the turn in hand is acknowledged (its senders \
+         send again) and the node connects again"
+    )]
+    Database {
+        url: String,
+        doing: &'static str,
+        source: tokio_postgres::Error,
+    },
+    #[error(
+        "the fleet's database {url} cannot be reached (the last try to connect failed; tried again every 0.25 s): \
+         nothing is acknowledged until it can be"
+    )]
+    DatabaseDown { url: String },
+    #[error("the fleet's database {url} is refused: {why}")]
+    DatabaseRefused { url: String, why: String },
+    #[error("the thread of the fleet's database {url} (pure-store) has stopped: restart the node")]
+    StoreThreadGone { url: String },
     #[error("no store for app {app} in {dir} (stores there: {known})")]
     NoSuchApp {
         app: String,

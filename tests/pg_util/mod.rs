@@ -77,24 +77,44 @@ impl PgCluster {
                 "postgres",
             ],
         );
+        c.start_server();
+        Some(c)
+    }
+
+    /// Starts the server (again, after [`PgCluster::kill`]), waiting until it takes connections.
+    pub fn start_server(&self) {
         let opts = format!(
             "-k {} -c listen_addresses= -c fsync=on -c synchronous_commit=on",
-            c.socket_dir().display()
+            self.socket_dir().display()
         );
-        c.run(
+        self.run(
             "pg_ctl",
             &[
                 "-D",
-                &c.data().to_string_lossy(),
+                &self.data().to_string_lossy(),
                 "-l",
-                &c.dir.path().join("log").to_string_lossy(),
+                &self.dir.path().join("log").to_string_lossy(),
                 "-w",
                 "-o",
                 &opts,
                 "start",
             ],
         );
-        Some(c)
+    }
+
+    /// Stops the server at once, as a crash would (`-m immediate`: no checkpoint, connections cut).
+    pub fn kill(&self) {
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data().to_string_lossy(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+        );
     }
 
     fn data(&self) -> PathBuf {
