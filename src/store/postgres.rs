@@ -489,10 +489,14 @@ impl Worker {
                  ORDER BY id FOR UPDATE",
             )
             .await?,
+            // The heard sequences moved only where they are still what the cut was made against; if any is not,
+            // the division by zero aborts the transaction before the chunks behind it can commit (COMMIT is
+            // pipelined behind, and becomes a ROLLBACK), and the turn is tried again.
             set_heard: p(
-                "UPDATE sources s SET heard = u.new \
+                "WITH moved AS (UPDATE sources s SET heard = u.new \
                  FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS u(id, old, new) \
-                 WHERE s.id = u.id AND s.heard = u.old",
+                 WHERE s.id = u.id AND s.heard = u.old RETURNING 1) \
+                 SELECT 1 / ((SELECT count(*) FROM moved) = $4)::int",
             )
             .await?,
             take_head: p("UPDATE apps SET head = head + $2 WHERE id = $1 RETURNING head").await?,
@@ -667,12 +671,11 @@ async fn try_part(
             end += 1;
         }
         let Some(&(id, heard_before)) = found.get(name) else {
-            // Its row was made in this wait; a row that is still not there is the database's fault, not a retry.
+            // Its row is not there though this connection made or saw it (the tables were emptied under the
+            // node?): forget what it knows of rows, and try again, making them.
             let _ = c.execute(&st.rollback, &[]).await;
-            return Err(Refused::Failed(StoreError::DatabaseRefused {
-                url: target.shown.clone(),
-                why: format!("the row of source {name} was not found after it was made"),
-            }));
+            conn.known.clear();
+            return Err(Refused::Retry);
         };
         let (segments, heard) =
             super::cut_flow(&pieces[start..end], heard_before, &mut body, &mut applied);
@@ -706,48 +709,47 @@ async fn try_part(
     let o_acked: Vec<i64> = part.outlets.iter().map(|(_, a)| *a as i64).collect();
     let body_refs: Vec<&[u8]> = bodies.iter().map(Vec::as_slice).collect();
     // Second wait: heard sequences (conditionally), the head last of the locks, the chunks, the outlets, COMMIT.
-    let heard_args: [&(dyn ToSql + Sync); 3] = [&h_id, &h_old, &h_new];
+    let moving = h_id.len() as i64;
+    let heard_args: [&(dyn ToSql + Sync); 4] = [&h_id, &h_old, &h_new, &moving];
     let head_args: [&(dyn ToSql + Sync); 2] = [&app_id, &n];
     let chunk_args: [&(dyn ToSql + Sync); 9] = [
         &app_id, &n, &stored_at, &c_src, &c_first, &c_count, &body_refs, &c_off, &c_fmt,
     ];
     let outlet_args: [&(dyn ToSql + Sync); 3] = [&app_id, &o_names, &o_acked];
+    // join!, not try_join!: every response is waited for, so that the error reported is the first statement's
+    // that failed (the statements behind it only say the transaction is aborted), whichever finished first.
     let result = if n > 0 {
-        tokio::try_join!(
-            c.execute(&st.set_heard, &heard_args),
+        let (moved, head, chunks, outlets, commit) = tokio::join!(
+            c.query_one(&st.set_heard, &heard_args),
             c.query_one(&st.take_head, &head_args),
             c.execute(&st.insert_chunks, &chunk_args),
             c.execute(&st.set_outlets, &outlet_args),
             c.execute(&st.commit, &[]),
-        )
-        .map(|(moved, head, _, _, _)| (moved, Some(head.get::<_, i64>(0))))
+        );
+        moved
+            .and(head)
+            .and_then(|head| chunks.and(outlets).and(commit).map(|_| head))
+            .map(|head| Some(head.get::<_, i64>(0)))
     } else {
-        tokio::try_join!(
+        let (outlets, commit) = tokio::join!(
             c.execute(&st.set_outlets, &outlet_args),
             c.execute(&st.commit, &[]),
-        )
-        .map(|_| (0, None))
+        );
+        outlets.and(commit).map(|_| None)
     };
-    let (moved, head) = match result {
+    let head = match result {
         Ok(r) => r,
         Err(e) => {
             // The transaction is aborted (or the connection gone): nothing of it was stored.
             let _ = c.execute(&st.rollback, &[]).await;
+            if e.code() == Some(&SqlState::DIVISION_BY_ZERO) {
+                // A heard sequence moved since it was read: not under READ COMMITTED with the rows locked, but on
+                // an engine that locks otherwise. The cut is made again against what is there now.
+                return Err(Refused::Retry);
+            }
             return Err(fail("storing a turn")(e));
         }
     };
-    if moved != h_id.len() as u64 {
-        // Not reached under READ COMMITTED with the rows locked; an engine that locks otherwise may: the commit
-        // above then stored chunks whose heard sequences did not move, which the chunks' key refuses next time.
-        return Err(Refused::Failed(StoreError::DatabaseRefused {
-            url: target.shown.clone(),
-            why: format!(
-                "the conditional update of heard sequences moved {moved} of {} rows: the database does not lock \
-                 rows as PostgreSQL does (docs/scale-out.md, \"What it relies on\")",
-                h_id.len()
-            ),
-        }));
-    }
     mark_known(conn, part.app, &names);
     if let Some(head) = head
         && part.keep_new
