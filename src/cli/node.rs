@@ -32,6 +32,16 @@ pub struct NodeArgs {
     /// ./pure-state.
     #[arg(long, value_name = "DIR")]
     pub state: Option<PathBuf>,
+    /// Where records and heard sequences are stored: `sqlite` (one SQLite file per app in the state directory), or
+    /// the PostgreSQL that several nodes of one fleet share, as a URL `postgres://USER@HOST[:PORT]/DATABASE`
+    /// (docs/scale-out.md). A password in the URL is refused: give it in --store-password-file. This build stores
+    /// in SQLite only and refuses a PostgreSQL URL, saying so.
+    #[arg(long, value_name = "URL", default_value = "sqlite",
+          value_parser = crate::store::engine::StoreChoice::parse)]
+    pub store: crate::store::engine::StoreChoice,
+    /// The password of --store's database user, on the first line of this file (keep it mode 0600).
+    #[arg(long, value_name = "FILE")]
+    pub store_password_file: Option<PathBuf>,
     /// UDP port for links (0 picks a free one and prints it).
     #[arg(long, value_name = "PORT", default_value_t = super::DEFAULT_LINK_PORT)]
     pub link_port: u16,
@@ -195,6 +205,9 @@ impl NodeArgs {
 
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     crate::receive::heap::set_phase(crate::receive::heap::Phase::ReadingSenders);
+    args.store
+        .check_served()
+        .context("the node did not start")?;
     let settings = args.settings().context("the node did not start")?;
     // Before anything is opened: past the limit every store would fail on its own, each with a misleading error.
     crate::ops::fds::prepare(&settings.apps).context("the node did not start")?;

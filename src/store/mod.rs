@@ -7,8 +7,11 @@
 //! stored exactly once.
 
 pub mod disk;
+pub mod engine;
 pub mod json;
 pub mod memo;
+pub mod postgres;
+pub mod sqlite_engine;
 pub mod state;
 pub mod sync;
 
@@ -132,6 +135,29 @@ pub enum StoreError {
          with an empty store)"
     )]
     Gone { path: PathBuf, what: String },
+    #[error(
+        "the store of app #{app} is closed (it failed earlier, and is tried again with backoff): nothing is stored \
+         or acknowledged for it until it is open"
+    )]
+    Closed { app: AppIndex },
+    #[error(
+        "the fleet's database {url}, {doing}: {source}; nothing of the turn in hand is acknowledged (its senders \
+         send again) and the node connects again"
+    )]
+    Database {
+        url: String,
+        doing: &'static str,
+        source: tokio_postgres::Error,
+    },
+    #[error(
+        "the fleet's database {url} cannot be reached (the last try to connect failed; tried again every 0.25 s): \
+         nothing is acknowledged until it can be"
+    )]
+    DatabaseDown { url: String },
+    #[error("the fleet's database {url} is refused: {why}")]
+    DatabaseRefused { url: String, why: String },
+    #[error("the thread of the fleet's database {url} (pure-store) has stopped: restart the node")]
+    StoreThreadGone { url: String },
     #[error("no store for app {app} in {dir} (stores there: {known})")]
     NoSuchApp {
         app: String,
@@ -404,7 +430,7 @@ pub struct Applied {
 /// When a turn is stored, in milliseconds since the Unix epoch, for `stored_at`. Never 0, which the layout keeps
 /// for "stored before the time was kept" (docs/store.md): a clock at or before the epoch (a Raspberry Pi without a
 /// real-time clock, before NTP) stamps 1.
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     stamp_ms(std::time::SystemTime::now())
 }
 
@@ -412,6 +438,60 @@ fn stamp_ms(now: std::time::SystemTime) -> i64 {
     now.duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.as_millis() as i64)
         .max(1)
+}
+
+/// One chunk a flow's frames make in a turn: its first sequence, its count, its format, and its records' bytes
+/// in the body buffer [`cut_flow`] filled.
+pub(crate) type Segment = (u64, u64, RecordFormat, std::ops::Range<usize>);
+
+/// Cuts one flow's frames, sorted by first sequence, against the heard sequence found in the store
+/// (docs/store.md, "The invariants"), the same for every engine: a frame at or below `heard` is a duplicate, one
+/// past `heard + 1` is a gap and is not written, an overlapping one loses its stored prefix. The new records go
+/// into `body` (cleared first), as chunks that change with the format; returns them and the flow's heard
+/// sequence after them, and counts what was stored, duplicate or cut as a gap into `applied`.
+pub(crate) fn cut_flow(
+    pieces: &[Piece<'_>],
+    heard_before: u64,
+    body: &mut Vec<u8>,
+    applied: &mut Applied,
+) -> (Vec<Segment>, u64) {
+    let mut heard = heard_before;
+    // A change of format starts a new chunk; a chunk never mixes formats.
+    let mut segments: Vec<Segment> = Vec::new();
+    body.clear();
+    for piece in pieces {
+        if piece.count == 0 {
+            continue;
+        }
+        // Never first_seq + count - 1: the last sequence may be 2^64 - 1 (protocol.md 5.1).
+        let last = piece.first_seq + (piece.count - 1);
+        if last <= heard {
+            applied.duplicate += piece.count;
+            continue;
+        }
+        if piece.first_seq > heard + 1 || last > MAX_SEQ {
+            applied.gap += piece.count;
+            continue;
+        }
+        let skip = heard + 1 - piece.first_seq;
+        applied.duplicate += skip;
+        let mut it = RecordIter::new(piece.records);
+        for _ in 0..skip {
+            it.next();
+        }
+        let from = body.len();
+        body.extend_from_slice(&piece.records[it.position()..]);
+        match segments.last_mut() {
+            Some((_, count, format, range)) if *format == piece.format => {
+                *count += last - heard;
+                range.end = body.len();
+            }
+            _ => segments.push((heard + 1, last - heard, piece.format, from..body.len())),
+        }
+        applied.stored += last - heard;
+        heard = last;
+    }
+    (segments, heard)
 }
 
 impl AppStore {
@@ -825,46 +905,8 @@ impl AppStore {
                     Some((id, heard)) => (Some(id), heard as u64),
                     None => (None, 0),
                 };
-                let mut heard = heard_before;
-                // The chunks to write: (first sequence, count, format, their records in `body`). A change of format
-                // starts a new chunk; a chunk never mixes formats.
-                let mut segments: Vec<(u64, u64, RecordFormat, std::ops::Range<usize>)> =
-                    Vec::new();
-                body.clear();
-                for piece in &pieces[start..end] {
-                    if piece.count == 0 {
-                        continue;
-                    }
-                    // Never first_seq + count - 1: the last sequence may be 2^64 - 1 (protocol.md 5.1).
-                    let last = piece.first_seq + (piece.count - 1);
-                    if last <= heard {
-                        applied.duplicate += piece.count;
-                        continue;
-                    }
-                    if piece.first_seq > heard + 1 || last > MAX_SEQ {
-                        applied.gap += piece.count;
-                        continue;
-                    }
-                    let skip = heard + 1 - piece.first_seq;
-                    applied.duplicate += skip;
-                    let mut it = RecordIter::new(piece.records);
-                    for _ in 0..skip {
-                        it.next();
-                    }
-                    let from = body.len();
-                    body.extend_from_slice(&piece.records[it.position()..]);
-                    match segments.last_mut() {
-                        Some((_, count, format, range)) if *format == piece.format => {
-                            *count += last - heard;
-                            range.end = body.len();
-                        }
-                        _ => {
-                            segments.push((heard + 1, last - heard, piece.format, from..body.len()))
-                        }
-                    }
-                    applied.stored += last - heard;
-                    heard = last;
-                }
+                let (segments, heard) =
+                    cut_flow(&pieces[start..end], heard_before, &mut body, &mut applied);
                 if heard > heard_before {
                     let id = match id {
                         Some(id) => {

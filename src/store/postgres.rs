@@ -1,0 +1,781 @@
+//! The PostgreSQL engine behind [`TurnStore`]: one database shared by the nodes of a fleet (docs/scale-out.md).
+//!
+//! Everything it does runs on its own thread (`pure-store`) with a current-thread tokio runtime and one
+//! connection (tokio-postgres), so no loop ever waits on a database round trip: [`TurnStore::submit`] queues the
+//! turn, the thread applies each app's part in a transaction of its own, and the outcome comes back through a
+//! queue and an eventfd ([`TurnStore::wake_fd`]) once COMMIT has returned — what the database made durable.
+//!
+//! A part is applied as docs/scale-out.md specifies ("A turn: one transaction per app"): the turn's new sources
+//! made beforehand, then BEGIN and the source rows locked `FOR UPDATE` in id order (one wait); the frames cut
+//! under the locks against the heard sequences found there, by the same code as SQLite's ([`super::cut_flow`]);
+//! then the heard sequences moved **conditionally** (`WHERE heard = old`), the app's head row updated last (so
+//! positions become visible in commit order), the chunks inserted from arrays, the outlets' progress, COMMIT (one
+//! wait). Every statement is prepared, BEGIN and COMMIT included: a statement given as text is prepared first, a
+//! round trip of its own, and in a pipeline it then reaches the server after the prepared ones queued behind it
+//! (research/017, "A negative result").
+//!
+//! A part refused with a serialization failure or a deadlock, or whose conditional update finds a heard sequence
+//! moved, is rolled back and applied again from the start (at most [`RETRIES`] times). A broken connection fails
+//! the parts in hand (never acked: their outcome may be unknown) and is made again at the next job, at most every
+//! [`RECONNECT_EVERY`].
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::RawFd;
+use std::str::FromStr;
+use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls, Statement};
+
+use super::engine::{AppTurn, TurnOutcome, TurnStore};
+use super::{Applied, Chunk, Piece, StoreError};
+use crate::common::wake::Wake;
+use crate::proto::turn::AppIndex;
+use crate::proto::wire::RecordFormat;
+
+/// The layout's version in `pure_layout` (docs/scale-out.md, "The schema").
+pub const LAYOUT_VERSION: i32 = 1;
+
+/// Tries of a part refused by the database for a reason a new try can cure (a serialization failure, a deadlock,
+/// a heard sequence moved under the conditional update).
+pub const RETRIES: u32 = 8;
+
+/// How often a lost connection is made again, at most.
+pub const RECONNECT_EVERY: Duration = Duration::from_millis(250);
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS pure_layout (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS apps (
+    id    SERIAL PRIMARY KEY,
+    name  TEXT NOT NULL UNIQUE,
+    head  BIGINT NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS sources (
+    id    BIGSERIAL PRIMARY KEY,
+    app   INTEGER NOT NULL REFERENCES apps(id),
+    name  TEXT NOT NULL,
+    heard BIGINT NOT NULL DEFAULT 0,
+    UNIQUE (app, name)
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    app       INTEGER NOT NULL,
+    source    BIGINT NOT NULL REFERENCES sources(id),
+    first_seq BIGINT NOT NULL,
+    count     INTEGER NOT NULL,
+    body      BYTEA NOT NULL,
+    pos       BIGINT NOT NULL,
+    stored_at BIGINT NOT NULL,
+    format    SMALLINT NOT NULL,
+    PRIMARY KEY (app, source, first_seq)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS chunks_pos ON chunks (app, pos);
+CREATE TABLE IF NOT EXISTS outlets (
+    app         INTEGER NOT NULL REFERENCES apps(id),
+    name        TEXT NOT NULL,
+    acked       BIGINT NOT NULL DEFAULT 0,
+    holder      TEXT,
+    lease_until TIMESTAMPTZ,
+    PRIMARY KEY (app, name)
+);
+CREATE TABLE IF NOT EXISTS outlet_starts (
+    app INTEGER NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL, target TEXT NOT NULL, flow TEXT,
+    start BIGINT NOT NULL, PRIMARY KEY (app, name)
+);
+";
+
+/// Where the database is, for connections and for messages (without a password).
+#[derive(Clone)]
+struct Target {
+    config: tokio_postgres::Config,
+    /// The URL as given, for messages.
+    shown: String,
+}
+
+enum Job {
+    Turn(u64, Vec<AppTurn>),
+    Heard(AppIndex, String, mpsc::Sender<Result<u64, StoreError>>),
+    Head(AppIndex, mpsc::Sender<Result<u64, StoreError>>),
+}
+
+struct Done {
+    outcomes: Mutex<VecDeque<TurnOutcome>>,
+    changed: Condvar,
+    wake: Wake,
+}
+
+/// The engine: the handle the host keeps; the work is on the `pure-store` thread.
+pub struct PostgresTurns {
+    jobs: Option<tokio::sync::mpsc::UnboundedSender<Job>>,
+    done: Arc<Done>,
+    /// Turns submitted and not returned by [`TurnStore::done`] yet.
+    waiting: usize,
+    shown: String,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn db_err<'a>(
+    target: &'a Target,
+    doing: &'static str,
+) -> impl Fn(tokio_postgres::Error) -> StoreError + 'a {
+    move |source| StoreError::Database {
+        url: target.shown.clone(),
+        doing,
+        source,
+    }
+}
+
+impl PostgresTurns {
+    /// Connects to the database at `url` (`postgres://…`, docs/scale-out.md), makes its tables if they are not
+    /// there, registers `apps` (app index = place in the list), and starts the store thread. The first connection
+    /// is made here, so that a wrong address or a refused login stops the start with its reason.
+    pub fn open(url: &str, password: Option<&str>, apps: &[String]) -> Result<Self, StoreError> {
+        let mut config =
+            tokio_postgres::Config::from_str(url).map_err(|source| StoreError::Database {
+                url: url.to_string(),
+                doing: "reading the URL",
+                source,
+            })?;
+        if let Some(p) = password {
+            config.password(p);
+        }
+        config.application_name("pure-serve");
+        let target = Target {
+            config,
+            shown: url.to_string(),
+        };
+        let done = Arc::new(Done {
+            outcomes: Mutex::new(VecDeque::new()),
+            changed: Condvar::new(),
+            wake: Wake::new().map_err(|source| StoreError::SyncThread { source })?,
+        });
+        let (jobs, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (started_tx, started_rx) = mpsc::channel();
+        let apps = apps.to_vec();
+        let worker_done = done.clone();
+        let thread = std::thread::Builder::new()
+            .name("pure-store".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(source) => {
+                        let _ = started_tx.send(Err(StoreError::SyncThread { source }));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let mut worker = Worker {
+                        target,
+                        apps,
+                        conn: None,
+                        last_try: None,
+                    };
+                    let first = worker.connect().await.map(|_| ());
+                    let ok = first.is_ok();
+                    let _ = started_tx.send(first);
+                    if ok {
+                        worker.serve(rx, &worker_done).await;
+                    }
+                });
+            })
+            .map_err(|source| StoreError::SyncThread { source })?;
+        match started_rx.recv() {
+            Ok(Ok(())) => Ok(PostgresTurns {
+                jobs: Some(jobs),
+                done,
+                waiting: 0,
+                shown: url.to_string(),
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(StoreError::StoreThreadGone {
+                    url: url.to_string(),
+                })
+            }
+        }
+    }
+
+    fn ask(
+        &mut self,
+        job: impl FnOnce(mpsc::Sender<Result<u64, StoreError>>) -> Job,
+    ) -> Result<u64, StoreError> {
+        let gone = || StoreError::StoreThreadGone {
+            url: self.shown.clone(),
+        };
+        let (tx, rx) = mpsc::channel();
+        self.jobs
+            .as_ref()
+            .ok_or_else(gone)?
+            .send(job(tx))
+            .map_err(|_| gone())?;
+        rx.recv().map_err(|_| gone())?
+    }
+}
+
+impl TurnStore for PostgresTurns {
+    fn submit(&mut self, seq: u64, parts: Vec<AppTurn>) {
+        self.waiting += 1;
+        let sent = self.jobs.as_ref().map(|j| j.send(Job::Turn(seq, parts)));
+        if let Some(Err(tokio::sync::mpsc::error::SendError(Job::Turn(seq, parts)))) = sent {
+            // The thread is gone: the turn fails, and says so.
+            let apps = parts
+                .iter()
+                .map(|p| {
+                    let e = StoreError::StoreThreadGone {
+                        url: self.shown.clone(),
+                    };
+                    (p.app, Err(Arc::new(e)))
+                })
+                .collect();
+            lock(&self.done.outcomes).push_back(TurnOutcome { seq, apps });
+            self.done.wake.wake();
+        }
+    }
+
+    fn done(&mut self) -> Vec<TurnOutcome> {
+        self.done.wake.clear();
+        let out: Vec<TurnOutcome> = lock(&self.done.outcomes).drain(..).collect();
+        self.waiting -= out.len();
+        out
+    }
+
+    fn wait_done(&mut self) -> Vec<TurnOutcome> {
+        {
+            let mut q = lock(&self.done.outcomes);
+            while q.is_empty() && self.waiting > 0 {
+                q = self.done.changed.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        self.done()
+    }
+
+    fn wake_fd(&self) -> Option<RawFd> {
+        Some(self.done.wake.fd())
+    }
+
+    fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    fn heard_of(&mut self, app: AppIndex, source: &str) -> Result<u64, StoreError> {
+        let source = source.to_string();
+        self.ask(|tx| Job::Heard(app, source, tx))
+    }
+
+    fn head(&mut self, app: AppIndex) -> Result<u64, StoreError> {
+        self.ask(|tx| Job::Head(app, tx))
+    }
+}
+
+impl Drop for PostgresTurns {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread once it has finished what was queued.
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The statements of a connection, prepared once.
+struct Prepared {
+    begin: Statement,
+    commit: Statement,
+    rollback: Statement,
+    add_sources: Statement,
+    lock_sources: Statement,
+    set_heard: Statement,
+    take_head: Statement,
+    insert_chunks: Statement,
+    set_outlets: Statement,
+    heard_of: Statement,
+    head_of: Statement,
+}
+
+struct Conn {
+    client: Client,
+    st: Prepared,
+    /// The database's id of each app, by app index.
+    app_ids: Vec<i32>,
+    /// Sources known to have a row, per app index (so a turn names only new ones to make).
+    known: HashSet<(AppIndex, String)>,
+}
+
+struct Worker {
+    target: Target,
+    apps: Vec<String>,
+    conn: Option<Conn>,
+    last_try: Option<Instant>,
+}
+
+/// Why a part's transaction did not commit.
+enum Refused {
+    /// A new try may cure it (serialization failure, deadlock, a heard sequence moved).
+    Retry,
+    Failed(StoreError),
+}
+
+fn retryable(e: &tokio_postgres::Error) -> bool {
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+    )
+}
+
+impl Worker {
+    async fn serve(&mut self, mut rx: tokio::sync::mpsc::UnboundedReceiver<Job>, done: &Done) {
+        while let Some(job) = rx.recv().await {
+            match job {
+                Job::Turn(seq, parts) => {
+                    let mut apps = Vec::with_capacity(parts.len());
+                    for part in &parts {
+                        let r = self.apply_part(part).await.map_err(Arc::new);
+                        apps.push((part.app, r));
+                    }
+                    lock(&done.outcomes).push_back(TurnOutcome { seq, apps });
+                    done.changed.notify_all();
+                    done.wake.wake();
+                }
+                Job::Heard(app, source, reply) => {
+                    let _ = reply.send(self.heard_of(app, &source).await);
+                }
+                Job::Head(app, reply) => {
+                    let _ = reply.send(self.head_of(app).await);
+                }
+            }
+        }
+    }
+
+    /// The connection, made (again) if there is none, at most every [`RECONNECT_EVERY`].
+    async fn connect(&mut self) -> Result<&mut Conn, StoreError> {
+        if self.conn.as_ref().is_some_and(|c| c.client.is_closed()) {
+            tracing::warn!(
+                "the connection to the fleet's database {} was lost; nothing is acknowledged until it is made again",
+                self.target.shown
+            );
+            self.conn = None;
+        }
+        if self.conn.is_none() {
+            if let Some(t) = self.last_try
+                && t.elapsed() < RECONNECT_EVERY
+            {
+                return Err(StoreError::DatabaseDown {
+                    url: self.target.shown.clone(),
+                });
+            }
+            self.last_try = Some(Instant::now());
+            let conn = self.make_conn().await?;
+            tracing::info!("connected to the fleet's database {}", self.target.shown);
+            self.conn = Some(conn);
+        }
+        Ok(self.conn.as_mut().expect("made above"))
+    }
+
+    async fn make_conn(&self) -> Result<Conn, StoreError> {
+        let t = &self.target;
+        let (client, connection) = t
+            .config
+            .connect(NoTls)
+            .await
+            .map_err(db_err(t, "connecting"))?;
+        tokio::spawn(async move {
+            // Its error is the client's too (`is_closed`), and reported by the statement that finds it.
+            let _ = connection.await;
+        });
+        let sync: String = client
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .map_err(db_err(t, "reading synchronous_commit"))?
+            .get(0);
+        if sync == "off" {
+            return Err(StoreError::DatabaseRefused {
+                url: t.shown.clone(),
+                why: "its synchronous_commit is off, so a COMMIT that returned may still be lost in a crash of the \
+                      database, and \"stored\" would not mean stored: set synchronous_commit = on (the default) for \
+                      the node's user (ALTER ROLE … SET synchronous_commit = on)"
+                    .into(),
+            });
+        }
+        // Two nodes starting at once may both make the tables: one of them then finds a name taken, and tries again.
+        let mut tries = 0;
+        loop {
+            match client.batch_execute(SCHEMA).await {
+                Ok(()) => break,
+                Err(e)
+                    if tries < 3
+                        && matches!(e.code(), Some(c) if *c == SqlState::UNIQUE_VIOLATION
+                            || *c == SqlState::DUPLICATE_TABLE || *c == SqlState::DUPLICATE_OBJECT) =>
+                {
+                    tries += 1;
+                }
+                Err(e) => return Err(db_err(t, "making the tables")(e)),
+            }
+        }
+        client
+            .batch_execute(&format!(
+                "INSERT INTO pure_layout (version) SELECT {LAYOUT_VERSION} \
+                 WHERE NOT EXISTS (SELECT 1 FROM pure_layout)"
+            ))
+            .await
+            .map_err(db_err(t, "writing the layout's version"))?;
+        let found: i32 = client
+            .query_one("SELECT max(version) FROM pure_layout", &[])
+            .await
+            .map_err(db_err(t, "reading the layout's version"))?
+            .get(0);
+        if found > LAYOUT_VERSION {
+            return Err(StoreError::DatabaseRefused {
+                url: t.shown.clone(),
+                why: format!(
+                    "its tables have layout {found}, this pure-serve knows layouts up to {LAYOUT_VERSION}: they were \
+                     made by a newer pure-serve; run that one"
+                ),
+            });
+        }
+        client
+            .execute(
+                "INSERT INTO apps (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING",
+                &[&self.apps],
+            )
+            .await
+            .map_err(db_err(t, "registering the apps"))?;
+        let rows = client
+            .query(
+                "SELECT id, name FROM apps WHERE name = ANY($1::text[])",
+                &[&self.apps],
+            )
+            .await
+            .map_err(db_err(t, "reading the apps"))?;
+        let by_name: HashMap<String, i32> = rows.iter().map(|r| (r.get(1), r.get(0))).collect();
+        let app_ids = self
+            .apps
+            .iter()
+            .map(|a| by_name.get(a).copied().unwrap_or(-1))
+            .collect();
+        let p = |sql: &'static str| {
+            let client = &client;
+            async move {
+                client
+                    .prepare(sql)
+                    .await
+                    .map_err(db_err(t, "preparing a statement"))
+            }
+        };
+        let st = Prepared {
+            begin: p("BEGIN ISOLATION LEVEL READ COMMITTED").await?,
+            commit: p("COMMIT").await?,
+            rollback: p("ROLLBACK").await?,
+            add_sources: p(
+                "INSERT INTO sources (app, name) SELECT $1, n FROM unnest($2::text[]) AS n \
+                 ON CONFLICT (app, name) DO NOTHING",
+            )
+            .await?,
+            lock_sources: p(
+                "SELECT id, name, heard FROM sources WHERE app = $1 AND name = ANY($2::text[]) \
+                 ORDER BY id FOR UPDATE",
+            )
+            .await?,
+            // The heard sequences moved only where they are still what the cut was made against; if any is not,
+            // the division by zero aborts the transaction before the chunks behind it can commit (COMMIT is
+            // pipelined behind, and becomes a ROLLBACK), and the turn is tried again.
+            set_heard: p(
+                "WITH moved AS (UPDATE sources s SET heard = u.new \
+                 FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS u(id, old, new) \
+                 WHERE s.id = u.id AND s.heard = u.old RETURNING 1) \
+                 SELECT 1 / ((SELECT count(*) FROM moved) = $4)::int",
+            )
+            .await?,
+            take_head: p("UPDATE apps SET head = head + $2 WHERE id = $1 RETURNING head").await?,
+            insert_chunks: p(
+                "INSERT INTO chunks (app, source, first_seq, count, body, pos, stored_at, format) \
+                 SELECT $1, u.s, u.f, u.c, u.b, a.head - $2 + u.o, $3, u.fm \
+                 FROM unnest($4::bigint[], $5::bigint[], $6::int[], $7::bytea[], $8::bigint[], $9::smallint[]) \
+                      AS u(s, f, c, b, o, fm), apps a \
+                 WHERE a.id = $1",
+            )
+            .await?,
+            set_outlets: p(
+                "INSERT INTO outlets (app, name, acked) SELECT $1, u.n, u.a \
+                 FROM unnest($2::text[], $3::bigint[]) AS u(n, a) \
+                 ON CONFLICT (app, name) DO UPDATE SET acked = GREATEST(outlets.acked, excluded.acked)",
+            )
+            .await?,
+            heard_of: p("SELECT heard FROM sources WHERE app = $1 AND name = $2").await?,
+            head_of: p("SELECT head FROM apps WHERE id = $1").await?,
+        };
+        Ok(Conn {
+            client,
+            st,
+            app_ids,
+            known: HashSet::new(),
+        })
+    }
+
+    async fn heard_of(&mut self, app: AppIndex, source: &str) -> Result<u64, StoreError> {
+        let target = self.target.clone();
+        let conn = self.connect().await?;
+        let id = match conn.app_ids.get(app as usize) {
+            Some(&id) if id >= 0 => id,
+            _ => return Err(StoreError::Closed { app }),
+        };
+        let rows = conn
+            .client
+            .query(&conn.st.heard_of, &[&id, &source])
+            .await
+            .map_err(db_err(&target, "reading a heard sequence"))?;
+        Ok(rows.first().map_or(0, |r| r.get::<_, i64>(0) as u64))
+    }
+
+    async fn head_of(&mut self, app: AppIndex) -> Result<u64, StoreError> {
+        let target = self.target.clone();
+        let conn = self.connect().await?;
+        let id = match conn.app_ids.get(app as usize) {
+            Some(&id) if id >= 0 => id,
+            _ => return Err(StoreError::Closed { app }),
+        };
+        let row = conn
+            .client
+            .query_one(&conn.st.head_of, &[&id])
+            .await
+            .map_err(db_err(&target, "reading an app's head"))?;
+        Ok(row.get::<_, i64>(0).max(1) as u64)
+    }
+
+    /// Applies one app's part of a turn in one transaction, trying again what a new try may cure.
+    async fn apply_part(&mut self, part: &AppTurn) -> Result<Applied, StoreError> {
+        if part.pieces.is_empty() && part.outlets.is_empty() {
+            return Ok(Applied::default());
+        }
+        let mut tries = 0;
+        loop {
+            let target = self.target.clone();
+            let conn = self.connect().await?;
+            let app_id = match conn.app_ids.get(part.app as usize) {
+                Some(&id) if id >= 0 => id,
+                _ => return Err(StoreError::Closed { app: part.app }),
+            };
+            match try_part(&target, conn, app_id, part).await {
+                Ok(applied) => return Ok(applied),
+                Err(Refused::Retry) if tries + 1 < RETRIES => {
+                    tries += 1;
+                    // A short, varying pause, so that two nodes refused together do not collide again.
+                    let ms = 1 + (crate::store::now_ms() as u64 % 7) * (tries as u64);
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                Err(Refused::Retry) => {
+                    return Err(StoreError::DatabaseRefused {
+                        url: target.shown.clone(),
+                        why: format!(
+                            "it refused a turn {RETRIES} times in a row (serialization failures or deadlocks), so \
+                             the turn is not acknowledged and its senders send again"
+                        ),
+                    });
+                }
+                Err(Refused::Failed(e)) => return Err(e),
+            }
+        }
+    }
+}
+
+/// One try of a part's transaction (docs/scale-out.md, "A turn").
+async fn try_part(
+    target: &Target,
+    conn: &mut Conn,
+    app_id: i32,
+    part: &AppTurn,
+) -> Result<Applied, Refused> {
+    let fail = |doing: &'static str| {
+        move |e: tokio_postgres::Error| {
+            if retryable(&e) {
+                Refused::Retry
+            } else {
+                Refused::Failed(db_err(target, doing)(e))
+            }
+        }
+    };
+    let mut pieces: Vec<Piece<'_>> = part.pieces.iter().map(|p| p.as_piece()).collect();
+    // Sorting a flow's frames by first_seq makes reordering within a turn free (protocol.md 5.2, 3); sources in
+    // name order, so that rows are made in one order by every node.
+    pieces.sort_by(|a, b| (a.source, a.first_seq).cmp(&(b.source, b.first_seq)));
+    let mut names: Vec<String> = pieces.iter().map(|p| p.source.to_string()).collect();
+    names.dedup();
+    let new: Vec<String> = names
+        .iter()
+        .filter(|n| !conn.known.contains(&(part.app, (*n).clone())))
+        .cloned()
+        .collect();
+    let c = &conn.client;
+    let st = &conn.st;
+    // First wait: the new sources' rows (autocommit, before the transaction), BEGIN, the rows locked.
+    let lock_args: [&(dyn ToSql + Sync); 2] = [&app_id, &names];
+    let add_args: [&(dyn ToSql + Sync); 2] = [&app_id, &new];
+    let first = if new.is_empty() {
+        tokio::try_join!(
+            c.execute(&st.begin, &[]),
+            c.query(&st.lock_sources, &lock_args)
+        )
+        .map(|(_, rows)| rows)
+    } else {
+        tokio::try_join!(
+            c.execute(&st.add_sources, &add_args),
+            c.execute(&st.begin, &[]),
+            c.query(&st.lock_sources, &lock_args)
+        )
+        .map(|(_, _, rows)| rows)
+    };
+    let locked = match first {
+        Ok(rows) => rows,
+        Err(e) => {
+            // The statements behind the failed one were sent and ran: end the transaction BEGIN may have opened.
+            let _ = c.execute(&st.rollback, &[]).await;
+            return Err(fail("locking the turn's sources")(e));
+        }
+    };
+    let found: HashMap<String, (i64, u64)> = locked
+        .iter()
+        .map(|r| {
+            (
+                r.get::<_, String>(1),
+                (r.get::<_, i64>(0), r.get::<_, i64>(2) as u64),
+            )
+        })
+        .collect();
+    let stored_at = crate::store::now_ms();
+    let mut applied = Applied::default();
+    let (mut h_id, mut h_old, mut h_new) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut c_src, mut c_first, mut c_count, mut c_off, mut c_fmt) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut bodies: Vec<Vec<u8>> = Vec::new();
+    let mut chunk_sources: Vec<String> = Vec::new();
+    let mut n: i64 = 0;
+    let mut body = Vec::new();
+    let mut start = 0;
+    while start < pieces.len() {
+        let name = pieces[start].source;
+        let mut end = start;
+        while end < pieces.len() && pieces[end].source == name {
+            end += 1;
+        }
+        let Some(&(id, heard_before)) = found.get(name) else {
+            // Its row is not there though this connection made or saw it (the tables were emptied under the
+            // node?): forget what it knows of rows, and try again, making them.
+            let _ = c.execute(&st.rollback, &[]).await;
+            conn.known.clear();
+            return Err(Refused::Retry);
+        };
+        let (segments, heard) =
+            super::cut_flow(&pieces[start..end], heard_before, &mut body, &mut applied);
+        if heard > heard_before {
+            h_id.push(id);
+            h_old.push(heard_before as i64);
+            h_new.push(heard as i64);
+            for (first, count, format, range) in segments {
+                c_src.push(id);
+                c_first.push(first as i64);
+                c_count.push(count as i32);
+                c_off.push(n);
+                c_fmt.push(format as i16);
+                bodies.push(body[range].to_vec());
+                chunk_sources.push(name.to_string());
+                n += count as i64;
+            }
+        }
+        applied.heard.push((name.to_string(), heard));
+        start = end;
+    }
+    if n == 0 && part.outlets.is_empty() {
+        // Nothing to write: the heard sequences read under the locks are the outcome.
+        c.execute(&st.rollback, &[])
+            .await
+            .map_err(fail("ending a turn with nothing to store"))?;
+        mark_known(conn, part.app, &names);
+        return Ok(applied);
+    }
+    let o_names: Vec<&str> = part.outlets.iter().map(|(n, _)| n.as_str()).collect();
+    let o_acked: Vec<i64> = part.outlets.iter().map(|(_, a)| *a as i64).collect();
+    let body_refs: Vec<&[u8]> = bodies.iter().map(Vec::as_slice).collect();
+    // Second wait: heard sequences (conditionally), the head last of the locks, the chunks, the outlets, COMMIT.
+    let moving = h_id.len() as i64;
+    let heard_args: [&(dyn ToSql + Sync); 4] = [&h_id, &h_old, &h_new, &moving];
+    let head_args: [&(dyn ToSql + Sync); 2] = [&app_id, &n];
+    let chunk_args: [&(dyn ToSql + Sync); 9] = [
+        &app_id, &n, &stored_at, &c_src, &c_first, &c_count, &body_refs, &c_off, &c_fmt,
+    ];
+    let outlet_args: [&(dyn ToSql + Sync); 3] = [&app_id, &o_names, &o_acked];
+    // join!, not try_join!: every response is waited for, so that the error reported is the first statement's
+    // that failed (the statements behind it only say the transaction is aborted), whichever finished first.
+    let result = if n > 0 {
+        let (moved, head, chunks, outlets, commit) = tokio::join!(
+            c.query_one(&st.set_heard, &heard_args),
+            c.query_one(&st.take_head, &head_args),
+            c.execute(&st.insert_chunks, &chunk_args),
+            c.execute(&st.set_outlets, &outlet_args),
+            c.execute(&st.commit, &[]),
+        );
+        moved
+            .and(head)
+            .and_then(|head| chunks.and(outlets).and(commit).map(|_| head))
+            .map(|head| Some(head.get::<_, i64>(0)))
+    } else {
+        let (outlets, commit) = tokio::join!(
+            c.execute(&st.set_outlets, &outlet_args),
+            c.execute(&st.commit, &[]),
+        );
+        outlets.and(commit).map(|_| None)
+    };
+    let head = match result {
+        Ok(r) => r,
+        Err(e) => {
+            // The transaction is aborted (or the connection gone): nothing of it was stored.
+            let _ = c.execute(&st.rollback, &[]).await;
+            if e.code() == Some(&SqlState::DIVISION_BY_ZERO) {
+                // A heard sequence moved since it was read: not under READ COMMITTED with the rows locked, but on
+                // an engine that locks otherwise. The cut is made again against what is there now.
+                return Err(Refused::Retry);
+            }
+            return Err(fail("storing a turn")(e));
+        }
+    };
+    mark_known(conn, part.app, &names);
+    if let Some(head) = head
+        && part.keep_new
+    {
+        let base = (head - n) as u64;
+        for (k, records) in bodies.into_iter().enumerate() {
+            applied.new_chunks.push(Chunk {
+                pos: base + c_off[k] as u64,
+                source: chunk_sources[k].clone(),
+                first_seq: c_first[k] as u64,
+                count: c_count[k] as u64,
+                format: if c_fmt[k] == RecordFormat::Forwarded as i16 {
+                    RecordFormat::Forwarded
+                } else {
+                    RecordFormat::Plain
+                },
+                stored_at_ms: stored_at,
+                body: records,
+            });
+        }
+    }
+    Ok(applied)
+}
+
+fn mark_known(conn: &mut Conn, app: AppIndex, names: &[String]) {
+    for n in names {
+        conn.known.insert((app, n.clone()));
+    }
+}

@@ -1,0 +1,393 @@
+//! The store interface (`pure_serve::store::engine::TurnStore`) and the engines behind it, for real: SQLite files
+//! in a temp dir synced by the `pure-sync` thread, and a PostgreSQL 15 cluster made for the test (`pg_util`;
+//! skipped, saying how to run it, on a machine without PostgreSQL). Every engine runs the same turns and must give
+//! the same outcomes (docs/store.md, "The invariants"; docs/scale-out.md); two PostgreSQL engines racing on one
+//! sender's records must store each exactly once.
+
+mod pg_util;
+
+use pure_serve::proto::wire::RecordFormat;
+use pure_serve::store::Applied;
+use pure_serve::store::engine::{AppTurn, OwnedPiece, TurnOutcome, TurnStore};
+
+/// `count` records from `first`, each the payload `r{seq}` behind its one-byte length (the wire's varint).
+fn piece(source: &str, first: u64, count: u64) -> OwnedPiece {
+    let mut records = Vec::new();
+    for seq in first..first + count {
+        let payload = format!("r{seq}");
+        records.push(payload.len() as u8);
+        records.extend_from_slice(payload.as_bytes());
+    }
+    OwnedPiece {
+        source: source.into(),
+        first_seq: first,
+        count,
+        format: RecordFormat::Plain,
+        records,
+    }
+}
+
+fn turn(app: u16, pieces: Vec<OwnedPiece>) -> AppTurn {
+    AppTurn {
+        app,
+        pieces,
+        outlets: Vec::new(),
+        keep_new: true,
+    }
+}
+
+/// Submits one turn and waits for its outcome; the one app part's result.
+fn apply(store: &mut dyn TurnStore, seq: u64, part: AppTurn) -> Applied {
+    store.submit(seq, vec![part]);
+    let mut done: Vec<TurnOutcome> = Vec::new();
+    while done.is_empty() {
+        done = store.wait_done();
+    }
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].seq, seq);
+    let (_, result) = done.remove(0).apps.remove(0);
+    result.expect("the turn is applied")
+}
+
+/// The same turns for every engine, and what each must say about them.
+fn same_outcomes(store: &mut dyn TurnStore) {
+    assert_eq!(store.head(0).unwrap(), 1, "an empty app's head");
+    let a = apply(store, 1, turn(0, vec![piece("dev", 1, 5)]));
+    assert_eq!((a.stored, a.duplicate, a.gap), (5, 0, 0));
+    assert_eq!(a.heard, vec![("dev".to_string(), 5)]);
+    assert_eq!(a.new_chunks.len(), 1);
+    assert_eq!(
+        (
+            a.new_chunks[0].pos,
+            a.new_chunks[0].first_seq,
+            a.new_chunks[0].count
+        ),
+        (1, 1, 5)
+    );
+    // Out of order within a turn, overlapping what is stored, and a frame past a gap.
+    let a = apply(
+        store,
+        2,
+        turn(
+            0,
+            vec![
+                piece("dev", 12, 2),
+                piece("dev", 3, 6),
+                piece("other", 1, 2),
+            ],
+        ),
+    );
+    assert_eq!((a.stored, a.duplicate, a.gap), (5, 3, 2));
+    assert_eq!(
+        a.heard,
+        vec![("dev".to_string(), 8), ("other".to_string(), 2)]
+    );
+    let got: Vec<(String, u64, u64, u64)> = a
+        .new_chunks
+        .iter()
+        .map(|c| (c.source.clone(), c.pos, c.first_seq, c.count))
+        .collect();
+    assert_eq!(
+        got,
+        vec![("dev".into(), 6, 6, 3), ("other".into(), 9, 1, 2)],
+        "chunks at the next positions, in the sources' order"
+    );
+    let records: Vec<Vec<u8>> = a.new_chunks[0].records().map(<[u8]>::to_vec).collect();
+    assert_eq!(
+        records,
+        vec![b"r6".to_vec(), b"r7".to_vec(), b"r8".to_vec()]
+    );
+    // Nothing new: a turn of duplicates stores nothing and says the heard sequence.
+    let a = apply(store, 3, turn(0, vec![piece("dev", 1, 8)]));
+    assert_eq!((a.stored, a.duplicate, a.gap), (0, 8, 0));
+    assert_eq!(a.heard, vec![("dev".to_string(), 8)]);
+    assert!(a.new_chunks.is_empty());
+    assert_eq!(store.heard_of(0, "dev").unwrap(), 8);
+    assert_eq!(store.heard_of(0, "other").unwrap(), 2);
+    assert_eq!(store.heard_of(0, "nobody").unwrap(), 0);
+    assert_eq!(store.head(0).unwrap(), 11);
+    // A second app is its own: its own positions and flows.
+    let a = apply(store, 4, turn(1, vec![piece("dev", 1, 1)]));
+    assert_eq!((a.stored, a.new_chunks[0].pos), (1, 1));
+    assert_eq!(store.heard_of(1, "dev").unwrap(), 1);
+    assert_eq!(store.head(1).unwrap(), 2);
+    assert_eq!(store.waiting(), 0);
+}
+
+#[test]
+fn sqlite_engine_gives_the_outcomes_after_the_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let apps = vec!["a".to_string(), "b".to_string()];
+    let stores = pure_serve::store::Stores::open(dir.path(), &apps).unwrap();
+    let syncer = pure_serve::store::sync::Syncer::start().unwrap();
+    let mut engine = pure_serve::store::sqlite_engine::SqliteTurns::new(stores, Some(syncer));
+    assert!(engine.wake_fd().is_some());
+    same_outcomes(&mut engine);
+}
+
+#[test]
+fn sqlite_engine_in_memory_gives_outcomes_at_once() {
+    let apps = vec!["a".to_string(), "b".to_string()];
+    let stores = pure_serve::store::Stores::open_in_memory(&apps).unwrap();
+    let mut engine = pure_serve::store::sqlite_engine::SqliteTurns::new(stores, None);
+    assert!(engine.wake_fd().is_none());
+    same_outcomes(&mut engine);
+}
+
+use pure_serve::store::postgres::PostgresTurns;
+
+fn pg_engine(cluster: &pg_util::PgCluster) -> PostgresTurns {
+    let apps = vec!["a".to_string(), "b".to_string()];
+    PostgresTurns::open(&cluster.url(), None, &apps)
+        .expect("the engine connects to the test's cluster")
+}
+
+#[test]
+fn postgres_engine_gives_the_same_outcomes() {
+    let Some(cluster) = pg_util::PgCluster::start("postgres_engine_gives_the_same_outcomes") else {
+        return;
+    };
+    let mut engine = pg_engine(&cluster);
+    assert!(engine.wake_fd().is_some());
+    same_outcomes(&mut engine);
+    // A second engine (another node) on the same database sees what the first stored.
+    drop(engine);
+    let mut again = pg_engine(&cluster);
+    assert_eq!(again.heard_of(0, "dev").unwrap(), 8);
+    assert_eq!(again.head(0).unwrap(), 11);
+}
+
+/// Chunks (source, first_seq, count, pos, body) in position order, heard sequences by source, and the head.
+type Contents = (
+    Vec<(String, i64, i32, i64, Vec<u8>)>,
+    Vec<(String, i64)>,
+    i64,
+);
+
+/// Reads what the database holds of one app: (source, first_seq, count, pos, body) in position order, and the
+/// sources' heard sequences.
+fn pg_contents(conninfo: &str, app: &str) -> Contents {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let chunks = client
+            .query(
+                "SELECT s.name, c.first_seq, c.count, c.pos, c.body FROM chunks c JOIN sources s ON s.id = c.source \
+                 JOIN apps a ON a.id = c.app WHERE a.name = $1 ORDER BY c.pos",
+                &[&app],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect();
+        let heard = client
+            .query(
+                "SELECT s.name, s.heard FROM sources s JOIN apps a ON a.id = s.app WHERE a.name = $1 ORDER BY s.name",
+                &[&app],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let head: i64 = client
+            .query_one("SELECT head FROM apps WHERE name = $1", &[&app])
+            .await
+            .unwrap()
+            .get(0);
+        (chunks, heard, head)
+    })
+}
+
+/// The payloads of a chunk's body (one-byte lengths: every test payload is short).
+fn payloads(body: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < body.len() {
+        let n = body[i] as usize;
+        out.push(String::from_utf8(body[i + 1..i + 1 + n].to_vec()).unwrap());
+        i += 1 + n;
+    }
+    out
+}
+
+#[test]
+fn two_postgres_engines_racing_on_one_sender_store_each_record_once() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "two_postgres_engines_racing_on_one_sender_store_each_record_once",
+    ) else {
+        return;
+    };
+    const LAST: u64 = 3000;
+    // Two engines — two nodes — that a sender reaches at once: each proposes the sender's next records from what
+    // it last learned, in frames of varying size that overlap what the other stored meanwhile, with a second
+    // sender beside them so turns carry more than one source.
+    let threads: Vec<_> = (0..2u64)
+        .map(|w| {
+            let url = cluster.url();
+            std::thread::spawn(move || {
+                let apps = vec!["a".to_string(), "b".to_string()];
+                let mut engine = PostgresTurns::open(&url, None, &apps).unwrap();
+                let (mut next, mut other_next) = (1u64, 1u64);
+                let (mut stored, mut duplicate, mut seq) = (0u64, 0u64, 0u64);
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ w;
+                while next <= LAST {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let count = 1 + x % 40;
+                    let count = count.min(LAST + 1 - next);
+                    // Now and then a resend from a little before what it knows, as after a lost ack.
+                    let from = if x.is_multiple_of(5) {
+                        next.saturating_sub(x % 7).max(1)
+                    } else {
+                        next
+                    };
+                    seq += 1;
+                    let a = apply(
+                        &mut engine,
+                        seq,
+                        turn(
+                            0,
+                            vec![
+                                piece("dev", from, next + count - from),
+                                piece(&format!("side-{w}"), other_next, 3),
+                            ],
+                        ),
+                    );
+                    stored += a.stored;
+                    duplicate += a.duplicate;
+                    let heard = a.heard.iter().find(|(s, _)| s == "dev").unwrap().1;
+                    assert!(
+                        heard >= next + count - 1,
+                        "the turn's records are stored, by it or the other"
+                    );
+                    next = heard + 1;
+                    other_next += 3;
+                }
+                (stored, duplicate, other_next - 1)
+            })
+        })
+        .collect();
+    let results: Vec<(u64, u64, u64)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let (chunks, heard, head) = pg_contents(&cluster.conninfo(), "a");
+    let side: u64 = results.iter().map(|r| r.2).sum();
+    // Each record of the raced sender stored by exactly one of the two, and both saw the other's work.
+    let dev_stored: u64 = results.iter().map(|r| r.0).sum::<u64>() - side;
+    assert_eq!(
+        dev_stored, LAST,
+        "records of dev stored by the two together: {results:?}"
+    );
+    let sides: Vec<u64> = results.iter().map(|r| r.2).collect();
+    assert!(
+        results
+            .iter()
+            .zip(&sides)
+            .all(|(r, side)| r.0 - side > 0 && r.0 - side < LAST),
+        "both engines stored some of dev's records, so they raced on it: {results:?}"
+    );
+    // The database agrees: dev's chunks cover 1..=LAST once, in order, each record's payload its own sequence.
+    let mut expect = 1i64;
+    let mut all = Vec::new();
+    for (source, first, count, _, body) in chunks.iter().filter(|c| c.0 == "dev") {
+        assert_eq!(*first, expect, "dev's chunks are consecutive ({source})");
+        let p = payloads(body);
+        assert_eq!(p.len(), *count as usize);
+        all.extend(p);
+        expect += *count as i64;
+    }
+    assert_eq!(expect - 1, LAST as i64);
+    let want: Vec<String> = (1..=LAST).map(|s| format!("r{s}")).collect();
+    assert_eq!(all, want, "each of dev's records once, in sequence");
+    // Positions 1 .. head - 1, each once, in the order chunks were committed.
+    let mut pos = 1i64;
+    for (_, _, count, p, _) in &chunks {
+        assert_eq!(*p, pos, "positions without gaps or overlaps");
+        pos += *count as i64;
+    }
+    assert_eq!(pos, head, "the head is the next position");
+    assert_eq!(
+        heard,
+        vec![
+            ("dev".to_string(), LAST as i64),
+            ("side-0".to_string(), results[0].2 as i64),
+            ("side-1".to_string(), results[1].2 as i64)
+        ]
+    );
+}
+
+#[test]
+fn a_postgres_engine_fails_turns_while_the_database_is_down_and_stores_again_when_it_is_back() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "a_postgres_engine_fails_turns_while_the_database_is_down_and_stores_again_when_it_is_back",
+    ) else {
+        return;
+    };
+    let mut engine = pg_engine(&cluster);
+    let a = apply(&mut engine, 1, turn(0, vec![piece("dev", 1, 10)]));
+    assert_eq!(a.stored, 10);
+    cluster.kill();
+    engine.submit(2, vec![turn(0, vec![piece("dev", 11, 10)])]);
+    let done = engine.wait_done();
+    let (_, result) = &done[0].apps[0];
+    let e = result
+        .as_ref()
+        .expect_err("no outcome while the database is down");
+    let words = e.to_string();
+    assert!(
+        words.contains(&cluster.url()),
+        "the error names the database: {words}"
+    );
+    cluster.start_server();
+    // Tried again at most every 0.25 s: the first turns after the restart may still find it down.
+    let started = std::time::Instant::now();
+    let mut seq = 2;
+    let stored = loop {
+        seq += 1;
+        engine.submit(seq, vec![turn(0, vec![piece("dev", 11, 10)])]);
+        let done = engine.wait_done();
+        match &done[0].apps[0].1 {
+            Ok(a) => break a.stored,
+            Err(e) => {
+                assert!(
+                    started.elapsed() < std::time::Duration::from_secs(5),
+                    "still failing 5 s after the database is back: {e}"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    };
+    assert_eq!(
+        stored, 10,
+        "the failed turn stored nothing; its retry stores all"
+    );
+    assert_eq!(engine.heard_of(0, "dev").unwrap(), 20);
+    eprintln!(
+        "stored again {:.2} s after the database was started again",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn a_postgres_url_that_cannot_be_reached_stops_the_open_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "postgresql://postgres@localhost/postgres?host={}",
+        dir.path().display()
+    );
+    let e = PostgresTurns::open(&url, None, &["a".to_string()])
+        .err()
+        .expect("no database there");
+    let words = e.to_string();
+    assert!(
+        words.contains(&url) && words.contains("connecting"),
+        "{words}"
+    );
+}
