@@ -778,6 +778,10 @@ impl Host {
             Some(t) => store::pieces_of_turn(t, &senders, n),
             None => (0..n).map(|_| Vec::new()).collect(),
         };
+        let fetches = match &turn {
+            Some(t) => store::fetches_of_turn(t, &senders, n),
+            None => (0..n).map(|_| Vec::new()).collect(),
+        };
         for (dest, source_name, chunk) in &inner_input {
             per_app[*dest as usize].push(Piece {
                 source: source_name,
@@ -803,7 +807,7 @@ impl Host {
             let write_progress = !progress.is_empty()
                 && (!pieces.is_empty()
                     || now.saturating_duration_since(app.last_progress_write) >= PROGRESS_EVERY);
-            if pieces.is_empty() && !write_progress {
+            if pieces.is_empty() && !write_progress && fetches[i].is_empty() {
                 continue;
             }
             let progress_refs: Vec<(&str, u64)> = if write_progress {
@@ -815,7 +819,7 @@ impl Host {
             let Some(store) = self.stores.app_mut(i as AppIndex) else {
                 continue;
             };
-            match store.apply(pieces, &progress_refs, keep_new) {
+            match store.apply_with_down(pieces, &progress_refs, keep_new, &fetches[i]) {
                 Ok(applied) => {
                     if write_progress {
                         app.last_progress_write = now;
@@ -996,6 +1000,8 @@ impl Host {
                 c.stored_records += part.outcome.stored_records;
                 c.duplicate_records += part.outcome.duplicate_records;
                 c.gap_records += part.outcome.gap_records;
+                // The downlink read goes out only once its deletions are on disk, like an ACK.
+                c.down.extend(part.outcome.down);
             }
             new_chunks[i] = part.new_chunks;
         }
