@@ -257,6 +257,9 @@ struct App {
     stored: u64,
     turns_failed: u64,
     last_progress_write: Instant,
+    /// Downlink records deleted because their device had them, or because they expired (docs/downlink.md).
+    down_delivered: u64,
+    down_expired: u64,
 }
 
 /// What the operator sees of an app (metrics, status, health).
@@ -275,6 +278,11 @@ pub struct AppFigures {
     /// Times the app stopped taking input for lag since the start.
     pub lag_pauses: u64,
     pub outlets: Vec<OutletFigures>,
+    /// Downlink (docs/downlink.md): records waiting in the store for all senders, and records delivered
+    /// (acknowledged by their device) and expired since the start.
+    pub down_waiting: u64,
+    pub down_delivered: u64,
+    pub down_expired: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -539,6 +547,8 @@ impl Host {
             failure: None,
             stored: 0,
             turns_failed: 0,
+            down_delivered: 0,
+            down_expired: 0,
             last_progress_write: Instant::now(),
         });
         Ok(())
@@ -832,6 +842,8 @@ impl Host {
                     }
                     app.stored += applied.stored;
                     report.stored += applied.stored;
+                    app.down_delivered += applied.down.delivered;
+                    app.down_expired += applied.down.expired;
                     for inner in self.inner.iter_mut().filter(|x| x.dest == i as AppIndex) {
                         if let Some((_, h)) =
                             applied.heard.iter().find(|(s, _)| *s == inner.source_name)
@@ -1432,6 +1444,12 @@ impl Host {
                     paused_for_lag: app.lag_paused,
                     lag_pauses: app.lag_pauses,
                     outlets,
+                    down_waiting: self
+                        .stores
+                        .app(i as AppIndex)
+                        .map_or(0, |s| s.down_waiting()),
+                    down_delivered: app.down_delivered,
+                    down_expired: app.down_expired,
                 }
             })
             .collect()

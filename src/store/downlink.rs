@@ -329,3 +329,118 @@ impl AppStore {
             })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fetch(source: &str, heard: u64, room: usize) -> Fetch<'_> {
+        Fetch {
+            index: 0,
+            source,
+            heard,
+            room,
+        }
+    }
+
+    #[test]
+    fn pushes_are_numbered_bounded_all_or_nothing_and_delivered_in_the_turns_transaction() {
+        let mut s = AppStore::open_in_memory("down").unwrap();
+        let limits = DownLimits {
+            max_records: 3,
+            max_bytes: 10,
+            expiry_ms: None,
+        };
+        let recs = |n: usize| (0..n).map(|i| vec![b'a' + i as u8; 2]).collect::<Vec<_>>();
+        assert_eq!(
+            s.queue_down("dev", &recs(2), &limits).unwrap().0,
+            Pushed::Queued { first: 1, count: 2 }
+        );
+        // Two more would make 4 records waiting: refused whole, nothing written.
+        assert_eq!(
+            s.queue_down("dev", &recs(2), &limits).unwrap().0,
+            Pushed::Refused(DownRefusal::Records { waiting: 2, max: 3 })
+        );
+        let big = vec![vec![0u8; 7]];
+        assert_eq!(
+            s.queue_down("dev", &big, &limits).unwrap().0,
+            Pushed::Refused(DownRefusal::Bytes {
+                waiting: 4,
+                max: 10
+            })
+        );
+        assert!(matches!(
+            s.queue_down("dev", &[vec![0; MAX_DOWN_PAYLOAD + 1]], &limits)
+                .unwrap()
+                .0,
+            Pushed::Refused(DownRefusal::TooLarge { index: 0, .. })
+        ));
+        assert_eq!(s.down_records("dev").unwrap().len(), 2);
+        assert_eq!(s.down_waiting(), 2);
+        // Another sender has its own numbering and bounds.
+        assert_eq!(
+            s.queue_down("other", &recs(1), &limits).unwrap().0,
+            Pushed::Queued { first: 1, count: 1 }
+        );
+        // The device has 1: it is deleted, 2 read; room for one record only.
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 1, 3)])
+            .unwrap();
+        assert_eq!(applied.down.delivered, 1);
+        assert_eq!(
+            applied.down.reads,
+            vec![FetchRead {
+                index: 0,
+                after: 1,
+                last: 2,
+                records: vec![DownRecord {
+                    seq: 2,
+                    payload: b"bb".to_vec()
+                }]
+            }]
+        );
+        assert_eq!(s.down_waiting(), 2);
+        // Numbering goes on after what was delivered, never reusing a sequence.
+        assert_eq!(
+            s.queue_down("dev", &recs(1), &limits).unwrap().0,
+            Pushed::Queued { first: 3, count: 1 }
+        );
+        // A device that has more than this store knows of (9) moves the numbering past it.
+        s.apply_with_down(&mut [], &[], false, &[fetch("dev", 9, 100)])
+            .unwrap();
+        assert!(s.down_records("dev").unwrap().is_empty());
+        assert_eq!(
+            s.queue_down("dev", &recs(1), &limits).unwrap().0,
+            Pushed::Queued {
+                first: 10,
+                count: 1
+            }
+        );
+    }
+
+    #[test]
+    fn expired_records_are_deleted_unsent_and_counted() {
+        let mut s = AppStore::open_in_memory("expiry").unwrap();
+        let limits = DownLimits {
+            expiry_ms: Some(1),
+            ..DownLimits::default()
+        };
+        s.queue_down("dev", &[b"old".to_vec()], &limits).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 0, 1000)])
+            .unwrap();
+        assert_eq!(applied.down.expired, 1);
+        assert_eq!(applied.down.reads[0].records, vec![]);
+        assert_eq!(applied.down.reads[0].last, 0, "nothing waits");
+        assert_eq!(s.down_waiting(), 0);
+        // Expired records do not hold a pusher's room either.
+        s.queue_down("dev", &[b"old".to_vec()], &limits).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let (pushed, expired) = s
+            .queue_down("dev", &[b"new".to_vec()], &DownLimits::default())
+            .unwrap();
+        assert_eq!(expired, 1);
+        assert_eq!(pushed, Pushed::Queued { first: 3, count: 1 });
+    }
+}
