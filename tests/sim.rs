@@ -1990,3 +1990,305 @@ fn a_run_that_named_only_a_paused_app_starts_its_other_flow_when_the_pause_ends(
     assert_eq!(sim.devices[0].sender.unacked("second"), 0);
     sim.assert_exactly_once();
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Downlink (docs/protocol.md 12): records an app queued for a device, handed to its program exactly once.
+
+use pure_serve::store::downlink::{DownLimits, Pushed};
+
+impl Sim {
+    fn sender_index(&self, device: usize) -> u32 {
+        let key = *self.devices[device].identity.public();
+        self.senders.find(&key).expect("a listed device")
+    }
+
+    /// Queues `n` downlink records for `device` in app `main`'s store, as `push` does, and tells the node core.
+    /// Returns the payloads by sequence.
+    fn push(&mut self, device: usize, n: usize, pushed: &mut BTreeMap<(usize, u64), Vec<u8>>) {
+        let name = format!("dev{device}");
+        let payloads: Vec<Vec<u8>> = (0..n)
+            .map(|k| {
+                let tag = pushed.len() + k;
+                format!("down/{device}/{tag}/{}", "y".repeat(tag % 300)).into_bytes()
+            })
+            .collect();
+        let limits = DownLimits {
+            max_records: 100_000,
+            max_bytes: 100 << 20,
+            expiry_ms: None,
+        };
+        let (outcome, _) = self
+            .stores
+            .app_mut(0)
+            .unwrap()
+            .queue_down(&name, &payloads, &limits)
+            .unwrap();
+        let Pushed::Queued { first, count } = outcome else {
+            panic!("queued: {outcome:?}")
+        };
+        assert_eq!(count, n as u64);
+        for (k, p) in payloads.into_iter().enumerate() {
+            pushed.insert((device, first + k as u64), p);
+        }
+        let sender = self.sender_index(device);
+        self.node.downlink_queued(self.now, sender, 0);
+    }
+
+    /// The downlink records device's program was handed, in the order it was handed them.
+    fn handed(&self, device: usize) -> Vec<(u64, Vec<u8>)> {
+        self.devices[device]
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                SenderEvent::Down { app, seq, payload } if app == "main" => {
+                    Some((*seq, payload.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The device reboots: a new run; its program kept its uplink next sequence and (if `keep`) its downlink
+    /// heard sequence, the last record it was handed.
+    fn restart_device(&mut self, device: usize, run_id: u64, keep: bool) {
+        let heard = if keep {
+            self.handed(device).last().map_or(0, |(s, _)| *s)
+        } else {
+            0
+        };
+        let next = self.devices[device].queued.len() as u64 + 1;
+        let identity = self.devices[device].identity.clone();
+        let node_public = *self.node_identity.public();
+        let mut s = Sim::make_sender(&identity, &node_public, run_id, FlowStart::At(next));
+        s.listen("main", heard).unwrap();
+        self.devices[device].sender = s;
+    }
+
+    /// Steps until every device's program was handed every record pushed for it and nothing waits in the store,
+    /// with each program asking again every `poll` (as a device that stays awake does).
+    fn run_downlink(
+        &mut self,
+        pushed: &BTreeMap<(usize, u64), Vec<u8>>,
+        poll: Duration,
+        limit: Duration,
+    ) {
+        let until = self.now + limit;
+        let mut next_poll = self.now + poll;
+        loop {
+            let done = (0..self.devices.len()).all(|i| {
+                let want = pushed.keys().filter(|(d, _)| *d == i).count();
+                let mut got: Vec<u64> = self.handed(i).iter().map(|(s, _)| *s).collect();
+                got.sort_unstable();
+                got.dedup();
+                got.len() == want
+                    && self
+                        .stores
+                        .app(0)
+                        .unwrap()
+                        .down_records(&format!("dev{i}"))
+                        .unwrap()
+                        .is_empty()
+            });
+            if done && self.all_idle() {
+                return;
+            }
+            assert!(
+                self.now < until,
+                "downlink not delivered after {limit:?}: {:?}; handed {:?}",
+                self.node.counters(),
+                (0..self.devices.len())
+                    .map(|i| self.handed(i).len())
+                    .collect::<Vec<_>>()
+            );
+            if self.now >= next_poll {
+                for d in &mut self.devices {
+                    d.sender.listen_now("main");
+                }
+                next_poll = self.now + poll;
+            }
+            self.step();
+        }
+    }
+
+    /// Every device's program was handed each record pushed for it once, in sequence order, with its payload.
+    fn assert_handed_once(&self, pushed: &BTreeMap<(usize, u64), Vec<u8>>) {
+        for i in 0..self.devices.len() {
+            let handed = self.handed(i);
+            let want: Vec<(u64, Vec<u8>)> = pushed
+                .iter()
+                .filter(|((d, _), _)| *d == i)
+                .map(|((_, s), p)| (*s, p.clone()))
+                .collect();
+            assert_eq!(
+                handed.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+                want.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+                "dev{i}: each sequence once, in order"
+            );
+            assert_eq!(handed, want, "dev{i}: payloads");
+        }
+    }
+}
+
+const BAD: NetConfig = NetConfig {
+    loss: 0.2,
+    duplicate: 0.1,
+    base_delay: Duration::from_millis(2),
+    jitter: Duration::from_millis(8),
+};
+
+#[test]
+fn downlink_records_reach_each_program_once_over_loss_duplication_and_reordering() {
+    for seed in 1..=6 {
+        let mut sim = Sim::new(100 + seed, BAD, 3, FlowStart::Probe);
+        let mut pushed = BTreeMap::new();
+        for i in 0..3 {
+            sim.push(i, 10 + i * 7, &mut pushed);
+            sim.devices[i].sender.listen("main", 0).unwrap();
+            sim.queue(i, 50);
+        }
+        sim.run_for(Duration::from_millis(40));
+        // More while the sessions are live: they go out without waiting for the devices.
+        for i in 0..3 {
+            sim.push(i, 5, &mut pushed);
+        }
+        sim.run_downlink(&pushed, Duration::from_secs(5), Duration::from_secs(300));
+        sim.assert_handed_once(&pushed);
+        sim.run_until_idle(Duration::from_secs(60));
+        sim.assert_exactly_once();
+        assert!(sim.node.counters().down_records_sent > 0);
+    }
+}
+
+#[test]
+fn downlink_pushed_to_a_live_session_goes_out_without_the_devices_next_packet() {
+    let mut sim = Sim::new(7, CLEAN, 1, FlowStart::Probe);
+    let mut pushed = BTreeMap::new();
+    sim.devices[0].sender.listen("main", 0).unwrap();
+    sim.run_for(Duration::from_millis(20));
+    assert!(sim.all_idle(), "the LISTEN was answered: nothing waits");
+    let sent_before = sim.devices[0].sent.len();
+    sim.push(0, 3, &mut pushed);
+    // One turn and the DOWN; the device's acknowledging LISTEN follows it, nothing before it.
+    sim.run_for(Duration::from_millis(5));
+    assert_eq!(sim.handed(0).len(), 3, "{:?}", sim.node.counters());
+    assert_eq!(
+        sim.devices[0].sent.len(),
+        sent_before + 1,
+        "the device sent only its acknowledgement"
+    );
+    sim.run_downlink(&pushed, Duration::from_secs(5), Duration::from_secs(5));
+    sim.assert_handed_once(&pushed);
+}
+
+#[test]
+fn downlink_survives_node_and_device_restarts_and_replays_in_both_directions() {
+    for seed in 1..=6 {
+        let mut sim = Sim::new(200 + seed, BAD, 2, FlowStart::Probe);
+        let mut pushed = BTreeMap::new();
+        for i in 0..2 {
+            sim.push(i, 40, &mut pushed);
+            sim.devices[i].sender.listen("main", 0).unwrap();
+        }
+        let mut run = 900 + seed * 10;
+        for round in 0..6u64 {
+            sim.run_for(Duration::from_millis(30 + 17 * round));
+            match round % 3 {
+                0 => sim.restart_node(seed * 100 + round),
+                1 => {
+                    run += 1;
+                    sim.restart_device((round % 2) as usize, run, true);
+                }
+                _ => {
+                    // Anyone on the path replays what it saw, both ways, now and later.
+                    for i in 0..2 {
+                        let old: Vec<Vec<u8>> =
+                            sim.devices[i].captured.iter().take(8).cloned().collect();
+                        for (k, p) in old.into_iter().enumerate() {
+                            sim.deliver_to_sender_later(i, p, Duration::from_millis(k as u64 * 7));
+                        }
+                        let sent: Vec<Vec<u8>> =
+                            sim.devices[i].sent.iter().rev().take(8).cloned().collect();
+                        for (k, p) in sent.into_iter().enumerate() {
+                            sim.deliver_to_node_later(i, p, Duration::from_millis(k as u64 * 11));
+                        }
+                    }
+                }
+            }
+            for i in 0..2 {
+                sim.push(i, 3, &mut pushed);
+            }
+        }
+        sim.run_downlink(&pushed, Duration::from_secs(5), Duration::from_secs(600));
+        sim.assert_handed_once(&pushed);
+    }
+}
+
+#[test]
+fn a_sender_that_never_listens_is_sent_no_downlink() {
+    let mut sim = Sim::new(9, CLEAN, 1, FlowStart::Probe);
+    let mut pushed = BTreeMap::new();
+    sim.push(0, 5, &mut pushed);
+    sim.queue(0, 20);
+    sim.run_until_idle(Duration::from_secs(5));
+    sim.assert_exactly_once();
+    assert_eq!(sim.node.counters().down_records_sent, 0);
+    assert_eq!(sim.node.counters().listens, 0);
+    assert!(sim.handed(0).is_empty());
+    assert_eq!(
+        sim.stores
+            .app(0)
+            .unwrap()
+            .down_records("dev0")
+            .unwrap()
+            .len(),
+        5,
+        "they wait for it"
+    );
+}
+
+#[test]
+fn a_device_that_lost_its_heard_sequence_is_handed_what_still_waits_and_a_node_that_lost_its_queue_numbers_above_the_device()
+ {
+    let mut sim = Sim::new(13, CLEAN, 1, FlowStart::Probe);
+    let mut pushed = BTreeMap::new();
+    sim.push(0, 4, &mut pushed);
+    sim.devices[0].sender.listen("main", 0).unwrap();
+    sim.run_downlink(&pushed, Duration::from_secs(5), Duration::from_secs(5));
+    // The node lost its store: a fresh one numbers from 1 again, until the device's LISTEN says it has 4.
+    sim.stores = Stores::open_in_memory(&apps()).unwrap();
+    sim.restart_node(77);
+    sim.restart_device(0, 4242, true);
+    sim.run_for(Duration::from_millis(20));
+    let mut more = BTreeMap::new();
+    sim.push(0, 2, &mut more);
+    assert_eq!(
+        more.keys().map(|(_, s)| *s).collect::<Vec<_>>(),
+        vec![5, 6],
+        "numbered above what the device has"
+    );
+    sim.run_for(Duration::from_millis(50));
+    let handed: Vec<u64> = sim.handed(0).iter().map(|(s, _)| *s).collect();
+    assert_eq!(handed, vec![1, 2, 3, 4, 5, 6]);
+    // The node hands 7 over, the device's acknowledgement is lost, and the device reboots without its heard
+    // sequence: 7 still waits and is handed over again (what it had been handed and not acknowledged, 12.5);
+    // what it had acknowledged (1–6) is gone from the node and is not.
+    sim.push(0, 1, &mut more);
+    sim.devices[0].lose_next = usize::MAX;
+    sim.run_for(Duration::from_millis(5));
+    sim.devices[0].lose_next = 0;
+    assert_eq!(sim.handed(0).last().map(|(s, _)| *s), Some(7));
+    let before = sim.handed(0).len();
+    sim.restart_device(0, 4343, false);
+    sim.run_for(Duration::from_secs(1));
+    let again: Vec<u64> = sim.handed(0)[before..].iter().map(|(s, _)| *s).collect();
+    assert_eq!(again, vec![7]);
+    assert!(sim.all_idle());
+    assert!(
+        sim.stores
+            .app(0)
+            .unwrap()
+            .down_records("dev0")
+            .unwrap()
+            .is_empty()
+    );
+}

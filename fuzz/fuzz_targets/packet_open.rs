@@ -2,7 +2,8 @@
 //! byte chooses. Sealed input goes past the AEAD into the frame parser, the turn, a commit to an in-memory store
 //! and the acks, so the fuzzer explores what an authenticated but hostile sender can send. The top bit of the first
 //! byte lets the sender forward to `main` (docs/apps.md, `forwarders`), so FORWARD frames are both refused (reason
-//! 3) and stored. Never a panic.
+//! 3) and stored. One downlink record waits for the sender, so LISTEN frames are answered with DOWN frames
+//! (docs/protocol.md 12). Never a panic.
 #![no_main]
 
 use std::net::SocketAddr;
@@ -15,6 +16,7 @@ use pure_serve::proto::crypto::{self, Identity};
 use pure_serve::proto::node::{HostedApp, NoMemo, Node, NodeConfig};
 use pure_serve::proto::wire::{self, SenderHeader};
 use pure_serve::store::Stores;
+use pure_serve::store::downlink::DownLimits;
 
 struct Fixture {
     node: Identity,
@@ -85,6 +87,9 @@ fuzz_target!(|data: &[u8]| {
             .collect()
     };
     let mut stores = Stores::open_in_memory(&["main".to_string()]).expect("in-memory store");
+    if let Some(store) = stores.app_mut(0) {
+        let _ = store.queue_down("dev", &[b"down".to_vec()], &DownLimits::default());
+    }
     for d in &datagrams {
         node.handle_datagram(now, from, d, &mut NoMemo);
     }

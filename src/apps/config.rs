@@ -84,6 +84,8 @@ pub struct AppConfig {
     pub turn_records: u64,
     /// In the order of the file.
     pub outlets: Vec<OutletConfig>,
+    /// What one sender may have waiting in its downlink (docs/apps.md, `[apps.NAME.downlink]`).
+    pub downlink: crate::store::downlink::DownLimits,
     /// Line of its `[apps.NAME]` header, for messages; `None` when it does not come from a file.
     pub line: Option<usize>,
 }
@@ -395,6 +397,7 @@ impl AppsConfig {
                 forwarders: Vec::new(),
                 turn_records: DEFAULT_TURN_RECORDS,
                 outlets: Vec::new(),
+                downlink: Default::default(),
                 line: None,
             }],
             path: None,
@@ -675,7 +678,19 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-const APP_KEYS: &[&str] = &["accept", "forwarders", "turn_records", "outlets"];
+const APP_KEYS: &[&str] = &[
+    "accept",
+    "forwarders",
+    "turn_records",
+    "outlets",
+    "downlink",
+];
+/// Keys of an app's `[apps.NAME.downlink]` table.
+const DOWNLINK_KEYS: &[&str] = &["max_records", "max_bytes", "expiry_seconds"];
+/// Bounds of the downlink keys: a sender's waiting records are rows read per LISTEN, so a million is a lot.
+const MAX_DOWN_RECORDS: u64 = 1 << 20;
+const MAX_DOWN_BYTES: u64 = 1 << 30;
+const MAX_DOWN_EXPIRY_SECONDS: u64 = 10 * 365 * 24 * 3600;
 const COMMON_OUTLET_KEYS: &[&str] = &["kind", "memory_bytes", "max_lag_records"];
 const KINDS: &[(&str, &[&str])] = &[
     ("link", &["to", "node_key", "app", "from"]),
@@ -932,6 +947,7 @@ impl Walk {
             forwarders: Vec::new(),
             turn_records: DEFAULT_TURN_RECORDS,
             outlets: Vec::new(),
+            downlink: Default::default(),
             line: Some(line),
         };
         // Line of the `forwarders` value: each forwarder must also be accepted, which is known after the loop.
@@ -960,6 +976,76 @@ impl Walk {
                         ),
                     ) {
                         app.turn_records = n;
+                    }
+                }
+                "downlink" => {
+                    let Some(t) = self.table(
+                        v,
+                        at("downlink"),
+                        "write it as a table [apps.APP.downlink] with max_records, max_bytes, expiry_seconds",
+                    ) else {
+                        continue;
+                    };
+                    for (dk, dv) in in_file_order(t) {
+                        let key = dk.get_ref().as_ref();
+                        let at = At {
+                            app: Some(name),
+                            key: match key {
+                                "max_records" => "downlink.max_records",
+                                "max_bytes" => "downlink.max_bytes",
+                                "expiry_seconds" => "downlink.expiry_seconds",
+                                _ => "downlink",
+                            },
+                        };
+                        match key {
+                            "max_records" => {
+                                if let Some(n) = self.integer(
+                                    dv,
+                                    at,
+                                    1,
+                                    MAX_DOWN_RECORDS,
+                                    &format!(
+                                        "give 1 to {MAX_DOWN_RECORDS} records waiting per sender (default 1024)"
+                                    ),
+                                ) {
+                                    app.downlink.max_records = n;
+                                }
+                            }
+                            "max_bytes" => {
+                                if let Some(n) = self.integer(
+                                    dv,
+                                    at,
+                                    1,
+                                    MAX_DOWN_BYTES,
+                                    &format!(
+                                        "give 1 to {MAX_DOWN_BYTES} bytes waiting per sender (default 1048576)"
+                                    ),
+                                ) {
+                                    app.downlink.max_bytes = n;
+                                }
+                            }
+                            "expiry_seconds" => {
+                                if let Some(n) = self.integer(
+                                    dv,
+                                    at,
+                                    1,
+                                    MAX_DOWN_EXPIRY_SECONDS,
+                                    &format!(
+                                        "give 1 to {MAX_DOWN_EXPIRY_SECONDS} seconds, or leave it out for \
+                                         records that never expire"
+                                    ),
+                                ) {
+                                    app.downlink.expiry_ms = Some(n * 1000);
+                                }
+                            }
+                            other => self.unknown_key(
+                                dk.span(),
+                                at,
+                                other,
+                                DOWNLINK_KEYS,
+                                "an app's downlink table",
+                            ),
+                        }
                     }
                 }
                 "outlets" => {
@@ -2029,6 +2115,7 @@ mod tests {
         );
         assert_eq!(s.forwarders, ["edge-1"]);
         assert_eq!(s.line, Some(2));
+        assert_eq!(s.downlink.expiry_ms, Some(86_400_000));
         let names: Vec<&str> = s.outlets.iter().map(|o| o.name.as_str()).collect();
         assert_eq!(names, ["cloud", "archive", "hook", "copy"], "file order");
         let key_a = crate::keys::parse_public_key(KEY_A).unwrap();
@@ -2365,6 +2452,35 @@ mod tests {
             "{lines:#?}"
         );
         assert!(lines[1].contains("holds no PEM certificate"), "{lines:#?}");
+    }
+
+    #[test]
+    fn downlink_bounds_and_expiry_are_read_and_checked() {
+        let c = parse(
+            "[apps.a]\n[apps.a.downlink]\nmax_records = 10\nmax_bytes = 4096\nexpiry_seconds = 60\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.apps[0].downlink,
+            crate::store::downlink::DownLimits {
+                max_records: 10,
+                max_bytes: 4096,
+                expiry_ms: Some(60_000)
+            }
+        );
+        assert_eq!(
+            parse("[apps.a]\n").unwrap().apps[0].downlink,
+            crate::store::downlink::DownLimits::default()
+        );
+        let p: String = problems("[apps.a.downlink]\nmax_records = 0\nmax_recrods = 5\n")
+            .iter()
+            .map(|p| p.render(Path::new("apps.toml")) + "\n")
+            .collect();
+        assert!(
+            p.contains("key downlink.max_records: is 0, out of range"),
+            "{p}"
+        );
+        assert!(p.contains("did you mean `max_records`?"), "{p}");
     }
 
     #[test]

@@ -258,6 +258,9 @@ struct App {
     stored: u64,
     turns_failed: u64,
     last_progress_write: Instant,
+    /// Downlink records deleted because their device had them, or because they expired (docs/downlink.md).
+    down_delivered: u64,
+    down_expired: u64,
 }
 
 /// What one turn of the host did.
@@ -501,6 +504,8 @@ impl Host {
             failure: None,
             stored: 0,
             turns_failed: 0,
+            down_delivered: 0,
+            down_expired: 0,
             last_progress_write: Instant::now(),
         });
         Ok(())
@@ -740,6 +745,10 @@ impl Host {
             Some(t) => store::pieces_of_turn(t, &senders, n),
             None => (0..n).map(|_| Vec::new()).collect(),
         };
+        let fetches = match &turn {
+            Some(t) => store::fetches_of_turn(t, &senders, n),
+            None => (0..n).map(|_| Vec::new()).collect(),
+        };
         for (dest, source_name, chunk) in &inner_input {
             per_app[*dest as usize].push(Piece {
                 source: source_name,
@@ -765,7 +774,7 @@ impl Host {
             let write_progress = !progress.is_empty()
                 && (!pieces.is_empty()
                     || now.saturating_duration_since(app.last_progress_write) >= PROGRESS_EVERY);
-            if pieces.is_empty() && !write_progress {
+            if pieces.is_empty() && !write_progress && fetches[i].is_empty() {
                 continue;
             }
             let progress_refs: Vec<(&str, u64)> = if write_progress {
@@ -777,7 +786,7 @@ impl Host {
             let Some(store) = self.stores.app_mut(i as AppIndex) else {
                 continue;
             };
-            match store.apply(pieces, &progress_refs, keep_new) {
+            match store.apply_with_down(pieces, &progress_refs, keep_new, &fetches[i]) {
                 Ok(applied) => {
                     if write_progress {
                         app.last_progress_write = now;
@@ -790,6 +799,8 @@ impl Host {
                     }
                     app.stored += applied.stored;
                     report.stored += applied.stored;
+                    app.down_delivered += applied.down.delivered;
+                    app.down_expired += applied.down.expired;
                     for inner in self.inner.iter_mut().filter(|x| x.dest == i as AppIndex) {
                         if let Some((_, h)) =
                             applied.heard.iter().find(|(s, _)| *s == inner.source_name)
@@ -958,6 +969,8 @@ impl Host {
                 c.stored_records += part.outcome.stored_records;
                 c.duplicate_records += part.outcome.duplicate_records;
                 c.gap_records += part.outcome.gap_records;
+                // The downlink read goes out only once its deletions are on disk, like an ACK.
+                c.down.extend(part.outcome.down);
             }
             new_chunks[i] = part.new_chunks;
         }
@@ -1388,6 +1401,12 @@ impl Host {
                     paused_for_lag: app.lag_paused,
                     lag_pauses: app.lag_pauses,
                     outlets,
+                    down_waiting: self
+                        .stores
+                        .app(i as AppIndex)
+                        .map_or(0, |s| s.down_waiting()),
+                    down_delivered: app.down_delivered,
+                    down_expired: app.down_expired,
                 }
             })
             .collect()

@@ -172,6 +172,8 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
                         node + 1
                     );
                 }
+                // `send` does not listen yet, so the node sends it no downlink.
+                SenderEvent::Down { .. } | SenderEvent::DownlinkUnanswered { .. } => {}
             }
         }
         if refused {

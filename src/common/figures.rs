@@ -118,6 +118,11 @@ pub struct AppFigures {
     /// Times the app stopped taking input for lag since the start.
     pub lag_pauses: u64,
     pub outlets: Vec<OutletFigures>,
+    /// Downlink (docs/downlink.md): records waiting in the store for all senders, and records delivered
+    /// (acknowledged by their device) and expired since the start.
+    pub down_waiting: u64,
+    pub down_delivered: u64,
+    pub down_expired: u64,
 }
 
 #[derive(Debug, Clone, Default)]

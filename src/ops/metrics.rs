@@ -320,7 +320,7 @@ fn render_apps(out: &mut String, s: &Snapshot) {
     }
     // One line per app for each of these families.
     type Figure = fn(&AppFigures) -> u64;
-    let per_app: [(&str, &str, &str, Figure); 5] = [
+    let per_app: [(&str, &str, &str, Figure); 8] = [
         (
             "pure_app_can_store",
             "gauge",
@@ -350,6 +350,24 @@ fn render_apps(out: &mut String, s: &Snapshot) {
             "counter",
             "Times the app stopped taking input because an outlet passed its max_lag_records (it resumes at half).",
             |a| a.lag_pauses,
+        ),
+        (
+            "pure_downlink_waiting",
+            "gauge",
+            "Downlink records queued in the app's store for its senders and not yet delivered or expired.",
+            |a| a.down_waiting,
+        ),
+        (
+            "pure_downlink_delivered_total",
+            "counter",
+            "Downlink records deleted because their device acknowledged them (LISTEN heard at or above them).",
+            |a| a.down_delivered,
+        ),
+        (
+            "pure_downlink_expired_total",
+            "counter",
+            "Downlink records deleted unsent because their expiry (downlink.expiry_seconds) passed.",
+            |a| a.down_expired,
         ),
     ];
     for (name, kind, help, value) in per_app {

@@ -253,6 +253,8 @@ impl Forwarding {
                     outlet.release(self.held.bytes());
                     return Err(RunEnd::Again);
                 }
+                // An outlet never listens: the far node sends it no downlink (docs/protocol.md 12.3).
+                SenderEvent::Down { .. } | SenderEvent::DownlinkUnanswered { .. } => {}
                 SenderEvent::NotStored { .. } => {
                     outlet.error(
                         "not_stored",

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use super::admission::{self, Admission, AdmissionConfig, Refusal, Validated, Work};
 use super::allow_list::{AllowList, SenderIndex};
 use super::crypto::{self, Identity, PublicKeyBytes};
-use super::session_cache::{Notice, Room, Session, SessionCache};
-use super::turn::{AppIndex, Apply, Committed, SessionId, Turn};
+use super::session_cache::{Notice, Room, Session, SessionCache, SessionDown};
+use super::turn::{AppIndex, Apply, Committed, DownFetch, SessionId, Turn};
 use super::wire::{self, SenderFrame, SenderHeader};
 
 /// Sessions (runs) one sender may hold at once by default (docs/protocol.md 6.2): a device has one run per boot, a
@@ -37,6 +37,11 @@ const FORWARD_REFUSALS_TOLD: usize = 1024;
 /// Records in one turn before the node stops adding to it (BRIEF.md: bound the work per round). Measured in
 /// research/001: big enough that the fsync of a commit is shared by many records.
 pub const TURN_RECORDS: u64 = 16_384;
+
+/// The node's downlink RTO at first and at most (docs/protocol.md 12.3): DOWN records a listening session has not
+/// acknowledged are read and sent again after it, doubling, within the session's room.
+pub const DOWN_RTO: Duration = Duration::from_millis(500);
+pub const DOWN_RTO_MAX: Duration = Duration::from_secs(8);
 
 /// Where derived shared secrets are remembered so a known sender costs no X25519 after a restart.
 pub trait SecretMemo {
@@ -181,6 +186,13 @@ pub struct NodeCounters {
     pub paused_records: u64,
     /// Records not taken, after decryption, because their app had its share of the turn.
     pub busy_records: u64,
+    /// LISTEN frames taken into a turn (docs/protocol.md 12.3).
+    pub listens: u64,
+    /// Downlink records sent in DOWN frames, retransmissions included, and the rounds of retransmission.
+    pub down_records_sent: u64,
+    pub down_retransmits: u64,
+    /// Downlink answers left out for want of room (the device's next LISTEN brings them).
+    pub down_frames_deferred: u64,
 }
 
 impl NodeCounters {
@@ -331,6 +343,12 @@ pub struct Node {
     /// [`FORWARD_REFUSALS_TOLD`]): one log line per pair, not one per packet.
     forward_refusals: Vec<(SenderIndex, AppIndex)>,
     forward_refusals_told: HashSet<(SenderIndex, AppIndex)>,
+    /// The fetches of the turn being filled, by (session, app): one read per flow per turn.
+    turn_fetches: HashMap<(SessionId, AppIndex), usize>,
+    /// Sessions with a downlink RTO armed (docs/protocol.md 12.3); checked by `handle_timeout`.
+    down_armed: Vec<SessionId>,
+    /// The latest `now` the node was given: when a DOWN is sent from `flush_acks`, its RTO counts from it.
+    clock: Option<Instant>,
     counters: NodeCounters,
 }
 
@@ -395,6 +413,9 @@ impl Node {
             pressure: false,
             forward_refusals: Vec::new(),
             forward_refusals_told: HashSet::new(),
+            turn_fetches: HashMap::new(),
+            down_armed: Vec::new(),
+            clock: None,
             counters: NodeCounters::default(),
         }
     }
@@ -569,6 +590,7 @@ impl Node {
         memo: &mut dyn SecretMemo,
     ) {
         self.counters.datagrams += 1;
+        self.clock = Some(now);
         // Cheap checks first, before any crypto (BRIEF.md: drop early). A packet that echoes a cookie is the
         // cookie's 17 bytes and then a whole sender packet (protocol.md 4.4); the cookie is looked at only if the
         // packet needs an X25519.
@@ -949,13 +971,21 @@ impl Node {
         };
         let mut resolved: Vec<(Option<AppIndex>, &wire::DataFrame)> =
             Vec::with_capacity(frames.len());
-        for SenderFrame::Data(d) in &frames {
-            // Only a forwarding node may exceed a device's datagram, and only for forwarded records
-            // (protocol.md 5.4): this keeps every stored record small enough to be forwarded again.
-            if packet_len > wire::MAX_DATAGRAM && d.format == wire::RecordFormat::Plain {
-                return Err(wire::WireError::Oversized);
+        let mut listens: Vec<(Option<AppIndex>, &[u8], u64)> = Vec::new();
+        for frame in &frames {
+            match frame {
+                SenderFrame::Data(d) => {
+                    // Only a forwarding node may exceed a device's datagram, and only for forwarded records
+                    // (protocol.md 5.4): this keeps every stored record small enough to be forwarded again.
+                    if packet_len > wire::MAX_DATAGRAM && d.format == wire::RecordFormat::Plain {
+                        return Err(wire::WireError::Oversized);
+                    }
+                    resolved.push((self.app_index(d.app), d));
+                }
+                SenderFrame::Listen { app, heard } => {
+                    listens.push((self.app_index(app), app, *heard));
+                }
             }
-            resolved.push((self.app_index(d.app), d));
         }
         let session = self
             .sessions
@@ -1086,6 +1116,62 @@ impl Node {
             self.turn_app_records[app as usize] += d.count;
             added = true;
         }
+        for (app, name, heard) in listens {
+            // Refused as DATA is (protocol.md 12.3, step 1); held back, unanswered, while the app takes no input.
+            let refusal = match app {
+                None => Some(wire::REFUSE_NO_APP),
+                Some(i)
+                    if !self.apps[i as usize]
+                        .accept
+                        .allows(self.senders.name(sender)) =>
+                {
+                    Some(wire::REFUSE_NOT_ACCEPTED)
+                }
+                Some(_) => None,
+            };
+            if let Some(reason) = refusal {
+                self.counters.refused_frames += 1;
+                if !session.refusals[refusals_before..]
+                    .iter()
+                    .any(|n| &n.app[..] == name)
+                {
+                    session.refusals.push(Notice {
+                        app: name.into(),
+                        reason,
+                        after_turn: None,
+                    });
+                }
+                continue;
+            }
+            let Some(app) = app else { continue };
+            if self.apps[app as usize].paused {
+                continue;
+            }
+            self.counters.listens += 1;
+            let down = session.down.get_or_insert_with(Box::default);
+            let flow = down.flow_mut(app, DOWN_RTO);
+            if heard > flow.heard {
+                // The device has more: a fresh RTO for what it has not acknowledged yet.
+                flow.rto = DOWN_RTO;
+                flow.deadline = None;
+            }
+            flow.heard = flow.heard.max(heard);
+            let heard = flow.heard;
+            flow.fetching = true;
+            let room = down_room(session);
+            add_fetch(
+                &mut self.turn.fetches,
+                &mut self.turn_fetches,
+                DownFetch {
+                    session: session_id,
+                    sender,
+                    app,
+                    heard,
+                    room,
+                },
+            );
+            added = true;
+        }
         // The REFUSE and NOT_STORED frames of a packet whose DATA went into the turn wait for that turn's answer,
         // which carries its ACKs: one answer per packet, not one now and one after the commit (protocol.md 5.3).
         let hold = added.then_some(self.next_turn);
@@ -1117,6 +1203,7 @@ impl Node {
         }
         let mut turn = std::mem::take(&mut self.turn);
         self.turn_app_records.iter_mut().for_each(|n| *n = 0);
+        self.turn_fetches.clear();
         turn.id = self.next_turn;
         self.next_turn += 1;
         self.in_flight
@@ -1152,6 +1239,78 @@ impl Node {
             }
             self.ack_candidates.push(id);
         }
+        for read in &committed.down {
+            let Some(down) = self
+                .sessions
+                .get_mut(read.session)
+                .and_then(|s| s.down.as_deref_mut())
+            else {
+                continue;
+            };
+            if let Some(flow) = down.flows.iter_mut().find(|f| f.app == read.app) {
+                flow.fetching = false;
+            }
+            down.ready.push(read.clone());
+            self.ack_candidates.push(read.session);
+        }
+    }
+
+    /// Records were queued for `sender` on `app` (and committed): a live session of it that listens on the app
+    /// and has nothing unacknowledged is sent them in the next turn, without waiting for the device
+    /// (docs/protocol.md 12.3, "pushed to a live session"). A sender with no live session costs a lookup.
+    pub fn downlink_queued(&mut self, now: Instant, sender: SenderIndex, app: AppIndex) {
+        self.clock = Some(now);
+        if sender >= self.senders.len() as SenderIndex {
+            return;
+        }
+        let key_id = crypto::key_id(self.senders.key(sender));
+        let mut ids = std::mem::take(&mut self.found);
+        self.sessions.ids_of(key_id, sender, &mut ids);
+        for &id in &ids {
+            self.fetch_again(id, app, false);
+        }
+        ids.clear();
+        self.found = ids;
+    }
+
+    /// Puts a read of (session, app) into the turn being filled, from the device's last `heard`, when the session
+    /// listens on the app and no read of it is on its way. `retransmit`: only if records are unacknowledged; else
+    /// only if none are (a push: the device's acknowledging LISTEN will fetch the rest).
+    fn fetch_again(&mut self, id: SessionId, app: AppIndex, retransmit: bool) -> bool {
+        let Some(session) = self.sessions.get_mut(id) else {
+            return false;
+        };
+        let room = down_room(session);
+        let sender = session.sender;
+        let Some(flow) = session
+            .down
+            .as_deref_mut()
+            .and_then(|d| d.flows.iter_mut().find(|f| f.app == app))
+        else {
+            return false;
+        };
+        let unacked = flow.sent_through > flow.heard;
+        if flow.fetching || unacked != retransmit || room == 0 {
+            return false;
+        }
+        flow.fetching = true;
+        let heard = flow.heard;
+        add_fetch(
+            &mut self.turn.fetches,
+            &mut self.turn_fetches,
+            DownFetch {
+                session: id,
+                sender,
+                app,
+                heard,
+                room,
+            },
+        );
+        if let std::collections::hash_map::Entry::Vacant(v) = self.turn_sessions.entry(id) {
+            v.insert(None);
+            session.turns_waiting += 1;
+        }
+        true
     }
 
     /// The store failed to apply a turn (it rolled back): nothing of it is stored and nothing is acked. The
@@ -1162,6 +1321,10 @@ impl Node {
         for (id, request) in sessions {
             if let Some(session) = self.sessions.get_mut(id) {
                 session.turns_waiting = session.turns_waiting.saturating_sub(1);
+                // Its reads are lost with it: the device's LISTEN (or the RTO) asks again.
+                if let Some(down) = session.down.as_deref_mut() {
+                    down.flows.iter_mut().for_each(|f| f.fetching = false);
+                }
                 // Its REFUSE and NOT_STORED frames were waiting for this turn's answer: they go now, alone.
                 finish_turn(session, turn, request);
                 if session.owes_ack() {
@@ -1244,6 +1407,19 @@ impl Node {
                 flow.acked = Some(heard);
             } else {
                 deferred += 1;
+            }
+        }
+        if let Some(down) = session.down.as_deref_mut() {
+            let armed = put_down_frames(
+                down,
+                &self.apps,
+                &mut packet,
+                budget,
+                self.clock,
+                &mut self.counters,
+            );
+            if armed && !self.down_armed.contains(&id) {
+                self.down_armed.push(id);
             }
         }
         self.counters.ack_frames_deferred += deferred;
@@ -1343,12 +1519,23 @@ impl Node {
 
     /// When the node next wants [`Node::handle_timeout`].
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.next_sweep
+        let down = self
+            .down_armed
+            .iter()
+            .filter_map(|&id| self.sessions.get(id)?.down.as_deref())
+            .flat_map(|d| d.flows.iter().filter_map(|f| f.deadline))
+            .min();
+        match (self.next_sweep, down) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Sweeps idle sessions (and forgets admission state that has nothing to remember).
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.clock = Some(now);
         self.admission.maybe_sweep(now);
+        self.down_timeouts(now);
         if let Some(at) = self.next_sweep
             && now >= at
         {
@@ -1367,6 +1554,175 @@ impl Node {
             };
         }
     }
+}
+
+impl Node {
+    /// Downlink RTOs that passed: unacknowledged DOWN records are read again for the next turn, within the
+    /// session's room; a session that has used its room waits for the device's LISTEN (docs/protocol.md 12.3).
+    fn down_timeouts(&mut self, now: Instant) {
+        let armed = std::mem::take(&mut self.down_armed);
+        let mut keep = Vec::with_capacity(armed.len());
+        for id in armed {
+            let Some(down) = self
+                .sessions
+                .get_mut(id)
+                .and_then(|s| s.down.as_deref_mut())
+            else {
+                continue;
+            };
+            let mut due = Vec::new();
+            let mut still = false;
+            for f in &mut down.flows {
+                if f.sent_through <= f.heard {
+                    f.deadline = None;
+                }
+                match f.deadline {
+                    Some(at) if at <= now => {
+                        f.deadline = None;
+                        f.rto = (f.rto * 2).min(DOWN_RTO_MAX);
+                        due.push(f.app);
+                    }
+                    Some(_) => still = true,
+                    None => {}
+                }
+            }
+            for app in due {
+                if self.fetch_again(id, app, true) {
+                    self.counters.down_retransmits += 1;
+                }
+            }
+            if still {
+                keep.push(id);
+            }
+        }
+        keep.append(&mut self.down_armed);
+        self.down_armed = keep;
+    }
+}
+
+/// Adds a downlink read to the turn, or raises the `heard` of the one already there for the flow.
+fn add_fetch(
+    fetches: &mut Vec<DownFetch>,
+    index: &mut HashMap<(SessionId, AppIndex), usize>,
+    fetch: DownFetch,
+) {
+    match index.entry((fetch.session, fetch.app)) {
+        std::collections::hash_map::Entry::Occupied(o) => {
+            let f = &mut fetches[*o.get()];
+            f.heard = f.heard.max(fetch.heard);
+            f.room = f.room.max(fetch.room);
+        }
+        std::collections::hash_map::Entry::Vacant(v) => {
+            v.insert(fetches.len());
+            fetches.push(fetch);
+        }
+    }
+}
+
+/// Bytes of downlink records a session's next answer may carry: its room (bytes received less bytes answered, at
+/// most a datagram) less what goes ahead of the records (header, tag, ECHO, its ACK, REFUSE and NOT_STORED
+/// frames and a DOWN header, each at its largest). What does not fit when the answer is built is left out.
+fn down_room(session: &Session) -> usize {
+    const FRAME_MAX: usize = 2 + wire::MAX_APP_LEN + 10;
+    const DOWN_HEADER_MAX: usize = 2 + wire::MAX_APP_LEN + 4 * 10;
+    let ahead = wire::NODE_HEADER_LEN
+        + wire::TAG_LEN
+        + 1
+        + 10
+        + FRAME_MAX * (session.flows.len() + session.refusals.len() + session.not_stored.len())
+        + DOWN_HEADER_MAX
+            * session
+                .down
+                .as_ref()
+                .map_or(1, |d| d.flows.len().max(1) + d.ready.len());
+    session
+        .ack_budget
+        .min(wire::MAX_DATAGRAM)
+        .saturating_sub(ahead)
+}
+
+/// Writes the DOWN frames of a session's finished reads into its answer, as many records as fit `budget` (docs/
+/// protocol.md 12.3): consecutive runs in frames of their own, each frame's `after` the end of the one before; a
+/// frame without records when none fits; nothing when not even that fits (the device's LISTEN asks again).
+/// Returns whether a downlink RTO was armed.
+fn put_down_frames(
+    down: &mut SessionDown,
+    apps: &[HostedApp],
+    packet: &mut Vec<u8>,
+    budget: usize,
+    clock: Option<Instant>,
+    counters: &mut NodeCounters,
+) -> bool {
+    let mut armed = false;
+    for read in std::mem::take(&mut down.ready) {
+        let Some(hosted) = apps.get(read.app as usize) else {
+            continue;
+        };
+        let app = hosted.name.as_bytes();
+        let recs = &read.records;
+        let mut after = read.after;
+        let mut i = 0;
+        let mut wrote = false;
+        let mut sent_to = None;
+        'runs: while i < recs.len() {
+            let first = recs[i].seq;
+            let mut run = i;
+            while run < recs.len() && recs[run].seq == first + (run - i) as u64 {
+                run += 1;
+            }
+            // The header at its largest for this run, so the count written can only be smaller.
+            let header = wire::down_header_len(app, read.last, after, first, (run - i) as u64);
+            let mut j = i;
+            let mut bytes = 0;
+            while j < run {
+                let len = wire::record_len(&recs[j].payload);
+                if packet.len() + header + bytes + len + wire::TAG_LEN > budget {
+                    break;
+                }
+                bytes += len;
+                j += 1;
+            }
+            if j == i {
+                break 'runs;
+            }
+            wire::put_down_header(packet, app, read.last, after, first, (j - i) as u64);
+            for r in &recs[i..j] {
+                wire::put_record(packet, &r.payload);
+            }
+            counters.down_records_sent += (j - i) as u64;
+            wrote = true;
+            after = recs[j - 1].seq;
+            sent_to = Some(after);
+            if j < run {
+                break 'runs;
+            }
+            i = j;
+        }
+        if !wrote {
+            if packet.len()
+                + wire::down_header_len(app, read.last, read.after, 0, 0)
+                + wire::TAG_LEN
+                <= budget
+            {
+                wire::put_down_header(packet, app, read.last, read.after, 0, 0);
+            } else {
+                counters.down_frames_deferred += 1;
+            }
+        }
+        if let Some(to) = sent_to
+            && let Some(flow) = down.flows.iter_mut().find(|f| f.app == read.app)
+        {
+            flow.sent_through = flow.sent_through.max(to);
+            if to > flow.heard
+                && flow.deadline.is_none()
+                && let Some(now) = clock
+            {
+                flow.deadline = Some(now + flow.rto);
+                armed = true;
+            }
+        }
+    }
+    armed
 }
 
 /// Gives the notices a packet added (`list[start..]`) the turn they wait for, and drops those already owed for
@@ -2140,6 +2496,14 @@ mod tests {
                 wire::NodeFrame::NotStored { app, reason } => {
                     format!("not_stored {} {reason}", name(app))
                 }
+                wire::NodeFrame::Down(d) => format!(
+                    "down {} last {} after {} {}+{}",
+                    name(d.app),
+                    d.last,
+                    d.after,
+                    d.first_seq,
+                    d.count
+                ),
             })
             .collect()
     }

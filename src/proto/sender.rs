@@ -54,7 +54,56 @@ pub enum SenderEvent {
     /// The node's heard sequence is below where this sender started (e.g. the node lost its store): the
     /// unacknowledged records are renumbered from `node + 1` and sent again (docs/protocol.md 7, Acks).
     NodeBehind { app: String, node: u64, ours: u64 },
+    /// A downlink record for the program (docs/protocol.md 12.4): handed over once, in sequence order. The program
+    /// keeps `seq` as the flow's downlink heard sequence, with what it did with the record, and gives it back to
+    /// [`Sender::listen`] after a restart.
+    Down {
+        app: String,
+        seq: u64,
+        payload: Vec<u8>,
+    },
+    /// The node never answered this run's LISTEN for `app` while it answered its other packets: a node without
+    /// downlink (docs/protocol.md 12.6). Said once; uplink goes on.
+    DownlinkUnanswered { app: String },
 }
+
+/// A downlink flow this sender listens on (docs/protocol.md 12.4).
+struct Listen {
+    app: String,
+    /// The program's downlink heard sequence: the last record it was handed.
+    heard: u64,
+    /// `last` of the latest DOWN frame: more waits when it is above `heard`.
+    node_last: u64,
+    /// A DOWN frame of this flow came in this run: the node knows LISTEN, so it may travel beside DATA.
+    confirmed: bool,
+    /// The packet number of the packet whose LISTEN waits for its answer.
+    outstanding: Option<u64>,
+    /// The `heard` the last LISTEN sent carried: when `heard` grows past it, a LISTEN acknowledges at once.
+    sent_heard: Option<u64>,
+    /// The program (or an RTO) asked for a LISTEN.
+    want: bool,
+    /// An answer handed nothing over and still said more waits: the next LISTEN waits until then.
+    hold_until: Option<Instant>,
+    /// RTO resends of an unconfirmed LISTEN, for [`SenderEvent::DownlinkUnanswered`].
+    resends: u32,
+    told_unanswered: bool,
+    refused: bool,
+}
+
+impl Listen {
+    fn due(&self, now: Instant) -> bool {
+        // The hold delays only asking for more; an acknowledgement (heard grew) goes at once.
+        !self.refused
+            && self.outstanding.is_none()
+            && (self.want
+                || self.sent_heard != Some(self.heard)
+                || (self.node_last > self.heard && self.hold_until.is_none_or(|t| now >= t)))
+    }
+}
+
+/// Resends of an unconfirmed LISTEN, with the run's other packets answered, before the sender says the node has
+/// no downlink (docs/protocol.md 12.6).
+const LISTEN_UNANSWERED_AFTER: u32 = 3;
 
 /// Where a flow's numbering starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,6 +341,9 @@ pub struct Sender {
     /// A COOKIE answering a packet numbered at least this resends at once; one for an older packet (sent before
     /// the last such resend) does not, so a burst of COOKIEs for one window resends it once.
     cookie_resend_from: u64,
+    /// Downlink flows listened on (docs/protocol.md 12), and how large a packet carrying LISTEN is made.
+    listens: Vec<Listen>,
+    listen_room: usize,
     stats: SenderStats,
 }
 
@@ -341,6 +393,10 @@ impl Sender {
             next_flow: 0,
             cookie: None,
             cookie_resend_from: 0,
+            listens: Vec::new(),
+            listen_room: config
+                .max_datagram
+                .clamp(wire::MIN_SENDER_DATAGRAM, wire::MAX_DATAGRAM),
             stats: SenderStats::default(),
         })
     }
@@ -529,11 +585,65 @@ impl Sender {
         f.synced.then_some(f.acked)
     }
 
-    /// True when nothing waits for the node: every flow synced and acknowledged, or refused.
+    /// Listens on `app`'s downlink (docs/protocol.md 12): `heard` is the last downlink sequence the program was
+    /// handed (kept by the program; 0 the first time). Records above it arrive as [`SenderEvent::Down`]. The first
+    /// LISTEN goes in the next [`Sender::poll_transmit`].
+    pub fn listen(&mut self, app: &str, heard: u64) -> Result<(), SenderError> {
+        if !wire::valid_app_name(app.as_bytes()) {
+            return Err(SenderError::BadApp(app.to_string()));
+        }
+        if let Some(l) = self.listens.iter_mut().find(|l| l.app == app) {
+            l.want = true;
+            return Ok(());
+        }
+        self.listens.push(Listen {
+            app: app.to_string(),
+            heard,
+            node_last: 0,
+            confirmed: false,
+            outstanding: None,
+            sent_heard: None,
+            want: true,
+            hold_until: None,
+            resends: 0,
+            told_unanswered: false,
+            refused: false,
+        });
+        Ok(())
+    }
+
+    /// Asks the node again for `app`'s downlink (a device that stays awake does this at least once per the node's
+    /// `--link-idle-ms`, so its session stays live and pushed records reach it at once).
+    pub fn listen_now(&mut self, app: &str) {
+        if let Some(l) = self.listens.iter_mut().find(|l| l.app == app) {
+            l.want = true;
+        }
+    }
+
+    /// How large a packet that carries LISTEN is made (padding): the room the node's answer gets for records
+    /// (docs/protocol.md 12.4). Default: the datagram size.
+    pub fn set_listen_room(&mut self, bytes: usize) {
+        self.listen_room = bytes.clamp(wire::MIN_SENDER_DATAGRAM, self.max_datagram);
+    }
+
+    /// The downlink heard sequence of `app`: the last record handed to the program.
+    pub fn downlink_heard(&self, app: &str) -> Option<u64> {
+        self.listens.iter().find(|l| l.app == app).map(|l| l.heard)
+    }
+
+    /// True when nothing waits for the node: every flow synced and acknowledged, or refused; every LISTEN answered
+    /// and acknowledging what was handed over, and the node saying nothing more waits.
     pub fn is_idle(&self) -> bool {
         self.flows
             .iter()
             .all(|f| f.refused || (f.synced && f.records.is_empty()))
+            && self.listens.iter().all(|l| {
+                l.refused
+                    || (l.outstanding.is_none()
+                        && !l.want
+                        && l.sent_heard == Some(l.heard)
+                        && l.node_last <= l.heard)
+            })
     }
 
     fn wants_probe(&self, f: &Flow) -> bool {
@@ -545,7 +655,8 @@ impl Sender {
         let wants = self
             .flows
             .iter()
-            .any(|f| self.wants_probe(f) || (f.has_unsent() && f.in_flight() < self.window));
+            .any(|f| self.wants_probe(f) || (f.has_unsent() && f.in_flight() < self.window))
+            || self.listens.iter().any(|l| l.due(now));
         if !wants {
             return false;
         }
@@ -570,7 +681,22 @@ impl Sender {
             0
         };
         let limit = self.max_datagram - wire::TAG_LEN - cookie_room;
-        let n = self.flows.len();
+        // LISTENs first. Until the node has answered one with DOWN, they go in a packet of their own: a node
+        // without downlink drops a packet with an unknown frame whole, and DATA must not go with it (12.6).
+        let mut listened = false;
+        let alone = self.listens.iter().any(|l| l.due(now) && !l.confirmed);
+        for l in &mut self.listens {
+            if !l.due(now) || out.len() + wire::listen_len(l.app.as_bytes(), l.heard) > limit {
+                continue;
+            }
+            wire::put_listen(out, l.app.as_bytes(), l.heard);
+            l.outstanding = Some(pn);
+            l.sent_heard = Some(l.heard);
+            l.want = false;
+            l.hold_until = None;
+            listened = true;
+        }
+        let n = if alone { 0 } else { self.flows.len() };
         for k in 0..n {
             let i = (self.next_flow + k) % n;
             let window = self.window;
@@ -620,7 +746,14 @@ impl Sender {
         if out.len() == wire::SENDER_HEADER_LEN {
             return false;
         }
-        while out.len() + wire::TAG_LEN < wire::MIN_SENDER_DATAGRAM {
+        // A packet that carries LISTEN is the room of the node's answer (no amplification, protocol.md 9, 12.4).
+        let target = if listened {
+            self.listen_room.saturating_sub(cookie_room)
+        } else {
+            wire::MIN_SENDER_DATAGRAM
+        }
+        .max(wire::MIN_SENDER_DATAGRAM);
+        while out.len() + wire::TAG_LEN < target {
             out.push(wire::FRAME_PADDING);
         }
         crypto::seal(&self.k_s2n, pn, out, wire::SENDER_HEADER_LEN);
@@ -651,13 +784,27 @@ impl Sender {
         self.flows
             .iter()
             .any(|f| !f.refused && (f.probe_outstanding || (f.synced && f.in_flight() > 0)))
+            || self
+                .listens
+                .iter()
+                .any(|l| !l.refused && l.outstanding.is_some())
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
-        if self.outstanding() {
+        let rto = if self.outstanding() {
             self.rto_deadline
         } else {
             None
+        };
+        let hold = self
+            .listens
+            .iter()
+            .filter(|l| !l.refused && l.outstanding.is_none())
+            .filter_map(|l| l.hold_until)
+            .min();
+        match (rto, hold) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
@@ -677,6 +824,20 @@ impl Sender {
         for f in &mut self.flows {
             f.cursor = f.acked + 1;
             f.probe_outstanding = false;
+        }
+        let answered_any = self.stats.packets_received > 0;
+        for l in &mut self.listens {
+            if l.outstanding.take().is_some() {
+                l.want = true;
+                if !l.confirmed {
+                    l.resends += 1;
+                    if l.resends >= LISTEN_UNANSWERED_AFTER && answered_any && !l.told_unanswered {
+                        l.told_unanswered = true;
+                        self.events
+                            .push_back(SenderEvent::DownlinkUnanswered { app: l.app.clone() });
+                    }
+                }
+            }
         }
         // Retransmitted records travel in new packets; `base_sent_pn` keeps the first one, which is the oldest
         // the node could have answered about.
@@ -815,7 +976,52 @@ impl Sender {
                         });
                     }
                 }
+                NodeFrame::Down(d) => {
+                    let Some(l) = self.listens.iter_mut().find(|l| l.app.as_bytes() == d.app)
+                    else {
+                        continue;
+                    };
+                    l.node_last = d.last;
+                    l.confirmed = true;
+                    let answered = l.outstanding.is_some_and(|pn| echoed >= Some(pn));
+                    if answered {
+                        l.outstanding = None;
+                        progress = true;
+                    }
+                    let mut handed = false;
+                    // Records are handed over only from a frame that skips nothing the program has not had
+                    // (`after ≤ heard`), and only above `heard` (docs/protocol.md 12.4).
+                    if d.after <= l.heard {
+                        for (seq, payload) in (d.first_seq..).zip(wire::RecordIter::new(d.records))
+                        {
+                            if seq > l.heard {
+                                l.heard = seq;
+                                handed = true;
+                                self.events.push_back(SenderEvent::Down {
+                                    app: l.app.clone(),
+                                    seq,
+                                    payload: payload.to_vec(),
+                                });
+                            }
+                        }
+                    }
+                    if answered && !handed && l.node_last > l.heard {
+                        // More waits but this answer had no room for it: ask again after an RTO, not at once.
+                        l.hold_until = Some(now + self.rtt.rto());
+                    }
+                }
                 NodeFrame::Refuse { app, reason } => {
+                    if let Some(l) = self.listens.iter_mut().find(|l| l.app.as_bytes() == app)
+                        && !l.refused
+                    {
+                        l.refused = true;
+                        if !self.flows.iter().any(|f| f.app.as_bytes() == app) {
+                            self.events.push_back(SenderEvent::Refused {
+                                app: l.app.clone(),
+                                reason,
+                            });
+                        }
+                    }
                     let Some(i) = self.flows.iter().position(|f| f.app.as_bytes() == app) else {
                         continue;
                     };
@@ -897,6 +1103,64 @@ impl Sender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_down_frame_that_would_skip_past_heard_is_ignored_and_duplicates_are_not_handed_over() {
+        let node = Identity::generate();
+        let device = Identity::generate();
+        let mut config = SenderConfig::new(device.clone(), *node.public());
+        config.run_id = 9;
+        let mut s = Sender::new(config).unwrap();
+        s.listen("main", 3).unwrap();
+        let now = Instant::now();
+        let mut out = Vec::new();
+        assert!(s.poll_transmit(now, &mut out));
+        assert!(
+            out.len() >= DEFAULT_DATAGRAM,
+            "a LISTEN packet is the answer's room"
+        );
+        let shared = node.shared_secret(device.public()).unwrap();
+        let key = crypto::node_to_sender_key(&shared, 9, 1, device.public(), node.public());
+        let deliver = |s: &mut Sender, pn: u64, after: u64, first: u64, records: &[&[u8]]| {
+            let mut p = Vec::new();
+            NodeHeader {
+                epoch: 1,
+                packet_number: pn,
+            }
+            .emit(&mut p);
+            wire::put_echo(&mut p, 0);
+            wire::put_down_header(&mut p, b"main", 9, after, first, records.len() as u64);
+            for r in records {
+                wire::put_record(&mut p, r);
+            }
+            crypto::seal(&key, pn, &mut p, wire::NODE_HEADER_LEN);
+            s.handle_datagram(now, &p);
+        };
+        let handed = |s: &mut Sender| {
+            std::iter::from_fn(|| s.poll_event())
+                .filter_map(|e| match e {
+                    SenderEvent::Down { seq, .. } => Some(seq),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        // Something waits between 3 and 5 that this frame does not carry: taking 5 and 6 would skip it.
+        deliver(&mut s, 1, 4, 5, &[b"five", b"six"]);
+        assert_eq!(handed(&mut s), Vec::<u64>::new());
+        assert_eq!(s.downlink_heard("main"), Some(3));
+        // 3 is a duplicate; 4 is new.
+        deliver(&mut s, 2, 2, 3, &[b"three", b"four"]);
+        assert_eq!(handed(&mut s), vec![4]);
+        deliver(&mut s, 3, 2, 3, &[b"three", b"four"]);
+        assert_eq!(
+            handed(&mut s),
+            Vec::<u64>::new(),
+            "a copy hands nothing over"
+        );
+        assert_eq!(s.downlink_heard("main"), Some(4));
+        // The acknowledgement goes at once, carrying the new heard sequence.
+        assert!(s.poll_transmit(now, &mut out));
+    }
 
     #[test]
     fn the_record_queue_keeps_records_in_order_through_releases_and_compaction() {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::allow_list::SenderIndex;
 use super::crypto::PacketKey;
-use super::turn::{AppIndex, SessionId};
+use super::turn::{AppIndex, DownRead, SessionId};
 
 /// Width of the replay window, in packet numbers (docs/protocol.md 6, step 4).
 pub const REPLAY_WINDOW: u64 = 64;
@@ -83,6 +83,47 @@ pub struct Notice {
     pub after_turn: Option<u64>,
 }
 
+/// A downlink flow this session listens on (docs/protocol.md 12.3).
+#[derive(Debug, Clone)]
+pub struct DownFlow {
+    pub app: AppIndex,
+    /// The device's downlink heard sequence, as its LISTENs said (the largest in this session).
+    pub heard: u64,
+    /// The largest sequence sent in a DOWN frame; above `heard`, records are unacknowledged.
+    pub sent_through: u64,
+    /// A read of this flow is in a turn not yet finished.
+    pub fetching: bool,
+    /// The downlink RTO, and when it passes while records are unacknowledged.
+    pub rto: Duration,
+    pub deadline: Option<Instant>,
+}
+
+/// What a session holds for downlink; only sessions that sent LISTEN have one, so the uplink's sessions pay a
+/// pointer and nothing more.
+#[derive(Debug, Default)]
+pub struct SessionDown {
+    pub flows: Vec<DownFlow>,
+    /// Reads of finished turns, for the session's next answer.
+    pub ready: Vec<DownRead>,
+}
+
+impl SessionDown {
+    pub fn flow_mut(&mut self, app: AppIndex, rto: Duration) -> &mut DownFlow {
+        if let Some(i) = self.flows.iter().position(|f| f.app == app) {
+            return &mut self.flows[i];
+        }
+        self.flows.push(DownFlow {
+            app,
+            heard: 0,
+            sent_through: 0,
+            fetching: false,
+            rto,
+            deadline: None,
+        });
+        self.flows.last_mut().expect("flow was just pushed")
+    }
+}
+
 #[derive(Debug)]
 pub struct Session {
     pub id: SessionId,
@@ -111,6 +152,8 @@ pub struct Session {
     pub ack_budget: usize,
     /// Turns not yet committed that hold frames of this session; a session with any is never swept.
     pub turns_waiting: u32,
+    /// Downlink state, once the run sent LISTEN (docs/protocol.md 12).
+    pub down: Option<Box<SessionDown>>,
 }
 
 impl Session {
@@ -131,6 +174,7 @@ impl Session {
         !self.refusals.is_empty()
             || !self.not_stored.is_empty()
             || self.flows.iter().any(|f| f.ack_owed)
+            || self.down.as_ref().is_some_and(|d| !d.ready.is_empty())
     }
 }
 
@@ -255,6 +299,18 @@ impl SessionCache {
             runs.entries().iter().filter(|e| e.sender == sender).count()
         })
     }
+    /// The sessions `sender` holds under `key_id` (its key's id), for downlink records pushed to its live runs.
+    pub fn ids_of(&self, key_id: u32, sender: SenderIndex, out: &mut Vec<SessionId>) {
+        out.clear();
+        if let Some(runs) = self.by_key.get(&key_id) {
+            out.extend(
+                runs.entries()
+                    .iter()
+                    .filter(|e| e.sender == sender)
+                    .map(|e| e.id),
+            );
+        }
+    }
     /// Whether `sender` may have one more session under a cap of `cap` per sender, and which of its sessions
     /// would go to make room: the idle one heard from least recently.
     pub fn room_for(&self, key_id: u32, sender: SenderIndex, cap: usize) -> Room {
@@ -336,6 +392,7 @@ impl SessionCache {
                 not_stored: Vec::new(),
                 ack_budget: 0,
                 turns_waiting: 0,
+                down: None,
             },
         );
         id

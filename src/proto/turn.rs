@@ -30,6 +30,38 @@ pub struct Apply {
     pub records: Range<usize>,
 }
 
+/// A downlink read to make in the turn's transaction (docs/protocol.md 12.3): delete the flow's records at or below
+/// `heard` (the device has them) and those expired, then read what waits above `heard` within `room` bytes of
+/// records (each record counted with its length varint).
+#[derive(Debug, Clone)]
+pub struct DownFetch {
+    pub session: SessionId,
+    pub sender: SenderIndex,
+    pub app: AppIndex,
+    pub heard: u64,
+    pub room: usize,
+}
+
+/// One downlink record read for a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DownRecord {
+    pub seq: u64,
+    pub payload: Vec<u8>,
+}
+
+/// What the store read for a [`DownFetch`], after its commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DownRead {
+    pub session: SessionId,
+    pub app: AppIndex,
+    /// The `heard` the fetch was made with: nothing waits between it and the first record.
+    pub after: u64,
+    /// The flow's largest sequence given so far (0: none).
+    pub last: u64,
+    /// Waiting records above `after`, in sequence order, as many as fit the room.
+    pub records: Vec<DownRecord>,
+}
+
 #[derive(Debug, Default)]
 pub struct Turn {
     pub id: u64,
@@ -37,6 +69,9 @@ pub struct Turn {
     pub arena: Vec<u8>,
     /// Records (not frames) in `items`, for the turn's bound.
     pub record_count: u64,
+    /// Downlink reads (and deletions of what was delivered) in this turn's transactions; empty unless a session
+    /// listens (docs/protocol.md 12), so the uplink's turns carry nothing more.
+    pub fetches: Vec<DownFetch>,
 }
 
 impl Turn {
@@ -44,7 +79,7 @@ impl Turn {
         &self.arena[item.records.clone()]
     }
     pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
+        self.items.is_empty() && self.fetches.is_empty()
     }
 }
 
@@ -65,4 +100,6 @@ pub struct Committed {
     pub stored_records: u64,
     pub duplicate_records: u64,
     pub gap_records: u64,
+    /// What the turn's downlink fetches read.
+    pub down: Vec<DownRead>,
 }

@@ -46,6 +46,12 @@ pub const FRAME_FORWARD: u8 = 0x05;
 /// Node → sender: the app cannot store now; the records were not taken and should be sent again later
 /// (docs/protocol.md 5, NOT_STORED).
 pub const FRAME_NOT_STORED: u8 = 0x06;
+/// Sender → node, version 1.1 (docs/protocol.md 12): this run wants the app's downlink records, and its program
+/// has been handed every one up to `heard`.
+pub const FRAME_LISTEN: u8 = 0x07;
+/// Node → sender, version 1.1 (docs/protocol.md 12): downlink records, with what waits (`last`) and the sequence
+/// they follow (`after`).
+pub const FRAME_DOWN: u8 = 0x08;
 
 /// Largest sender datagram a node accepts. Devices send at most [`MAX_DATAGRAM`]; a node forwarding a record adds
 /// its origin (up to 75 bytes), so the one datagram that carries a record too large for [`MAX_DATAGRAM`] with its
@@ -86,6 +92,10 @@ pub enum WireError {
         "a datagram over 1472 bytes holds a DATA frame (only FORWARD frames may be that large)"
     )]
     Oversized,
+    #[error("two LISTEN frames for one app in one packet")]
+    DuplicateListen,
+    #[error("a DOWN frame's sequences are not after `after` and within `last`")]
+    BadDown,
 }
 
 /// Whether `name` is a valid app name: 1–32 bytes of `[a-z0-9_-]`.
@@ -277,6 +287,24 @@ pub struct DataFrame<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SenderFrame<'a> {
     Data(DataFrame<'a>),
+    /// LISTEN (protocol.md 12.2): downlink wanted for `app`; the program has had every record up to `heard`.
+    Listen {
+        app: &'a [u8],
+        heard: u64,
+    },
+}
+
+/// A DOWN frame (protocol.md 12.2): `count` downlink records `first_seq ..`, nothing waiting between `after` and
+/// `first_seq`, and `last` the largest sequence the node has given the flow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DownFrame<'a> {
+    pub app: &'a [u8],
+    pub last: u64,
+    pub after: u64,
+    pub first_seq: u64,
+    pub count: u64,
+    /// `count` records, each a varint length and that many bytes.
+    pub records: &'a [u8],
 }
 
 /// Frames a sender accepts in a node packet.
@@ -286,6 +314,7 @@ pub enum NodeFrame<'a> {
     Echo { packet_number: u64 },
     Refuse { app: &'a [u8], reason: u8 },
     NotStored { app: &'a [u8], reason: u8 },
+    Down(DownFrame<'a>),
 }
 
 /// Walks `count` records from the reader and returns the bytes they span; forwarded records are checked to be
@@ -395,7 +424,19 @@ pub fn parse_sender_frames(plain: &[u8]) -> Result<Vec<SenderFrame<'_>>, WireErr
                     records,
                 }));
             }
-            t @ (FRAME_ACK | FRAME_ECHO | FRAME_REFUSE | FRAME_NOT_STORED) => {
+            FRAME_LISTEN => {
+                let app = r.app()?;
+                let heard = r.varint()?;
+                // One per app per packet (protocol.md 12.2): a second would say two things at once.
+                if frames
+                    .iter()
+                    .any(|f| matches!(f, SenderFrame::Listen { app: a, .. } if *a == app))
+                {
+                    return Err(WireError::DuplicateListen);
+                }
+                frames.push(SenderFrame::Listen { app, heard });
+            }
+            t @ (FRAME_ACK | FRAME_ECHO | FRAME_REFUSE | FRAME_NOT_STORED | FRAME_DOWN) => {
                 return Err(WireError::WrongDirection(t));
             }
             t => return Err(WireError::UnknownFrame(t)),
@@ -432,7 +473,36 @@ pub fn parse_node_frames(plain: &[u8]) -> Result<Vec<NodeFrame<'_>>, WireError> 
                 let reason = r.u8()?;
                 frames.push(NodeFrame::NotStored { app, reason });
             }
-            t @ (FRAME_DATA | FRAME_FORWARD) => return Err(WireError::WrongDirection(t)),
+            FRAME_DOWN => {
+                let app = r.app()?;
+                let last = r.varint()?;
+                let after = r.varint()?;
+                let first_seq = r.varint()?;
+                let count = r.varint()?;
+                let well_formed = if count == 0 {
+                    first_seq == 0
+                } else {
+                    first_seq > after
+                        && first_seq
+                            .checked_add(count - 1)
+                            .is_some_and(|end| end <= last)
+                };
+                if !well_formed {
+                    return Err(WireError::BadDown);
+                }
+                let records = skip_records(&mut r, count, RecordFormat::Plain)?;
+                frames.push(NodeFrame::Down(DownFrame {
+                    app,
+                    last,
+                    after,
+                    first_seq,
+                    count,
+                    records,
+                }));
+            }
+            t @ (FRAME_DATA | FRAME_FORWARD | FRAME_LISTEN) => {
+                return Err(WireError::WrongDirection(t));
+            }
             t => return Err(WireError::UnknownFrame(t)),
         }
     }
@@ -504,6 +574,40 @@ pub fn put_not_stored(out: &mut Vec<u8>, app: &[u8], reason: u8) {
     out.push(app.len() as u8);
     out.extend_from_slice(app);
     out.push(reason);
+}
+
+pub fn put_listen(out: &mut Vec<u8>, app: &[u8], heard: u64) {
+    out.push(FRAME_LISTEN);
+    out.push(app.len() as u8);
+    out.extend_from_slice(app);
+    put_varint(out, heard);
+}
+
+pub fn listen_len(app: &[u8], heard: u64) -> usize {
+    2 + app.len() + varint_len(heard)
+}
+
+/// Appends a DOWN frame header; the caller appends `count` records after it with [`put_record`].
+pub fn put_down_header(
+    out: &mut Vec<u8>,
+    app: &[u8],
+    last: u64,
+    after: u64,
+    first_seq: u64,
+    count: u64,
+) {
+    out.push(FRAME_DOWN);
+    out.push(app.len() as u8);
+    out.extend_from_slice(app);
+    put_varint(out, last);
+    put_varint(out, after);
+    put_varint(out, first_seq);
+    put_varint(out, count);
+}
+
+/// Bytes a DOWN frame header takes.
+pub fn down_header_len(app: &[u8], last: u64, after: u64, first_seq: u64, count: u64) -> usize {
+    2 + app.len() + varint_len(last) + varint_len(after) + varint_len(first_seq) + varint_len(count)
 }
 
 /// Iterates the records of a chunk body, `(len, bytes)*`, as stored and as sent. Stops (returns `None`) at the
@@ -584,7 +688,9 @@ mod tests {
         p.push(FRAME_PADDING);
         let frames = parse_sender_frames(&p).unwrap();
         assert_eq!(frames.len(), 1);
-        let SenderFrame::Data(d) = &frames[0];
+        let SenderFrame::Data(d) = &frames[0] else {
+            panic!("a DATA frame")
+        };
         assert_eq!((d.app, d.first_seq, d.count), (&b"main"[..], 7, 2));
         let recs: Vec<_> = RecordIter::new(d.records).collect();
         assert_eq!(recs, vec![&b"hello"[..], &b""[..]]);
@@ -597,7 +703,9 @@ mod tests {
         Forwarded::put(&mut p, b"dev-1", 41, b"hello");
         Forwarded::put(&mut p, b"app/main", 7, b"");
         let frames = parse_sender_frames(&p).unwrap();
-        let SenderFrame::Data(d) = &frames[0];
+        let SenderFrame::Data(d) = &frames[0] else {
+            panic!("a DATA frame")
+        };
         assert_eq!(d.format, RecordFormat::Forwarded);
         let recs: Vec<Forwarded> = RecordIter::new(d.records)
             .map(|r| Forwarded::parse(r).unwrap())
@@ -640,7 +748,9 @@ mod tests {
         for (first, count) in [(u64::MAX, 1), (u64::MAX - 1, 2), (1, 3)] {
             let p = frame(first, count);
             let frames = parse_sender_frames(&p).unwrap();
-            let SenderFrame::Data(d) = &frames[0];
+            let SenderFrame::Data(d) = &frames[0] else {
+                panic!("a DATA frame")
+            };
             assert_eq!((d.first_seq, d.count), (first, count));
         }
         for (first, count) in [(u64::MAX, 2), (u64::MAX - 1, 3)] {
@@ -661,7 +771,9 @@ mod tests {
         p.extend_from_slice(&[FRAME_PADDING, FRAME_PADDING, FRAME_PADDING]);
         let frames = parse_sender_frames(&p).unwrap();
         assert_eq!(frames.len(), 1);
-        let SenderFrame::Data(d) = &frames[0];
+        let SenderFrame::Data(d) = &frames[0] else {
+            panic!("a DATA frame")
+        };
         let recs: Vec<_> = RecordIter::new(d.records).collect();
         assert_eq!(recs, vec![&b"x"[..], &b""[..], &b""[..]]);
     }
@@ -707,6 +819,67 @@ mod tests {
             parse_sender_frames(&p[2..]),
             Err(WireError::WrongDirection(FRAME_NOT_STORED))
         ));
+    }
+
+    #[test]
+    fn listen_and_down_round_trip_and_bad_ones_are_malformed() {
+        let mut p = Vec::new();
+        put_listen(&mut p, b"main", 7);
+        put_data_header(&mut p, b"main", 0, 0);
+        put_listen(&mut p, b"other", 0);
+        assert_eq!(
+            parse_sender_frames(&p).unwrap()[0],
+            SenderFrame::Listen {
+                app: b"main",
+                heard: 7
+            }
+        );
+        put_listen(&mut p, b"main", 8);
+        assert_eq!(parse_sender_frames(&p), Err(WireError::DuplicateListen));
+
+        let mut p = Vec::new();
+        put_echo(&mut p, 1);
+        put_down_header(&mut p, b"main", 9, 3, 5, 2);
+        put_record(&mut p, b"five");
+        put_record(&mut p, b"");
+        put_down_header(&mut p, b"main", 9, 6, 0, 0);
+        assert_eq!(
+            p.len(),
+            2 + down_header_len(b"main", 9, 3, 5, 2) + 5 + 1 + down_header_len(b"main", 9, 6, 0, 0)
+        );
+        let frames = parse_node_frames(&p).unwrap();
+        let NodeFrame::Down(d) = &frames[1] else {
+            panic!("a DOWN frame: {frames:?}")
+        };
+        assert_eq!((d.last, d.after, d.first_seq, d.count), (9, 3, 5, 2));
+        assert_eq!(
+            RecordIter::new(d.records).collect::<Vec<_>>(),
+            vec![&b"five"[..], &b""[..]]
+        );
+        // first_seq not after `after`, records past `last`, first_seq 0 with records, count 0 with a first_seq.
+        for (last, after, first, count) in [(9, 5, 5, 1), (9, 3, 8, 3), (9, 0, 0, 1), (9, 0, 4, 0)]
+        {
+            let mut p = Vec::new();
+            put_down_header(&mut p, b"main", last, after, first, count);
+            for _ in 0..count {
+                put_record(&mut p, b"r");
+            }
+            assert_eq!(
+                parse_node_frames(&p),
+                Err(WireError::BadDown),
+                "{last} {after} {first} {count}"
+            );
+        }
+        assert_eq!(
+            parse_sender_frames(&p[2..]),
+            Err(WireError::WrongDirection(FRAME_DOWN))
+        );
+        let mut p = Vec::new();
+        put_listen(&mut p, b"main", 1);
+        assert_eq!(
+            parse_node_frames(&p),
+            Err(WireError::WrongDirection(FRAME_LISTEN))
+        );
     }
 
     #[test]

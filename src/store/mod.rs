@@ -7,6 +7,7 @@
 //! stored exactly once.
 
 pub mod disk;
+pub mod downlink;
 pub mod engine;
 pub mod json;
 pub mod memo;
@@ -294,6 +295,8 @@ pub struct AppStore {
     frames_at_checkpoint: u32,
     /// The position the next stored record gets: records `1 .. head` are stored (docs/store.md, positions).
     head: u64,
+    /// Downlink records waiting in the store, all senders (docs/store.md, "Downlink"); 0 for readers.
+    down_waiting: u64,
 }
 
 /// A store checkpoints after a commit once this many frames were added to its `-wal` since its last checkpoint
@@ -425,6 +428,8 @@ pub struct Applied {
     /// The chunks this commit wrote, in position order (only when asked for: an app with outlets feeds them from
     /// here without reading the store back).
     pub new_chunks: Vec<Chunk>,
+    /// What the transaction's downlink fetches deleted and read (docs/protocol.md 12.3).
+    pub down: downlink::DownApplied,
 }
 
 /// When a turn is stored, in milliseconds since the Unix epoch, for `stored_at`. Never 0, which the layout keeps
@@ -719,6 +724,8 @@ impl AppStore {
                 });
             }
         }
+        // Every writer makes the downlink tables (layout 2 gained them without a new version).
+        conn.execute_batch(downlink::DOWNLINK_TABLES).map_err(sql)?;
         let head: i64 = conn
             .query_row(
                 "SELECT COALESCE((SELECT pos + count FROM chunks ORDER BY pos DESC LIMIT 1), 1)",
@@ -726,7 +733,7 @@ impl AppStore {
                 |r| r.get(0),
             )
             .map_err(sql)?;
-        Ok(AppStore {
+        let mut store = AppStore {
             conn,
             path,
             guard: None,
@@ -734,7 +741,10 @@ impl AppStore {
             wal_frames: Arc::new(AtomicU32::new(0)),
             frames_at_checkpoint: 0,
             head: head.max(1) as u64,
-        })
+            down_waiting: 0,
+        };
+        store.down_waiting = store.count_down_waiting()?;
+        Ok(store)
     }
 
     /// An app store in memory: the same schema and code path, for the simulated-network tests.
@@ -811,6 +821,7 @@ impl AppStore {
             files: None,
             wal_frames: Arc::new(AtomicU32::new(0)),
             frames_at_checkpoint: 0,
+            down_waiting: 0,
             head: 1,
         };
         store.head = store.read_head()?;
@@ -856,8 +867,20 @@ impl AppStore {
         outlets: &[(&str, u64)],
         keep_new: bool,
     ) -> Result<Applied, StoreError> {
+        self.apply_with_down(pieces, outlets, keep_new, &[])
+    }
+
+    /// [`AppStore::apply`], with the turn's downlink fetches of this app in the same transaction: what each device
+    /// has is deleted and what waits for it read (docs/protocol.md 12.3).
+    pub fn apply_with_down(
+        &mut self,
+        pieces: &mut [Piece<'_>],
+        outlets: &[(&str, u64)],
+        keep_new: bool,
+        fetches: &[downlink::Fetch<'_>],
+    ) -> Result<Applied, StoreError> {
         let mut applied = Applied::default();
-        if pieces.is_empty() && outlets.is_empty() {
+        if pieces.is_empty() && outlets.is_empty() && fetches.is_empty() {
             return Ok(applied);
         }
         // Sorting a flow's frames by first_seq makes reordering within a turn free (protocol.md 5.2, 3).
@@ -960,11 +983,15 @@ impl AppStore {
                         .map_err(sql)?;
                 }
             }
+            applied.down = downlink::apply_fetches(&tx, fetches, stored_at).map_err(sql)?;
         }
         tx.commit().map_err(sql)?;
         self.after_commit()?;
         self.open_wal_for_sync()?;
         self.head = head;
+        self.down_waiting = self
+            .down_waiting
+            .saturating_sub(applied.down.delivered + applied.down.expired);
         // SQLite's own checkpoint would run here, inside the commit, and ignore its errors (store/sync.rs).
         if self.checkpoint_due() {
             self.checkpoint()?;
@@ -1447,13 +1474,14 @@ impl Stores {
             ..Committed::default()
         };
         let mut per_app = pieces_of_turn(turn, senders, self.apps.len());
+        let fetches = fetches_of_turn(turn, senders, self.apps.len());
         for (i, slot) in self.apps.iter_mut().enumerate() {
             let pieces = &mut per_app[i];
             let Slot::Open(store) = slot else { continue };
-            if pieces.is_empty() {
+            if pieces.is_empty() && fetches[i].is_empty() {
                 continue;
             }
-            let applied = store.apply(pieces, &[], false)?;
+            let applied = store.apply_with_down(pieces, &[], false, &fetches[i])?;
             store.sync()?;
             committed.add(i as AppIndex, &applied, turn, senders);
         }
@@ -1545,9 +1573,40 @@ pub fn pieces_of_turn<'a>(
     per_app
 }
 
+/// The turn's downlink fetches, per app index (`apps` of them); sender names from the allow-list.
+pub fn fetches_of_turn<'a>(
+    turn: &'a Turn,
+    senders: &'a AllowList,
+    apps: usize,
+) -> Vec<Vec<downlink::Fetch<'a>>> {
+    let mut per_app: Vec<Vec<downlink::Fetch<'a>>> = (0..apps).map(|_| Vec::new()).collect();
+    for (index, f) in turn.fetches.iter().enumerate() {
+        if let Some(list) = per_app.get_mut(f.app as usize) {
+            list.push(downlink::Fetch {
+                index,
+                source: senders.name(f.sender),
+                heard: f.heard,
+                room: f.room,
+            });
+        }
+    }
+    per_app
+}
+
 impl Committed {
     /// Adds one app's commit to the turn's outcome, naming its flows by sender index again.
     pub fn add(&mut self, app: AppIndex, applied: &Applied, turn: &Turn, senders: &AllowList) {
+        for read in &applied.down.reads {
+            if let Some(f) = turn.fetches.get(read.index) {
+                self.down.push(crate::proto::turn::DownRead {
+                    session: f.session,
+                    app,
+                    after: read.after,
+                    last: read.last,
+                    records: read.records.clone(),
+                });
+            }
+        }
         self.stored_records += applied.stored;
         self.duplicate_records += applied.duplicate;
         self.gap_records += applied.gap;

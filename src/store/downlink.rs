@@ -1,0 +1,446 @@
+//! Downlink records in an app's store (docs/store.md, "Downlink"; docs/protocol.md 12): a row per waiting record,
+//! per (sender, sequence), and per sender the next sequence to give. Queueing is one transaction of its own;
+//! deleting what a device has and reading what waits for it happen in the app's transaction of a turn, beside its
+//! records and heard sequences, so a turn that fails deletes nothing.
+//!
+//! Nothing here is held in memory per sender: an idle device's waiting records are rows on disk, read when its
+//! LISTEN asks.
+
+use rusqlite::{OptionalExtension, Transaction, params};
+
+use super::{AppStore, StoreError, now_ms};
+use crate::proto::turn::DownRecord;
+
+/// Largest downlink payload (docs/protocol.md 12.2): it fits one node packet beside the frames ahead of it within a
+/// device's default 1200-byte room.
+pub const MAX_DOWN_PAYLOAD: usize = 1024;
+
+/// The tables, made by every writer that opens a store (added to layout 2 without a new version: a node that does
+/// not know them ignores them).
+pub(super) const DOWNLINK_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS down_flows (
+    sender   TEXT PRIMARY KEY,
+    next_seq INTEGER NOT NULL,
+    acked    INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS downlink (
+    sender     TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    payload    BLOB NOT NULL,
+    queued_at  INTEGER NOT NULL,
+    expires_at INTEGER,
+    PRIMARY KEY (sender, seq)
+) WITHOUT ROWID;
+";
+
+/// What one sender may have waiting (docs/apps.md, `[apps.NAME.downlink]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DownLimits {
+    pub max_records: u64,
+    pub max_bytes: u64,
+    /// A record not delivered this long after it was queued is deleted, counted expired, never sent.
+    pub expiry_ms: Option<u64>,
+}
+
+impl Default for DownLimits {
+    fn default() -> Self {
+        DownLimits {
+            max_records: 1024,
+            max_bytes: 1 << 20,
+            expiry_ms: None,
+        }
+    }
+}
+
+/// Why a push was refused: nothing of it was queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DownRefusal {
+    /// A record is larger than [`MAX_DOWN_PAYLOAD`].
+    TooLarge { index: usize, len: usize },
+    /// The sender would have more records waiting than `max_records`.
+    Records { waiting: u64, max: u64 },
+    /// The sender would have more bytes waiting than `max_bytes`.
+    Bytes { waiting: u64, max: u64 },
+}
+
+impl std::fmt::Display for DownRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DownRefusal::TooLarge { index, len } => write!(
+                f,
+                "record {} is {len} bytes, above the downlink limit of {MAX_DOWN_PAYLOAD}",
+                index + 1
+            ),
+            DownRefusal::Records { waiting, max } => write!(
+                f,
+                "{waiting} records already wait for this sender; at most {max} may (max_records in the app's \
+                 [downlink] table of the apps file)"
+            ),
+            DownRefusal::Bytes { waiting, max } => write!(
+                f,
+                "{waiting} bytes already wait for this sender; at most {max} may (max_bytes in the app's \
+                 [downlink] table of the apps file)"
+            ),
+        }
+    }
+}
+
+/// What a push did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pushed {
+    /// Every record queued, with sequences `first ..= first + count - 1`.
+    Queued {
+        first: u64,
+        count: u64,
+    },
+    Refused(DownRefusal),
+}
+
+/// A downlink read of a turn, for one sender of the app (from the turn's [`crate::proto::turn::DownFetch`] at
+/// `index`).
+#[derive(Debug, Clone)]
+pub struct Fetch<'a> {
+    pub index: usize,
+    pub source: &'a str,
+    pub heard: u64,
+    pub room: usize,
+}
+
+/// What a [`Fetch`] read, once committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchRead {
+    pub index: usize,
+    pub after: u64,
+    pub last: u64,
+    pub records: Vec<DownRecord>,
+}
+
+/// What a turn's downlink work did in one app.
+#[derive(Debug, Clone, Default)]
+pub struct DownApplied {
+    pub reads: Vec<FetchRead>,
+    pub delivered: u64,
+    pub expired: u64,
+}
+
+/// Runs the fetches in the app's open transaction.
+pub(super) fn apply_fetches(
+    tx: &Transaction<'_>,
+    fetches: &[Fetch<'_>],
+    now: i64,
+) -> rusqlite::Result<DownApplied> {
+    let mut out = DownApplied::default();
+    if fetches.is_empty() {
+        return Ok(out);
+    }
+    let mut delivered =
+        tx.prepare_cached("DELETE FROM downlink WHERE sender = ?1 AND seq <= ?2")?;
+    let mut expired = tx.prepare_cached(
+        "DELETE FROM downlink WHERE sender = ?1 AND expires_at IS NOT NULL AND expires_at <= ?2",
+    )?;
+    // A device that has more than this node knows of (the node lost its queue): later records are numbered
+    // above what it has, so they are not taken as duplicates (docs/protocol.md 12.5).
+    let mut ack = tx.prepare_cached(
+        "INSERT INTO down_flows (sender, next_seq, acked) VALUES (?1, ?2 + 1, ?2)
+         ON CONFLICT (sender) DO UPDATE SET acked = excluded.acked,
+             next_seq = MAX(next_seq, excluded.next_seq)
+         WHERE excluded.acked > acked",
+    )?;
+    let mut read = tx.prepare_cached(
+        "SELECT seq, payload FROM downlink WHERE sender = ?1 AND seq > ?2 ORDER BY seq",
+    )?;
+    let mut last = tx.prepare_cached("SELECT MAX(seq) FROM downlink WHERE sender = ?1")?;
+    for f in fetches {
+        let heard = f.heard.min(super::MAX_SEQ) as i64;
+        if heard > 0 {
+            out.delivered += delivered.execute(params![f.source, heard])? as u64;
+            ack.execute(params![f.source, heard])?;
+        }
+        out.expired += expired.execute(params![f.source, now])? as u64;
+        let mut records = Vec::new();
+        let mut used = 0usize;
+        let mut rows = read.query(params![f.source, heard])?;
+        while let Some(row) = rows.next()? {
+            let seq: i64 = row.get(0)?;
+            let payload: Vec<u8> = row.get(1)?;
+            let len = crate::proto::wire::record_len(&payload);
+            if used + len > f.room {
+                break;
+            }
+            used += len;
+            records.push(DownRecord {
+                seq: seq as u64,
+                payload,
+            });
+        }
+        let last: Option<i64> = last.query_row([f.source], |r| r.get(0))?;
+        out.reads.push(FetchRead {
+            index: f.index,
+            after: heard as u64,
+            last: last.map_or(0, |l| l as u64),
+            records,
+        });
+    }
+    Ok(out)
+}
+
+impl AppStore {
+    /// Queues `payloads` for `sender`, all or nothing, in one transaction of its own (the caller syncs it before it
+    /// says they are queued): each gets the flow's next sequence. Expired records of the sender are deleted first
+    /// (and counted in the second value), so they do not hold its room.
+    pub fn queue_down(
+        &mut self,
+        sender: &str,
+        payloads: &[Vec<u8>],
+        limits: &DownLimits,
+    ) -> Result<(Pushed, u64), StoreError> {
+        if let Some((index, p)) = payloads
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.len() > MAX_DOWN_PAYLOAD)
+        {
+            return Ok((
+                Pushed::Refused(DownRefusal::TooLarge {
+                    index,
+                    len: p.len(),
+                }),
+                0,
+            ));
+        }
+        let path = self.path.clone();
+        let sql = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        self.before_commit()?;
+        let now = now_ms();
+        let tx = self.conn.transaction().map_err(sql)?;
+        let expired = tx
+            .execute(
+                "DELETE FROM downlink WHERE sender = ?1 AND expires_at IS NOT NULL AND expires_at <= ?2",
+                params![sender, now],
+            )
+            .map_err(sql)? as u64;
+        let (waiting, bytes): (i64, i64) = tx
+            .query_row(
+                "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM downlink WHERE sender = ?1",
+                [sender],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(sql)?;
+        let (waiting, bytes) = (waiting as u64, bytes as u64);
+        let adding: u64 = payloads.iter().map(|p| p.len() as u64).sum();
+        let refusal = if waiting + payloads.len() as u64 > limits.max_records {
+            Some(DownRefusal::Records {
+                waiting,
+                max: limits.max_records,
+            })
+        } else if bytes + adding > limits.max_bytes {
+            Some(DownRefusal::Bytes {
+                waiting: bytes,
+                max: limits.max_bytes,
+            })
+        } else {
+            None
+        };
+        if let Some(r) = refusal {
+            // The expiries are kept: they are true whatever the push.
+            tx.commit().map_err(sql)?;
+            self.after_commit()?;
+            self.open_wal_for_sync()?;
+            self.down_waiting = self.down_waiting.saturating_sub(expired);
+            return Ok((Pushed::Refused(r), expired));
+        }
+        let next: i64 = tx
+            .query_row(
+                "SELECT next_seq FROM down_flows WHERE sender = ?1",
+                [sender],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql)?
+            .unwrap_or(1);
+        let expires = limits
+            .expiry_ms
+            .map(|e| now.saturating_add(e.min(i64::MAX as u64) as i64));
+        {
+            let mut put = tx
+                .prepare_cached(
+                    "INSERT INTO downlink (sender, seq, payload, queued_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(sql)?;
+            for (i, p) in payloads.iter().enumerate() {
+                put.execute(params![sender, next + i as i64, p, now, expires])
+                    .map_err(sql)?;
+            }
+        }
+        tx.execute(
+            "INSERT INTO down_flows (sender, next_seq, acked) VALUES (?1, ?2, 0)
+             ON CONFLICT (sender) DO UPDATE SET next_seq = excluded.next_seq",
+            params![sender, next + payloads.len() as i64],
+        )
+        .map_err(sql)?;
+        tx.commit().map_err(sql)?;
+        self.after_commit()?;
+        self.open_wal_for_sync()?;
+        self.down_waiting = (self.down_waiting + payloads.len() as u64).saturating_sub(expired);
+        Ok((
+            Pushed::Queued {
+                first: next as u64,
+                count: payloads.len() as u64,
+            },
+            expired,
+        ))
+    }
+
+    /// Downlink records waiting in this app, for all senders (kept as a count, not read per scrape).
+    pub fn down_waiting(&self) -> u64 {
+        self.down_waiting
+    }
+
+    /// The waiting records of `sender`, in sequence order (for tests and `records`).
+    pub fn down_records(&self, sender: &str) -> Result<Vec<DownRecord>, StoreError> {
+        let sql = |source| StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        };
+        let mut q = self
+            .conn
+            .prepare("SELECT seq, payload FROM downlink WHERE sender = ?1 ORDER BY seq")
+            .map_err(sql)?;
+        let rows = q
+            .query_map([sender], |r| {
+                Ok(DownRecord {
+                    seq: r.get::<_, i64>(0)? as u64,
+                    payload: r.get(1)?,
+                })
+            })
+            .map_err(sql)?;
+        rows.collect::<Result<_, _>>().map_err(sql)
+    }
+
+    pub(super) fn count_down_waiting(&self) -> Result<u64, StoreError> {
+        self.conn
+            .query_row("SELECT COUNT(*) FROM downlink", [], |r| r.get::<_, i64>(0))
+            .map(|n| n as u64)
+            .map_err(|source| StoreError::Sqlite {
+                path: self.path.clone(),
+                source,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fetch(source: &str, heard: u64, room: usize) -> Fetch<'_> {
+        Fetch {
+            index: 0,
+            source,
+            heard,
+            room,
+        }
+    }
+
+    #[test]
+    fn pushes_are_numbered_bounded_all_or_nothing_and_delivered_in_the_turns_transaction() {
+        let mut s = AppStore::open_in_memory("down").unwrap();
+        let limits = DownLimits {
+            max_records: 3,
+            max_bytes: 10,
+            expiry_ms: None,
+        };
+        let recs = |n: usize| (0..n).map(|i| vec![b'a' + i as u8; 2]).collect::<Vec<_>>();
+        assert_eq!(
+            s.queue_down("dev", &recs(2), &limits).unwrap().0,
+            Pushed::Queued { first: 1, count: 2 }
+        );
+        // Two more would make 4 records waiting: refused whole, nothing written.
+        assert_eq!(
+            s.queue_down("dev", &recs(2), &limits).unwrap().0,
+            Pushed::Refused(DownRefusal::Records { waiting: 2, max: 3 })
+        );
+        let big = vec![vec![0u8; 7]];
+        assert_eq!(
+            s.queue_down("dev", &big, &limits).unwrap().0,
+            Pushed::Refused(DownRefusal::Bytes {
+                waiting: 4,
+                max: 10
+            })
+        );
+        assert!(matches!(
+            s.queue_down("dev", &[vec![0; MAX_DOWN_PAYLOAD + 1]], &limits)
+                .unwrap()
+                .0,
+            Pushed::Refused(DownRefusal::TooLarge { index: 0, .. })
+        ));
+        assert_eq!(s.down_records("dev").unwrap().len(), 2);
+        assert_eq!(s.down_waiting(), 2);
+        // Another sender has its own numbering and bounds.
+        assert_eq!(
+            s.queue_down("other", &recs(1), &limits).unwrap().0,
+            Pushed::Queued { first: 1, count: 1 }
+        );
+        // The device has 1: it is deleted, 2 read; room for one record only.
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 1, 3)])
+            .unwrap();
+        assert_eq!(applied.down.delivered, 1);
+        assert_eq!(
+            applied.down.reads,
+            vec![FetchRead {
+                index: 0,
+                after: 1,
+                last: 2,
+                records: vec![DownRecord {
+                    seq: 2,
+                    payload: b"bb".to_vec()
+                }]
+            }]
+        );
+        assert_eq!(s.down_waiting(), 2);
+        // Numbering goes on after what was delivered, never reusing a sequence.
+        assert_eq!(
+            s.queue_down("dev", &recs(1), &limits).unwrap().0,
+            Pushed::Queued { first: 3, count: 1 }
+        );
+        // A device that has more than this store knows of (9) moves the numbering past it.
+        s.apply_with_down(&mut [], &[], false, &[fetch("dev", 9, 100)])
+            .unwrap();
+        assert!(s.down_records("dev").unwrap().is_empty());
+        assert_eq!(
+            s.queue_down("dev", &recs(1), &limits).unwrap().0,
+            Pushed::Queued {
+                first: 10,
+                count: 1
+            }
+        );
+    }
+
+    #[test]
+    fn expired_records_are_deleted_unsent_and_counted() {
+        let mut s = AppStore::open_in_memory("expiry").unwrap();
+        let limits = DownLimits {
+            expiry_ms: Some(1),
+            ..DownLimits::default()
+        };
+        s.queue_down("dev", &[b"old".to_vec()], &limits).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 0, 1000)])
+            .unwrap();
+        assert_eq!(applied.down.expired, 1);
+        assert_eq!(applied.down.reads[0].records, vec![]);
+        assert_eq!(applied.down.reads[0].last, 0, "nothing waits");
+        assert_eq!(s.down_waiting(), 0);
+        // Expired records do not hold a pusher's room either.
+        s.queue_down("dev", &[b"old".to_vec()], &limits).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let (pushed, expired) = s
+            .queue_down("dev", &[b"new".to_vec()], &DownLimits::default())
+            .unwrap();
+        assert_eq!(expired, 1);
+        assert_eq!(pushed, Pushed::Queued { first: 3, count: 1 });
+    }
+}
