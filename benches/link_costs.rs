@@ -30,14 +30,16 @@ use pure_serve::proto::allow_list::AllowList;
 use pure_serve::proto::crypto::{self, Identity};
 use pure_serve::proto::node::{DropReason, NoMemo, Node, NodeConfig};
 use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
-use pure_serve::proto::turn::{Apply, Committed, FlowHeard, Turn};
-use pure_serve::proto::wire;
+use pure_serve::proto::turn::{Committed, FlowHeard, Turn};
 use pure_serve::receive::LocalNode;
 use pure_serve::sender::UdpLink;
 use pure_serve::store::memo::Memo;
 use pure_serve::store::{self, Stores};
 use rusqlite::{Connection, params};
 use x25519_dalek::{PublicKey, StaticSecret};
+
+#[path = "util/turns.rs"]
+mod turns;
 
 /// Bytes of a record's payload in every throughput test (BRIEF.md: ~20 records per 1200 B packet).
 const PAYLOAD: usize = 40;
@@ -568,31 +570,9 @@ fn store_chunks(out: &Out, per_commit: u64, budget: Duration) {
     let mut commits = 0;
     let mut busy = Duration::ZERO;
     while commits < 2 || t.elapsed() < budget {
-        let mut turn = Turn {
-            id: turn_id,
-            ..Turn::default()
-        };
+        let turn = turns::turn_of(turn_id, seq + 1, per_commit, PER_FRAME, payload);
         turn_id += 1;
-        let mut left = per_commit;
-        while left > 0 {
-            let count = left.min(PER_FRAME);
-            let start = turn.arena.len();
-            for k in 0..count {
-                wire::put_record(&mut turn.arena, &payload(seq + 1 + k));
-            }
-            turn.items.push(Apply {
-                session: 1,
-                sender: 0,
-                app: 0,
-                first_seq: seq + 1,
-                count,
-                format: wire::RecordFormat::Plain,
-                records: start..turn.arena.len(),
-            });
-            seq += count;
-            turn.record_count += count;
-            left -= count;
-        }
+        seq += per_commit;
         let a = Instant::now();
         let c = stores.apply_turn(&turn, &senders).expect("apply");
         busy += a.elapsed();

@@ -22,9 +22,10 @@ use std::time::{Duration, Instant};
 use pure_serve::keys::{encode_key, write_new_identity};
 use pure_serve::proto::allow_list::AllowList;
 use pure_serve::proto::crypto::Identity;
-use pure_serve::proto::turn::{Apply, Turn};
-use pure_serve::proto::wire;
 use pure_serve::store::Stores;
+
+#[path = "util/turns.rs"]
+mod turns;
 
 /// The node's turn bound per app (docs/protocol.md 6, `TURN_RECORDS`).
 const TURN_RECORDS: u64 = 16_384;
@@ -61,32 +62,10 @@ fn store_alone(dir: &Path, n: u64, per_frame: u64) -> f64 {
     let mut busy = Duration::ZERO;
     let mut turn_id = 0;
     while seq < n {
-        let mut turn = Turn {
-            id: turn_id,
-            ..Turn::default()
-        };
+        let in_turn = TURN_RECORDS.min(n - seq);
+        let turn = turns::turn_of(turn_id, seq + 1, in_turn, per_frame, line);
         turn_id += 1;
-        let mut left = TURN_RECORDS.min(n - seq);
-        let in_turn = left;
-        while left > 0 {
-            let count = left.min(per_frame);
-            let start = turn.arena.len();
-            for k in 0..count {
-                wire::put_record(&mut turn.arena, &line(seq + 1 + k));
-            }
-            turn.items.push(Apply {
-                session: 1,
-                sender: 0,
-                app: 0,
-                first_seq: seq + 1,
-                count,
-                format: wire::RecordFormat::Plain,
-                records: start..turn.arena.len(),
-            });
-            seq += count;
-            turn.record_count += count;
-            left -= count;
-        }
+        seq += in_turn;
         let a = Instant::now();
         let c = stores.apply_turn(&turn, &senders).expect("apply");
         busy += a.elapsed();
