@@ -13,7 +13,7 @@ use std::time::Duration;
 use ops_util::{NodeProcess, keygen};
 use outlet_util::{
     args, assert_each_once_forwarded, assert_sent, errors, feed_lines, kill_and_restart, metric,
-    records, spawn_send, start, wait_until,
+    node_files, records, spawn_send, start, wait_until,
 };
 use pure_serve::proto::wire::{REFUSE_NOT_FORWARDER, RecordFormat};
 use pure_serve::sender::{FlowStart, UdpLink};
@@ -30,14 +30,12 @@ fn every_record_reaches_the_far_node_and_the_inner_app_once_through_kills_of_bot
         .collect();
 
     // Node B: app ingest takes node-a only.
-    let senders_b = dir.path().join("senders-b");
-    std::fs::write(&senders_b, format!("node-a {pub_a}\n")).unwrap();
-    let apps_b = dir.path().join("b.toml");
-    std::fs::write(
-        &apps_b,
+    let (senders_b, apps_b) = node_files(
+        dir.path(),
+        "b",
+        &format!("node-a {pub_a}\n"),
         "[apps.ingest]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n",
-    )
-    .unwrap();
+    );
     let args_b = args(&[
         "--senders",
         senders_b.to_str().unwrap(),
@@ -189,15 +187,13 @@ fn a_device_cannot_forge_origins_and_only_an_apps_forwarders_may_forward_to_it()
     let (key_dev, pub_dev) = keygen(dir.path(), "dev0");
     let (key_rogue, pub_rogue) = keygen(dir.path(), "rogue");
 
-    let senders_b = dir.path().join("senders-b");
-    std::fs::write(&senders_b, format!("node-a {pub_a}\nrogue {pub_rogue}\n")).unwrap();
-    let apps_b = dir.path().join("b.toml");
-    std::fs::write(
-        &apps_b,
+    let (senders_b, apps_b) = node_files(
+        dir.path(),
+        "b",
+        &format!("node-a {pub_a}\nrogue {pub_rogue}\n"),
         "[apps.ingest]\naccept = [\"node-a\", \"rogue\"]\nforwarders = [\"node-a\"]\n\
          [apps.closed]\naccept = [\"node-a\"]\n",
-    )
-    .unwrap();
+    );
     let b = start(
         &state_b,
         &args(&[
@@ -211,20 +207,18 @@ fn a_device_cannot_forge_origins_and_only_an_apps_forwarders_may_forward_to_it()
     );
 
     // A: devices send to main (it lets nobody forward to it), which forwards to B's ingest and to B's closed.
-    let senders_a = dir.path().join("senders-a");
-    std::fs::write(&senders_a, format!("dev0 {pub_dev}\nrogue {pub_rogue}\n")).unwrap();
-    let apps_a = dir.path().join("a.toml");
-    std::fs::write(
-        &apps_a,
-        format!(
+    let (senders_a, apps_a) = node_files(
+        dir.path(),
+        "a",
+        &format!("dev0 {pub_dev}\nrogue {pub_rogue}\n"),
+        &format!(
             "[apps.main]\n\
              [apps.main.outlets.to-b]\nkind = \"link\"\nto = \"{to}\"\nnode_key = \"{key}\"\napp = \"ingest\"\n\
              [apps.main.outlets.to-closed]\nkind = \"link\"\nto = \"{to}\"\nnode_key = \"{key}\"\napp = \"closed\"\n",
             to = b.link,
             key = b.public_key
         ),
-    )
-    .unwrap();
+    );
     let a = start(
         &state_a,
         &args(&[

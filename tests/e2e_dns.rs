@@ -13,8 +13,8 @@ use std::sync::atomic::Ordering;
 
 use ops_util::{NodeProcess, keygen};
 use outlet_util::{
-    FakeDns, args, assert_each_once_forwarded, assert_sent, errors, lag, records, spawn_send,
-    start, wait_until,
+    FakeDns, args, assert_each_once_forwarded, assert_sent, errors, lag, node_files, records,
+    spawn_send, start, wait_until,
 };
 
 const GOOD: [(&str, &str); 2] = [("good-link", "link"), ("good-wire", "wire")];
@@ -32,15 +32,13 @@ fn bad_outlets_wait_while_good_ones_deliver(dns: FakeDns, name: &str, asked: boo
     let (key_a, pub_a) = keygen(dir.path(), "node-a");
     let (key_dev, pub_dev) = keygen(dir.path(), "dev0");
 
-    let senders_b = dir.path().join("senders-b");
-    std::fs::write(&senders_b, format!("node-a {pub_a}\n")).unwrap();
-    let apps_b = dir.path().join("b.toml");
-    std::fs::write(
-        &apps_b,
+    let (senders_b, apps_b) = node_files(
+        dir.path(),
+        "b",
+        &format!("node-a {pub_a}\n"),
         "[apps.good-link]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n\
          [apps.good-wire]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n",
-    )
-    .unwrap();
+    );
     let b = start(
         &state_b,
         &args(&[
@@ -53,12 +51,11 @@ fn bad_outlets_wait_while_good_ones_deliver(dns: FakeDns, name: &str, asked: boo
         0,
     );
 
-    let senders_a = dir.path().join("senders-a");
-    std::fs::write(&senders_a, format!("dev0 {pub_dev}\n")).unwrap();
-    let apps_a = dir.path().join("a.toml");
-    std::fs::write(
-        &apps_a,
-        format!(
+    let (senders_a, apps_a) = node_files(
+        dir.path(),
+        "a",
+        &format!("dev0 {pub_dev}\n"),
+        &format!(
             "[apps.main]\n\
              [apps.main.outlets.good-link]\nkind = \"link\"\nto = \"{link_b}\"\nnode_key = \"{key}\"\napp = \"good-link\"\n\
              [apps.main.outlets.good-wire]\nkind = \"wire\"\nurl = \"http://{http_b}/link\"\nnode_key = \"{key}\"\n\
@@ -71,8 +68,7 @@ fn bad_outlets_wait_while_good_ones_deliver(dns: FakeDns, name: &str, asked: boo
             http_b = b.http,
             key = b.public_key,
         ),
-    )
-    .unwrap();
+    );
     let a = start(
         &state_a,
         &args(&[

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use ops_util::keygen;
 use outlet_util::{
-    Answer, HookServer, args, assert_sent, errors, feed_lines, kill_and_restart, lag, records,
-    spawn_send, start, wait_until,
+    Answer, HookServer, args, assert_sent, errors, feed_lines, kill_and_restart, lag, node_files,
+    records, spawn_send, start, wait_until,
 };
 
 /// The records of every 2xx'd request, by `(source, seq)`: `(pos, payload)` as each request had them.
@@ -462,10 +462,12 @@ fn outlets_added_or_renamed_on_reload_send_what_their_from_says() {
     let (state_a, state_b) = (dir.path().join("a"), dir.path().join("b"));
     let (key_a, pub_a) = keygen(dir.path(), "node-a");
     let (key_dev, pub_dev) = keygen(dir.path(), "dev");
-    let senders_b = dir.path().join("senders-b");
-    std::fs::write(&senders_b, format!("node-a {pub_a}\n")).unwrap();
-    let apps_b = dir.path().join("b.toml");
-    std::fs::write(&apps_b, "[apps.ingest]\nforwarders = [\"node-a\"]\n").unwrap();
+    let (senders_b, apps_b) = node_files(
+        dir.path(),
+        "b",
+        &format!("node-a {pub_a}\n"),
+        "[apps.ingest]\nforwarders = [\"node-a\"]\n",
+    );
     let b = start(
         &state_b,
         &args(&[

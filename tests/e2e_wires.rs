@@ -15,7 +15,7 @@ use std::time::Duration;
 use ops_util::keygen;
 use outlet_util::{
     args, assert_each_once_forwarded, assert_sent, feed_lines, feed_lines_gated, kill_and_restart,
-    lag, records, spawn_send, start, threads, wait_until,
+    lag, node_files, records, spawn_send, start, threads, wait_until,
 };
 
 #[test]
@@ -31,15 +31,13 @@ fn every_record_reaches_both_far_apps_once_over_http_and_https_through_kills_of_
     let device_keys: Vec<_> = devices.iter().map(|d| keygen(dir.path(), d)).collect();
 
     // Node B: HTTPS and plain HTTP on its --http-port; apps plain and secure take node-a only.
-    let senders_b = dir.path().join("senders-b");
-    std::fs::write(&senders_b, format!("node-a {pub_a}\n")).unwrap();
-    let apps_b = dir.path().join("b.toml");
-    std::fs::write(
-        &apps_b,
+    let (senders_b, apps_b) = node_files(
+        dir.path(),
+        "b",
+        &format!("node-a {pub_a}\n"),
         "[apps.plain]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n\
          [apps.secure]\naccept = [\"node-a\"]\nforwarders = [\"node-a\"]\n",
-    )
-    .unwrap();
+    );
     let args_b = args(&[
         "--senders",
         senders_b.to_str().unwrap(),
@@ -252,14 +250,12 @@ fn a_far_node_that_does_not_list_this_node_is_told_once_with_the_likely_cause() 
     let (key_dev, pub_dev) = keygen(dir.path(), "dev");
     // B lists only some other sender: A is unknown to it.
     let (_, pub_other) = keygen(dir.path(), "other");
-    let senders_b = dir.path().join("senders-b");
-    std::fs::write(&senders_b, format!("other {pub_other}\n")).unwrap();
-    let apps_b = dir.path().join("b.toml");
-    std::fs::write(
-        &apps_b,
+    let (senders_b, apps_b) = node_files(
+        dir.path(),
+        "b",
+        &format!("other {pub_other}\n"),
         "[apps.udp]\nforwarders = [\"node-a\"]\n[apps.http]\nforwarders = [\"node-a\"]\n",
-    )
-    .unwrap();
+    );
     let args_b = args(&[
         "--senders",
         senders_b.to_str().unwrap(),
@@ -267,12 +263,11 @@ fn a_far_node_that_does_not_list_this_node_is_told_once_with_the_likely_cause() 
         apps_b.to_str().unwrap(),
     ]);
     let b = start(&state_b, &args_b, 0, 0);
-    let senders_a = dir.path().join("senders-a");
-    std::fs::write(&senders_a, format!("dev {pub_dev}\n")).unwrap();
-    let apps_a = dir.path().join("a.toml");
-    std::fs::write(
-        &apps_a,
-        format!(
+    let (senders_a, apps_a) = node_files(
+        dir.path(),
+        "a",
+        &format!("dev {pub_dev}\n"),
+        &format!(
             "[apps.main]\n\
              [apps.main.outlets.link]\nkind = \"link\"\nto = \"{}\"\nnode_key = \"{key}\"\napp = \"udp\"\n\
              [apps.main.outlets.wire]\nkind = \"wire\"\nurl = \"http://127.0.0.1:{}/link\"\n\
@@ -281,8 +276,7 @@ fn a_far_node_that_does_not_list_this_node_is_told_once_with_the_likely_cause() 
             b.http.port(),
             key = b.public_key,
         ),
-    )
-    .unwrap();
+    );
     let args_a = args(&[
         "--key",
         key_a.to_str().unwrap(),

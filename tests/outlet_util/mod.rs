@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{SocketAddr, UdpSocket};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,6 +64,17 @@ pub fn kill_and_restart(node: &mut NodeProcess, args: &[String]) {
 }
 
 /// Strings for a node's command line.
+/// Writes node `name`'s senders file (`senders-NAME`) and apps file (`NAME.toml`) under `dir`; their paths.
+pub fn node_files(dir: &Path, name: &str, senders: &str, apps: &str) -> (PathBuf, PathBuf) {
+    let (senders_file, apps_file) = (
+        dir.join(format!("senders-{name}")),
+        dir.join(format!("{name}.toml")),
+    );
+    std::fs::write(&senders_file, senders).unwrap();
+    std::fs::write(&apps_file, apps).unwrap();
+    (senders_file, apps_file)
+}
+
 pub fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
