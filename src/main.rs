@@ -41,6 +41,7 @@ fn main() {
         Some(Command::Pubkey(a)) => cli::pubkey(a),
         Some(Command::Send(a)) => cli::send::run(a),
         Some(Command::Records(a)) => cli::records::run(a),
+        Some(Command::Push(a)) => cli::push::run(a),
         Some(Command::Demo(a)) => cli::demo::run(a),
         Some(Command::Check(a)) => cli::check(a),
     };
@@ -54,6 +55,7 @@ fn main() {
         // The node tells a configuration at fault from a failure a restart may cure (cli::EXIT_CONFIG).
         let status = match &cli.command {
             None => cli::node_exit_status(&e),
+            Some(Command::Push(_)) => cli::push::exit_status(&e),
             Some(_) => 1,
         };
         std::process::exit(status);

@@ -18,6 +18,11 @@
 //! `durable` position says how far its outlets may read). A sync that fails stops its app like a failed commit,
 //! and nothing of that app's unsynced turns is acked.
 //!
+//! **Pushes** of downlink records (docs/downlink.md, "Queueing records") come between turns ([`Host::push`]): each
+//! is queued in its app's store in a transaction of its own, rides with the next turn to the sync thread, and is
+//! answered when that turn is finished, so "queued" means on disk, as an ack does. Only then is the node core told,
+//! so a live session of the sender is sent the records in the turn after.
+//!
 //! Apps are fair to each other because each has its share of a turn (`turn_records`, enforced by the node core for
 //! direct input and here for inner input), and an app whose outlet is further behind than its `max_lag_records`
 //! stops taking input until the outlet has caught up half of it, instead of growing anything but the store.
@@ -30,11 +35,14 @@ use std::time::{Duration, Instant};
 
 use super::config::{Accept, AppConfig, AppsConfig, OutletKind};
 use crate::common::figures::{AppFigures, OutletFigures};
+use crate::common::push::{PushAnswer, PushBound, PushRequest};
 use crate::common::wake::Wake;
 use crate::outlets::{Outlet, Target};
+use crate::proto::allow_list::SenderIndex;
 use crate::proto::node::{AppAccept, HostedApp, Node};
 use crate::proto::turn::{AppIndex, Committed};
 use crate::proto::wire::{Forwarded, RecordFormat};
+use crate::store::downlink::{DownRefusal, Pushed};
 use crate::store::sync::{SyncFiles, Synced, Syncer};
 use crate::store::{self, AppStore, Chunk, Piece, StoreError, Stores};
 
@@ -302,6 +310,27 @@ struct Unsynced {
     /// The node core's turn, if it had one.
     turn: Option<u64>,
     parts: Vec<CommittedPart>,
+    /// Pushes committed before the turn's commits: answered when it is finished.
+    pushes: Vec<PendingPush>,
+}
+
+/// A push whose records are committed and wait for their sync.
+struct PendingPush {
+    app: AppIndex,
+    sender: SenderIndex,
+    queued: PushAnswer,
+    answer: tokio::sync::oneshot::Sender<PushAnswer>,
+}
+
+impl PendingPush {
+    /// The app's store failed before the push was synced: whether its records survive depends on what the disk
+    /// kept.
+    fn fail(self, app: &str, why: &str) {
+        let _ = self.answer.send(PushAnswer::Unavailable(format!(
+            "app {app} cannot store ({why}): the records were committed but not yet on disk when it failed, so they \
+             may or may not be queued once its store is back; pushing them again may queue them twice"
+        )));
+    }
 }
 
 pub struct Host {
@@ -323,6 +352,8 @@ pub struct Host {
     next_outlet_id: u64,
     /// How outlets are fed: [`FeedMode::Chunks`] always, but for research/006 ([`Host::set_feed_mode`]).
     feed_mode: FeedMode,
+    /// Pushes committed since the last turn: they ride with the next one to the sync thread.
+    pushes: Vec<PendingPush>,
 }
 
 /// How the host hands records to its link, wire and webhook outlets. The daemon always feeds [`FeedMode::Chunks`];
@@ -460,6 +491,7 @@ impl Host {
             wake,
             next_outlet_id: 1,
             feed_mode: FeedMode::Chunks,
+            pushes: Vec::new(),
         };
         let mut changes = OutletChanges::default();
         for app in &config.apps {
@@ -840,14 +872,23 @@ impl Host {
         self.check_lag(node);
         let seq = self.next_seq;
         self.next_seq += 1;
-        let files: SyncFiles = parts
+        let mut files: SyncFiles = parts
             .iter()
             .filter_map(|p| self.stores.app(p.app)?.sync_item(p.app))
             .collect();
+        let pushes = std::mem::take(&mut self.pushes);
+        for p in &pushes {
+            if !files.iter().any(|(a, _)| *a == p.app)
+                && let Some(item) = self.stores.app(p.app).and_then(|s| s.sync_item(p.app))
+            {
+                files.push(item);
+            }
+        }
         let unsynced = Unsynced {
             seq,
             turn: turn.as_ref().map(|t| t.id),
             parts,
+            pushes,
         };
         match &self.syncer {
             // In order: a turn with nothing to sync is finished here only when no earlier one waits.
@@ -861,6 +902,102 @@ impl Host {
             self.wait_synced(node);
         }
         report
+    }
+
+    /// Queues a push's records for its sender in the app's store, in a transaction of its own (module docs). The
+    /// answer goes out when the next turn is finished, or now if the push is refused or cannot be queued.
+    pub fn push(&mut self, node: &mut Node, request: PushRequest, now: Instant) {
+        let PushRequest {
+            app,
+            to,
+            records,
+            answer,
+        } = request;
+        let Some(i) = self.apps.iter().position(|a| a.config.name == app) else {
+            let names: Vec<&str> = self.apps.iter().map(|a| a.config.name.as_str()).collect();
+            let _ = answer.send(PushAnswer::NotFound(format!(
+                "this node has no app {app:?} (its apps: {}): name one of them",
+                names.join(", ")
+            )));
+            return;
+        };
+        let a = &self.apps[i];
+        let Some(sender) = node.senders().find_name(&to) else {
+            let _ = answer.send(PushAnswer::NotFound(format!(
+                "no sender {to:?} in the node's senders file: a record can be pushed only to a listed sender"
+            )));
+            return;
+        };
+        if !a.config.accept.allows(&to) {
+            let _ = answer.send(PushAnswer::NotFound(format!(
+                "app {app} does not accept sender {to:?}: add it to accept in [apps.{app}] of the apps file and \
+                 reload, or push in an app that accepts it"
+            )));
+            return;
+        }
+        if let Some(f) = &a.failure {
+            let _ = answer.send(PushAnswer::Unavailable(format!(
+                "app {app} cannot store now ({}): nothing was queued; push again once it stores",
+                f.words()
+            )));
+            return;
+        }
+        let limits = a.config.downlink;
+        let Some(store) = self.stores.app_mut(i as AppIndex) else {
+            let _ = answer.send(PushAnswer::Unavailable(format!(
+                "app {app}'s store is not open: nothing was queued; push again in a moment"
+            )));
+            return;
+        };
+        match store.queue_down(&to, &records, &limits) {
+            Ok((queued, expired)) => {
+                self.apps[i].down_expired += expired;
+                match queued {
+                    Pushed::Queued { first, count } => self.pushes.push(PendingPush {
+                        app: i as AppIndex,
+                        sender,
+                        queued: PushAnswer::Queued {
+                            first,
+                            count,
+                            expired,
+                        },
+                        answer,
+                    }),
+                    Pushed::Refused(r) => {
+                        let bound = match r {
+                            DownRefusal::TooLarge { .. } => PushBound::TooLarge,
+                            DownRefusal::Records { .. } => PushBound::MaxRecords,
+                            DownRefusal::Bytes { .. } => PushBound::MaxBytes,
+                        };
+                        let _ = answer.send(PushAnswer::Refused {
+                            bound,
+                            why: format!("nothing was queued for {to} in app {app}: {r}"),
+                        });
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = answer.send(PushAnswer::Unavailable(format!(
+                    "app {app} could not queue: {e}; nothing was queued"
+                )));
+                if matches!(
+                    e,
+                    StoreError::Checkpoint { .. }
+                        | StoreError::Sync { .. }
+                        | StoreError::ReadOnly { .. }
+                ) {
+                    self.disk_fault(i as AppIndex, &e, node, now);
+                } else {
+                    self.apps[i].turns_failed += 1;
+                    self.fail_app(i as AppIndex, &e, node, now);
+                }
+            }
+        }
+    }
+
+    /// Whether pushes wait for a turn to take them to the sync thread.
+    pub fn has_pushes(&self) -> bool {
+        !self.pushes.is_empty()
     }
 
     /// Finishes every turn whose sync is done (module docs, 4–5); returns whether any was. Call when
@@ -977,6 +1114,15 @@ impl Host {
         if let Some(c) = &committed {
             node.handle_committed(c);
         }
+        for p in unsynced.pushes {
+            if let Some((_, e)) = failed.iter().find(|(a, _)| *a == p.app) {
+                let name = self.apps[p.app as usize].config.name.clone();
+                p.fail(&name, &e.to_string());
+                continue;
+            }
+            node.downlink_queued(now, p.sender, p.app);
+            let _ = p.answer.send(p.queued);
+        }
         self.finished_seq = unsynced.seq;
         self.feed_outlets(&new_chunks);
         self.check_lag(node);
@@ -1039,8 +1185,20 @@ impl Host {
         }
         node.set_app_paused(app, true);
         node.set_app_cannot_store(app, true);
+        let name = self.apps[i].config.name.clone();
+        let why = self.apps[i]
+            .failure
+            .as_ref()
+            .map(Failure::words)
+            .unwrap_or_default();
         for later in &mut self.unsynced {
             later.parts.retain(|p| p.app != app);
+            for p in extract(&mut later.pushes, app) {
+                p.fail(&name, &why);
+            }
+        }
+        for p in extract(&mut self.pushes, app) {
+            p.fail(&name, &why);
         }
         // Read again from the store when the app is back.
         for inner in self.inner.iter_mut().filter(|x| x.dest == app) {
@@ -1534,6 +1692,15 @@ impl Host {
 }
 
 /// `chunk` cut into chunks of one record each (research/006's [`FeedMode`]s).
+/// Takes the pushes of `app` out of `pushes`.
+fn extract(pushes: &mut Vec<PendingPush>, app: AppIndex) -> Vec<PendingPush> {
+    let (of_app, rest) = std::mem::take(pushes)
+        .into_iter()
+        .partition(|p| p.app == app);
+    *pushes = rest;
+    of_app
+}
+
 fn single_records(chunk: &Chunk) -> impl Iterator<Item = Chunk> + '_ {
     (0u64..).zip(chunk.records()).map(move |(k, record)| {
         let mut body = Vec::with_capacity(record.len() + 3);

@@ -3,6 +3,7 @@
 
 pub mod demo;
 pub mod node;
+pub mod push;
 pub mod records;
 pub mod send;
 
@@ -83,6 +84,16 @@ pub enum Command {
         link goes on while the node syncs a turn). Exit status: 0 when every record is stored, 1 otherwise (the\n\
         message says how many were not acknowledged and why).")]
     Send(send::SendArgs),
+    /// Queue downlink records for one sender through the running node (one line of standard input each).
+    #[command(after_help = "Examples:\n  \
+        printf 'rate=10\\nreboot\\n' | pure-serve push --state /var/lib/pure-serve --app main --to kitchen-1\n  \
+        curl --unix-socket STATE/push.sock --data-binary @records 'http://node/push?app=main&to=kitchen-1'\n\n\
+        All the lines are one push, queued all or nothing in the app's store and synced to disk before this\n\
+        prints the sequences they were given; the device gets them the next time its link is live (at once if it\n\
+        is live now and listening: pure-serve send --listen). Exit status: 0 queued, 65 refused by a bound (the\n\
+        message names it and its key in the apps file), 67 no such app or sender, 69 no node on the socket, 75\n\
+        not queued now (its store failed, or the node is stopping): try again. docs/downlink.md has the rest.")]
+    Push(push::PushArgs),
     /// Print stored records.
     #[command(after_help = "Examples:\n  \
         pure-serve records --state /var/lib/private/pure-serve --source kitchen-1 | tail\n  \
@@ -233,6 +244,7 @@ pub fn node_exit_status(e: &anyhow::Error) -> i32 {
                         | HttpError::TlsCert { .. }
                         | HttpError::TlsKey { .. }
                         | HttpError::TlsPair { .. }
+                        | HttpError::PushSocket { .. }
                 )
             })
             || c.is::<AppsError>()

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
+use crate::http::push::PushSocket;
 use crate::http::{HttpLimits, HttpServer, TlsConfig};
 use crate::ops::notify::Notifier;
 use crate::ops::signals;
@@ -63,6 +64,11 @@ pub struct NodeArgs {
     /// --http-port 0 the default port is 0 too (a free one, printed), so nodes started side by side never collide.
     #[arg(long, value_name = "ADDR:PORT", value_parser = super::parse_listen)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Where programs of this machine queue downlink records for senders (`pure-serve push`, or HTTP `POST
+    /// /push?app=APP&to=SENDER` on it: docs/downlink.md): a Unix socket, mode 0660, so who may push is who may
+    /// open it. Default: push.sock in the state directory (0700: the node's user and root). `none` serves none.
+    #[arg(long, value_name = "PATH|none")]
+    pub push_socket: Option<PathBuf>,
     /// Serve TLS (HTTPS) on --http-port too, with this PEM certificate chain: the server's certificate first, then
     /// any intermediates. Needs --tls-key. Plain HTTP keeps working on the same port (the first byte of a
     /// connection tells them apart).
@@ -267,6 +273,15 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     if let Some(tls) = tls {
         http = http.with_tls(tls);
     }
+    let push_path = match &args.push_socket {
+        Some(p) if p.as_os_str() == "none" => None,
+        Some(p) => Some(p.clone()),
+        None => Some(state.join("push.sock")),
+    };
+    if let Some(path) = &push_path {
+        let socket = PushSocket::bind(path).context("the node did not start")?;
+        http = http.with_pushes(socket, ready.push_inbox());
+    }
     let inbox = if args.no_http_links {
         None
     } else {
@@ -286,6 +301,10 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         println!("http link:  POST http://{http_addr}/link");
     }
     println!("health:     http://{http_addr}/healthz");
+    match &push_path {
+        Some(p) => println!("push:       unix {} (pure-serve push)", p.display()),
+        None => println!("push:       off (--push-socket none)"),
+    }
     println!("metrics:    http://{metrics_addr}/metrics and /healthz");
     println!("status:     http://{metrics_addr}/");
     if let Some(line) = tls_line {

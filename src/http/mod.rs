@@ -40,6 +40,7 @@ pub mod counters;
 pub mod framing;
 pub mod link;
 pub mod order;
+pub mod push;
 mod routes;
 mod serve;
 mod stall;
@@ -83,6 +84,8 @@ pub enum HttpError {
     },
     #[error("cannot start the HTTP server: {0}")]
     Start(std::io::Error),
+    #[error("push socket {path}: {why}")]
+    PushSocket { path: PathBuf, why: String },
     /// A TLS file that is not a regular file, too big, or unreadable (crate::files).
     #[error(transparent)]
     TlsFile(#[from] crate::files::FileError),
@@ -168,6 +171,8 @@ impl Listener {
 struct Shared {
     stats: Arc<LiveStats>,
     links: Option<LinkInbox>,
+    /// Where the push socket's pushes go (docs/downlink.md), when it is served.
+    pushes: Option<crate::common::push::PushInbox>,
     counters: Arc<HttpCounters>,
     limits: HttpLimits,
     /// The connections of each listener.
@@ -195,6 +200,7 @@ impl Shared {
 pub struct HttpServer {
     listener: std::net::TcpListener,
     metrics: Option<std::net::TcpListener>,
+    push: Option<(push::PushSocket, crate::common::push::PushInbox)>,
     limits: HttpLimits,
     tls: Option<TlsConfig>,
 }
@@ -207,6 +213,7 @@ impl HttpServer {
         Ok(HttpServer {
             listener,
             metrics: None,
+            push: None,
             limits: HttpLimits::default(),
             tls: None,
         })
@@ -218,6 +225,16 @@ impl HttpServer {
             .map_err(|source| HttpError::MetricsBind { addr, source })?;
         self.metrics = Some(listener);
         Ok(self)
+    }
+
+    /// Also serves the push socket (docs/downlink.md), handing its pushes to `inbox`.
+    pub fn with_pushes(
+        mut self,
+        socket: push::PushSocket,
+        inbox: crate::common::push::PushInbox,
+    ) -> Self {
+        self.push = Some((socket, inbox));
+        self
     }
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
@@ -267,6 +284,7 @@ impl HttpServer {
             listens,
             stats,
             links,
+            pushes: self.push.as_ref().map(|(_, inbox)| inbox.clone()),
             counters: counters.clone(),
             http_slots: serve::Slots::new(limits.connections),
             metrics_slots: serve::Slots::new(limits.metrics_connections),
@@ -295,6 +313,13 @@ impl HttpServer {
         if let Some(m) = self.metrics {
             listeners.push((register(m)?, Listener::Metrics));
         }
+        let push = match self.push {
+            Some((socket, _)) => {
+                let _entered = runtime.enter();
+                Some(socket.into_tokio().map_err(HttpError::Start)?)
+            }
+            None => None,
+        };
         let (stop, stop_rx) = oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("pure-http".into())
@@ -304,7 +329,7 @@ impl HttpServer {
                     if status_page {
                         tokio::spawn(routes::sample_history(shared.clone()));
                     }
-                    serve::run(listeners, shared, stop_rx).await
+                    serve::run(listeners, push, shared, stop_rx).await
                 })
             })
             .map_err(HttpError::Start)?;

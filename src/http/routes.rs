@@ -83,7 +83,11 @@ pub const LINK_CONTENT_TYPE: &str = "application/x-pure-link";
 
 pub(super) type Answer = Response<Full<Bytes>>;
 
-fn answer(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
+pub(super) fn answer(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Answer {
     let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
     r.headers_mut()

@@ -108,14 +108,24 @@ Content-Type: text/plain\r\nContent-Length: 21\r\n\r\ntoo many connections\n"
 /// signal.
 pub(super) async fn run(
     listeners: Vec<(AsyncFd<std::net::TcpListener>, Listener)>,
+    push: Option<(tokio::net::UnixListener, std::path::PathBuf, u64)>,
     shared: Arc<Shared>,
     stop: tokio::sync::oneshot::Receiver<()>,
 ) {
     let (closing, closing_rx) = watch::channel(false);
-    let loops: Vec<_> = listeners
+    let mut loops: Vec<_> = listeners
         .into_iter()
         .map(|(l, which)| tokio::spawn(accept_loop(l, which, shared.clone(), closing_rx.clone())))
         .collect();
+    if let Some((listener, path, ino)) = push {
+        loops.push(tokio::spawn(super::push::accept_loop(
+            listener,
+            path,
+            ino,
+            shared.clone(),
+            closing_rx.clone(),
+        )));
+    }
     let _ = stop.await;
     // The loops drop their listeners when they see the stop: the ports close before the grace.
     let _ = closing.send(true);

@@ -400,6 +400,38 @@ impl AllowList {
             .find(|&i| self.key(i) == key)
     }
 
+    /// Finds a sender by its name (a push names its sender). The list is sorted by key, not by name, and keeps no
+    /// index by name: one would cost 4 B of anonymous memory per sender for a lookup that only pushes make. So the
+    /// name arena is searched with a vectorised substring search, and each hit is checked to be a whole name
+    /// through the end offsets (which grow with the index). Linear in the arena's bytes.
+    pub fn find_name(&self, name: &str) -> Option<SenderIndex> {
+        let needle = name.as_bytes();
+        if needle.is_empty() || self.count == 0 {
+            return None;
+        }
+        let arena = &self.bytes()[self.names.clone()];
+        for at in memchr::memmem::find_iter(arena, needle) {
+            // The first sender whose name ends after `at` is the one whose name holds the hit.
+            let (mut lo, mut hi) = (0usize, self.count);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if self.name_end(mid) <= at {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            if lo >= self.count {
+                break;
+            }
+            let start = if lo == 0 { 0 } else { self.name_end(lo - 1) };
+            if start == at && self.name_end(lo) == at + needle.len() {
+                return Some(lo as SenderIndex);
+            }
+        }
+        None
+    }
+
     /// Bytes of the list (mapped or in memory).
     pub fn byte_len(&self) -> usize {
         self.bytes().len()
@@ -409,6 +441,30 @@ impl AllowList {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_is_found_whole_never_inside_another() {
+        let names = ["kitchen-10", "itchen-1", "kitchen-1", "k", "en-1k", "x"];
+        let entries: Vec<(String, PublicKeyBytes)> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let mut k = [0u8; 32];
+                k[0] = 200 - i as u8;
+                k[31] = 1;
+                (n.to_string(), k)
+            })
+            .collect();
+        let list = AllowList::from_unique(entries);
+        for n in names {
+            let i = list.find_name(n).unwrap_or_else(|| panic!("{n} not found"));
+            assert_eq!(list.name(i), n);
+        }
+        for absent in ["kitchen", "itchen-10", "1", "kitchen-1k", "", "xx", "en-1"] {
+            assert_eq!(list.find_name(absent), None, "{absent:?}");
+        }
+        assert_eq!(AllowList::from_unique(Vec::new()).find_name("k"), None);
+    }
 
     #[test]
     fn the_streamed_layout_is_the_one_written_in_place() {

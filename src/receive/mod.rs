@@ -30,6 +30,7 @@ use crate::apps::config::{AppsConfig, AppsError};
 use crate::apps::host::Host;
 use crate::common::dns::DnsSettings;
 use crate::common::figures::LiveStats;
+use crate::common::push::{PushInbox, PushQueue, push_channel};
 use crate::common::wake::Wake;
 use crate::http::link::{self, LinkInbox, LinkQueue};
 use crate::keys::{self, KeyError};
@@ -190,6 +191,8 @@ pub struct ReadyNode {
     apps_refused: bool,
     /// Link requests from the HTTP server, if it hands any over.
     links: Option<LinkQueue>,
+    /// Pushes of downlink records from the HTTP server's push socket, if it serves one.
+    pushes: Option<PushQueue>,
     /// The number the next link request is given (its pseudo peer address).
     next_link_request: u64,
     /// The link requests taken and not yet answered (they wait for their turns to finish).
@@ -357,6 +360,7 @@ impl ReadyNode {
             apps_note: None,
             apps_refused: false,
             links: None,
+            pushes: None,
             next_link_request: 0,
             link_requests: links::LinkRequests::default(),
             _lock: lock,
@@ -374,6 +378,14 @@ impl ReadyNode {
 
     /// Makes the queue for links over HTTP, bounded at [`link::LINK_QUEUE`] requests, and serves it; give the
     /// inbox to [`crate::http::HttpServer::spawn`].
+    /// Where the HTTP server's push socket hands its pushes (docs/downlink.md): the loop takes them between turns,
+    /// and the app host answers each once its records are synced.
+    pub fn push_inbox(&mut self) -> PushInbox {
+        let (inbox, queue) = push_channel(self.wake.clone());
+        self.pushes = Some(queue);
+        inbox
+    }
+
     pub fn link_inbox(&mut self) -> Result<LinkInbox, NodeError> {
         let (inbox, queue) = link::link_channel(link::LINK_QUEUE).map_err(NodeError::LinkQueue)?;
         self.serve_links(queue);
@@ -503,6 +515,11 @@ impl ReadyNode {
                 self.kernel_drops_counted = kernel_drops;
             }
             links_left = !stopping && self.take_link_requests(now)?;
+            if let Some(q) = self.pushes.as_ref().filter(|_| !stopping) {
+                while let Some(push) = q.try_recv() {
+                    self.host.push(&mut self.node, push, now);
+                }
+            }
             self.finish_synced();
             // Group commit (research/010): while a turn's sync is in flight the next turn keeps filling, and is
             // committed when the sync is done — or now, if nothing waits or it is full.

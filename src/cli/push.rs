@@ -1,0 +1,204 @@
+//! `pure-serve push`: queue downlink records for one sender through the running node's push socket
+//! (docs/downlink.md, "Queueing records"), and exit 0 only once every record is durably queued.
+//!
+//! The node alone writes its stores, so this command does not open them: it reads standard input (one record per
+//! line, all in one push), posts it on the socket as HTTP/1.1 (hyper, over a Unix stream), and turns the JSON
+//! answer into a line and an exit status a script can act on.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use thiserror::Error;
+
+use crate::common::push::MAX_PUSH_BODY;
+
+#[derive(Args, Debug)]
+pub struct PushArgs {
+    /// The app whose downlink queues the records (as in the apps file; `main` without one).
+    #[arg(long, value_name = "APP", default_value = "main")]
+    pub app: String,
+    /// The sender the records are for, by its name in the senders file.
+    #[arg(long, value_name = "SENDER")]
+    pub to: String,
+    /// The running node's state directory: its push socket is push.sock there (default: as the node's, i.e.
+    /// $STATE_DIRECTORY under systemd, else ./pure-state).
+    #[arg(long, value_name = "DIR")]
+    pub state: Option<PathBuf>,
+    /// The node's push socket, for a node started with --push-socket PATH (instead of --state).
+    #[arg(long, value_name = "PATH", conflicts_with = "state")]
+    pub socket: Option<PathBuf>,
+}
+
+/// Exit statuses (sysexits.h), as docs/downlink.md lists them.
+pub const EXIT_REFUSED: i32 = 65;
+pub const EXIT_NO_SUCH: i32 = 67;
+pub const EXIT_NO_NODE: i32 = 69;
+pub const EXIT_TRY_AGAIN: i32 = 75;
+
+/// Why a push did not queue, with the exit status it gives.
+#[derive(Debug, Error)]
+pub enum PushError {
+    #[error("refused: {0}")]
+    Refused(String),
+    #[error("{0}")]
+    NoSuch(String),
+    #[error(
+        "no node answers on {path} ({why}): start the node, or name its socket (--state DIR of the node, or \
+         --socket PATH for a node started with --push-socket)"
+    )]
+    NoNode { path: PathBuf, why: String },
+    #[error("not queued now: {0}")]
+    TryAgain(String),
+}
+
+impl PushError {
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            PushError::Refused(_) => EXIT_REFUSED,
+            PushError::NoSuch(_) => EXIT_NO_SUCH,
+            PushError::NoNode { .. } => EXIT_NO_NODE,
+            PushError::TryAgain(_) => EXIT_TRY_AGAIN,
+        }
+    }
+}
+
+/// The exit status for an error of `push`: the one its [`PushError`] says, else 1.
+pub fn exit_status(e: &anyhow::Error) -> i32 {
+    e.chain()
+        .find_map(|c| c.downcast_ref::<PushError>())
+        .map_or(1, PushError::exit_status)
+}
+
+/// `app` and `to` as a query value: everything but unreserved characters percent-encoded.
+fn encode(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+pub fn run(args: &PushArgs) -> anyhow::Result<()> {
+    let path = args.socket.clone().unwrap_or_else(|| {
+        args.state
+            .clone()
+            .unwrap_or_else(super::node::default_state_dir)
+            .join("push.sock")
+    });
+    let mut body = Vec::new();
+    std::io::stdin()
+        .lock()
+        .take(MAX_PUSH_BODY as u64 + 1)
+        .read_to_end(&mut body)
+        .context("cannot read standard input")?;
+    if body.len() > MAX_PUSH_BODY {
+        return Err(PushError::Refused(format!(
+            "standard input is more than {MAX_PUSH_BODY} bytes, the most one push takes: push it in parts"
+        ))
+        .into());
+    }
+    if body.is_empty() {
+        println!("nothing to queue: standard input was empty");
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .context("cannot start the push")?;
+    let (status, answer) = runtime.block_on(post(&path, &args.app, &args.to, body))?;
+    let value: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+    let field = |k: &str| value.get(k).and_then(serde_json::Value::as_u64);
+    let error = value
+        .get("error")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| String::from_utf8_lossy(&answer).trim().to_string());
+    match status {
+        200 => {
+            let (first, last, count) = (field("first"), field("last"), field("count"));
+            match (first, last, count) {
+                (Some(f), Some(l), Some(c)) => {
+                    let seqs = if c == 1 {
+                        format!("sequence {f}")
+                    } else {
+                        format!("sequences {f}-{l}")
+                    };
+                    let records = if c == 1 { "record" } else { "records" };
+                    println!(
+                        "queued {c} {records} for {} in app {}: {seqs}",
+                        args.to, args.app
+                    );
+                    if let Some(e) = field("expired").filter(|e| *e > 0) {
+                        println!("({e} of its records had expired and were deleted unsent)");
+                    }
+                    Ok(())
+                }
+                _ => Err(anyhow::anyhow!(
+                    "the node answered 200 without the sequences it gave ({error}): is {} a pure-serve push socket?",
+                    path.display()
+                )),
+            }
+        }
+        409 | 413 => Err(PushError::Refused(error).into()),
+        404 => Err(PushError::NoSuch(error).into()),
+        503 => Err(PushError::TryAgain(error).into()),
+        other => Err(anyhow::anyhow!("the node answered {other}: {error}")),
+    }
+}
+
+async fn post(
+    path: &std::path::Path,
+    app: &str,
+    to: &str,
+    body: Vec<u8>,
+) -> anyhow::Result<(u16, Bytes)> {
+    let no_node = |why: String| PushError::NoNode {
+        path: path.to_path_buf(),
+        why,
+    };
+    let stream = tokio::net::UnixStream::connect(path)
+        .await
+        .map_err(|e| no_node(e.to_string()))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| no_node(e.to_string()))?;
+    tokio::spawn(conn);
+    let request = Request::post(format!("/push?app={}&to={}", encode(app), encode(to)))
+        .header(hyper::header::HOST, "pure-serve")
+        .body(Full::new(Bytes::from(body)))
+        .context("cannot make the request")?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| no_node(format!("the connection failed: {e}")))?;
+    let status = response.status().as_u16();
+    let answer = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| no_node(format!("the answer did not arrive: {e}")))?
+        .to_bytes();
+    Ok((status, answer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_encoded_for_the_query() {
+        assert_eq!(encode("kitchen-1"), "kitchen-1");
+        assert_eq!(encode("a b&c=d"), "a%20b%26c%3Dd");
+        assert_eq!(encode("é"), "%C3%A9");
+    }
+}

@@ -1,0 +1,401 @@
+//! The push socket (docs/downlink.md, "Queueing records"): a Unix stream socket on which programs of the node's
+//! machine queue downlink records with `POST /push?app=APP&to=SENDER`, one record per line of the body. Served by
+//! hyper on the HTTP thread like the TCP listeners; each push goes to the receive loop through a bounded queue
+//! ([`crate::common::push`]) and is answered, in JSON, once its records are synced or refused.
+//!
+//! Why a Unix socket and not a TCP port: who may push is then decided by the kernel's file permissions (the socket
+//! is `0660`, in the `0700` state directory by default), with no password to configure, leak or rotate, and nothing
+//! about downlink is reachable from the network. Why HTTP on it: `curl --unix-socket` and every HTTP client that
+//! dials a Unix socket can push, with no client library of ours.
+
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::{Body, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::sync::{oneshot, watch};
+
+use super::routes::{Answer, answer};
+use super::{HttpError, Shared};
+use crate::common::push::{MAX_PUSH_BODY, PushAnswer, PushRefused, PushRequest};
+
+/// Push connections open at once; more are closed at once. Pushers are the node's own machine's programs, so a
+/// few suffice, and a runaway one cannot take the process's descriptors.
+const MAX_PUSH_CONNECTIONS: usize = 32;
+
+/// How long a push waits for its answer: a commit and one sync, or the wait for a sync in flight before it.
+const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The push socket, bound: its listener and where it is (removed when the server stops, if it is still ours).
+pub struct PushSocket {
+    listener: std::os::unix::net::UnixListener,
+    path: PathBuf,
+    ino: u64,
+}
+
+impl PushSocket {
+    /// Binds `path`, mode `0660`. A socket left there by a node that is gone is replaced; a socket another
+    /// process answers on, or a file that is not a socket, is an error that names the path.
+    pub fn bind(path: &Path) -> Result<Self, HttpError> {
+        let problem = |why: String| HttpError::PushSocket {
+            path: path.to_path_buf(),
+            why,
+        };
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_socket() => {
+                match std::os::unix::net::UnixStream::connect(path) {
+                    Ok(_) => {
+                        return Err(problem(
+                            "another process answers on it (another node?): stop it, or give this node another \
+                             --push-socket"
+                                .into(),
+                        ));
+                    }
+                    // Nobody listens: a socket left by a node that did not stop cleanly.
+                    Err(_) => std::fs::remove_file(path).map_err(|e| {
+                        problem(format!(
+                            "a stale socket is there and cannot be removed ({e})"
+                        ))
+                    })?,
+                }
+            }
+            Ok(_) => {
+                return Err(problem(
+                    "it exists and is not a socket: remove it, or give --push-socket another path"
+                        .into(),
+                ));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(problem(format!("cannot look at it ({e})"))),
+        }
+        let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
+            problem(format!(
+                "cannot bind it ({e}): its directory must exist and be writable by the node's user"
+            ))
+        })?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+            .map_err(|e| problem(format!("cannot set its mode to 0660 ({e})")))?;
+        let ino = std::fs::symlink_metadata(path)
+            .map(|m| m.ino())
+            .map_err(|e| problem(format!("cannot look at it after binding ({e})")))?;
+        Ok(PushSocket {
+            listener,
+            path: path.to_path_buf(),
+            ino,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The listener registered with the runtime entered by the caller.
+    pub(super) fn into_tokio(self) -> io::Result<(tokio::net::UnixListener, PathBuf, u64)> {
+        self.listener.set_nonblocking(true)?;
+        Ok((
+            tokio::net::UnixListener::from_std(self.listener)?,
+            self.path,
+            self.ino,
+        ))
+    }
+}
+
+/// Accepts push connections until the server stops; then removes the socket if it is still the one bound.
+pub(super) async fn accept_loop(
+    listener: tokio::net::UnixListener,
+    path: PathBuf,
+    ino: u64,
+    shared: Arc<Shared>,
+    mut closing: watch::Receiver<bool>,
+) {
+    let open = Arc::new(AtomicUsize::new(0));
+    loop {
+        let stream = tokio::select! {
+            () = stopping(&mut closing) => break,
+            accepted = listener.accept() => match accepted {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::debug!("push socket accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        if open.load(Ordering::Relaxed) >= MAX_PUSH_CONNECTIONS {
+            // Dropped unanswered: a pusher over the bound sees the connection closed and may try again.
+            continue;
+        }
+        open.fetch_add(1, Ordering::Relaxed);
+        let (shared, open, closing) = (shared.clone(), open.clone(), closing.clone());
+        tokio::spawn(async move {
+            serve(stream, shared, closing).await;
+            open.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+    drop(listener);
+    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == ino) {
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+async fn serve(
+    stream: tokio::net::UnixStream,
+    shared: Arc<Shared>,
+    mut closing: watch::Receiver<bool>,
+) {
+    let head_timeout = shared.limits.head_timeout;
+    let service = service_fn(move |req| {
+        let shared = shared.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle(req, &shared).await) }
+    });
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(head_timeout)
+        .keep_alive(true);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        () = stopping(&mut closing) => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!("push connection: {e}");
+    }
+}
+
+/// Resolves once the server stops (the guard `wait_for` returns is not held across an await).
+async fn stopping(closing: &mut watch::Receiver<bool>) {
+    let _ = closing.wait_for(|c| *c).await;
+}
+
+fn json(status: StatusCode, value: serde_json::Value) -> Answer {
+    answer(status, "application/json", format!("{value}\n"))
+}
+
+fn error(status: StatusCode, why: impl Into<String>) -> Answer {
+    json(status, serde_json::json!({ "error": why.into() }))
+}
+
+async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
+    if req.uri().path() != "/push" {
+        return error(
+            StatusCode::NOT_FOUND,
+            "the push socket serves POST /push?app=APP&to=SENDER only (docs/downlink.md)",
+        );
+    }
+    if req.method() != Method::POST {
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "/push takes POST, with the records as the body, one per line",
+        );
+    }
+    let (app, to) = match target(req.uri().query().unwrap_or("")) {
+        Ok(t) => t,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
+    if req.body().size_hint().lower() > MAX_PUSH_BODY as u64 {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a push is at most {MAX_PUSH_BODY} bytes: push in parts"),
+        );
+    }
+    let body = match tokio::time::timeout(
+        shared.limits.request_deadline,
+        Limited::new(req.into_body(), MAX_PUSH_BODY).collect(),
+    )
+    .await
+    {
+        Ok(Ok(c)) => c.to_bytes(),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("a push is at most {MAX_PUSH_BODY} bytes: push in parts"),
+            );
+        }
+        Ok(Err(e)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("could not read the body: {e}"),
+            );
+        }
+        Err(_) => {
+            return error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the body did not arrive within {} s",
+                    shared.limits.request_deadline.as_secs_f64()
+                ),
+            );
+        }
+    };
+    let records = lines(&body);
+    if records.is_empty() {
+        return json(
+            StatusCode::OK,
+            serde_json::json!({ "app": app, "to": to, "first": 0, "last": 0, "count": 0, "expired": 0 }),
+        );
+    }
+    let Some(inbox) = &shared.pushes else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "this node takes no pushes");
+    };
+    let (tx, rx) = oneshot::channel();
+    let request = PushRequest {
+        app: app.clone(),
+        to: to.clone(),
+        records,
+        answer: tx,
+    };
+    match inbox.send(request) {
+        Ok(()) => {}
+        Err(PushRefused::Busy) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the node has many pushes waiting: nothing was queued; push again in a second",
+            );
+        }
+        Err(PushRefused::Stopped) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the node is stopping: nothing was queued",
+            );
+        }
+    }
+    match tokio::time::timeout(ANSWER_WITHIN, rx).await {
+        Ok(Ok(PushAnswer::Queued {
+            first,
+            count,
+            expired,
+        })) => json(
+            StatusCode::OK,
+            serde_json::json!({
+                "app": app, "to": to, "first": first, "last": first + count - 1, "count": count,
+                "expired": expired,
+            }),
+        ),
+        Ok(Ok(PushAnswer::Refused { bound, why })) => {
+            let status = match bound {
+                crate::common::push::PushBound::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+                _ => StatusCode::CONFLICT,
+            };
+            json(
+                status,
+                serde_json::json!({ "error": why, "refused": bound.word() }),
+            )
+        }
+        Ok(Ok(PushAnswer::NotFound(why))) => error(StatusCode::NOT_FOUND, why),
+        Ok(Ok(PushAnswer::Unavailable(why))) => error(StatusCode::SERVICE_UNAVAILABLE, why),
+        Ok(Err(_)) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the node stopped before the push was applied: nothing was queued",
+        ),
+        Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "no answer within {} s (the store may be slow or its disk failing): the records may or may not be \
+                 queued",
+                ANSWER_WITHIN.as_secs()
+            ),
+        ),
+    }
+}
+
+/// `app` and `to` from a query string, percent-decoded.
+fn target(query: &str) -> Result<(String, String), String> {
+    let (mut app, mut to) = (None, None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v =
+            percent_decode(v).ok_or_else(|| format!("{k}: not a percent-encoded UTF-8 value"))?;
+        match k {
+            "app" => app = Some(v),
+            "to" => to = Some(v),
+            _ => return Err(format!("unknown parameter {k:?}: a push takes app and to")),
+        }
+    }
+    match (app, to) {
+        (Some(a), Some(t)) if !a.is_empty() && !t.is_empty() => Ok((a, t)),
+        _ => Err("a push names its app and its sender: POST /push?app=APP&to=SENDER".into()),
+    }
+}
+
+/// Decodes `%XX` and `+` of a query value. By hand: two names per request need no URL crate.
+fn percent_decode(v: &str) -> Option<String> {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The records of a body: each line without its `\n`; a last line without one counts; nothing after a last `\n`.
+pub fn lines(body: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        match memchr::memchr(b'\n', rest) {
+            Some(k) => {
+                out.push(rest[..k].to_vec());
+                rest = &rest[k + 1..];
+            }
+            None => {
+                out.push(rest.to_vec());
+                rest = &[];
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_is_its_lines_and_an_unended_last_line_counts() {
+        assert_eq!(lines(b""), Vec::<Vec<u8>>::new());
+        assert_eq!(lines(b"a\n\nb"), vec![b"a".to_vec(), vec![], b"b".to_vec()]);
+        assert_eq!(lines(b"a\n"), vec![b"a".to_vec()]);
+        assert_eq!(lines(b"\n"), vec![Vec::<u8>::new()]);
+    }
+
+    #[test]
+    fn the_target_is_decoded_and_checked() {
+        assert_eq!(
+            target("app=main&to=kitchen%2D1"),
+            Ok(("main".into(), "kitchen-1".into()))
+        );
+        assert_eq!(target("to=a+b&app=x"), Ok(("x".into(), "a b".into())));
+        assert!(target("app=main").is_err());
+        assert!(target("app=main&to=").is_err());
+        assert!(target("app=main&to=x&from=y").unwrap_err().contains("from"));
+        assert!(target("app=%zz&to=x").is_err());
+        assert!(target("app=%ff&to=x").is_err());
+    }
+}

@@ -1,0 +1,281 @@
+//! Downlink through real processes (docs/downlink.md): `pure-serve push` and HTTP on the node's push socket queue
+//! records, a device over real UDP is handed each of them once, in order — also when it was already listening
+//! (pushed to a live session), and across a SIGKILL of the node. Refusals, exit statuses and the socket's life.
+
+#[path = "ops_util/mod.rs"]
+mod ops_util;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ops_util::{DEADLINE, NodeProcess, bin, keygen};
+use pure_serve::keys;
+use pure_serve::sender::{SenderEvent, UdpLink};
+
+fn push(state: &Path, app: &str, to: &str, stdin: &[u8]) -> (i32, String) {
+    let mut child = Command::new(bin())
+        .args(["push", "--app", app, "--to", to, "--state"])
+        .arg(state)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// One HTTP/1.1 request on the push socket, as a program without our command would make it.
+fn post_raw(socket: &Path, target: &str, body: &[u8]) -> (u16, String) {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    write!(
+        s,
+        "POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+/// A device listening on `main` from `heard`, driven until it was handed `want` records or the deadline.
+fn listen(node: &NodeProcess, key: &Path, heard: u64, want: usize) -> Vec<(u64, Vec<u8>)> {
+    let identity = keys::read_identity(key).unwrap();
+    let public = keys::parse_public_key(&node.public_key).unwrap();
+    let mut link = UdpLink::connect(identity, public, node.link).unwrap();
+    link.sender().listen("main", heard).unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + DEADLINE;
+    while got.len() < want && Instant::now() < deadline {
+        link.drive(Instant::now() + Duration::from_millis(50))
+            .unwrap();
+        for e in link.take_events() {
+            if let SenderEvent::Down { seq, payload, .. } = e {
+                got.push((seq, payload));
+            }
+        }
+    }
+    got
+}
+
+fn setup(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (key, public) = keygen(dir, "dev");
+    let senders = dir.join("senders");
+    std::fs::write(
+        &senders,
+        format!("kitchen-1 {public}\nother {}\n", keygen(dir, "o").1),
+    )
+    .unwrap();
+    (key, senders)
+}
+
+#[test]
+fn pushed_records_reach_the_device_once_in_order_across_a_node_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let args = ["--senders", senders.to_str().unwrap()];
+    let mut node = NodeProcess::start(&state, &args, None);
+    let (code, out) = push(&state, "main", "kitchen-1", b"one\ntwo\n\nfour");
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("queued 4 records for kitchen-1 in app main: sequences 1-4"),
+        "{out}"
+    );
+    let got = listen(&node, &key, 0, 4);
+    let want: Vec<(u64, Vec<u8>)> = vec![
+        (1, b"one".to_vec()),
+        (2, b"two".to_vec()),
+        (3, b"".to_vec()),
+        (4, b"four".to_vec()),
+    ];
+    assert_eq!(got, want);
+
+    // Pushed while nothing listens, the node SIGKILLed: the records were synced before push said so.
+    let (code, out) = push(&state, "main", "kitchen-1", b"five\nsix\n");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("sequences 5-6"), "{out}");
+    node.signal(libc::SIGKILL);
+    node.wait_exit();
+    let node = NodeProcess::start(&state, &args, None);
+    // The device kept heard = 4: nothing of 1–4 again, 5 and 6 once.
+    let got = listen(&node, &key, 4, 2);
+    assert_eq!(got, vec![(5, b"five".to_vec()), (6, b"six".to_vec())]);
+    // A device that lost its heard (0) gets only what still waits: 1–4 were acknowledged and deleted.
+    let got = listen(&node, &key, 0, 2);
+    assert_eq!(
+        got.iter().map(|r| r.0).collect::<Vec<_>>(),
+        vec![5, 6],
+        "{got:?}"
+    );
+}
+
+#[test]
+fn a_record_pushed_to_a_live_listening_session_goes_out_without_waiting_for_the_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let identity = keys::read_identity(&key).unwrap();
+    let public = keys::parse_public_key(&node.public_key).unwrap();
+    let mut link = UdpLink::connect(identity, public, node.link).unwrap();
+    link.sender().listen("main", 0).unwrap();
+    // The node answers the LISTEN (nothing waits): the session is live and listening.
+    let deadline = Instant::now() + DEADLINE;
+    for _ in 0..20 {
+        link.drive(Instant::now() + Duration::from_millis(20))
+            .unwrap();
+    }
+    let (code, out) = push(&state, "main", "kitchen-1", b"now\n");
+    assert_eq!(code, 0, "{out}");
+    // The device sends nothing more of its own (its LISTEN is answered and its RTO is not due for seconds);
+    // the record arrives because the node sent it.
+    let mut got = Vec::new();
+    while got.is_empty() && Instant::now() < deadline {
+        link.drive(Instant::now() + Duration::from_millis(50))
+            .unwrap();
+        for e in link.take_events() {
+            if let SenderEvent::Down { seq, payload, .. } = e {
+                got.push((seq, payload));
+            }
+        }
+    }
+    assert_eq!(got, vec![(1, b"now".to_vec())]);
+}
+
+#[test]
+fn pushes_that_cannot_be_queued_say_why_queue_nothing_and_exit_by_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, senders) = setup(dir.path());
+    let apps = dir.path().join("apps.toml");
+    std::fs::write(
+        &apps,
+        "[apps.main]\naccept = [\"kitchen-1\"]\n[apps.main.downlink]\nmax_records = 3\n",
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(
+        &state,
+        &[
+            "--senders",
+            senders.to_str().unwrap(),
+            "--apps",
+            apps.to_str().unwrap(),
+        ],
+        None,
+    );
+    let cases: [(&str, &str, &[u8], i32, &str); 5] = [
+        ("main", "nobody", b"x\n", 67, "no sender \"nobody\""),
+        ("nope", "kitchen-1", b"x\n", 67, "no app \"nope\""),
+        (
+            "main",
+            "other",
+            b"x\n",
+            67,
+            "does not accept sender \"other\"",
+        ),
+        ("main", "kitchen-1", b"a\nb\nc\nd\n", 65, "max_records"),
+        (
+            "main",
+            "kitchen-1",
+            &[b'z'; 1025],
+            65,
+            "above the downlink limit of 1024",
+        ),
+    ];
+    for (app, to, stdin, code, words) in cases {
+        let (got, out) = push(&state, app, to, stdin);
+        assert_eq!(got, code, "{app} {to}: {out}");
+        assert!(out.contains(words), "{app} {to}: {out}");
+    }
+    // Nothing of those was queued: three fit, and are 1–3.
+    let (code, out) = push(&state, "main", "kitchen-1", b"a\nb\nc\n");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("sequences 1-3"), "{out}");
+    // The socket's own requests, as curl --unix-socket makes them.
+    let socket = state.join("push.sock");
+    let (status, body) = post_raw(&socket, "/push?app=main&to=kitchen%2D1", b"d\n");
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("\"refused\":\"max_records\""), "{body}");
+    let (status, body) = post_raw(&socket, "/push?app=main", b"d\n");
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = post_raw(&socket, "/push?app=main&to=kitchen-1", b"");
+    assert_eq!(
+        (status, body.contains("\"count\":0")),
+        (200, true),
+        "{body}"
+    );
+    let got = listen(&node, &key, 0, 3);
+    assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+    let (status, body) = post_raw(&socket, "/push?app=main&to=kitchen-1", b"d\ne\n");
+    // The device acknowledged 1–3 by its LISTEN (heard 3) only if it sent one after them; either way the
+    // answer is whole: queued with 4–5, or refused with nothing queued.
+    assert!(status == 200 || status == 409, "{status} {body}");
+    // No node: exit 69 naming the socket.
+    let (code, out) = push(&dir.path().join("none"), "main", "kitchen-1", b"x\n");
+    assert_eq!(code, 69, "{out}");
+    assert!(out.contains("none/push.sock"), "{out}");
+}
+
+#[test]
+fn the_push_socket_is_private_replaces_a_stale_one_and_goes_with_a_clean_stop() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let args = ["--senders", senders.to_str().unwrap()];
+    let mut node = NodeProcess::start(&state, &args, None);
+    let socket = state.join("push.sock");
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660);
+    node.signal(libc::SIGKILL);
+    node.wait_exit();
+    // Left behind by the kill: the next node replaces it.
+    assert!(socket.exists());
+    let mut node = NodeProcess::start(&state, &args, None);
+    let (code, out) = push(&state, "main", "kitchen-1", b"x\n");
+    assert_eq!(code, 0, "{out}");
+    node.signal(libc::SIGTERM);
+    assert_eq!(node.wait_exit(), Some(0));
+    assert!(!socket.exists(), "a clean stop removes its socket");
+    // A file that is not a socket where the socket goes: a configuration error naming it.
+    let not_socket = dir.path().join("not-a-socket");
+    std::fs::write(&not_socket, "x").unwrap();
+    let out = Command::new(bin())
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--link-port",
+            "0",
+            "--http-port",
+            "0",
+            "--senders",
+        ])
+        .arg(&senders)
+        .arg("--state")
+        .arg(&state)
+        .arg("--push-socket")
+        .arg(&not_socket)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("not-a-socket") && err.contains("not a socket"),
+        "{err}"
+    );
+}
