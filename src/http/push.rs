@@ -23,6 +23,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{oneshot, watch};
 
 use super::routes::{Answer, answer};
+use super::serve::stopping;
 use super::{HttpError, Shared};
 use crate::common::push::{MAX_PUSH_BODY, PushAnswer, PushRefused, PushRequest};
 
@@ -172,11 +173,6 @@ async fn serve(
     if let Err(e) = result {
         tracing::debug!("push connection: {e}");
     }
-}
-
-/// Resolves once the server stops (the guard `wait_for` returns is not held across an await).
-async fn stopping(closing: &mut watch::Receiver<bool>) {
-    let _ = closing.wait_for(|c| *c).await;
 }
 
 fn json(status: StatusCode, value: serde_json::Value) -> Answer {

@@ -326,7 +326,7 @@ async fn connection(
 }
 
 /// Resolves once the server stops (or is gone).
-async fn stopping(closing: &mut watch::Receiver<bool>) {
+pub(super) async fn stopping(closing: &mut watch::Receiver<bool>) {
     let _ = closing.wait_for(|c| *c).await;
 }
 
