@@ -4,7 +4,11 @@
 //! calls [`UdpLink::deliver`] (or [`UdpLink::drive`] in its own loop). A device that persists its next sequence per
 //! app opens its flows with [`FlowStart::At`] and puts data in the first packet; otherwise the first packet is a
 //! probe (docs/protocol.md 7).
+//!
+//! The same link receives: [`UdpLink::listen`] on an app, then [`UdpLink::receive`] hands over the app's downlink
+//! records (docs/downlink.md), each once and in order while the program keeps the sequence it was last handed.
 
+use std::collections::VecDeque;
 use std::io::{self, ErrorKind};
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -21,12 +25,24 @@ pub struct Outcome {
     pub elapsed: Duration,
 }
 
+/// One downlink record handed to the program (docs/protocol.md 12.4). The program keeps `seq`, with what it did
+/// with the record, as the app's downlink heard sequence, and gives it back to [`UdpLink::listen`] after a restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DownRecord {
+    pub app: String,
+    pub seq: u64,
+    pub payload: Vec<u8>,
+}
+
 pub struct UdpLink {
     socket: UdpSocket,
     sender: Sender,
     out: Vec<u8>,
     inbuf: Vec<u8>,
     events: Vec<SenderEvent>,
+    /// Downlink records that arrived during [`UdpLink::deliver`], kept for the next [`UdpLink::receive`]: a record
+    /// handed to nobody would be lost to the program (the node deletes it once the device's LISTEN says it had it).
+    downs: VecDeque<DownRecord>,
 }
 
 impl UdpLink {
@@ -54,12 +70,42 @@ impl UdpLink {
             out: Vec::with_capacity(1500),
             inbuf: vec![0u8; 2048],
             events: Vec::new(),
+            downs: VecDeque::new(),
         })
     }
 
     /// The state machine, to queue records and read progress.
     pub fn sender(&mut self) -> &mut Sender {
         &mut self.sender
+    }
+
+    /// Listens on `app`'s downlink from `heard`, the last sequence the program was handed (0 the first time): the
+    /// next packet asks the node for what waits beyond it. Calling it again on the same app asks again at once
+    /// (a device that stays awake does so at least once per the node's `--link-idle-ms`, 30 s by default, so its
+    /// session stays live and pushed records reach it without waiting).
+    pub fn listen(&mut self, app: &str, heard: u64) -> Result<(), SenderError> {
+        self.sender.listen(app, heard)
+    }
+
+    /// Drives the link until downlink records arrived or `until` passed, and returns them in order (empty when
+    /// none came by then). Every other event stays for [`UdpLink::take_events`].
+    pub fn receive(&mut self, until: Instant) -> io::Result<Vec<DownRecord>> {
+        loop {
+            let mut other = Vec::new();
+            for event in self.events.drain(..) {
+                match event {
+                    SenderEvent::Down { app, seq, payload } => {
+                        self.downs.push_back(DownRecord { app, seq, payload })
+                    }
+                    e => other.push(e),
+                }
+            }
+            self.events = other;
+            if !self.downs.is_empty() || Instant::now() >= until {
+                return Ok(self.downs.drain(..).collect());
+            }
+            self.drive(until)?;
+        }
     }
 
     /// Events seen by [`UdpLink::drive`] since the last call.
@@ -127,12 +173,26 @@ impl UdpLink {
         Ok(())
     }
 
-    /// Drives until every queued record is acknowledged (or refused), or `timeout` passes.
+    /// Drives until every queued record is acknowledged (or refused), or `timeout` passes. On a listening link it
+    /// also waits until every LISTEN is answered and the node says nothing more waits; the downlink records that
+    /// came meanwhile are kept for [`UdpLink::receive`].
     pub fn deliver(&mut self, timeout: Option<Duration>) -> io::Result<Outcome> {
-        self.deliver_with(timeout, |_| {})
+        let mut downs = VecDeque::new();
+        let outcome = self.deliver_with(timeout, |e| {
+            if let SenderEvent::Down { app, seq, payload } = e {
+                downs.push_back(DownRecord {
+                    app: app.clone(),
+                    seq: *seq,
+                    payload: payload.clone(),
+                });
+            }
+        });
+        self.downs.append(&mut downs);
+        outcome
     }
 
-    /// Like [`UdpLink::deliver`], calling `on_event` for each event as it happens.
+    /// Like [`UdpLink::deliver`], calling `on_event` for each event as it happens; downlink records are handed to
+    /// `on_event` only.
     pub fn deliver_with(
         &mut self,
         timeout: Option<Duration>,

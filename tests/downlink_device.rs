@@ -1,0 +1,246 @@
+//! The device side of downlink through real processes (docs/downlink.md, "Receiving on a device"): `pure-serve send
+//! --listen` prints what `pure-serve push` queued, once and in order; its heard file carries that across runs and
+//! across a SIGKILL of the device command; with `--stay` it prints records pushed while it is awake.
+
+#[path = "ops_util/mod.rs"]
+mod ops_util;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ops_util::{DEADLINE, NodeProcess, bin, keygen, output_within, records};
+
+fn push(state: &Path, to: &str, stdin: &[u8]) {
+    let mut child = Command::new(bin())
+        .args(["push", "--app", "main", "--to", to, "--state"])
+        .arg(state)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "push: {out:?}");
+}
+
+struct Device {
+    key: PathBuf,
+    heard: PathBuf,
+}
+
+impl Device {
+    fn command(&self, node: &NodeProcess, extra: &[&str]) -> Command {
+        let mut cmd = Command::new(bin());
+        cmd.arg("send")
+            .arg("--key")
+            .arg(&self.key)
+            .args(["--node", &node.public_key, "--to", &node.link.to_string()])
+            .args(["--listen", "main", "--heard-file"])
+            .arg(&self.heard)
+            .args(extra);
+        cmd
+    }
+
+    /// One run with nothing to send: (stdout, stderr), after checking it exited 0.
+    fn run(&self, node: &NodeProcess) -> (String, String) {
+        let out = output_within(&mut self.command(node, &[]));
+        let text = (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        assert!(out.status.success(), "{text:?}");
+        text
+    }
+
+    fn kept(&self) -> u64 {
+        std::fs::read_to_string(&self.heard)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// A run that stays awake, its standard output read line by line as it comes.
+    fn spawn(&self, node: &NodeProcess, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
+        let mut child = self
+            .command(node, extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        (child, rx)
+    }
+}
+
+fn setup(dir: &Path) -> (Device, PathBuf) {
+    let (key, public) = keygen(dir, "dev");
+    let senders = dir.join("senders");
+    std::fs::write(&senders, format!("kitchen-1 {public}\n")).unwrap();
+    (
+        Device {
+            key,
+            heard: dir.join("kitchen-1.heard"),
+        },
+        senders,
+    )
+}
+
+#[test]
+fn send_listen_prints_each_pushed_record_once_in_order_and_its_heard_file_carries_that_across_runs()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let (device, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    push(&state, "kitchen-1", b"rate=10\nreboot\n\nlast one\n");
+    let (out, err) = device.run(&node);
+    assert_eq!(out, "rate=10\nreboot\n\nlast one\n", "{err}");
+    assert!(
+        err.contains("printed 4 downlink records of app main; heard 4"),
+        "{err}"
+    );
+    assert_eq!(device.kept(), 4);
+
+    // Again: nothing is printed twice.
+    let (out, err) = device.run(&node);
+    assert_eq!(out, "", "{err}");
+    assert_eq!(device.kept(), 4);
+
+    // Sending and listening in one run: the uplink records are stored, the downlink printed, and stdout is the
+    // downlink's alone.
+    push(&state, "kitchen-1", b"five\n");
+    let mut child = device
+        .command(&node, &[])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"up-1\nup-2\n")
+        .unwrap();
+    let done = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&done.stdout), "five\n", "{err}");
+    assert!(err.contains("stored 2 records for app main"), "{err}");
+    let stored: Vec<String> = records(&state).into_iter().map(|r| r.2).collect();
+    assert_eq!(stored, ["up-1", "up-2"]);
+    assert_eq!(device.kept(), 5);
+
+    // The heard file lost: what the earlier runs acknowledged was deleted by the node, so nothing comes again.
+    std::fs::remove_file(&device.heard).unwrap();
+    let (out, err) = device.run(&node);
+    assert_eq!(out, "", "{err}");
+
+    // A heard file that is not a number: the run stops before it asks, naming the file and the fix.
+    std::fs::write(&device.heard, "five\n").unwrap();
+    let out = output_within(&mut device.command(&node, &[]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("kitchen-1.heard line 1") && err.contains("delete the file"),
+        "{err}"
+    );
+
+    // An app the node does not host: refused, said so, exit 1.
+    let out = output_within(
+        Command::new(bin())
+            .arg("send")
+            .arg("--key")
+            .arg(&device.key)
+            .args(["--node", &node.public_key, "--to", &node.link.to_string()])
+            .args(["--listen", "nope"]),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the node refused app nope (no such app on the node); nothing was printed"),
+        "{err}"
+    );
+}
+
+#[test]
+fn send_listen_stay_prints_records_pushed_while_it_is_awake() {
+    let dir = tempfile::tempdir().unwrap();
+    let (device, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    push(&state, "kitchen-1", b"waiting\n");
+    // It asks only every 60 s: what is pushed later reaches it because the node sends it to the live session.
+    let (mut child, lines) = device.spawn(&node, &["--stay", "forever", "--ask-every", "60"]);
+    assert_eq!(lines.recv_timeout(DEADLINE).unwrap(), "waiting");
+    for i in 0..3 {
+        let record = format!("pushed-{i}");
+        push(&state, "kitchen-1", format!("{record}\n").as_bytes());
+        let start = Instant::now();
+        assert_eq!(lines.recv_timeout(DEADLINE).unwrap(), record);
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "a pushed record waited {:?}, as if for the device's next ask",
+            start.elapsed()
+        );
+    }
+    // The heard file follows what was printed.
+    let deadline = Instant::now() + DEADLINE;
+    while device.kept() != 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(device.kept(), 4);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn a_device_command_killed_mid_flow_goes_on_from_its_heard_file_and_skips_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (device, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    // Records of 1000 bytes: one per answer, so the flow takes many round trips and the kill lands inside it.
+    let all: Vec<String> = (0..300)
+        .map(|i| format!("{i:04}{}", "x".repeat(996)))
+        .collect();
+    push(
+        &state,
+        "kitchen-1",
+        format!("{}\n", all.join("\n")).as_bytes(),
+    );
+    let (mut child, lines) = device.spawn(&node, &["--stay", "forever"]);
+    let mut first = Vec::new();
+    while first.len() < 40 {
+        first.push(lines.recv_timeout(DEADLINE).unwrap());
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    first.extend(lines.iter());
+    // What the killed run printed is a prefix of the records; its heard file is at most that far.
+    assert_eq!(first[..], all[..first.len()]);
+    let kept = device.kept() as usize;
+    assert!(kept <= first.len(), "kept {kept}, printed {}", first.len());
+    // The next run prints exactly what comes after the kept sequence: a record printed after the last keep comes
+    // again (it was never kept as heard), none is skipped.
+    let (out, err) = device.run(&node);
+    let second: Vec<&str> = out.lines().collect();
+    assert_eq!(second.len(), all.len() - kept, "{err}");
+    assert!(second.iter().zip(&all[kept..]).all(|(a, b)| a == b));
+    assert_eq!(device.kept(), 300);
+}
