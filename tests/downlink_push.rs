@@ -230,6 +230,20 @@ fn pushes_that_cannot_be_queued_say_why_queue_nothing_and_exit_by_kind() {
     );
     let got = listen(&node, &key, 0, 3);
     assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+    // Per app, as the operator sees them: 3 queued, 6 refused (4 + 1 + the socket's 1), 3 delivered (the device
+    // acknowledged them), none waiting.
+    let want = [
+        ("pure_downlink_queued_total{app=\"main\"}", 3.0),
+        ("pure_downlink_refused_total{app=\"main\"}", 6.0),
+        ("pure_downlink_delivered_total{app=\"main\"}", 3.0),
+        ("pure_downlink_waiting{app=\"main\"}", 0.0),
+    ];
+    let deadline = Instant::now() + DEADLINE;
+    let read = || want.map(|(series, _)| node.metric(series));
+    while read() != want.map(|w| Some(w.1)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(read(), want.map(|w| Some(w.1)));
     let (status, body) = post_raw(&socket, "/push?app=main&to=kitchen-1", b"d\ne\n");
     // The device acknowledged 1–3 by its LISTEN (heard 3) only if it sent one after them; either way the
     // answer is whole: queued with 4–5, or refused with nothing queued.

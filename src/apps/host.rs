@@ -269,6 +269,10 @@ struct App {
     /// Downlink records deleted because their device had them, or because they expired (docs/downlink.md).
     down_delivered: u64,
     down_expired: u64,
+    /// Downlink records pushed and queued (counted once synced, when the pusher is told), and pushed and refused by
+    /// a bound (nothing of their push queued).
+    down_queued: u64,
+    down_refused: u64,
 }
 
 /// What one turn of the host did.
@@ -538,6 +542,8 @@ impl Host {
             turns_failed: 0,
             down_delivered: 0,
             down_expired: 0,
+            down_queued: 0,
+            down_refused: 0,
             last_progress_write: Instant::now(),
         });
         Ok(())
@@ -964,6 +970,7 @@ impl Host {
                         answer,
                     }),
                     Pushed::Refused(r) => {
+                        self.apps[i].down_refused += records.len() as u64;
                         let bound = match r {
                             DownRefusal::TooLarge { .. } => PushBound::TooLarge,
                             DownRefusal::Records { .. } => PushBound::MaxRecords,
@@ -1121,6 +1128,9 @@ impl Host {
                 continue;
             }
             node.downlink_queued(now, p.sender, p.app);
+            if let PushAnswer::Queued { count, .. } = p.queued {
+                self.apps[p.app as usize].down_queued += count;
+            }
             let _ = p.answer.send(p.queued);
         }
         self.finished_seq = unsynced.seq;
@@ -1565,6 +1575,8 @@ impl Host {
                         .map_or(0, |s| s.down_waiting()),
                     down_delivered: app.down_delivered,
                     down_expired: app.down_expired,
+                    down_queued: app.down_queued,
+                    down_refused: app.down_refused,
                 }
             })
             .collect()

@@ -123,6 +123,9 @@ pub struct AppFigures {
     pub down_waiting: u64,
     pub down_delivered: u64,
     pub down_expired: u64,
+    /// Downlink records pushed and queued (synced) since the start, and pushed and refused by a bound.
+    pub down_queued: u64,
+    pub down_refused: u64,
 }
 
 #[derive(Debug, Clone, Default)]

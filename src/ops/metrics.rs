@@ -320,7 +320,7 @@ fn render_apps(out: &mut String, s: &Snapshot) {
     }
     // One line per app for each of these families.
     type Figure = fn(&AppFigures) -> u64;
-    let per_app: [(&str, &str, &str, Figure); 8] = [
+    let per_app: [(&str, &str, &str, Figure); 10] = [
         (
             "pure_app_can_store",
             "gauge",
@@ -368,6 +368,18 @@ fn render_apps(out: &mut String, s: &Snapshot) {
             "counter",
             "Downlink records deleted unsent because their expiry (downlink.expiry_seconds) passed.",
             |a| a.down_expired,
+        ),
+        (
+            "pure_downlink_queued_total",
+            "counter",
+            "Downlink records pushed and queued in the app's store (counted once synced, when the pusher is told).",
+            |a| a.down_queued,
+        ),
+        (
+            "pure_downlink_refused_total",
+            "counter",
+            "Downlink records pushed and refused by a bound (max_records, max_bytes, or larger than 1024 bytes).",
+            |a| a.down_refused,
         ),
     ];
     for (name, kind, help, value) in per_app {
