@@ -959,16 +959,23 @@ impl Host {
             Ok((queued, expired)) => {
                 self.apps[i].down_expired += expired;
                 match queued {
-                    Pushed::Queued { first, count } => self.pushes.push(PendingPush {
-                        app: i as AppIndex,
-                        sender,
-                        queued: PushAnswer::Queued {
-                            first,
-                            count,
-                            expired,
-                        },
-                        answer,
-                    }),
+                    Pushed::Queued { first, count } => {
+                        // A live listening session reads the records in the turn that syncs them, so they go out
+                        // after that one commit rather than a commit later (research/024). They are sent only
+                        // after the sync, as every answer of a turn. The call at finish covers a session whose
+                        // read was already on its way now.
+                        node.downlink_queued(now, sender, i as AppIndex);
+                        self.pushes.push(PendingPush {
+                            app: i as AppIndex,
+                            sender,
+                            queued: PushAnswer::Queued {
+                                first,
+                                count,
+                                expired,
+                            },
+                            answer,
+                        })
+                    }
                     Pushed::Refused(r) => {
                         self.apps[i].down_refused += records.len() as u64;
                         let bound = match r {

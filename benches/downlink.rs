@@ -1,0 +1,806 @@
+//! research/024-downlink: downlink measured on the real binary (issue 16, item 6). Prints one JSON object per line
+//! on stdout (`{"bench":"downlink","part":…,"round":…,…}`); progress goes to stderr.
+//!
+//! Parts (`--only PART[,PART]`, default all):
+//! - `idle`: for each `--senders N` (default 100000 and 1000000), the node's anonymous memory with nothing queued
+//!   and with one record waiting for each sender (written into the app store's downlink tables while the node is
+//!   stopped, so the figure is the node's, not a pusher's), and the store's bytes per queued record. Then every
+//!   sender wakes once (a new run, `LISTEN main 0`) and must be handed its record once; halfway the node is
+//!   SIGKILLed and restarted, and the devices that had theirs make a new run with the heard sequence they kept and
+//!   must be handed nothing. Anonymous memory after every session is swept.
+//! - `live`: push → device program for a live listening session, through the push socket (HTTP) and through
+//!   `pure-serve push`, beside one `fdatasync` on the same filesystem and one UDP round trip on loopback.
+//! - `wake`: a device that wakes every second (a new run each time, its session swept between): push → program.
+//! - `one`: records/s to one device (20,000 records of 32 bytes waiting), and records per answer.
+//! - `wide`: 100,000 devices with one record each woken together, beside the same devices' uplink of one record
+//!   each from a new run, with the same driver.
+//!
+//! Usage: cargo bench --bench downlink -- [--only PARTS] [--senders N]... [--round R] [--bin PATH]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use pure_serve::keys::{encode_key, parse_public_key};
+use pure_serve::proto::crypto::Identity;
+use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
+use pure_serve::sender::UdpLink;
+use serde_json::json;
+
+struct Args {
+    only: Vec<String>,
+    senders: Vec<usize>,
+    round: u64,
+    bin: String,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        only: Vec::new(),
+        senders: Vec::new(),
+        round: 0,
+        bin: env!("CARGO_BIN_EXE_pure-serve").to_string(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--only" => a.only = it.next().unwrap().split(',').map(String::from).collect(),
+            "--senders" => a.senders.push(it.next().unwrap().parse().unwrap()),
+            "--round" => a.round = it.next().unwrap().parse().unwrap(),
+            "--bin" => a.bin = it.next().unwrap(),
+            "--bench" => {}
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    if a.senders.is_empty() {
+        a.senders = vec![100_000, 1_000_000];
+    }
+    a
+}
+
+fn emit(round: u64, part: &str, mut v: serde_json::Value) {
+    v["bench"] = json!("downlink");
+    v["part"] = json!(part);
+    v["round"] = json!(round);
+    println!("{v}");
+    std::io::stdout().flush().unwrap();
+}
+
+fn proc_kb(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+fn metric(http: SocketAddr, name: &str) -> f64 {
+    let mut s = TcpStream::connect(http).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn free_udp_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Node {
+    child: Child,
+    link: SocketAddr,
+    http: SocketAddr,
+    public: [u8; 32],
+    state: PathBuf,
+}
+
+impl Node {
+    fn start(bin: &str, state: &Path, senders: &Path, port: u16, extra: &[&str]) -> Node {
+        let mut child = Command::new(bin)
+            .arg("--state")
+            .arg(state)
+            .arg("--senders")
+            .arg(senders)
+            .args(["--bind", "127.0.0.1", "--http-port", "0"])
+            .args(["--link-port", &port.to_string(), "--recv-buffer", "4194304"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let (mut link, mut http, mut public) = (None, None, None);
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            if let Some(v) = line.strip_prefix("public key:") {
+                public = Some(parse_public_key(v.trim()).unwrap());
+            } else if let Some(v) = line.strip_prefix("link:") {
+                link = Some(v.trim().trim_start_matches("udp").trim().parse().unwrap());
+            } else if let Some(v) = line.strip_prefix("metrics:") {
+                let url = v.trim().trim_start_matches("http://");
+                http = Some(url.split('/').next().unwrap().parse().unwrap());
+            } else if line == "ready" {
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        Node {
+            child,
+            link: link.expect("the node printed its link address"),
+            http: http.unwrap(),
+            public: public.unwrap(),
+            state: state.to_path_buf(),
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn stop(mut self, signal: i32) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+        self.child.wait().unwrap();
+    }
+}
+
+/// Maps `0..n` through `f` on all cores, keeping the order.
+fn par_map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |p| p.get());
+    let chunk = n.div_ceil(threads).max(1);
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .step_by(chunk)
+            .map(|start| {
+                s.spawn(move || (start..(start + chunk).min(n)).map(f).collect::<Vec<_>>())
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
+}
+
+fn name(i: usize) -> String {
+    format!("dev{i:07}")
+}
+
+/// The 16-byte downlink record waiting for device `i`.
+fn record_of(i: usize) -> Vec<u8> {
+    format!("down-for-{i:07}").into_bytes()
+}
+
+/// A senders file of `ids` in `dir`.
+fn write_senders(dir: &Path, ids: &[Identity]) -> PathBuf {
+    let mut text = String::with_capacity(ids.len() * 56);
+    for (i, id) in ids.iter().enumerate() {
+        text.push_str(&format!("{} {}\n", name(i), encode_key(id.public())));
+    }
+    let path = dir.join("senders");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Bytes of the store's pages in use, after a checkpoint.
+fn store_bytes(conn: &rusqlite::Connection) -> u64 {
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    let q = |p: &str| -> u64 { conn.query_row(p, [], |r| r.get::<_, i64>(0)).unwrap() as u64 };
+    (q("PRAGMA page_count") - q("PRAGMA freelist_count")) * q("PRAGMA page_size")
+}
+
+/// Queues `record_of(i)` for every `i < n` as sequence 1, in the app store's downlink tables (docs/store.md,
+/// "Downlink"), while no node runs. Returns the store's bytes in use before and after.
+fn queue_in_store(state: &Path, n: usize) -> (u64, u64) {
+    let mut conn = rusqlite::Connection::open(state.join("apps").join("main.sqlite")).unwrap();
+    let before = store_bytes(&conn);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let tx = conn.transaction().unwrap();
+    {
+        let mut rec = tx
+            .prepare(
+                "INSERT INTO downlink (sender, seq, payload, queued_at, expires_at) VALUES (?1, 1, ?2, ?3, NULL)",
+            )
+            .unwrap();
+        let mut flow = tx
+            .prepare("INSERT INTO down_flows (sender, next_seq, acked) VALUES (?1, 2, 0)")
+            .unwrap();
+        for i in 0..n {
+            rec.execute(rusqlite::params![name(i), record_of(i), now_ms])
+                .unwrap();
+            flow.execute([name(i)]).unwrap();
+        }
+    }
+    tx.commit().unwrap();
+    let after = store_bytes(&conn);
+    (before, after)
+}
+
+/// One device of a wake wave: its run, and what its program was handed in it.
+struct Device {
+    index: usize,
+    sender: Sender,
+    handed: u32,
+    wrong: u32,
+}
+
+impl Device {
+    /// A new run listening on `main` from `heard`, or (uplink) with one record of its own in the first packet.
+    fn new(index: usize, id: &Identity, node: &[u8; 32], heard: Option<u64>) -> Device {
+        let mut sender = Sender::new(SenderConfig::new(id.clone(), *node)).unwrap();
+        match heard {
+            Some(h) => sender.listen("main", h).unwrap(),
+            None => {
+                sender.open_flow("main", FlowStart::At(1)).unwrap();
+                sender.queue("main", record_of(index)).unwrap();
+            }
+        }
+        Device {
+            index,
+            sender,
+            handed: 0,
+            wrong: 0,
+        }
+    }
+}
+
+/// Drives `devices` to the node, 1024 sockets each carrying one device at a time, until each is idle (its records
+/// stored, or its LISTEN answered with nothing more waiting and what it was handed acknowledged). Returns the
+/// devices done and, if `stop_at` came first, those still in flight or not begun.
+fn wake(
+    mut todo: Vec<Device>,
+    link: SocketAddr,
+    stop_at: Option<usize>,
+) -> (Vec<Device>, Vec<Device>) {
+    let total = todo.len();
+    todo.reverse();
+    let sockets: Vec<UdpSocket> = (0..1024.min(total.max(1)))
+        .map(|_| {
+            let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.connect(link).unwrap();
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    let mut slots: Vec<Option<Device>> = (0..sockets.len()).map(|_| None).collect();
+    let mut done = Vec::with_capacity(total);
+    let mut buf = [0u8; 2048];
+    let mut out = Vec::with_capacity(1500);
+    let mut fds: Vec<libc::pollfd> = sockets
+        .iter()
+        .map(|s| libc::pollfd {
+            fd: s.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let transmit = |d: &mut Device, s: &UdpSocket, out: &mut Vec<u8>| {
+        let now = Instant::now();
+        d.sender.handle_timeout(now);
+        while d.sender.poll_transmit(now, out) {
+            let _ = s.send(out);
+        }
+    };
+    while done.len() < total {
+        if stop_at.is_some_and(|s| done.len() >= s) {
+            break;
+        }
+        let now = Instant::now();
+        for (k, slot) in slots.iter_mut().enumerate() {
+            match slot {
+                None => {
+                    if let Some(mut d) = todo.pop() {
+                        transmit(&mut d, &sockets[k], &mut out);
+                        *slot = Some(d);
+                    }
+                }
+                Some(d) if d.sender.poll_timeout().is_some_and(|t| t <= now) => {
+                    transmit(d, &sockets[k], &mut out)
+                }
+                _ => {}
+            }
+        }
+        // SAFETY: a valid array of pollfds for the call's duration.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 5) };
+        for (k, fd) in fds.iter_mut().enumerate() {
+            if fd.revents & libc::POLLIN == 0 {
+                continue;
+            }
+            fd.revents = 0;
+            while let Ok(n) = sockets[k].recv(&mut buf) {
+                let Some(d) = &mut slots[k] else { continue };
+                d.sender.handle_datagram(Instant::now(), &buf[..n]);
+                while let Some(e) = d.sender.poll_event() {
+                    if let SenderEvent::Down { seq, payload, .. } = e {
+                        d.handed += 1;
+                        if seq != 1 || payload != record_of(d.index) {
+                            d.wrong += 1;
+                        }
+                    }
+                }
+                transmit(d, &sockets[k], &mut out);
+                if d.sender.is_idle() {
+                    done.push(slots[k].take().unwrap());
+                }
+            }
+        }
+    }
+    let mut rest: Vec<Device> = slots.into_iter().flatten().collect();
+    todo.reverse();
+    rest.extend(todo);
+    (done, rest)
+}
+
+/// Waits until the node has swept every session, then a little more for the figures after its last turn.
+fn wait_swept(node: &Node) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while metric(node.http, "pure_sessions_active") > 0.0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+}
+
+fn identities(n: usize) -> Vec<Identity> {
+    par_map(n, |_| Identity::generate())
+}
+
+fn part_idle(a: &Args, n: usize) {
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    eprintln!("idle {n}: making {n} identities");
+    let ids = identities(n);
+    let senders = write_senders(dir.path(), &ids);
+    let port = free_udp_port();
+    let extra = ["--link-idle-ms", "1000"];
+    // Nothing queued: the same senders, a state of its own; the first start builds its index.
+    let empty = dir.path().join("empty");
+    Node::start(&a.bin, &empty, &senders, port, &extra).stop(libc::SIGTERM);
+    let node = Node::start(&a.bin, &empty, &senders, port, &extra);
+    std::thread::sleep(Duration::from_millis(300));
+    let anon_empty = proc_kb(node.pid(), "RssAnon:");
+    let file_empty = proc_kb(node.pid(), "RssFile:");
+    node.stop(libc::SIGTERM);
+    // One record waiting for each.
+    let state = dir.path().join("waiting");
+    Node::start(&a.bin, &state, &senders, port, &extra).stop(libc::SIGTERM);
+    let t = Instant::now();
+    let (store_before, store_after) = queue_in_store(&state, n);
+    eprintln!("idle {n}: queued in {:.1} s", t.elapsed().as_secs_f64());
+    let node = Node::start(&a.bin, &state, &senders, port, &extra);
+    std::thread::sleep(Duration::from_millis(300));
+    let anon_waiting = proc_kb(node.pid(), "RssAnon:");
+    let file_waiting = proc_kb(node.pid(), "RssFile:");
+    let waiting_metric = metric(node.http, "pure_downlink_waiting{app=\"main\"}");
+    emit(
+        a.round,
+        "idle",
+        json!({
+            "phase": "listed", "senders": n, "rss_anon_empty_kb": anon_empty, "rss_anon_waiting_kb": anon_waiting,
+            "rss_file_empty_kb": file_empty, "rss_file_waiting_kb": file_waiting,
+            "anon_bytes_per_sender_waiting_minus_empty":
+                (anon_waiting as f64 - anon_empty as f64) * 1024.0 / n as f64,
+            "store_bytes_before": store_before, "store_bytes_after": store_after,
+            "store_bytes_per_queued_record": (store_after - store_before) as f64 / n as f64,
+            "payload_bytes": record_of(0).len(), "waiting_metric": waiting_metric,
+        }),
+    );
+    // Every device wakes once; the node is killed halfway.
+    eprintln!("idle {n}: building {n} first runs");
+    let devices = par_map(n, |i| Device::new(i, &ids[i], &node.public, Some(0)));
+    let t = Instant::now();
+    let (mut done, rest) = wake(devices, node.link, Some(n / 2));
+    let first_wave = t.elapsed();
+    node.stop(libc::SIGKILL);
+    eprintln!(
+        "idle {n}: {} done in {:.1} s, node killed",
+        done.len(),
+        first_wave.as_secs_f64()
+    );
+    let node = Node::start(&a.bin, &state, &senders, port, &extra);
+    let t = Instant::now();
+    let (rest_done, left) = wake(rest, node.link, None);
+    assert!(left.is_empty());
+    let second_wave = t.elapsed();
+    // The devices that had theirs restart their program: a new run with the heard they kept (1).
+    let restarted: Vec<usize> = done.iter().map(|d| d.index).collect();
+    eprintln!("idle {n}: {} devices restart", restarted.len());
+    let again = par_map(restarted.len(), |k| {
+        let i = restarted[k];
+        Device::new(i, &ids[i], &node.public, Some(1))
+    });
+    let t = Instant::now();
+    let (again_done, _) = wake(again, node.link, None);
+    let restart_wave = t.elapsed();
+    done.extend(rest_done);
+    let mut handed = vec![0u32; n];
+    let mut wrong = 0;
+    for d in done.iter().chain(&again_done) {
+        handed[d.index] += d.handed;
+        wrong += d.wrong;
+    }
+    let once = handed.iter().filter(|&&h| h == 1).count();
+    let lost = handed.iter().filter(|&&h| h == 0).count();
+    let doubled = handed.iter().filter(|&&h| h > 1).count();
+    let peak_anon = proc_kb(node.pid(), "RssAnon:");
+    wait_swept(&node);
+    emit(
+        a.round,
+        "idle",
+        json!({
+            "phase": "after_wake", "senders": n, "handed_once": once, "lost": lost, "doubled": doubled,
+            "wrong_payload": wrong, "first_wave_s": first_wave.as_secs_f64(),
+            "second_wave_s": second_wave.as_secs_f64(), "restart_wave_s": restart_wave.as_secs_f64(),
+            "restarted_devices": restarted.len(),
+            "handed_in_restart_wave": again_done.iter().map(|d| d.handed).sum::<u32>(),
+            "records_per_s_second_wave": rest_done_count(n, &restarted) as f64 / second_wave.as_secs_f64(),
+            "waiting_after": metric(node.http, "pure_downlink_waiting{app=\"main\"}"),
+            "delivered_metric_after_restart": metric(node.http, "pure_downlink_delivered_total{app=\"main\"}"),
+            "x25519_after_restart": metric(node.http, "pure_x25519_total"),
+            "rss_anon_peak_kb": peak_anon, "rss_anon_after_idle_kb": proc_kb(node.pid(), "RssAnon:"),
+            "anon_bytes_per_sender_after_idle": proc_kb(node.pid(), "RssAnon:") as f64 * 1024.0 / n as f64,
+        }),
+    );
+    node.stop(libc::SIGTERM);
+}
+
+fn rest_done_count(n: usize, first: &[usize]) -> usize {
+    n - first.len()
+}
+
+/// One push of `body` on the push socket; returns when the node answered (200 expected).
+fn push_http(socket: &Path, to: &str, body: &[u8]) {
+    let mut s = UnixStream::connect(socket).unwrap();
+    write!(
+        s,
+        "POST /push?app=main&to={to} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+fn push_command(bin: &str, state: &Path, to: &str, body: &[u8]) {
+    let mut child = Command::new(bin)
+        .args(["push", "--app", "main", "--to", to, "--state"])
+        .arg(state)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(body).unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// A device listening on `main` on a thread of its own: each record handed over is sent, with when, on the
+/// channel. Asks again every 5 s so its session stays live.
+fn listening_device(
+    id: Identity,
+    node: &Node,
+    stop: mpsc::Receiver<()>,
+) -> mpsc::Receiver<(u64, Instant)> {
+    let (tx, rx) = mpsc::channel();
+    let mut link = UdpLink::connect(id, node.public, node.link).unwrap();
+    link.listen("main", 0).unwrap();
+    std::thread::spawn(move || {
+        let mut asked = Instant::now();
+        while stop.try_recv().is_err() {
+            for r in link
+                .receive(Instant::now() + Duration::from_millis(100))
+                .unwrap()
+            {
+                tx.send((r.seq, Instant::now())).unwrap();
+            }
+            if asked.elapsed() > Duration::from_secs(5) {
+                link.listen("main", 0).unwrap();
+                asked = Instant::now();
+            }
+        }
+    });
+    rx
+}
+
+/// Median of `n` 4 KiB writes each followed by `fdatasync`, in `dir`.
+fn fdatasync_ms(dir: &Path, n: usize) -> f64 {
+    let mut f = std::fs::File::create(dir.join("fsync-probe")).unwrap();
+    let block = [7u8; 4096];
+    let mut v: Vec<f64> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f.write_all(&block).unwrap();
+            f.sync_data().unwrap();
+            ms(t.elapsed())
+        })
+        .collect();
+    percentile(&mut v, 0.5)
+}
+
+/// Median of `n` UDP round trips on loopback (an echo thread).
+fn udp_rtt_ms(n: usize) -> f64 {
+    let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = echo.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 1500];
+        for _ in 0..n {
+            let (k, from) = echo.recv_from(&mut b).unwrap();
+            echo.send_to(&b[..k], from).unwrap();
+        }
+    });
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.connect(addr).unwrap();
+    let mut b = [0u8; 1500];
+    let mut v: Vec<f64> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            s.send(&[1u8; 100]).unwrap();
+            s.recv(&mut b).unwrap();
+            ms(t.elapsed())
+        })
+        .collect();
+    percentile(&mut v, 0.5)
+}
+
+fn one_device_dir(extra_apps: Option<&str>) -> (tempfile::TempDir, Identity, PathBuf, Vec<String>) {
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let id = Identity::generate();
+    let senders = write_senders(dir.path(), std::slice::from_ref(&id));
+    let mut extra = Vec::new();
+    if let Some(apps) = extra_apps {
+        let path = dir.path().join("apps.toml");
+        std::fs::write(&path, apps).unwrap();
+        extra = vec!["--apps".to_string(), path.display().to_string()];
+    }
+    (dir, id, senders, extra)
+}
+
+fn part_live(a: &Args) {
+    let (dir, id, senders, _) = one_device_dir(None);
+    let node = Node::start(&a.bin, &dir.path().join("state"), &senders, 0, &[]);
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let handed = listening_device(id, &node, stop_rx);
+    std::thread::sleep(Duration::from_millis(300));
+    let socket = node.state.join("push.sock");
+    let to = name(0);
+    let measure = |count: usize, how: &str| {
+        let mut total = Vec::new();
+        let mut answered = Vec::new();
+        for k in 0..count {
+            let t = Instant::now();
+            let body = format!("live {k}\n");
+            if how == "socket" {
+                push_http(&socket, &to, body.as_bytes());
+            } else {
+                push_command(&a.bin, &node.state, &to, body.as_bytes());
+            }
+            answered.push(ms(t.elapsed()));
+            let (_, at) = handed.recv_timeout(Duration::from_secs(30)).unwrap();
+            total.push(ms(at.duration_since(t)));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (total, answered)
+    };
+    let (mut socket_total, mut socket_answer) = measure(200, "socket");
+    let (mut cmd_total, mut cmd_answer) = measure(50, "command");
+    let fsync = fdatasync_ms(&node.state, 200);
+    let rtt = udp_rtt_ms(200);
+    emit(
+        a.round,
+        "live",
+        json!({
+            "socket_p50_ms": percentile(&mut socket_total, 0.5), "socket_p99_ms": percentile(&mut socket_total, 0.99),
+            "socket_answer_p50_ms": percentile(&mut socket_answer, 0.5),
+            "command_p50_ms": percentile(&mut cmd_total, 0.5), "command_p99_ms": percentile(&mut cmd_total, 0.99),
+            "command_answer_p50_ms": percentile(&mut cmd_answer, 0.5),
+            "fdatasync_p50_ms": fsync, "udp_rtt_p50_ms": rtt,
+            "socket_p50_over_commit_plus_rtt": percentile(&mut socket_total, 0.5) / (fsync + rtt),
+        }),
+    );
+    let _ = stop_tx.send(());
+    node.stop(libc::SIGTERM);
+}
+
+fn part_wake(a: &Args) {
+    let (dir, id, senders, _) = one_device_dir(None);
+    // The device sleeps between wakes: its session is swept (300 ms) long before the next one.
+    let node = Node::start(
+        &a.bin,
+        &dir.path().join("state"),
+        &senders,
+        0,
+        &["--link-idle-ms", "300"],
+    );
+    let every = Duration::from_secs(1);
+    let pushes = 30;
+    let (tx, rx) = mpsc::channel::<(u64, Instant)>();
+    let (public, link) = (node.public, node.link);
+    let device = std::thread::spawn(move || {
+        let mut heard = 0;
+        let mut next = Instant::now();
+        while heard < pushes {
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            next += every;
+            let mut l = UdpLink::connect(id.clone(), public, link).unwrap();
+            l.listen("main", heard).unwrap();
+            l.deliver(Some(Duration::from_secs(5))).unwrap();
+            for r in l.receive(Instant::now()).unwrap() {
+                heard = r.seq;
+                tx.send((r.seq, Instant::now())).unwrap();
+            }
+        }
+    });
+    let mut pushed_at = Vec::new();
+    let mut lcg: u64 = 0x2545_f491_4f6c_dd1d ^ a.round;
+    for k in 0..pushes {
+        lcg = lcg
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let gap = 300 + (lcg >> 33) % 1400;
+        std::thread::sleep(Duration::from_millis(gap));
+        pushed_at.push(Instant::now());
+        push_http(
+            &node.state.join("push.sock"),
+            &name(0),
+            format!("wake {k}\n").as_bytes(),
+        );
+    }
+    device.join().unwrap();
+    let mut lat: Vec<f64> = rx
+        .try_iter()
+        .map(|(seq, at)| ms(at.duration_since(pushed_at[seq as usize - 1])))
+        .collect();
+    emit(
+        a.round,
+        "wake",
+        json!({
+            "every_s": every.as_secs_f64(), "records": lat.len(),
+            "p50_ms": percentile(&mut lat, 0.5), "p99_ms": percentile(&mut lat, 0.99),
+        }),
+    );
+    node.stop(libc::SIGTERM);
+}
+
+fn part_one(a: &Args) {
+    let (dir, id, senders, extra) = one_device_dir(Some(
+        "[apps.main]\n[apps.main.downlink]\nmax_records = 100000\nmax_bytes = 16777216\n",
+    ));
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let node = Node::start(&a.bin, &dir.path().join("state"), &senders, 0, &extra);
+    let records = 20_000;
+    let payload = |k: usize| format!("{k:08}-{}", "r".repeat(23));
+    for batch in 0..records / 1000 {
+        let body: String = (batch * 1000..(batch + 1) * 1000)
+            .map(|k| payload(k) + "\n")
+            .collect();
+        push_http(&node.state.join("push.sock"), &name(0), body.as_bytes());
+    }
+    let mut link = UdpLink::connect(id, node.public, node.link).unwrap();
+    let t = Instant::now();
+    link.listen("main", 0).unwrap();
+    let mut got = 0;
+    let mut in_order = true;
+    while got < records && t.elapsed() < Duration::from_secs(300) {
+        for r in link
+            .receive(Instant::now() + Duration::from_secs(1))
+            .unwrap()
+        {
+            in_order &= r.seq == got as u64 + 1 && r.payload == payload(got).into_bytes();
+            got += 1;
+        }
+    }
+    link.deliver(Some(Duration::from_secs(30))).unwrap();
+    let took = t.elapsed();
+    let answers = link.sender().stats().packets_received;
+    emit(
+        a.round,
+        "one",
+        json!({
+            "records": got, "in_order": in_order, "payload_bytes": payload(0).len(), "seconds": took.as_secs_f64(),
+            "records_per_s": got as f64 / took.as_secs_f64(), "node_packets": answers,
+            "records_per_node_packet": got as f64 / answers.max(1) as f64,
+            "turns": metric(node.http, "pure_turns_total{outcome=\"committed\"}"),
+        }),
+    );
+    node.stop(libc::SIGTERM);
+}
+
+fn part_wide(a: &Args) {
+    let n = 100_000;
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let ids = identities(n);
+    let senders = write_senders(dir.path(), &ids);
+    let port = free_udp_port();
+    // Downlink: one record waiting for each, every device wakes and is handed it.
+    let down = dir.path().join("down");
+    Node::start(&a.bin, &down, &senders, port, &[]).stop(libc::SIGTERM);
+    queue_in_store(&down, n);
+    let node = Node::start(&a.bin, &down, &senders, port, &[]);
+    let devices = par_map(n, |i| Device::new(i, &ids[i], &node.public, Some(0)));
+    let t = Instant::now();
+    let (done, _) = wake(devices, node.link, None);
+    let down_s = t.elapsed().as_secs_f64();
+    let handed: u32 = done.iter().map(|d| d.handed).sum();
+    let wrong: u32 = done.iter().map(|d| d.wrong).sum();
+    let down_x25519 = metric(node.http, "pure_x25519_total");
+    node.stop(libc::SIGTERM);
+    // Uplink: the same devices, a fresh state (no memo), one record each from a new run.
+    let up = dir.path().join("up");
+    Node::start(&a.bin, &up, &senders, port, &[]).stop(libc::SIGTERM);
+    let node = Node::start(&a.bin, &up, &senders, port, &[]);
+    let devices = par_map(n, |i| Device::new(i, &ids[i], &node.public, None));
+    let t = Instant::now();
+    let (done_up, _) = wake(devices, node.link, None);
+    let up_s = t.elapsed().as_secs_f64();
+    let stored = metric(node.http, "pure_records_stored_total{app=\"main\"}");
+    emit(
+        a.round,
+        "wide",
+        json!({
+            "devices": n, "handed": handed, "wrong_payload": wrong, "down_s": down_s,
+            "down_records_per_s": handed as f64 / down_s, "down_x25519": down_x25519,
+            "up_devices_done": done_up.len(), "up_stored": stored, "up_s": up_s,
+            "up_records_per_s": done_up.len() as f64 / up_s, "down_over_up": up_s / down_s,
+        }),
+    );
+    node.stop(libc::SIGTERM);
+}
+
+fn main() {
+    let a = args();
+    let want = |p: &str| a.only.is_empty() || a.only.iter().any(|o| o == p);
+    if want("live") {
+        part_live(&a);
+    }
+    if want("wake") {
+        part_wake(&a);
+    }
+    if want("one") {
+        part_one(&a);
+    }
+    if want("wide") {
+        part_wide(&a);
+    }
+    if want("idle") {
+        for &n in &a.senders {
+            part_idle(&a, n);
+        }
+    }
+}
