@@ -15,6 +15,9 @@
 //! - `wide`: 100,000 devices with one record each woken together, beside the same devices' uplink of one record
 //!   each from a new run, with the same driver.
 //!
+//! - `name`: `AllowList::find_name` (how a push finds its sender, on the receive loop) over a list of 1M senders:
+//!   names found at random and a name not listed, beside one lookup by key (`find`) on the same list.
+//!
 //! Usage: cargo bench --bench downlink -- [--only PARTS] [--senders N]... [--round R] [--bin PATH]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -783,9 +786,64 @@ fn part_wide(a: &Args) {
     node.stop(libc::SIGTERM);
 }
 
+fn part_name(a: &Args) {
+    use pure_serve::proto::allow_list::AllowList;
+    let n = 1_000_000;
+    let entries: Vec<(String, [u8; 32])> = (0..n)
+        .map(|i| (name(i), pure_serve::proto::crypto::random_array()))
+        .collect();
+    let keys: Vec<[u8; 32]> = entries.iter().map(|e| e.1).collect();
+    let list = AllowList::from_unique(entries);
+    let mut lcg: u64 = 88172645463325252 ^ a.round;
+    let mut pick = || {
+        lcg = lcg
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (lcg >> 33) as usize % n
+    };
+    let time = |f: &mut dyn FnMut() -> bool, count: usize| -> f64 {
+        let t = Instant::now();
+        let mut found = 0;
+        for _ in 0..count {
+            found += usize::from(f());
+        }
+        assert!(found == 0 || found == count);
+        t.elapsed().as_secs_f64() * 1e6 / count as f64
+    };
+    let names: Vec<String> = (0..1000).map(|_| name(pick())).collect();
+    let mut k = 0;
+    let found_us = time(
+        &mut || {
+            k += 1;
+            list.find_name(&names[k % names.len()]).is_some()
+        },
+        1000,
+    );
+    let missing_us = time(&mut || list.find_name("not-listed-anywhere").is_some(), 200);
+    let mut k = 0;
+    let by_key_us = time(
+        &mut || {
+            k += 1;
+            list.find(&keys[(k * 7919) % n]).is_some()
+        },
+        100_000,
+    );
+    emit(
+        a.round,
+        "name",
+        json!({
+            "senders": n, "names_bytes": n * name(0).len(), "find_name_found_us": found_us,
+            "find_name_missing_us": missing_us, "find_by_key_us": by_key_us,
+        }),
+    );
+}
+
 fn main() {
     let a = args();
     let want = |p: &str| a.only.is_empty() || a.only.iter().any(|o| o == p);
+    if want("name") {
+        part_name(&a);
+    }
     if want("live") {
         part_live(&a);
     }

@@ -302,3 +302,36 @@ fn the_push_socket_is_private_replaces_a_stale_one_and_goes_with_a_clean_stop() 
         "{err}"
     );
 }
+
+#[test]
+fn a_reload_of_the_senders_file_decides_who_may_be_pushed_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let (code, out) = push(&state, "main", "newcomer", b"x\n");
+    assert_eq!(code, 67, "{out}");
+    // `other` leaves the list, `newcomer` joins it (the same key as kitchen-1's, under another name, would be a
+    // duplicate key: a key of its own).
+    let public = std::fs::read_to_string(&senders).unwrap();
+    let kitchen = public.lines().next().unwrap();
+    std::fs::write(
+        &senders,
+        format!("{kitchen}\nnewcomer {}\n", keygen(dir.path(), "n").1),
+    )
+    .unwrap();
+    let before = node.metric("pure_reloads_total").unwrap_or(0.0);
+    node.signal(libc::SIGHUP);
+    let deadline = Instant::now() + DEADLINE;
+    while node.metric("pure_reloads_total").unwrap_or(0.0) <= before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The socket's lookups follow the new list: a stale one is never trusted.
+    let (code, out) = push(&state, "main", "newcomer", b"welcome\n");
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = push(&state, "main", "other", b"x\n");
+    assert_eq!(code, 67, "{out}");
+    let (code, out) = push(&state, "main", "kitchen-1", b"still here\n");
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(listen(&node, &key, 0, 1), vec![(1, b"still here".to_vec())]);
+}

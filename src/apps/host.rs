@@ -918,6 +918,7 @@ impl Host {
             to,
             records,
             answer,
+            found,
         } = request;
         let Some(i) = self.apps.iter().position(|a| a.config.name == app) else {
             let names: Vec<&str> = self.apps.iter().map(|a| a.config.name.as_str()).collect();
@@ -928,7 +929,12 @@ impl Host {
             return;
         };
         let a = &self.apps[i];
-        let Some(sender) = node.senders().find_name(&to) else {
+        // Looked up off the loop if the list is still the one it was looked up in (common/push.rs says why).
+        let sender = match found.and_then(|f| f.in_list(node.senders())) {
+            Some(index) => index,
+            None => node.senders().find_name(&to),
+        };
+        let Some(sender) = sender else {
             let _ = answer.send(PushAnswer::NotFound(format!(
                 "no sender {to:?} in the node's senders file: a record can be pushed only to a listed sender"
             )));

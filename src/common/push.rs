@@ -5,9 +5,17 @@
 //! It lives on the floor because three rooms pass it along: the HTTP server makes it, the receive loop takes it
 //! between turns, and the app host queues its records and answers it once they are synced. The answer is plain
 //! data, so that none of them needs another's types.
+//!
+//! The sender is looked up by name on the HTTP thread, not on the loop: at a million senders the name scan
+//! (`AllowList::find_name`, no index and no memory per sender) takes about half a millisecond (research/024), which
+//! the receive loop must not spend per push. The loop publishes its allow-list to the inbox at start and after each
+//! reload; a request carries the list it was looked up in, and the loop trusts the lookup only if that is still
+//! its own list (else it looks again, once).
 
-use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+
+use crate::proto::allow_list::{AllowList, SenderIndex};
 
 use tokio::sync::oneshot;
 
@@ -29,6 +37,23 @@ pub struct PushRequest {
     pub records: Vec<Vec<u8>>,
     /// Sent once the records are synced, or refused; dropped unsent if the node stops first.
     pub answer: oneshot::Sender<PushAnswer>,
+    /// `to` looked up by the producer ([`PushInbox::look_up`]), if it did.
+    pub found: Option<Found>,
+}
+
+/// A sender looked up by name in one allow-list.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub list: Arc<AllowList>,
+    /// The sender's index in `list`, or none: `list` has no sender of that name.
+    pub index: Option<SenderIndex>,
+}
+
+impl Found {
+    /// The lookup's answer if it was made in `current`, the loop's list now; else none (look again).
+    pub fn in_list(&self, current: &Arc<AllowList>) -> Option<Option<SenderIndex>> {
+        Arc::ptr_eq(&self.list, current).then_some(self.index)
+    }
 }
 
 /// Which bound refused a push.
@@ -83,9 +108,21 @@ pub enum PushRefused {
 pub struct PushInbox {
     tx: SyncSender<PushRequest>,
     wake: Arc<Wake>,
+    senders: Arc<Mutex<Arc<AllowList>>>,
 }
 
 impl PushInbox {
+    /// Looks `name` up in the loop's allow-list as last published, on the caller's thread.
+    pub fn look_up(&self, name: &str) -> Found {
+        let list = self
+            .senders
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let index = list.find_name(name);
+        Found { list, index }
+    }
+
     /// Queues a push and wakes the loop; never blocks.
     pub fn send(&self, request: PushRequest) -> Result<(), PushRefused> {
         match self.tx.try_send(request) {
@@ -103,16 +140,34 @@ impl PushInbox {
 #[derive(Debug)]
 pub struct PushQueue {
     rx: Receiver<PushRequest>,
+    senders: Arc<Mutex<Arc<AllowList>>>,
 }
 
 impl PushQueue {
+    /// Makes `list` the one producers look senders up in (at start and after a reload).
+    pub fn publish(&self, list: Arc<AllowList>) {
+        *self
+            .senders
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = list;
+    }
+
     pub fn try_recv(&self) -> Option<PushRequest> {
         self.rx.try_recv().ok()
     }
 }
 
-/// A queue of at most [`PUSH_QUEUE`] pushes that wakes `wake` (the loop's own) when one is queued.
-pub fn push_channel(wake: Arc<Wake>) -> (PushInbox, PushQueue) {
+/// A queue of at most [`PUSH_QUEUE`] pushes that wakes `wake` (the loop's own) when one is queued; producers look
+/// senders up in `senders` until [`PushQueue::publish`] gives another list.
+pub fn push_channel(wake: Arc<Wake>, senders: Arc<AllowList>) -> (PushInbox, PushQueue) {
     let (tx, rx) = mpsc::sync_channel(PUSH_QUEUE);
-    (PushInbox { tx, wake }, PushQueue { rx })
+    let senders = Arc::new(Mutex::new(senders));
+    (
+        PushInbox {
+            tx,
+            wake,
+            senders: senders.clone(),
+        },
+        PushQueue { rx, senders },
+    )
 }

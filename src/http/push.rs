@@ -251,6 +251,7 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
         to: to.clone(),
         records,
         answer: tx,
+        found: Some(inbox.look_up(&to)),
     };
     match inbox.send(request) {
         Ok(()) => {}

@@ -381,7 +381,7 @@ impl ReadyNode {
     /// Where the HTTP server's push socket hands its pushes (docs/downlink.md): the loop takes them between turns,
     /// and the app host answers each once its records are synced.
     pub fn push_inbox(&mut self) -> PushInbox {
-        let (inbox, queue) = push_channel(self.wake.clone());
+        let (inbox, queue) = push_channel(self.wake.clone(), self.node.senders().clone());
         self.pushes = Some(queue);
         inbox
     }
@@ -949,6 +949,9 @@ impl ReadyNode {
         let before = self.node.senders().len();
         match self.node.replace_senders(Arc::new(list)) {
             Ok(done) => {
+                if let Some(q) = &self.pushes {
+                    q.publish(self.node.senders().clone());
+                }
                 self.count_reload(true);
                 self.status_note = None;
                 tracing::info!(
