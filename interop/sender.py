@@ -48,6 +48,8 @@ DEFAULT_DATAGRAM = 1200
 PN_LIMIT = 1 << 62  # §3: packet numbers stop at 2^62
 
 F_PADDING, F_DATA, F_ACK, F_ECHO, F_REFUSE, F_FORWARD = 0x00, 0x01, 0x02, 0x03, 0x04, 0x05
+F_NOT_STORED, F_LISTEN, F_DOWN = 0x06, 0x07, 0x08  # NOT_STORED (§5.2); LISTEN and DOWN: version 1.1 (§12)
+MAX_DOWN_RECORD = 1024  # §12.2: a downlink record's payload is at most 1024 bytes
 REFUSE_REASONS = {1: "no such app on this node", 2: "this app does not accept this sender",
                   3: "this app takes no forwarded records (FORWARD frames) from this sender"}
 APP_CHARS = set(b"abcdefghijklmnopqrstuvwxyz0123456789_-")
@@ -180,10 +182,31 @@ def forward_frame(app, first_seq, records):
     return bytes(out)
 
 
-def parse_node_frames(pt):
-    """Frames of a node packet: a list of ("ack", app, stored_through), ("echo", pn), ("refuse", app, reason).
+def listen_frame(app, heard):
+    """§12.2: LISTEN, app, heard (varint)."""
+    return bytes((F_LISTEN, len(app))) + app + varint(heard)
 
-    §5: a frame running past the end, an unknown type, or one not allowed node -> sender makes it malformed."""
+
+def _read_app(pt, i):
+    n = len(pt)
+    if i >= n:
+        raise Malformed("frame runs past the end")
+    app_len = pt[i]
+    i += 1
+    if not 1 <= app_len <= 32 or i + app_len > n:
+        raise Malformed("bad app length")
+    app = bytes(pt[i:i + app_len])
+    if not set(app) <= APP_CHARS:
+        raise Malformed("bad app name")
+    return app, i + app_len
+
+
+def parse_node_frames(pt):
+    """Frames of a node packet: a list of ("echo", pn), ("ack", app, stored_through), ("refuse", app, reason),
+    ("not_stored", app, reason) and ("down", app, last, after, first_seq, [payload, ...]).
+
+    §5: a frame running past the end, an unknown type, or one not allowed node -> sender makes it malformed; §12.2
+    adds the DOWN frame's own rules."""
     frames = []
     i, n = 0, len(pt)
     while i < n:
@@ -194,25 +217,40 @@ def parse_node_frames(pt):
         if t == F_ECHO:
             pn, i = read_varint(pt, i)
             frames.append(("echo", pn))
-        elif t in (F_ACK, F_REFUSE):
-            if i >= n:
-                raise Malformed("frame runs past the end")
-            app_len = pt[i]
-            i += 1
-            if not 1 <= app_len <= 32 or i + app_len > n:
-                raise Malformed("bad app length")
-            app = bytes(pt[i:i + app_len])
-            i += app_len
+        elif t in (F_ACK, F_REFUSE, F_NOT_STORED):
+            app, i = _read_app(pt, i)
             if t == F_ACK:
                 st, i = read_varint(pt, i)
                 frames.append(("ack", app, st))
             else:
                 if i >= n:
                     raise Malformed("frame runs past the end")
-                frames.append(("refuse", app, pt[i]))
+                frames.append(("refuse" if t == F_REFUSE else "not_stored", app, pt[i]))
                 i += 1
-        elif t in (F_DATA, F_FORWARD):
-            raise Malformed("DATA or FORWARD frame from the node")
+        elif t == F_DOWN:
+            app, i = _read_app(pt, i)
+            last, i = read_varint(pt, i)
+            after, i = read_varint(pt, i)
+            first, i = read_varint(pt, i)
+            count, i = read_varint(pt, i)
+            if count == 0:
+                if first != 0:
+                    raise Malformed("DOWN with count 0 and first_seq %d" % first)
+            else:
+                if first == 0 or first <= after:
+                    raise Malformed("DOWN first_seq %d with after %d" % (first, after))
+                if first + count - 1 >= 1 << 64 or first + count - 1 > last:
+                    raise Malformed("DOWN last sequence past `last` or 2^64-1")
+            recs = []
+            for _ in range(count):
+                ln, i = read_varint(pt, i)
+                if i + ln > n:
+                    raise Malformed("DOWN record runs past the end")
+                recs.append(bytes(pt[i:i + ln]))
+                i += ln
+            frames.append(("down", app, last, after, first, recs))
+        elif t in (F_DATA, F_FORWARD, F_LISTEN):
+            raise Malformed("sender frame 0x%02x from the node" % t)
         else:
             raise Malformed("unknown frame type 0x%02x" % t)
     return frames
@@ -238,6 +276,7 @@ class Run:
         self.cookie_resend_from = 0  # only a COOKIE for a packet numbered at least this resends at once
         self.cookies_received = 0
         self.use_cookies = True  # False: behave as a sender written before §4.4 (ignore COOKIEs)
+        self.malformed = 0  # authenticated node packets whose frames were malformed (ignored)
 
     def k_n2s(self, epoch):
         k = self.n2s.get(epoch)
@@ -302,11 +341,16 @@ class Run:
             if epoch != self.epoch:
                 self.n2s.pop(epoch, None)  # don't let forged epochs push out the real one
             return None
+        try:
+            frames = parse_node_frames(pt)
+        except Malformed:
+            self.malformed += 1
+            return None  # §5: malformed, though it authenticated: nothing in it is taken
         if epoch != self.epoch:
             self.epoch = epoch
             self.epochs_seen += 1
         self.cookie = None  # §4.4: the node has our session now; no more X25519 for this run
-        return epoch, int.from_bytes(header[9:17], "big"), parse_node_frames(pt)
+        return epoch, int.from_bytes(header[9:17], "big"), frames
 
 
 # ---------------------------------------------------------------- one sender's delivery of one flow (§7)
@@ -625,6 +669,214 @@ class Delivery:
         self._progress(now)
 
 
+# ---------------------------------------------------------------- downlink: one listened flow (§12.4, §12.6)
+
+class Listen:
+    """The device side of one downlink flow (app, this sender) over one run (§12.4).
+
+    State, as §12.4 names it: `heard` (given when the flow is opened, only growing), `node_last` (the `last` of
+    the latest DOWN frame of the flow), the outstanding LISTEN (the packet number that carried it, None if none)
+    and `confirmed` (a DOWN frame of the flow came in this run).
+
+    Driven from outside like Delivery: packets(now), handle(opened, now), tick(now), next_timer(). Each record
+    handed over goes to on_record(seq, payload), in order, once. The driver sets data_acked (True when this run
+    has no DATA unacknowledged) for §12.6.
+
+    LISTEN goes in packets of its own (no DATA beside it), padded to `room`, before and after the flow is
+    confirmed: §12.6 asks that only until confirmed; alone is always allowed and keeps this sender simple. The
+    RTO is §7.4's estimator and §7.5's doubling, kept for LISTEN packets (samples from ECHOs of LISTEN packets)."""
+
+    UNANSWERED_RESENDS = 3  # §12.6
+
+    def __init__(self, run, app, heard=0, room=DEFAULT_DATAGRAM, log=None, on_record=None):
+        if heard < 0 or heard >= 1 << 64:
+            raise ValueError("heard must be 0 .. 2^64-1")
+        self.run = run
+        self.app = check_app(app)
+        self.heard = heard
+        self.room = max(MIN_DATAGRAM, min(room, MAX_DATAGRAM))
+        self.log = log or (lambda msg: None)
+        self.on_record = on_record or (lambda seq, payload: None)
+        self.node_last = None
+        self.outstanding = None  # packet number of the LISTEN not answered yet
+        self.confirmed = False
+        self.sent_heard = None  # `heard` of the last LISTEN sent
+        self.asked = True  # the flow was opened: the run's first LISTEN (§12.4)
+        self.hold_until = None  # §12.4 step 4: an answer without room; wait one RTO
+        self.resend_now = False  # a COOKIE dropped the LISTEN: send it again at once, without doubling (§4.4)
+        self.deadline = None  # the outstanding LISTEN's RTO
+        self.rto = RTO_INITIAL
+        self.srtt = None
+        self.rttvar = None
+        self.sent_at = {}
+        self.largest_echo = None
+        self.data_acked = True
+        self.unanswered_resends = 0  # RTO resends since the data was acknowledged, while not confirmed
+        self.unanswered = False  # §12.6: DownlinkUnanswered
+        self.refused = None
+        self.listens_sent = 0
+        self.resends = 0
+        self.handed = 0
+        self.last_answer = None  # time of the last authenticated node packet
+        self.holds = 0
+
+    # -- state
+
+    @property
+    def stopped(self):
+        return self.refused is not None or self.unanswered
+
+    @property
+    def done(self):
+        """Everything waiting was handed over and acknowledged, and the node says nothing more waits."""
+        return (not self.stopped and self.confirmed and self.outstanding is None and not self.asked
+                and self.sent_heard == self.heard and (self.node_last is None or self.node_last <= self.heard))
+
+    def ask_now(self):
+        """The program asks (a device awake that polls, §12.4)."""
+        self.asked = True
+
+    def _why(self, now):
+        """Why a LISTEN should go now, or None."""
+        if self.stopped:
+            return None
+        if self.asked:
+            return "ask"
+        if self.sent_heard is not None and self.heard > self.sent_heard:
+            return "ack"  # §12.4: heard grew, acknowledge at once
+        if self.outstanding is not None:
+            if self.resend_now:
+                return "cookie"
+            if self.deadline is not None and now >= self.deadline:
+                return "rto"
+            return None
+        if self.node_last is not None and self.node_last > self.heard:
+            if self.hold_until is not None and now < self.hold_until:
+                return None
+            return "more"
+        return None
+
+    def has_sendable(self, now):
+        return self._why(now) is not None
+
+    # -- sending
+
+    def packets(self, now):
+        why = self._why(now)
+        if why is None:
+            return []
+        if why == "rto":
+            self.rto = min(self.rto * 2, RTO_MAX)  # §7.5: doubling
+            self.resends += 1
+            if self.data_acked and not self.confirmed:
+                self.unanswered_resends += 1
+        # §12.4 Room: padded to the room wanted for the answer, the whole datagram within it (a cookie's 17
+        # bytes included, §4.4).
+        size = max(MIN_DATAGRAM, self.room - self.run.cookie_room(now))
+        pn, dgram = self.run.seal(listen_frame(self.app, self.heard), min_size=size)
+        self.sent_at[pn] = now
+        self.outstanding = pn
+        self.deadline = now + self.rto
+        self.sent_heard = self.heard
+        self.asked = False
+        self.resend_now = False
+        self.hold_until = None
+        self.listens_sent += 1
+        self.log("LISTEN %s heard=%d pn=%d (%s)" % (self.app.decode(), self.heard, pn, why))
+        return [dgram]
+
+    # -- timers
+
+    def next_timer(self):
+        ts = [t for t in (self.deadline if self.outstanding is not None else None, self.hold_until) if t is not None]
+        return min(ts) if ts else None
+
+    def tick(self, now):
+        """§12.6: an unconfirmed LISTEN still unanswered after the data was acknowledged and three RTO resends
+        (the third resend's RTO passed too) means the node has no downlink for the app."""
+        if self.stopped or self.confirmed or self.outstanding is None:
+            return
+        if (self.data_acked and self.unanswered_resends >= self.UNANSWERED_RESENDS and self.deadline is not None
+                and now >= self.deadline):
+            self.unanswered = True
+            self.log("DownlinkUnanswered %s: the node has no downlink for this app (no answer to LISTEN after "
+                     "%d resends)" % (self.app.decode(), self.unanswered_resends))
+
+    # -- receiving
+
+    def _echo(self, echo, now):
+        """§7.4, as Delivery: a sample only from an ECHO larger than any before, once per packet number."""
+        if self.largest_echo is not None and echo <= self.largest_echo:
+            return
+        self.largest_echo = echo
+        sent = self.sent_at.pop(echo, None)
+        if sent is not None:
+            r = now - sent
+            if self.srtt is None:
+                self.srtt, self.rttvar = r, r / 2
+            else:
+                self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - r)
+                self.srtt = 0.875 * self.srtt + 0.125 * r
+        for old in [k for k in self.sent_at if k < echo]:
+            del self.sent_at[old]
+
+    def _base_rto(self):
+        if self.srtt is None:
+            return RTO_INITIAL
+        return min(max(self.srtt + max(4 * self.rttvar, RTO_G), RTO_MIN), RTO_MAX)
+
+    def cookie(self, resend):
+        """A COOKIE for this run arrived (the run took it); resend says whether it asks for a resend (§4.4)."""
+        if resend and self.outstanding is not None:
+            self.resend_now = True
+
+    def handle(self, opened, now):
+        """One authenticated node packet (any epoch, §12.4)."""
+        epoch, pn, frames = opened
+        self.last_answer = now
+        if self.stopped:
+            return
+        echo = next((f[1] for f in frames if f[0] == "echo"), None)
+        if echo is not None:
+            self._echo(echo, now)
+        answered = False
+        handed = 0
+        for f in frames:
+            if f[0] == "refuse" and f[1] == self.app:
+                # A REFUSE for the app is final for the flow in this run (as for DATA, §7.3).
+                self.refused = f[2]
+                self.log("node refused app %s: reason %d (%s)" % (
+                    self.app.decode(), f[2], REFUSE_REASONS.get(f[2], "unknown reason")))
+                return
+            if f[0] != "down" or f[1] != self.app:
+                continue  # §12.4: a DOWN frame of an app we do not listen on is ignored
+            _, _, last, after, first, recs = f
+            # step 1
+            self.node_last = last
+            self.confirmed = True
+            if self.outstanding is not None and echo is not None and echo >= self.outstanding:
+                answered = True
+                self.outstanding = None
+                self.deadline = None
+                self.rto = self._base_rto()
+            # step 2
+            if after > self.heard:
+                continue  # a frame before it was lost or comes later: its records come again
+            # step 3
+            for k, payload in enumerate(recs):
+                seq = first + k
+                if seq <= self.heard:
+                    continue  # a duplicate
+                self.heard = seq
+                self.handed += 1
+                handed += 1
+                self.on_record(seq, payload)
+        # step 4, per packet: an answer with no room for what waits
+        if answered and not handed and self.node_last is not None and self.node_last > self.heard:
+            self.hold_until = now + self._base_rto()
+            self.holds += 1
+
+
 # ---------------------------------------------------------------- I/O
 
 def resolve(to):
@@ -734,6 +986,169 @@ def deliver_one(args):
     else:
         print("stored 0 records for app %s (node holds through %d) in %.2f s" % (app, d.acked, elapsed))
     return 0
+
+
+def read_heard_file(path, default):
+    """One decimal number and a newline; a missing file is `default`."""
+    try:
+        with open(path, "r", encoding="ascii") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return default
+    try:
+        value = int(text.strip())
+        if value < 0 or value >= 1 << 64:
+            raise ValueError
+    except ValueError:
+        raise ValueError("%s does not hold a downlink heard sequence (one decimal number)" % path)
+    return value
+
+
+def write_heard_file(path, heard):
+    """Replaced whole: a temporary file, synced, renamed over it, and the directory synced."""
+    tmp = "%s.tmp%d" % (path, os.getpid())
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write("%d\n" % heard)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    try:
+        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def listen_one(args, payloads):
+    """--listen APP: ask for APP's downlink records, print each on stdout (its bytes and a newline), once and in
+    order; keep `heard` in --heard-file. Lines of stdin, if any, are delivered as records in the same run. Status
+    goes to stderr. Exit: 0 all handed over and acknowledged (and the data stored); 1 gave up or the node has no
+    downlink (§12.6); 3 refused."""
+    priv = load_private_key(args.key)
+    node_pub = b64key(args.node)
+    family, addr = resolve(args.to)
+    out = sys.stdout.buffer
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    heard = args.heard
+    if args.heard_file:
+        heard = read_heard_file(args.heard_file, args.heard)
+    run = Run(priv, node_pub)
+    run.use_cookies = not args.no_cookies
+    printed = []
+
+    def on_record(seq, payload):
+        out.write(payload + b"\n")
+        printed.append(seq)
+
+    verbose = log if args.verbose else None
+    lst = Listen(run, args.listen, heard, room=args.room, log=log if args.verbose else None, on_record=on_record)
+    d = None
+    if payloads:
+        d = Delivery(run, args.app, payloads, start=args.start, window=args.window, datagram=args.datagram_size,
+                     timeout=args.timeout, log=verbose)
+    sock = make_socket(family, addr)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    started = time.monotonic()
+    last_heard = started  # last authenticated node packet
+    stay_until = None
+    next_ask = None
+    epochs = 0
+    rc = 0
+    log("listening on %s from heard %d" % (lst.app.decode(), heard))
+    while True:
+        now = time.monotonic()
+        if d is not None:
+            d.tick(now)
+            if d.failed:
+                log(d.error)
+                rc = 3 if d.refused is not None else 1
+                break
+        lst.data_acked = d is None or d.done
+        lst.tick(now)
+        if lst.refused is not None:
+            log("node refused app %s: reason %d (%s)" % (lst.app.decode(), lst.refused,
+                                                       REFUSE_REASONS.get(lst.refused, "unknown reason")))
+            rc = 3
+            break
+        if lst.unanswered:
+            log("DownlinkUnanswered: the node has no downlink for app %s (LISTEN unanswered)" % lst.app.decode())
+            rc = 1
+            break
+        caught_up = lst.done and (d is None or d.done)
+        if caught_up and stay_until is None:
+            if not args.stay:
+                break
+            stay_until = now + args.stay
+            next_ask = now + args.ask_every
+            log("caught up at heard %d; staying %.1f s" % (lst.heard, args.stay))
+        if stay_until is not None:
+            if now >= stay_until and caught_up:
+                break
+            if now >= next_ask:
+                lst.ask_now()
+                next_ask = now + args.ask_every
+        elif args.timeout and now - last_heard > args.timeout:
+            log("gave up: the node was silent for %.1f s" % args.timeout)
+            rc = 1
+            break
+        dgrams = []
+        if d is not None and d.active:
+            dgrams += d.packets(now)
+        dgrams += lst.packets(now)
+        send_all(sock, dgrams)
+        timers = [t for t in (lst.next_timer(), d.next_timer() if d is not None else None, stay_until, next_ask)
+                  if t is not None]
+        wait = max(0.0, min(min(timers) - now, 0.05)) if timers else 0.05
+        if lst.has_sendable(now) or (d is not None and d.has_sendable()):
+            wait = 0
+        if sel.select(wait):
+            now = time.monotonic()
+            for dgram in recv_all(sock):
+                if dgram and dgram[0] == TYPE_COOKIE:
+                    resend = run.take_cookie(dgram, now)
+                    if resend and d is not None and d.active:
+                        d.cursor = 0
+                        if d.probe_in_flight:
+                            d.probe_in_flight = False
+                            d.probe_pending = True
+                    lst.cookie(bool(resend))
+                    continue
+                opened = run.open(dgram)
+                if opened is None:
+                    continue
+                last_heard = now
+                if d is not None:
+                    d.handle(opened, now)
+                lst.handle(opened, now)
+        if printed:
+            try:
+                out.flush()
+            except BrokenPipeError:
+                log("standard output was closed")
+                rc = 1
+                break
+            if args.heard_file:
+                write_heard_file(args.heard_file, lst.heard)  # after the records are printed and flushed
+            for seq in printed:
+                log("record %d" % seq)
+            del printed[:]
+        if run.epochs_seen != epochs:
+            if epochs:
+                log("node epoch changed to %s (node restarted)" % run.epoch.hex())
+            epochs = run.epochs_seen
+    sock.close()
+    if d is not None and d.done and d.total:
+        log("stored %d records for app %s (seq %d-%d)" % (d.total, d.app.decode(), d.first_seq, d.last_seq))
+    log("heard %d: %d records handed over, %d LISTEN sent (%d RTO resends, %d holds)"
+        % (lst.heard, lst.handed, lst.listens_sent, lst.resends, lst.holds))
+    return rc
 
 
 # ---------------------------------------------------------------- load mode
@@ -946,6 +1361,19 @@ def main(argv=None):
     p.add_argument("--progress", action="store_true", help="print 'acked N' on stderr whenever the ack moves")
     p.add_argument("--no-cookies", action="store_true",
                    help="ignore COOKIE packets, as a sender written before §4.4 would (for tests)")
+    g = p.add_argument_group("downlink (§12, version 1.1)")
+    g.add_argument("--listen", metavar="APP", help="ask for APP's downlink records and print each on stdout, its "
+                   "bytes and a newline, once and in order (status goes to stderr)")
+    g.add_argument("--heard", type=int, default=0, metavar="N",
+                   help="the downlink heard sequence to start from (default 0; a --heard-file overrides it)")
+    g.add_argument("--heard-file", metavar="FILE", help="keep the downlink heard sequence in FILE between runs")
+    g.add_argument("--stay", type=float, default=0.0, metavar="SECONDS",
+                   help="once caught up, stay awake this long, printing records pushed meanwhile")
+    g.add_argument("--ask-every", type=float, default=10.0, metavar="SECONDS",
+                   help="while staying, send LISTEN again this often (default 10)")
+    g.add_argument("--room", type=int, default=DEFAULT_DATAGRAM, metavar="BYTES",
+                   help="pad LISTEN packets to this size: the room for the answer (96-1472, default 1200)")
+    g.add_argument("--verbose", action="store_true", help="log every LISTEN sent on stderr")
     g = p.add_argument_group("load mode")
     g.add_argument("--load", type=int, metavar="N_SENDERS", help="use N senders with fresh (or --keys-in) keys")
     g.add_argument("--records", type=int, default=10, metavar="M", help="records per sender in load mode")
@@ -967,6 +1395,13 @@ def main(argv=None):
             return run_load(args)
         if not (args.key and args.node and args.to):
             p.error("--key, --node and --to are needed (or --load)")
+        if args.listen:
+            if not MIN_DATAGRAM <= args.room <= MAX_DATAGRAM:
+                p.error("--room must be 96-1472")
+            payloads = [] if sys.stdin.isatty() else sys.stdin.buffer.read().split(b"\n")
+            if payloads and payloads[-1] == b"":
+                payloads.pop()
+            return listen_one(args, payloads)
         return deliver_one(args)
     except (ValueError, OSError) as e:
         print("error: %s" % e, file=sys.stderr)

@@ -668,5 +668,340 @@ class Cookies(unittest.TestCase):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+# ---------------------------------------------------------------- downlink (§12, version 1.1)
+
+def read_text(path):
+    with open(path) as f:
+        return f.read()
+
+
+def push(node, name, lines, app="main"):
+    """Queues records with the node's own command while it runs (docs/downlink.md, "Queueing records")."""
+    p = subprocess.run([BIN, "push", "--app", app, "--to", name, "--state", node.state],
+                       input=b"".join(l + b"\n" for l in lines), capture_output=True, timeout=30)
+    return p.returncode, p.stdout.decode() + p.stderr.decode()
+
+
+def listen(node, key, *args, lines=(), timeout=30):
+    """Runs sender.py --listen; returns (exit code, the records printed, stderr)."""
+    p = subprocess.run([sys.executable, SENDER, "--key", key, "--node", node.pubkey, "--to", node.to] + list(args),
+                       input=b"".join(l + b"\n" for l in lines), capture_output=True, timeout=timeout)
+    out = p.stdout.split(b"\n")
+    assert out[-1] == b"", p.stdout[-100:]
+    return p.returncode, out[:-1], p.stderr.decode()
+
+
+class ListenRules(unittest.TestCase):
+    """The sender's rules of §12.4 and §12.6 against node packets made here (no node process)."""
+
+    EPOCH = bytes(7) + b"\x01"
+
+    def setUp(self):
+        self.node_priv = S.X25519PrivateKey.generate()
+        self.run = S.Run(S.X25519PrivateKey.generate(), S.raw_public(self.node_priv))
+        self.node_pn = 0
+        self.now = 100.0
+        self.got = []
+        self.lst = S.Listen(self.run, "main", 5, on_record=lambda seq, p: self.got.append((seq, p)))
+
+    def down(self, echo, last, after, first, recs, app=b"main"):
+        frames = bytes((S.F_ECHO,)) + S.varint(echo)
+        frames += bytes((S.F_DOWN, len(app))) + app + S.varint(last) + S.varint(after) + S.varint(first)
+        frames += S.varint(len(recs)) + b"".join(S.varint(len(r)) + r for r in recs)
+        pn = self.node_pn
+        self.node_pn += 1
+        header = bytes((S.TYPE_N2S,)) + self.EPOCH + pn.to_bytes(8, "big")
+        return header + self.run.k_n2s(self.EPOCH).encrypt(bytes(4) + pn.to_bytes(8, "big"), frames, header)
+
+    def take(self, dgram):
+        self.now += 0.001
+        opened = self.run.open(dgram)
+        self.assertIsNotNone(opened)
+        self.lst.handle(opened, self.now)
+
+    def test_first_listen_is_padded_alone_and_says_heard(self):
+        [dgram] = self.lst.packets(self.now)
+        self.assertEqual(len(dgram), S.DEFAULT_DATAGRAM)
+        self.assertEqual(self.lst.packets(self.now), [])  # outstanding: nothing until its RTO
+        self.assertEqual((self.lst.outstanding, self.lst.sent_heard), (0, 5))
+
+    def test_handed_over_only_after_le_heard_and_above_heard(self):
+        self.lst.packets(self.now)
+        self.take(self.down(0, 9, 7, 8, [b"r8", b"r9"]))  # after 7 > heard 5: 6-7 were in a lost frame
+        self.assertEqual(self.got, [])
+        self.assertTrue(self.lst.confirmed)
+        self.take(self.down(0, 9, 3, 4, [b"r4", b"r5", b"r6", b"r7"]))  # 4, 5 are duplicates
+        self.assertEqual(self.got, [(6, b"r6"), (7, b"r7")])
+        self.take(self.down(0, 9, 7, 8, [b"r8", b"r9"]))
+        self.assertEqual([s for s, _ in self.got], [6, 7, 8, 9])
+        self.assertEqual(self.lst.heard, 9)
+        [ack] = self.lst.packets(self.now)  # heard grew: acknowledged at once
+        self.assertEqual(self.lst.sent_heard, 9)
+        self.take(self.down(1, 0, 9, 0, []))
+        self.assertTrue(self.lst.done)
+        self.take(self.down(1, 9, 3, 4, [b"r4", b"r5", b"r6", b"r7"]))  # a late copy hands nothing over
+        self.assertEqual(len(self.got), 4)
+
+    def test_an_answer_without_room_holds_one_rto(self):
+        self.lst.packets(self.now)
+        self.take(self.down(0, 8, 5, 0, []))  # records wait, no room for them
+        self.assertEqual(self.lst.holds, 1)
+        self.assertEqual(self.lst.packets(self.now), [])
+        self.now = self.lst.hold_until
+        self.assertEqual(len(self.lst.packets(self.now)), 1)
+
+    def test_unanswered_listen_after_three_resends(self):
+        self.lst.packets(self.now)
+        for _ in range(3):
+            self.lst.tick(self.now)
+            self.assertFalse(self.lst.unanswered)
+            self.now = self.lst.deadline
+            self.assertEqual(len(self.lst.packets(self.now)), 1)  # an RTO resend, doubling
+        self.assertEqual(self.lst.unanswered_resends, 3)
+        self.lst.tick(self.now)
+        self.assertFalse(self.lst.unanswered)
+        self.now = self.lst.deadline
+        self.lst.tick(self.now)
+        self.assertTrue(self.lst.unanswered)
+        self.assertEqual(self.lst.packets(self.now), [])  # stops asking
+
+    def test_resends_before_the_data_is_acked_do_not_count(self):
+        self.lst.data_acked = False
+        self.lst.packets(self.now)
+        for _ in range(5):
+            self.now = self.lst.deadline
+            self.lst.tick(self.now)
+            self.lst.packets(self.now)
+        self.assertFalse(self.lst.unanswered)
+        self.assertEqual(self.lst.unanswered_resends, 0)
+
+    def test_malformed_down_is_ignored(self):
+        self.lst.packets(self.now)
+        bad = self.down(0, 3, 5, 5, [b"x"])  # first_seq <= after, and past last: malformed (§12.2)
+        self.assertIsNone(self.run.open(bad))
+        self.assertEqual((self.got, self.lst.confirmed), ([], False))
+
+
+class Downlink(unittest.TestCase):
+    """Downlink records queued with `pure-serve push` while the node runs, received by sender.py --listen."""
+
+    NAMES = ("dl-once", "dl-rerun", "dl-zero", "dl-stay", "dl-many", "dl-refused")
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="interop-downlink-")
+        cls.keys = {}
+        lines = []
+        for name in cls.NAMES:
+            path, pub = new_key(cls.tmp, name)
+            cls.keys[name] = path
+            lines.append("%s %s" % (name, pub))
+        cls.senders = os.path.join(cls.tmp, "senders")
+        with open(cls.senders, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        cls.node = Node(cls.tmp, cls.senders).start()  # no apps file: `main` takes downlink with its defaults
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.node.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def heard_file(self, name):
+        return os.path.join(self.tmp, name + ".heard")
+
+    def pushed(self, name, lines):
+        rc, out = push(self.node, name, lines)
+        self.assertEqual(rc, 0, out)
+
+    def test_records_handed_over_once_and_in_order(self):
+        recs = [b"rate=10", b"", "gr\u00fc\u00dfe".encode(), b"\xff\xfe", b"x" * 1024]
+        self.pushed("dl-once", recs)
+        hf = self.heard_file("dl-once")
+        # uplink in the same run: LISTEN goes alone until confirmed, the DATA beside it (§12.6)
+        rc, got, err = listen(self.node, self.keys["dl-once"], "--listen", "main", "--heard-file", hf,
+                              lines=[b"up 1", b"up 2"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(got, recs)
+        self.assertEqual(read_text(hf), "5\n")
+        expect(self, self.node, "dl-once", [b"up 1", b"up 2"])
+
+    def test_rerun_with_kept_heard_repeats_and_skips_nothing(self):
+        hf = self.heard_file("dl-rerun")
+        self.pushed("dl-rerun", [b"a1", b"a2", b"a3"])
+        rc, got, err = listen(self.node, self.keys["dl-rerun"], "--listen", "main", "--heard-file", hf)
+        self.assertEqual((rc, got), (0, [b"a1", b"a2", b"a3"]), err)
+        rc, got, err = listen(self.node, self.keys["dl-rerun"], "--listen", "main", "--heard-file", hf)
+        self.assertEqual((rc, got), (0, []), err)
+        self.pushed("dl-rerun", [b"b4", b"b5"])
+        rc, got, err = listen(self.node, self.keys["dl-rerun"], "--listen", "main", "--heard-file", hf)
+        self.assertEqual((rc, got), (0, [b"b4", b"b5"]), err)
+        self.assertEqual(read_text(hf), "5\n")
+        rc, got, err = listen(self.node, self.keys["dl-rerun"], "--listen", "main", "--heard-file", hf)
+        self.assertEqual((rc, got), (0, []), err)
+
+    def test_heard_zero_after_some_were_acknowledged_gets_only_what_waits(self):
+        self.pushed("dl-zero", [b"z1", b"z2", b"z3"])
+        rc, got, err = listen(self.node, self.keys["dl-zero"], "--listen", "main", "--heard", "0")
+        self.assertEqual((rc, got), (0, [b"z1", b"z2", b"z3"]), err)  # and acknowledged: deleted on the node
+        self.pushed("dl-zero", [b"z4", b"z5"])
+        rc, got, err = listen(self.node, self.keys["dl-zero"], "--listen", "main", "--heard", "0")
+        self.assertEqual((rc, got), (0, [b"z4", b"z5"]), err)
+        self.assertIn("heard 5:", err)  # numbered 4 and 5: nothing given twice
+
+    def test_pushed_while_staying_arrives_without_a_new_ask(self):
+        name = "dl-stay"
+        self.pushed(name, [b"s1"])
+        proc = subprocess.Popen([sys.executable, SENDER, "--key", self.keys[name], "--node", self.node.pubkey,
+                                 "--to", self.node.to, "--listen", "main", "--stay", "20", "--ask-every", "60",
+                                 "--verbose"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        err = []
+        seen = {"caught": threading.Event(), "s2": threading.Event()}
+
+        def read_err():
+            for line in proc.stderr:
+                line = line.decode().rstrip("\n")
+                err.append((time.monotonic(), line))
+                if line.startswith("caught up"):
+                    seen["caught"].set()
+                if line == "record 2":
+                    seen["s2"].set()
+
+        t = threading.Thread(target=read_err, daemon=True)
+        t.start()
+        try:
+            self.assertTrue(seen["caught"].wait(10), err)
+            time.sleep(0.2)
+            asked_before = [l for _, l in err if l.startswith("LISTEN")]
+            t0 = time.monotonic()
+            self.pushed(name, [b"s2"])
+            self.assertTrue(seen["s2"].wait(5), err)
+            arrived = time.monotonic() - t0
+            i = next(k for k, (_, l) in enumerate(err) if l == "record 2")
+            between = [l for _, l in err[:i] if l.startswith("LISTEN")]
+            self.assertEqual(between, asked_before, "a LISTEN went out between the push and the record")
+            self.assertLess(arrived, 3.0)
+        finally:
+            proc.terminate()
+            out = proc.stdout.read()
+            proc.wait(10)
+            t.join(5)
+            proc.stdout.close()
+            proc.stderr.close()
+        self.assertEqual(out, b"s1\ns2\n")
+
+    def test_refused_app(self):
+        rc, got, err = listen(self.node, self.keys["dl-refused"], "--listen", "nope", "--timeout", "5")
+        self.assertEqual((rc, got), (3, []), err)
+        self.assertIn("reason 1", err)
+        self.assertNotIn("DownlinkUnanswered", err)
+
+    def test_refused_by_accept_list(self):
+        tmp = tempfile.mkdtemp(prefix="interop-downlink-apps-")
+        try:
+            apps = os.path.join(tmp, "apps.toml")
+            with open(apps, "w") as f:
+                f.write('[apps.main]\naccept = ["dl-once"]\n')
+            node = Node(tmp, self.senders, ["--apps", apps]).start()
+            try:
+                rc, out = push(node, "dl-refused", [b"never"])
+                self.assertEqual(rc, 67, out)  # not accepted by the app: nothing queued
+                rc, got, err = listen(node, self.keys["dl-refused"], "--listen", "main", "--timeout", "5")
+                self.assertEqual((rc, got), (3, []), err)
+                self.assertIn("reason 2", err)
+            finally:
+                node.stop()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_many_records_more_than_one_answer_all_in_order(self):
+        recs = [b"m%03d-" % i + b"y" * 35 for i in range(300)]  # 40 bytes each
+        self.pushed("dl-many", recs)
+        hf = self.heard_file("dl-many")
+        rc, got, err = listen(self.node, self.keys["dl-many"], "--listen", "main", "--heard-file", hf)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(got, recs)
+        self.assertEqual(read_text(hf), "300\n")
+        listens = int(err.split(" LISTEN sent")[0].rsplit(" ", 1)[1])
+        self.assertGreater(listens, 5, err)  # ~25 records per 1200-byte answer
+
+
+class DownlinkRestart(unittest.TestCase):
+    """SIGKILL the node while records are being handed over; restart it: nothing lost or doubled."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="interop-downlink-restart-")
+        self.key, pub = new_key(self.tmp, "dl-restart")
+        self.senders = os.path.join(self.tmp, "senders")
+        with open(self.senders, "w") as f:
+            f.write("dl-restart %s\n" % pub)
+        self.node = Node(self.tmp, self.senders).start()
+
+    def tearDown(self):
+        self.node.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_node_killed_mid_delivery(self):
+        recs = [b"k%03d-" % i + b"z" * 35 for i in range(300)]
+        rc, out = push(self.node, "dl-restart", recs)
+        self.assertEqual(rc, 0, out)
+        hf = os.path.join(self.tmp, "heard")
+        # a small room: about three records per answer, so the kill comes in the middle
+        proc = subprocess.Popen([sys.executable, SENDER, "--key", self.key, "--node", self.node.pubkey, "--to",
+                                 self.node.to, "--listen", "main", "--heard-file", hf, "--room", "200",
+                                 "--timeout", "20", "--stay", "30", "--ask-every", "0.5"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        got = []
+        err = []
+        reached = threading.Event()
+        caught = threading.Event()
+        last_kept = threading.Event()
+
+        def read_out():
+            for line in proc.stdout:
+                got.append(line.rstrip(b"\n"))
+                if len(got) >= 60:
+                    reached.set()
+
+        def read_err():
+            for line in proc.stderr:
+                line = line.decode().rstrip("\n")
+                err.append(line)
+                if line.startswith("caught up"):
+                    caught.set()
+                if line == "record 310":
+                    last_kept.set()
+
+        threads = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
+        for t in threads:
+            t.start()
+        try:
+            self.assertTrue(reached.wait(15), err[-5:])
+            self.node.kill()
+            self.assertLess(len(got), 300, "all handed over before the kill: nothing tested")
+            time.sleep(0.3)
+            self.node.start()
+            self.assertTrue(caught.wait(20), err[-5:])
+            # the new node's session is live and listening again: more pushed records come without waiting
+            more = [b"after restart %d" % i for i in range(10)]
+            rc, out = push(self.node, "dl-restart", more)
+            self.assertEqual(rc, 0, out)
+            self.assertIn("sequences 301-310", out)
+            # "record 310" is logged once the heard file says 310 (it is written after the records are printed)
+            self.assertTrue(last_kept.wait(15), err[-5:])
+        finally:
+            proc.terminate()
+            proc.wait(10)
+            for t in threads:
+                t.join(5)
+            proc.stdout.close()
+            proc.stderr.close()
+        self.assertEqual(got, recs + more, err[-5:])
+        self.assertTrue(any("epoch changed" in l for l in err), err[-5:])
+        self.assertEqual(read_text(hf), "310\n")
+        rc, again, e = listen(self.node, self.key, "--listen", "main", "--heard-file", hf)
+        self.assertEqual((rc, again), (0, []), e)
+
+
 if __name__ == "__main__":
     unittest.main()
