@@ -335,3 +335,40 @@ fn a_reload_of_the_senders_file_decides_who_may_be_pushed_to() {
     assert_eq!(code, 0, "{out}");
     assert_eq!(listen(&node, &key, 0, 1), vec![(1, b"still here".to_vec())]);
 }
+
+#[test]
+fn a_reload_of_the_apps_file_applies_and_says_new_downlink_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = setup(dir.path());
+    let apps = dir.path().join("apps.toml");
+    let bounds = |n: u32| format!("[apps.main]\n[apps.main.downlink]\nmax_records = {n}\n");
+    std::fs::write(&apps, bounds(2)).unwrap();
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(
+        &state,
+        &[
+            "--senders",
+            senders.to_str().unwrap(),
+            "--apps",
+            apps.to_str().unwrap(),
+        ],
+        None,
+    );
+    let (code, out) = push(&state, "main", "kitchen-1", b"a\nb\nc\n");
+    assert_eq!(code, 65, "{out}");
+    std::fs::write(&apps, bounds(5)).unwrap();
+    node.signal(libc::SIGHUP);
+    let deadline = Instant::now() + DEADLINE;
+    while !node.stderr_text().contains("downlink max_records 2 → 5") && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        node.stderr_text()
+            .contains("reload: app main: downlink max_records 2 → 5; records already waiting stay"),
+        "{}",
+        node.stderr_text()
+    );
+    let (code, out) = push(&state, "main", "kitchen-1", b"a\nb\nc\n");
+    assert_eq!(code, 0, "{out}");
+}

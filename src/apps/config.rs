@@ -1882,7 +1882,8 @@ fn parse_all(path: &Path, text: &str) -> (AppsConfig, Vec<Problem>) {
 pub struct ReloadPlan {
     /// Apps only in the new file: their stores are opened and they start taking input at the reload.
     pub added: Vec<String>,
-    /// Apps in both whose accept list, forwarders, turn_records or outlets differ: applied at the reload.
+    /// Apps in both whose accept list, forwarders, turn_records, downlink bounds or outlets differ: applied at the
+    /// reload.
     pub changed: Vec<String>,
     /// Apps only in the old file. Removing (or renaming) an app needs a restart; until then it runs as before.
     pub needs_restart: Vec<String>,
@@ -1980,6 +1981,31 @@ pub fn plan_reload(old: &AppsConfig, new: &AppsConfig) -> ReloadPlan {
             lines.push(format!(
                 "app {}: turn_records {} → {}",
                 n.name, o.turn_records, n.turn_records
+            ));
+        }
+        if o.downlink != n.downlink {
+            let (a, b) = (&o.downlink, &n.downlink);
+            let mut what = Vec::new();
+            if a.max_records != b.max_records {
+                what.push(format!("max_records {} → {}", a.max_records, b.max_records));
+            }
+            if a.max_bytes != b.max_bytes {
+                what.push(format!("max_bytes {} → {}", a.max_bytes, b.max_bytes));
+            }
+            if a.expiry_ms != b.expiry_ms {
+                let expiry =
+                    |e: Option<u64>| e.map_or("none".to_string(), |ms| format!("{} s", ms / 1000));
+                what.push(format!(
+                    "expiry_seconds {} → {}",
+                    expiry(a.expiry_ms),
+                    expiry(b.expiry_ms)
+                ));
+            }
+            lines.push(format!(
+                "app {}: downlink {}; records already waiting stay as they are (a lower bound refuses only new \
+                 pushes; an expiry is fixed when a record is queued)",
+                n.name,
+                what.join(", ")
             ));
         }
         for no in &n.outlets {
@@ -2792,6 +2818,23 @@ mod tests {
         ))
         .unwrap();
         assert!(plan_reload(&old, &old).is_empty());
+        // The downlink bounds alone are a change, applied and said.
+        let down = parse(&format!(
+            "[apps.a]\n[apps.a.outlets.up]\nkind = \"link\"\nto = \"h:1\"\nnode_key = \"{KEY_A}\"\n\
+             [apps.a.outlets.gone]\nkind = \"app\"\napp = \"b\"\n[apps.b]\n[apps.b.downlink]\nmax_records = 5\n\
+             expiry_seconds = 60\n[apps.c]\n"
+        ))
+        .unwrap();
+        let plan = plan_reload(&old, &down);
+        assert_eq!(plan.changed, ["b"]);
+        assert_eq!(plan.lines.len(), 1, "{:?}", plan.lines);
+        assert!(
+            plan.lines[0].starts_with(
+                "app b: downlink max_records 1024 → 5, expiry_seconds none → 60 s; records already waiting"
+            ),
+            "{:?}",
+            plan.lines
+        );
         // The same settings on other lines are no change.
         let moved = parse(&format!(
             "\n\n[apps.c]\n[apps.b]\n[apps.a.outlets.gone]\nkind = \"app\"\napp = \"b\"\n\
