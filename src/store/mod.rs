@@ -743,7 +743,7 @@ impl AppStore {
             head: head.max(1) as u64,
             down_waiting: 0,
         };
-        store.down_waiting = store.count_down_waiting()?;
+        store.down_waiting = store.load_down_waiting()?;
         Ok(store)
     }
 
@@ -825,6 +825,7 @@ impl AppStore {
             head: 1,
         };
         store.head = store.read_head()?;
+        store.down_waiting = store.load_down_waiting()?;
         Ok(store)
     }
 
