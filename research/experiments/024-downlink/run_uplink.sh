@@ -23,3 +23,11 @@ echo "link block start: $(uptime)"
 "$REPO/research/experiments/021-send-cpu/run.sh" "$SEND" "$BINS/pure-serve-before" "$BINS/pure-serve-after" 6 \
   "$HERE/uplink-link.jsonl" --records 3000000
 echo "link block end: $(uptime)"
+# What was run on 2026-12-02, beyond the above: round 3 of the idle block lost lines (another session's git stash
+# at 13:47:50 replaced uplink-idle.jsonl under the open appends: before's 1M after_idle and after's 1M lines never
+# reached the file). Round 3 was rerun (before, after) into a file outside the repository and appended here; its
+# partial lines stay in the file and summarize_uplink.py leaves incomplete invocations out. The rerun was:
+#   for b in before after; do "$IDLE" --senders 0 --senders 1000000 --send --runs 1 --bin "$BINS/pure-serve-$b" \
+#     --label $b >> /work/bins/uplink-idle-r3.jsonl; done; cat /work/bins/uplink-idle-r3.jsonl >> uplink-idle.jsonl
+# Summaries: summarize_uplink.py uplink-idle.jsonl uplink-link.jsonl (both), ../021-send-cpu/summarize.py
+# uplink-link.jsonl (every send_path figure).

@@ -6,21 +6,32 @@ Idle lines carry no round number; each idle_links invocation prints, in this ord
 line, then the 1M-sender node's `listed` and `after_idle` lines, so a round of one label is the 0-sender line and
 the 1M lines that follow it. Anonymous bytes per sender = (RssAnon at 1M - RssAnon of the same invocation's
 0-sender node, listed) / 1M, for both phases (the 0-sender node sends nothing, so it has no after_idle line;
-research/002 divides the same way). With the link file, send_path's ratios are added from research/021's lines."""
+research/002 divides the same way).
+Only complete invocations count (0-sender listed, 1M listed, 1M after_idle, all three): an invocation whose lines
+were partly lost is left out whole (round 3 of the first block: the file was replaced under the open appends by
+another session's git stash at 13:47:50; that round was rerun and its lines appended after). With the link file, send_path's ratios are added from research/021's lines."""
 import json, statistics, sys
 from collections import defaultdict
 
 vals = defaultdict(list)
-cur = {}
-for l in open(sys.argv[1]):
-    d = json.loads(l)
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+groups, i = [], 0
+while i < len(lines):
+    g = lines[i:i + 3]
+    key = [(d["label"], d["senders"], d["phase"]) for d in g]
+    lab = g[0]["label"]
+    if key == [(lab, 0, "listed"), (lab, 1_000_000, "listed"), (lab, 1_000_000, "after_idle")]:
+        groups.append(g)
+        i += 3
+    else:
+        print(f"left out: line {i + 1} ({lab}, {g[0]['senders']}, {g[0]['phase']}): its invocation is incomplete",
+              file=sys.stderr)
+        i += 1
+for d in (d for g in groups for d in g):
     lab = d["label"]
-    if d["senders"] == 0 and d["phase"] == "listed":
-        cur[lab] = d["rss_anon_kb"]
+    if d["senders"] == 0:
+        base = d["rss_anon_kb"]
         continue
-    if d["senders"] != 1_000_000:
-        continue
-    base = cur[lab]
     n = d["senders"]
     if d["phase"] == "listed":
         vals[("anon B/sender listed", lab)].append((d["rss_anon_kb"] - base) * 1024 / n)
