@@ -9,19 +9,23 @@
 //!   SIGKILLed and restarted, and the devices that had theirs make a new run with the heard sequence they kept and
 //!   must be handed nothing. Anonymous memory after every session is swept.
 //! - `live`: push → device program for a live listening session, through the push socket (HTTP) and through
-//!   `pure-serve push`, beside one `fdatasync` on the same filesystem and one UDP round trip on loopback.
+//!   `pure-serve push`, beside one `fdatasync` on the same filesystem and one UDP round trip on loopback, and beside
+//!   the node's own commit and round trip the other way (one record from the device on a live run → its stored ack).
 //! - `wake`: a device that wakes every second (a new run each time, its session swept between): push → program.
 //! - `one`: records/s to one device (20,000 records of 32 bytes waiting), and records per answer.
 //! - `wide`: 100,000 devices with one record each woken together, beside the same devices' uplink of one record
 //!   each from a new run, with the same driver.
 //!
-//! - `name`: `AllowList::find_name` (how a push finds its sender, on the receive loop) over a list of 1M senders:
+//! - `name`: `AllowList::find_name` (how a push finds its sender, on the HTTP thread) over a list of 1M senders:
 //!   names found at random and a name not listed, beside one lookup by key (`find`) on the same list.
 //!
 //! Usage: cargo bench --bench downlink -- [--only PARTS] [--senders N]... [--round R] [--bin PATH]
 
+#[path = "util/process.rs"]
+mod process;
+
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -29,6 +33,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use process::{metric, par_map, proc_kb};
 use pure_serve::keys::{encode_key, parse_public_key};
 use pure_serve::proto::crypto::Identity;
 use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
@@ -72,35 +77,6 @@ fn emit(round: u64, part: &str, mut v: serde_json::Value) {
     v["round"] = json!(round);
     println!("{v}");
     std::io::stdout().flush().unwrap();
-}
-
-fn proc_kb(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)?
-                .trim()
-                .strip_suffix("kB")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
-}
-
-fn metric(http: SocketAddr, name: &str) -> f64 {
-    let mut s = TcpStream::connect(http).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 fn free_udp_port() -> u16 {
@@ -173,25 +149,6 @@ impl Node {
         unsafe { libc::kill(self.child.id() as i32, signal) };
         self.child.wait().unwrap();
     }
-}
-
-/// Maps `0..n` through `f` on all cores, keeping the order.
-fn par_map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism().map_or(1, |p| p.get());
-    let chunk = n.div_ceil(threads).max(1);
-    let f = &f;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .step_by(chunk)
-            .map(|start| {
-                s.spawn(move || (start..(start + chunk).min(n)).map(f).collect::<Vec<_>>())
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
-    })
 }
 
 fn name(i: usize) -> String {
@@ -617,6 +574,24 @@ fn one_device_dir(extra_apps: Option<&str>) -> (tempfile::TempDir, Identity, Pat
 fn part_live(a: &Args) {
     let (dir, id, senders, _) = one_device_dir(None);
     let node = Node::start(&a.bin, &dir.path().join("state"), &senders, 0, &[]);
+    // The node's own commit and round trip, the other way: one record at a time from the same device on a live run
+    // → its stored ack (docs/protocol.md 5.3), on the same node and disk, before the downlink starts.
+    let mut uplink = UdpLink::connect(id.clone(), node.public, node.link).unwrap();
+    uplink.sender().open_flow("main", FlowStart::Probe).unwrap();
+    uplink.deliver(Some(Duration::from_secs(10))).unwrap();
+    let mut stored_ack: Vec<f64> = (0..200)
+        .map(|k| {
+            uplink
+                .sender()
+                .queue("main", format!("up {k}").into_bytes())
+                .unwrap();
+            let t = Instant::now();
+            let out = uplink.deliver(Some(Duration::from_secs(10))).unwrap();
+            assert_eq!(out.unacked, 0);
+            ms(t.elapsed())
+        })
+        .collect();
+    drop(uplink);
     let (stop_tx, stop_rx) = mpsc::channel();
     let handed = listening_device(id, &node, stop_rx);
     std::thread::sleep(Duration::from_millis(300));
@@ -654,6 +629,10 @@ fn part_live(a: &Args) {
             "command_answer_p50_ms": percentile(&mut cmd_answer, 0.5),
             "fdatasync_p50_ms": fsync, "udp_rtt_p50_ms": rtt,
             "socket_p50_over_commit_plus_rtt": percentile(&mut socket_total, 0.5) / (fsync + rtt),
+            "uplink_stored_ack_p50_ms": percentile(&mut stored_ack, 0.5),
+            "uplink_stored_ack_p99_ms": percentile(&mut stored_ack, 0.99),
+            "socket_p50_over_uplink_stored_ack_p50":
+                percentile(&mut socket_total, 0.5) / percentile(&mut stored_ack, 0.5),
         }),
     );
     let _ = stop_tx.send(());

@@ -11,13 +11,17 @@
 //!
 //! Usage: cargo bench --bench idle_links -- [--senders N]... [--runs R] [--send] [--reload] [--bin PATH] [--label L]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+#[path = "util/process.rs"]
+mod process;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use process::{metric, par_map, proc_kb};
 use pure_serve::keys::{encode_key, parse_public_key};
 use pure_serve::proto::crypto::Identity;
 use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig};
@@ -57,35 +61,6 @@ fn args() -> Args {
         a.senders = vec![0, 100_000, 1_000_000];
     }
     a
-}
-
-fn proc_kb(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)?
-                .trim()
-                .strip_suffix("kB")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
-}
-
-fn metric(http: SocketAddr, name: &str) -> f64 {
-    let mut s = TcpStream::connect(http).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 struct Node {
@@ -147,25 +122,6 @@ fn start_node(bin: &str, dir: &Path, idle_ms: u64) -> Node {
         public: public.unwrap(),
         ready,
     }
-}
-
-/// Maps `0..n` through `f` on all cores, keeping the order.
-fn par_map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism().map_or(1, |p| p.get());
-    let chunk = n.div_ceil(threads).max(1);
-    let f = &f;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .step_by(chunk)
-            .map(|start| {
-                s.spawn(move || (start..(start + chunk).min(n)).map(f).collect::<Vec<_>>())
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
-    })
 }
 
 /// Makes `n` identities on all cores.

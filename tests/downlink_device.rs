@@ -14,17 +14,8 @@ use std::time::{Duration, Instant};
 use ops_util::{DEADLINE, NodeProcess, bin, keygen, output_within, records};
 
 fn push(state: &Path, to: &str, stdin: &[u8]) {
-    let mut child = Command::new(bin())
-        .args(["push", "--app", "main", "--to", to, "--state"])
-        .arg(state)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "push: {out:?}");
+    let (code, out) = ops_util::push(state, "main", to, stdin);
+    assert_eq!(code, 0, "push: {out}");
 }
 
 struct Device {

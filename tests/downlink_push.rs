@@ -8,43 +8,26 @@ mod ops_util;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ops_util::{DEADLINE, NodeProcess, bin, keygen};
+use ops_util::{DEADLINE, NodeProcess, bin, keygen, push};
 use pure_serve::keys;
 use pure_serve::sender::{SenderEvent, UdpLink};
-
-fn push(state: &Path, app: &str, to: &str, stdin: &[u8]) -> (i32, String) {
-    let mut child = Command::new(bin())
-        .args(["push", "--app", app, "--to", to, "--state"])
-        .arg(state)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
-}
 
 /// One HTTP/1.1 request on the push socket, as a program without our command would make it.
 fn post_raw(socket: &Path, target: &str, body: &[u8]) -> (u16, String) {
     let mut s = UnixStream::connect(socket).unwrap();
     s.set_read_timeout(Some(DEADLINE)).unwrap();
-    write!(
-        s,
+    // The request in one write: a server that answers a bad request before its body (400) and closes would make
+    // a second write fail with a broken pipe.
+    let mut request = format!(
         "POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     )
-    .unwrap();
-    s.write_all(body).unwrap();
+    .into_bytes();
+    request.extend_from_slice(body);
+    s.write_all(&request).unwrap();
     let mut answer = String::new();
     s.read_to_string(&mut answer).unwrap();
     let status = answer[9..12].parse().unwrap();

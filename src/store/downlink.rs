@@ -482,7 +482,7 @@ mod tests {
             assert_eq!(s.down_waiting(), 2);
             assert_eq!(s.count_down_waiting(), 2);
         }
-        let mut s = AppStore::open(&path).unwrap();
+        let s = AppStore::open(&path).unwrap();
         assert_eq!(s.down_waiting(), 2);
         // A store whose count was not kept (made before it was) is counted once at open.
         s.conn.execute("DELETE FROM down_count", []).unwrap();

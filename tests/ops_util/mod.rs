@@ -426,3 +426,24 @@ pub fn finish_send(child: Child) -> (bool, String) {
     );
     (out.status.success(), text)
 }
+
+/// `pure-serve push` of `stdin` (one record per line) for `to` in `app`, through the push socket of the node on
+/// `state`: its exit code and what it said (docs/downlink.md).
+pub fn push(state: &Path, app: &str, to: &str, stdin: &[u8]) -> (i32, String) {
+    let mut child = Command::new(bin())
+        .args(["push", "--app", app, "--to", to, "--state"])
+        .arg(state)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}

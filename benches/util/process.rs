@@ -1,0 +1,55 @@
+//! What the benches that run the real binary read from outside it (`idle_links`, `downlink`): its memory from
+//! /proc, a series of its `/metrics`, and work spread over all cores of the machine that drives it.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+
+/// A `kB` field of /proc/PID/status (`RssAnon:`, `RssFile:`, `VmRSS:`), 0 if it is missing.
+pub fn proc_kb(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// One series of the node's `/metrics` (the name with its labels), 0 if it is not there.
+pub fn metric(http: SocketAddr, name: &str) -> f64 {
+    let mut s = TcpStream::connect(http).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Maps `0..n` through `f` on all cores, keeping the order.
+pub fn par_map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |p| p.get());
+    let chunk = n.div_ceil(threads).max(1);
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .step_by(chunk)
+            .map(|start| {
+                s.spawn(move || (start..(start + chunk).min(n)).map(f).collect::<Vec<_>>())
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
+}
