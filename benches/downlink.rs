@@ -24,7 +24,7 @@
 #[path = "util/process.rs"]
 mod process;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -33,8 +33,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use process::{metric, par_map, proc_kb};
-use pure_serve::keys::{encode_key, parse_public_key};
+use process::{metric, par_map, proc_kb, read_banner};
+use pure_serve::keys::encode_key;
 use pure_serve::proto::crypto::Identity;
 use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
 use pure_serve::sender::UdpLink;
@@ -113,29 +113,14 @@ impl Node {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let (mut link, mut http, mut public) = (None, None, None);
-        for line in lines.by_ref() {
-            let line = line.unwrap();
-            if let Some(v) = line.strip_prefix("public key:") {
-                public = Some(parse_public_key(v.trim()).unwrap());
-            } else if let Some(v) = line.strip_prefix("link:") {
-                link = Some(v.trim().trim_start_matches("udp").trim().parse().unwrap());
-            } else if let Some(v) = line.strip_prefix("metrics:") {
-                let url = v.trim().trim_start_matches("http://");
-                http = Some(url.split('/').next().unwrap().parse().unwrap());
-            } else if line == "ready" {
-                break;
-            }
-        }
+        let banner = read_banner(child.stdout.take().unwrap());
         let ready = started.elapsed();
-        std::thread::spawn(move || for _ in lines {});
         Node {
             child,
             ready,
-            link: link.expect("the node printed its link address"),
-            http: http.unwrap(),
-            public: public.unwrap(),
+            link: banner.link,
+            http: banner.http,
+            public: banner.public,
             state: state.to_path_buf(),
         }
     }

@@ -14,15 +14,15 @@
 #[path = "util/process.rs"]
 mod process;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use process::{metric, par_map, proc_kb};
-use pure_serve::keys::{encode_key, parse_public_key};
+use process::{metric, par_map, proc_kb, read_banner};
+use pure_serve::keys::encode_key;
 use pure_serve::proto::crypto::Identity;
 use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig};
 
@@ -97,29 +97,13 @@ fn start_node(bin: &str, dir: &Path, idle_ms: u64) -> Node {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut link, mut http, mut public) = (None, None, None);
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(v) = line.strip_prefix("public key:") {
-            public = Some(parse_public_key(v.trim()).unwrap());
-        } else if let Some(v) = line.strip_prefix("link:") {
-            link = Some(v.trim().trim_start_matches("udp").trim().parse().unwrap());
-        } else if let Some(v) = line.strip_prefix("metrics:") {
-            let url = v.trim().trim_start_matches("http://");
-            http = Some(url.split('/').next().unwrap().parse().unwrap());
-        } else if line == "ready" {
-            break;
-        }
-    }
+    let banner = read_banner(child.stdout.take().unwrap());
     let ready = start.elapsed();
-    // Keep draining stdout so the node never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
     Node {
         child,
-        link: link.unwrap(),
-        http: http.unwrap(),
-        public: public.unwrap(),
+        link: banner.link,
+        http: banner.http,
+        public: banner.public,
         ready,
     }
 }

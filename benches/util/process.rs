@@ -53,3 +53,37 @@ pub fn par_map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
             .collect()
     })
 }
+
+/// What a node prints before `ready`: its link address, its metrics listener and its public key.
+pub struct Banner {
+    pub link: SocketAddr,
+    pub http: SocketAddr,
+    pub public: [u8; 32],
+}
+
+/// Reads the node's standard output up to its `ready` line, then keeps draining it on a thread so the node never
+/// blocks on a full pipe.
+pub fn read_banner(stdout: std::process::ChildStdout) -> Banner {
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let (mut link, mut http, mut public) = (None, None, None);
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(v) = line.strip_prefix("public key:") {
+            public = Some(pure_serve::keys::parse_public_key(v.trim()).unwrap());
+        } else if let Some(v) = line.strip_prefix("link:") {
+            link = Some(v.trim().trim_start_matches("udp").trim().parse().unwrap());
+        } else if let Some(v) = line.strip_prefix("metrics:") {
+            let url = v.trim().trim_start_matches("http://");
+            http = Some(url.split('/').next().unwrap().parse().unwrap());
+        } else if line == "ready" {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    Banner {
+        link: link.expect("the node printed its link address"),
+        http: http.expect("the node printed its metrics listener"),
+        public: public.expect("the node printed its public key"),
+    }
+}
