@@ -261,6 +261,8 @@ fn prepare(dir: &Path, senders: &str, apps_toml: &str) -> ReadyNode {
         recv_buffer: RECV_BUFFER,
         dns: Default::default(),
         accept_lost_state: false,
+        store: pure_serve::store::engine::StoreChoice::Sqlite,
+        store_password: None,
         x25519_budget: pure_serve::proto::admission::DEFAULT_X25519_BUDGET,
         sessions_per_sender: pure_serve::proto::node::DEFAULT_SESSIONS_PER_SENDER,
         max_sessions: pure_serve::proto::node::DEFAULT_MAX_SESSIONS,

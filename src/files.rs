@@ -132,6 +132,15 @@ pub const STATE_LOCK: FileSpec = FileSpec {
     fix: Some(NOT_OURS),
 };
 
+/// The password of the fleet's database user: its first line.
+pub const STORE_PASSWORD: FileSpec = FileSpec {
+    what: "store password file",
+    flag: "--store-password-file",
+    max_bytes: 4096,
+    sized_for: "one line of a password",
+    fix: None,
+};
+
 #[derive(Debug, Error)]
 pub enum FileError {
     /// The OS refused to open or read it (missing, no permission, an I/O error): its error, said once.

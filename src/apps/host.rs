@@ -43,8 +43,12 @@ use crate::proto::node::{AppAccept, HostedApp, Node};
 use crate::proto::turn::{AppIndex, Committed};
 use crate::proto::wire::{Forwarded, RecordFormat};
 use crate::store::downlink::{DownRefusal, Pushed};
+use crate::store::engine::TurnStore;
 use crate::store::sync::{SyncFiles, Synced, Syncer};
 use crate::store::{self, AppStore, Chunk, Piece, StoreError, Stores};
+
+mod shared;
+pub use shared::unsupported as unsupported_on_shared_store;
 
 /// Records read back from a store for one outlet in one turn when it is catching up.
 const CATCH_UP_RECORDS: u64 = 16_384;
@@ -316,6 +320,8 @@ struct Unsynced {
     parts: Vec<CommittedPart>,
     /// Pushes committed before the turn's commits: answered when it is finished.
     pushes: Vec<PendingPush>,
+    /// On a shared store: what the turn's outcome is turned into the node core's with (its parts come with it).
+    shared: Option<shared::SharedTurn>,
 }
 
 /// A push whose records are committed and wait for their sync.
@@ -358,6 +364,9 @@ pub struct Host {
     feed_mode: FeedMode,
     /// Pushes committed since the last turn: they ride with the next one to the sync thread.
     pushes: Vec<PendingPush>,
+    /// The store shared with the other nodes of a fleet, when the apps are stored there rather than in files of
+    /// this host's own (`shared.rs`).
+    shared: Option<Box<dyn TurnStore + Send>>,
 }
 
 /// How the host hands records to its link, wire and webhook outlets. The daemon always feeds [`FeedMode::Chunks`];
@@ -496,6 +505,7 @@ impl Host {
             next_outlet_id: 1,
             feed_mode: FeedMode::Chunks,
             pushes: Vec::new(),
+            shared: None,
         };
         let mut changes = OutletChanges::default();
         for app in &config.apps {
@@ -763,6 +773,9 @@ impl Host {
     /// outcome of its turn when the turn is finished: here if nothing waits for a sync, else in
     /// [`Host::poll_synced`]. Waits for the oldest turn's sync only when [`MAX_UNSYNCED`] turns wait.
     pub fn turn(&mut self, node: &mut Node, now: Instant) -> TurnReport {
+        if self.shared.is_some() {
+            return self.turn_shared(node, now);
+        }
         let mut report = TurnReport::default();
         self.retry_failed(node, now);
         let turn = node.take_turn();
@@ -895,6 +908,7 @@ impl Host {
             turn: turn.as_ref().map(|t| t.id),
             parts,
             pushes,
+            shared: None,
         };
         match &self.syncer {
             // In order: a turn with nothing to sync is finished here only when no earlier one waits.
@@ -920,6 +934,14 @@ impl Host {
             answer,
             found,
         } = request;
+        if self.shared.is_some() {
+            let _ = answer.send(PushAnswer::Unavailable(format!(
+                "this node stores in a fleet's database, where downlink records cannot be queued yet \
+                 (docs/scale-out.md, \"What is built so far\"): nothing was queued for {to} in app {app}; push on a \
+                 node with --store sqlite"
+            )));
+            return;
+        }
         let Some(i) = self.apps.iter().position(|a| a.config.name == app) else {
             let names: Vec<&str> = self.apps.iter().map(|a| a.config.name.as_str()).collect();
             let _ = answer.send(PushAnswer::NotFound(format!(
@@ -1023,6 +1045,12 @@ impl Host {
     /// Finishes every turn whose sync is done (module docs, 4–5); returns whether any was. Call when
     /// [`Host::sync_fd`] is readable (it is cheap otherwise too).
     pub fn poll_synced(&mut self, node: &mut Node) -> bool {
+        if let Some(shared) = &mut self.shared {
+            let done = shared.done();
+            let any = !done.is_empty();
+            self.finish_outcomes(done, node);
+            return any;
+        }
         let Some(syncer) = &self.syncer else {
             return false;
         };
@@ -1034,6 +1062,11 @@ impl Host {
 
     /// Waits for the oldest waiting turn's sync and finishes what is done.
     pub fn wait_synced(&mut self, node: &mut Node) {
+        if let Some(shared) = &mut self.shared {
+            let done = shared.wait_done();
+            self.finish_outcomes(done, node);
+            return;
+        }
         let Some(syncer) = &self.syncer else { return };
         let done = syncer.wait_done();
         self.finish_done(done, node);
@@ -1084,6 +1117,9 @@ impl Host {
 
     /// Readable when a sync is done: the receive loop polls it beside its socket.
     pub fn sync_fd(&self) -> Option<RawFd> {
+        if let Some(shared) = &self.shared {
+            return shared.wake_fd();
+        }
         self.syncer.as_ref().map(Syncer::wake_fd)
     }
 
@@ -1520,7 +1556,10 @@ impl Host {
             .iter()
             .enumerate()
             .map(|(i, app)| {
-                let head = self.stores.app(i as AppIndex).map_or(1, |s| s.head());
+                let head = self
+                    .stores
+                    .app(i as AppIndex)
+                    .map_or(self.durable[i], |s| s.head());
                 let mut outlets: Vec<OutletFigures> = app
                     .outlets
                     .iter()
@@ -1689,6 +1728,14 @@ impl Host {
             .cloned()
             .collect::<Vec<_>>()
         {
+            if self.shared.is_some() {
+                // The fleet's store registers a node's apps when it connects.
+                done.needs_restart.push(format!(
+                    "app {} is new in the file: a node on a fleet's store takes new apps at a restart",
+                    new.name
+                ));
+                continue;
+            }
             let closed = match &self.state_dir {
                 Some(dir) => open_or_close(
                     &mut self.stores,
@@ -1705,6 +1752,9 @@ impl Host {
             if let (Some(why), Some(app)) = (closed, self.apps.last_mut()) {
                 app.failure = Some(Failure::new(why, Instant::now()));
             }
+        }
+        if self.shared.is_some() {
+            effective.truncate(self.apps.len());
         }
         let full = AppsConfig {
             apps: effective,

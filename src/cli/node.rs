@@ -35,8 +35,9 @@ pub struct NodeArgs {
     pub state: Option<PathBuf>,
     /// Where records and heard sequences are stored: `sqlite` (one SQLite file per app in the state directory), or
     /// the PostgreSQL that several nodes of one fleet share, as a URL `postgres://USER@HOST[:PORT]/DATABASE`
-    /// (docs/scale-out.md). A password in the URL is refused: give it in --store-password-file. This build stores
-    /// in SQLite only and refuses a PostgreSQL URL, saying so.
+    /// (docs/scale-out.md). A password in the URL is refused: give it in --store-password-file. On PostgreSQL the
+    /// node stores links' records exactly once across the fleet's nodes; apps with outlets and downlink pushes are
+    /// not served there yet (the start says so, naming the app).
     #[arg(long, value_name = "URL", default_value = "sqlite",
           value_parser = crate::store::engine::StoreChoice::parse)]
     pub store: crate::store::engine::StoreChoice,
@@ -205,16 +206,48 @@ impl NodeArgs {
             dns: crate::common::dns::DnsSettings { server: self.dns },
             accept_lost_state: self.accept_lost_state,
             state_dir,
+            store: self.store.clone(),
+            store_password: None,
         })
     }
 }
 
+/// The first line of the store password file, without its line end.
+fn read_store_password(file: &std::path::Path) -> anyhow::Result<String> {
+    let bytes = crate::files::read(file, &crate::files::STORE_PASSWORD)?;
+    let text = String::from_utf8(bytes).map_err(|_| {
+        anyhow::anyhow!(
+            "store password file {}: its first line is not UTF-8 text; write the password alone on the first line",
+            file.display()
+        )
+    })?;
+    let first = text.lines().next().unwrap_or("").trim_end_matches('\r');
+    if first.is_empty() {
+        anyhow::bail!(
+            "store password file {}: its first line is empty; write the database user's password on it",
+            file.display()
+        );
+    }
+    Ok(first.to_string())
+}
+
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     crate::receive::heap::set_phase(crate::receive::heap::Phase::ReadingSenders);
-    args.store
-        .check_served()
-        .context("the node did not start")?;
-    let settings = args.settings().context("the node did not start")?;
+    let mut settings = args.settings().context("the node did not start")?;
+    settings.store_password = match (&args.store_password_file, &args.store) {
+        (Some(file), crate::store::engine::StoreChoice::Postgres(_)) => {
+            Some(read_store_password(file).context("the node did not start")?)
+        }
+        (Some(file), crate::store::engine::StoreChoice::Sqlite) => {
+            tracing::warn!(
+                "--store-password-file {} is not read: the node stores in SQLite (give --store postgres://… to \
+                 store in a fleet's database)",
+                file.display()
+            );
+            None
+        }
+        (None, _) => None,
+    };
     // Before anything is opened: past the limit every store would fail on its own, each with a misleading error.
     crate::ops::fds::prepare(&settings.apps).context("the node did not start")?;
     let state = settings.state_dir.clone();

@@ -76,6 +76,8 @@ impl LocalNode {
             max_sessions: crate::proto::node::DEFAULT_MAX_SESSIONS,
             dns: Default::default(),
             accept_lost_state: false,
+            store: crate::store::engine::StoreChoice::Sqlite,
+            store_password: None,
         })?;
         let addr = ready.local_addr();
         let public = ready.identity_public();

@@ -43,6 +43,7 @@ use crate::proto::node::{DropReason, Node, NodeConfig, NodeCounters, Transmit};
 use crate::senders::{self, SendersError};
 use crate::sending::{LoopSettings, SendingLoop};
 use crate::store::StoreError;
+use crate::store::engine::StoreChoice;
 use crate::store::memo::Memo;
 use crate::store::state::{self, StateError, StateLock};
 use heap::{IdleTrim, Phase, release_freed_memory};
@@ -97,6 +98,8 @@ pub enum NodeError {
     OwnKey(String),
     #[error("cannot make the queue for links over HTTP: {0}")]
     LinkQueue(std::io::Error),
+    #[error("{0}")]
+    NotOnSharedStore(String),
 }
 
 impl NodeError {
@@ -108,7 +111,8 @@ impl NodeError {
             | NodeError::Senders(_)
             | NodeError::State(_)
             | NodeError::Apps(_)
-            | NodeError::OwnKey(_) => true,
+            | NodeError::OwnKey(_)
+            | NodeError::NotOnSharedStore(_) => true,
             NodeError::Store(e) => e.is_fatal_at_open(),
             _ => false,
         }
@@ -138,6 +142,11 @@ pub struct NodeSettings {
     pub dns: DnsSettings,
     /// Start even where the state looks like it lost data (`--accept-lost-state`; [`state::judge`]).
     pub accept_lost_state: bool,
+    /// Where the apps' records and heard sequences are kept (`--store`): the state directory's SQLite files, or a
+    /// database shared with the other nodes of a fleet.
+    pub store: StoreChoice,
+    /// The password of `store`'s database user (`--store-password-file`).
+    pub store_password: Option<String>,
 }
 
 /// What the process around the receive loop gives it: when to stop, when to reload, whom to tell.
@@ -305,7 +314,36 @@ impl ReadyNode {
             tracing::warn!("{w}");
         }
         let wake = Arc::new(Wake::new().map_err(NodeError::Socket)?);
-        let (host, outlets) = Host::open(&settings.state_dir, &settings.apps, wake.clone())?;
+        let shared = settings.store.open_shared(
+            settings.store_password.as_deref(),
+            &settings
+                .apps
+                .apps
+                .iter()
+                .map(|a| a.name.clone())
+                .collect::<Vec<_>>(),
+        )?;
+        let (host, outlets) = match shared {
+            None => Host::open(&settings.state_dir, &settings.apps, wake.clone())?,
+            Some(turns) => {
+                let unsupported = crate::apps::host::unsupported_on_shared_store(&settings.apps);
+                if !unsupported.is_empty() {
+                    return Err(NodeError::NotOnSharedStore(unsupported.join("\n")));
+                }
+                tracing::info!(
+                    "storing in the fleet's database {} (docs/scale-out.md); the memo of secrets stays in {}",
+                    match &settings.store {
+                        StoreChoice::Postgres(url) => url.as_str(),
+                        StoreChoice::Sqlite => "",
+                    },
+                    settings.state_dir.display()
+                );
+                (
+                    Host::open_shared(&settings.apps, wake.clone(), turns)?,
+                    Default::default(),
+                )
+            }
+        };
         let memo = Memo::open_or_none(&settings.state_dir.join("memo.sqlite"));
         let state_identity =
             record_apps(&settings.state_dir, state_identity, &host.open_app_names())?;
@@ -794,6 +832,19 @@ impl ReadyNode {
             self.apps_refused(format!(
                 "last reload of the apps file refused ({})",
                 why.first().cloned().unwrap_or_default()
+            ));
+            return;
+        }
+        let unsupported = crate::apps::host::unsupported_on_shared_store(&new);
+        if self.host.is_shared() && !unsupported.is_empty() {
+            tracing::error!(
+                "reload of {} refused, the apps in force stay: {}",
+                path.display(),
+                unsupported.join("; ")
+            );
+            self.apps_refused(format!(
+                "last reload of the apps file refused ({})",
+                unsupported[0]
             ));
             return;
         }

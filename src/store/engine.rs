@@ -108,11 +108,6 @@ pub enum StoreChoiceError {
          and put it on the first line of a file named by --store-password-file (mode 0600)"
     )]
     PasswordInUrl { given: String },
-    #[error(
-        "--store {given:?}: this build stores in SQLite only, the PostgreSQL store of a fleet is not wired into \
-         the node yet (docs/scale-out.md, \"What is built so far\"); leave --store out to store in SQLite"
-    )]
-    NotBuilt { given: String },
 }
 
 impl StoreChoice {
@@ -140,12 +135,19 @@ impl StoreChoice {
         Ok(StoreChoice::Postgres(s.to_string()))
     }
 
-    /// Whether the node can serve from this store: PostgreSQL is refused until the host applies its turns through
-    /// the engine (docs/scale-out.md).
-    pub fn check_served(&self) -> Result<(), StoreChoiceError> {
+    /// The store shared with the other nodes of a fleet that this names, connected and with `apps` registered (app
+    /// index = place in the list); `None` for SQLite, whose stores are the node's own files. The first connection
+    /// is made here, so a wrong address or a refused login stops the start with its reason.
+    pub fn open_shared(
+        &self,
+        password: Option<&str>,
+        apps: &[String],
+    ) -> Result<Option<Box<dyn TurnStore + Send>>, StoreError> {
         match self {
-            StoreChoice::Sqlite => Ok(()),
-            StoreChoice::Postgres(url) => Err(StoreChoiceError::NotBuilt { given: url.clone() }),
+            StoreChoice::Sqlite => Ok(None),
+            StoreChoice::Postgres(url) => Ok(Some(Box::new(super::postgres::PostgresTurns::open(
+                url, password, apps,
+            )?))),
         }
     }
 }
@@ -186,11 +188,5 @@ mod tests {
         assert!(e.contains("pure:***@db/fleet"), "{e}");
         let e = StoreChoice::parse("mysql://x").unwrap_err();
         assert!(e.contains("sqlite"), "{e}");
-        assert!(StoreChoice::Sqlite.check_served().is_ok());
-        let e = StoreChoice::Postgres("postgres://pure@db/fleet".into())
-            .check_served()
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("not wired into the node yet"), "{e}");
     }
 }

@@ -430,6 +430,9 @@ pub struct Applied {
     pub new_chunks: Vec<Chunk>,
     /// What the transaction's downlink fetches deleted and read (docs/protocol.md 12.3).
     pub down: downlink::DownApplied,
+    /// The app's next position after the commit, where the engine says it without a read of its own (0: not
+    /// said; the SQLite store's [`AppStore::head`] is in memory).
+    pub head: u64,
 }
 
 /// When a turn is stored, in milliseconds since the Unix epoch, for `stored_at`. Never 0, which the layout keeps

@@ -46,6 +46,14 @@ pub const RETRIES: u32 = 8;
 /// How often a lost connection is made again, at most.
 pub const RECONNECT_EVERY: Duration = Duration::from_millis(250);
 
+/// How long the network to the database may stay silent before a connection is given up: to connect, for sent
+/// bytes to be acknowledged (TCP_USER_TIMEOUT), and idle before keepalives start.
+pub const NET_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A session of a node that stays in a transaction without sending (cut off between a turn's two waits) is ended by
+/// the database after this, so that its row locks do not stop the other nodes' turns on its senders for longer.
+pub const IDLE_IN_TRANSACTION: &str = "5s";
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS pure_layout (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS apps (
@@ -104,14 +112,29 @@ struct Done {
     outcomes: Mutex<VecDeque<TurnOutcome>>,
     changed: Condvar,
     wake: Wake,
+    /// The store thread has ended (it panicked, or its queue closed): nothing more will come.
+    gone: std::sync::atomic::AtomicBool,
+}
+
+/// Held by the store thread: when it ends, however it ends, a waiter is told rather than left waiting.
+struct EndsThread(Arc<Done>);
+
+impl Drop for EndsThread {
+    fn drop(&mut self) {
+        self.0.gone.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Under the lock, so that a waiter between its check and its wait cannot miss it.
+        let _held = lock(&self.0.outcomes);
+        self.0.changed.notify_all();
+        self.0.wake.wake();
+    }
 }
 
 /// The engine: the handle the host keeps; the work is on the `pure-store` thread.
 pub struct PostgresTurns {
     jobs: Option<tokio::sync::mpsc::UnboundedSender<Job>>,
     done: Arc<Done>,
-    /// Turns submitted and not returned by [`TurnStore::done`] yet.
-    waiting: usize,
+    /// Turns submitted and not returned by [`TurnStore::done`] yet, with their apps, oldest first.
+    in_flight: VecDeque<(u64, Vec<AppIndex>)>,
     shown: String,
     thread: Option<JoinHandle<()>>,
 }
@@ -142,6 +165,16 @@ impl PostgresTurns {
             config.password(p);
         }
         config.application_name("pure-serve");
+        // A database cut off by a firewall that drops packets must fail the turns in hand within seconds, not after
+        // the kernel's 15 minutes of retransmissions: nothing is acked meanwhile, and the node says so once they
+        // fail (docs/scale-out.md, "When the database is unreachable").
+        config
+            .connect_timeout(NET_TIMEOUT)
+            .tcp_user_timeout(NET_TIMEOUT)
+            .keepalives(true)
+            .keepalives_idle(NET_TIMEOUT)
+            .keepalives_interval(Duration::from_secs(1))
+            .keepalives_retries(3);
         let target = Target {
             config,
             shown: url.to_string(),
@@ -150,6 +183,7 @@ impl PostgresTurns {
             outcomes: Mutex::new(VecDeque::new()),
             changed: Condvar::new(),
             wake: Wake::new().map_err(|source| StoreError::SyncThread { source })?,
+            gone: std::sync::atomic::AtomicBool::new(false),
         });
         let (jobs, rx) = tokio::sync::mpsc::unbounded_channel();
         let (started_tx, started_rx) = mpsc::channel();
@@ -158,6 +192,7 @@ impl PostgresTurns {
         let thread = std::thread::Builder::new()
             .name("pure-store".into())
             .spawn(move || {
+                let _ends = EndsThread(worker_done.clone());
                 let rt = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -188,7 +223,7 @@ impl PostgresTurns {
             Ok(Ok(())) => Ok(PostgresTurns {
                 jobs: Some(jobs),
                 done,
-                waiting: 0,
+                in_flight: VecDeque::new(),
                 shown: url.to_string(),
                 thread: Some(thread),
             }),
@@ -224,35 +259,49 @@ impl PostgresTurns {
 
 impl TurnStore for PostgresTurns {
     fn submit(&mut self, seq: u64, parts: Vec<AppTurn>) {
-        self.waiting += 1;
-        let sent = self.jobs.as_ref().map(|j| j.send(Job::Turn(seq, parts)));
-        if let Some(Err(tokio::sync::mpsc::error::SendError(Job::Turn(seq, parts)))) = sent {
-            // The thread is gone: the turn fails, and says so.
-            let apps = parts
-                .iter()
-                .map(|p| {
-                    let e = StoreError::StoreThreadGone {
-                        url: self.shown.clone(),
-                    };
-                    (p.app, Err(Arc::new(e)))
-                })
-                .collect();
-            lock(&self.done.outcomes).push_back(TurnOutcome { seq, apps });
-            self.done.wake.wake();
+        self.in_flight
+            .push_back((seq, parts.iter().map(|p| p.app).collect()));
+        // A turn the thread cannot take is failed by `done`, as every turn in flight when the thread ends.
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(Job::Turn(seq, parts));
         }
     }
 
     fn done(&mut self) -> Vec<TurnOutcome> {
         self.done.wake.clear();
-        let out: Vec<TurnOutcome> = lock(&self.done.outcomes).drain(..).collect();
-        self.waiting -= out.len();
+        let mut out: Vec<TurnOutcome> = lock(&self.done.outcomes).drain(..).collect();
+        for o in &out {
+            if self.in_flight.front().is_some_and(|(seq, _)| *seq == o.seq) {
+                self.in_flight.pop_front();
+            }
+        }
+        let thread_gone = self.done.gone.load(std::sync::atomic::Ordering::SeqCst)
+            || self.jobs.as_ref().is_none_or(|j| j.is_closed());
+        if thread_gone && lock(&self.done.outcomes).is_empty() {
+            // Nothing more will come: the turns in hand fail, and say so (none of them is acked).
+            for (seq, apps) in self.in_flight.drain(..) {
+                let apps = apps
+                    .into_iter()
+                    .map(|app| {
+                        let e = StoreError::StoreThreadGone {
+                            url: self.shown.clone(),
+                        };
+                        (app, Err(Arc::new(e)))
+                    })
+                    .collect();
+                out.push(TurnOutcome { seq, apps });
+            }
+        }
         out
     }
 
     fn wait_done(&mut self) -> Vec<TurnOutcome> {
         {
             let mut q = lock(&self.done.outcomes);
-            while q.is_empty() && self.waiting > 0 {
+            while q.is_empty()
+                && !self.in_flight.is_empty()
+                && !self.done.gone.load(std::sync::atomic::Ordering::SeqCst)
+            {
                 q = self.done.changed.wait(q).unwrap_or_else(|p| p.into_inner());
             }
         }
@@ -264,7 +313,7 @@ impl TurnStore for PostgresTurns {
     }
 
     fn waiting(&self) -> usize {
-        self.waiting
+        self.in_flight.len()
     }
 
     fn heard_of(&mut self, app: AppIndex, source: &str) -> Result<u64, StoreError> {
@@ -396,6 +445,12 @@ impl Worker {
             // Its error is the client's too (`is_closed`), and reported by the statement that finds it.
             let _ = connection.await;
         });
+        client
+            .batch_execute(&format!(
+                "SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'"
+            ))
+            .await
+            .map_err(db_err(t, "setting idle_in_transaction_session_timeout"))?;
         let sync: String = client
             .query_one("SHOW synchronous_commit", &[])
             .await
@@ -555,10 +610,20 @@ impl Worker {
         Ok(row.get::<_, i64>(0).max(1) as u64)
     }
 
+    /// An empty part is a probe (a host asking whether a failed app can store again): it is answered after a round
+    /// trip to the database, so that a connection that looks open but leads nowhere fails it.
+    async fn probe(&mut self, app: AppIndex) -> Result<Applied, StoreError> {
+        let head = self.head_of(app).await?;
+        Ok(Applied {
+            head,
+            ..Applied::default()
+        })
+    }
+
     /// Applies one app's part of a turn in one transaction, trying again what a new try may cure.
     async fn apply_part(&mut self, part: &AppTurn) -> Result<Applied, StoreError> {
         if part.pieces.is_empty() && part.outlets.is_empty() {
-            return Ok(Applied::default());
+            return self.probe(part.app).await;
         }
         let mut tries = 0;
         loop {
@@ -751,6 +816,9 @@ async fn try_part(
         }
     };
     mark_known(conn, part.app, &names);
+    if let Some(head) = head {
+        applied.head = head as u64;
+    }
     if let Some(head) = head
         && part.keep_new
     {

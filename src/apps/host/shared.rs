@@ -1,0 +1,260 @@
+//! The host on a store it shares with the other nodes of a fleet (`--store postgres://…`, docs/scale-out.md).
+//!
+//! Here the host holds no store of its own: every turn goes to the [`TurnStore`] as owned parts, one per app, and
+//! is **finished** when that store hands back its outcome (the database's COMMIT returned), in the order the turns
+//! were submitted, exactly as a SQLite turn is finished when its sync is done. The receive loop never waits on a
+//! round trip: it polls [`TurnStore::wake_fd`] beside its socket, as it polls the sync thread's.
+//!
+//! What this increment serves: links and `POST /link` into any number of apps, exactly once across nodes (the
+//! database decides, docs/scale-out.md "A turn"). Not yet: outlets of any kind and queueing downlink records (a
+//! configuration that has them is refused at start and at a reload, naming the app and the outlet:
+//! [`unsupported`]); a LISTEN is answered "nothing waits".
+//!
+//! **When the store fails** (the database unreachable, its thread gone), each app of the failed part stops as a
+//! failing disk stops it: NOT_STORED to its senders, `/healthz` and the log say why. Once its delay is up it is
+//! **probed**: an empty part rides with the next turn, and the store answers it only after a round trip to the
+//! database (the probe is a statement, not a look at the connection). A probe that comes back stored lets the app
+//! take input again; one that fails doubles the delay, up to [`RETRY_MAX`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Failure, Host, RETRY_MAX, TurnReport, Unsynced};
+use crate::apps::config::{AppsConfig, OutletKind};
+use crate::proto::allow_list::AllowList;
+use crate::proto::node::Node;
+use crate::proto::turn::{AppIndex, Committed, Turn};
+use crate::store::downlink::{DownApplied, FetchRead};
+use crate::store::engine::{AppTurn, OwnedPiece, TurnOutcome, TurnStore};
+use crate::store::{self, Applied, StoreError};
+
+/// What a turn handed to the shared store needs once its outcome is back.
+pub(super) struct SharedTurn {
+    /// The node core's turn, to name its flows by sender again ([`Committed::add`]).
+    turn: Option<Turn>,
+    senders: Arc<AllowList>,
+}
+
+/// What of `config` a node on a fleet's store cannot serve yet, one line each naming the app, the outlet and the
+/// fix; empty if it can serve all of it.
+pub fn unsupported(config: &AppsConfig) -> Vec<String> {
+    let mut lines = Vec::new();
+    for app in &config.apps {
+        for o in &app.outlets {
+            let kind = match &o.kind {
+                OutletKind::Link { .. } => "a link outlet",
+                OutletKind::Wire { .. } => "a wire outlet",
+                OutletKind::Webhook { .. } => "a webhook outlet",
+                OutletKind::App { .. } => "an inner outlet",
+            };
+            lines.push(format!(
+                "app {}: outlet {} is {kind}, and outlets of a fleet (one node at a time driving each, by a lease in \
+                 the database) are not built yet (docs/scale-out.md, \"What is built so far\"): remove it from \
+                 [apps.{}.outlets] to run on --store postgres://…, or run the app on a node with --store sqlite",
+                app.name, o.name, app.name
+            ));
+        }
+    }
+    lines
+}
+
+impl Host {
+    /// A host whose apps are stored in `turns`, a store shared with other nodes: nothing is opened under the state
+    /// directory for them. `config` must have nothing [`unsupported`] lists.
+    pub fn open_shared(
+        config: &AppsConfig,
+        wake: Arc<crate::common::wake::Wake>,
+        turns: Box<dyn TurnStore + Send>,
+    ) -> Result<Self, StoreError> {
+        debug_assert!(unsupported(config).is_empty());
+        let (mut host, _) =
+            Self::with_stores(None, store::Stores::open_in_memory(&[])?, config, wake)?;
+        host.shared = Some(turns);
+        Ok(host)
+    }
+
+    /// Whether the apps are stored in a store shared with other nodes ([`Host::open_shared`]).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// A turn on the shared store: the node core's records as owned parts, one per app that can store, and a probe
+    /// for each failed app whose delay is up (module docs). Finished when the outcome is back.
+    pub(super) fn turn_shared(&mut self, node: &mut Node, now: Instant) -> TurnReport {
+        let turn = node.take_turn();
+        let senders = node.senders().clone();
+        let n = self.apps.len();
+        let mut parts: Vec<AppTurn> = Vec::new();
+        if let Some(t) = &turn {
+            for (i, pieces) in store::pieces_of_turn(t, &senders, n)
+                .into_iter()
+                .enumerate()
+            {
+                if pieces.is_empty() || self.apps[i].failure.is_some() {
+                    continue;
+                }
+                parts.push(AppTurn {
+                    app: i as AppIndex,
+                    pieces: pieces.iter().map(OwnedPiece::from_piece).collect(),
+                    outlets: Vec::new(),
+                    keep_new: false,
+                });
+            }
+        }
+        for (i, app) in self.apps.iter_mut().enumerate() {
+            if let Some(f) = &mut app.failure
+                && now >= f.retry_at
+            {
+                // Not again until this probe's outcome says (finish_shared sets the next delay).
+                f.retry_at = now + Duration::from_secs(3600);
+                parts.push(AppTurn {
+                    app: i as AppIndex,
+                    ..AppTurn::default()
+                });
+            }
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let unsynced = Unsynced {
+            seq,
+            turn: turn.as_ref().map(|t| t.id),
+            parts: Vec::new(),
+            pushes: Vec::new(),
+            shared: Some(SharedTurn { turn, senders }),
+        };
+        let shared = self.shared.as_mut().expect("a shared host");
+        if parts.is_empty() && self.unsynced.is_empty() {
+            // Nothing to store and nothing earlier waits: finished now (its LISTENs read nothing).
+            self.finish_shared(unsynced, Vec::new(), node, now);
+        } else {
+            shared.submit(seq, parts);
+            self.unsynced.push_back(unsynced);
+        }
+        if self.unsynced.len() > super::MAX_UNSYNCED {
+            self.wait_synced(node);
+        }
+        TurnReport::default()
+    }
+
+    /// Finishes the turns whose outcome is back, in order.
+    pub(super) fn finish_outcomes(&mut self, done: Vec<TurnOutcome>, node: &mut Node) {
+        let now = Instant::now();
+        for outcome in done {
+            let Some(unsynced) = self.unsynced.pop_front() else {
+                break;
+            };
+            debug_assert_eq!(unsynced.seq, outcome.seq, "outcomes come in order");
+            self.finish_shared(unsynced, outcome.apps, node, now);
+        }
+    }
+
+    /// One turn's outcome: failed apps stop (or stay stopped), probes that came back stored let theirs go on, and
+    /// the node core learns what was stored, so it acks exactly that.
+    fn finish_shared(
+        &mut self,
+        mut unsynced: Unsynced,
+        apps: Vec<(AppIndex, Result<Applied, Arc<StoreError>>)>,
+        node: &mut Node,
+        now: Instant,
+    ) {
+        let Some(SharedTurn { turn, senders }) = unsynced.shared.take() else {
+            return;
+        };
+        let mut parts = Vec::new();
+        for (app, result) in apps {
+            let i = app as usize;
+            match result {
+                Ok(applied) => {
+                    let a = &mut self.apps[i];
+                    if let Some(f) = a.failure.take() {
+                        tracing::info!(
+                            "app {} can store again (it could not for {:.1} s)",
+                            a.config.name,
+                            now.saturating_duration_since(f.since).as_secs_f64()
+                        );
+                        node.set_app_paused(app, a.lag_paused);
+                        node.set_app_cannot_store(app, false);
+                    }
+                    a.stored += applied.stored;
+                    let mut outcome = Committed::default();
+                    if let Some(t) = &turn {
+                        outcome.add(app, &applied, t, &senders);
+                    }
+                    parts.push(super::CommittedPart {
+                        app,
+                        outcome,
+                        new_chunks: Vec::new(),
+                        head: applied.head.max(self.durable[i]),
+                    });
+                }
+                Err(e) => self.shared_failed(app, &e, node, now),
+            }
+        }
+        // Downlink records cannot be queued on a shared store yet: a LISTEN of an app that can store is answered
+        // "nothing waits above what you have", once this turn is finished like any other.
+        if let Some(t) = &turn {
+            for (index, f) in t.fetches.iter().enumerate() {
+                let i = f.app as usize;
+                if self.apps.get(i).is_none_or(|a| a.failure.is_some()) {
+                    continue;
+                }
+                let at = match parts.iter().position(|p| p.app == f.app) {
+                    Some(at) => at,
+                    None => {
+                        parts.push(super::CommittedPart {
+                            app: f.app,
+                            outcome: Committed::default(),
+                            new_chunks: Vec::new(),
+                            head: self.durable[i],
+                        });
+                        parts.len() - 1
+                    }
+                };
+                let nothing_waits = Applied {
+                    down: DownApplied {
+                        reads: vec![FetchRead {
+                            index,
+                            after: f.heard,
+                            last: f.heard,
+                            records: Vec::new(),
+                        }],
+                        ..DownApplied::default()
+                    },
+                    ..Applied::default()
+                };
+                parts[at].outcome.add(f.app, &nothing_waits, t, &senders);
+            }
+        }
+        unsynced.parts = parts;
+        self.finish(unsynced, &[], node, now);
+    }
+
+    /// An app's part failed on the shared store: it stops taking input; the first reason is logged and kept, a
+    /// later probe's reason is logged only when it says something new.
+    fn shared_failed(&mut self, app: AppIndex, error: &StoreError, node: &mut Node, now: Instant) {
+        let i = app as usize;
+        let words = error.to_string();
+        let a = &mut self.apps[i];
+        a.turns_failed += 1;
+        match &mut a.failure {
+            None => {
+                tracing::error!(
+                    app = %a.config.name,
+                    "app {} cannot store, its senders get no acks until it can: {words}",
+                    a.config.name
+                );
+                a.failure = Some(Failure::new(words, now));
+            }
+            Some(f) => {
+                if f.last_try.as_deref() != Some(words.as_str()) && words != f.why {
+                    tracing::warn!("app {} still cannot store: {words}", a.config.name);
+                }
+                f.last_try = Some(words);
+                f.backoff = (f.backoff * 2).min(RETRY_MAX);
+                f.retry_at = now + f.backoff;
+            }
+        }
+        node.set_app_paused(app, true);
+        node.set_app_cannot_store(app, true);
+    }
+}

@@ -1,0 +1,453 @@
+//! A fleet for real (docs/scale-out.md): `pure-serve` processes with one node key on one PostgreSQL cluster made
+//! by the test (`pg_util`), and a sender over real UDP that moves between them as a load balancer that rehashes
+//! would move it — mid-run, mid-flow, with records in flight, and at times sending the same packet to both nodes at
+//! once. What the database holds afterwards is read with a client of the test's own: every record the sender was
+//! acked is stored exactly once, in sequence, at positions without gaps. Also: a node SIGKILLed mid-flow, the
+//! database stopped and started again under a node, and what a node on a fleet's store refuses to start with.
+//!
+//! Without PostgreSQL's binaries the tests say `skipped:` and how to install them; `.ci/run` requires them.
+
+#[path = "ops_util/mod.rs"]
+mod ops_util;
+#[path = "pg_util/mod.rs"]
+mod pg_util;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ops_util::{DEADLINE, NodeProcess, bin, keygen};
+use pure_serve::keys;
+use pure_serve::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
+
+/// A node key shared by the fleet, a device key, and a senders file listing the device.
+fn setup(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (node_key, _) = keygen(dir, "node");
+    let (device_key, device_public) = keygen(dir, "dev");
+    let senders = dir.join("senders");
+    std::fs::write(&senders, format!("dev {device_public}\n")).unwrap();
+    (node_key, device_key, senders)
+}
+
+fn start_node(
+    dir: &Path,
+    name: &str,
+    url: &str,
+    node_key: &Path,
+    senders: &Path,
+    extra: &[&str],
+) -> NodeProcess {
+    let state = dir.join(name);
+    let mut args = vec![
+        "--key",
+        node_key.to_str().unwrap(),
+        "--senders",
+        senders.to_str().unwrap(),
+        "--store",
+        url,
+    ];
+    args.extend_from_slice(extra);
+    NodeProcess::start(&state, &args, None)
+}
+
+/// Where each packet of the moving sender goes, as node indexes, by its number (0, 1, …) and how far the sender
+/// has been acked.
+type Route<'a> = &'a mut dyn FnMut(u64, u64) -> Vec<usize>;
+
+/// What [`deliver_moving`] saw.
+#[derive(Default)]
+struct Seen {
+    stored_through: u64,
+    not_stored: usize,
+    packets: u64,
+}
+
+/// One run of the device's sender over a real UDP socket of its own: `count` records `r1` … `rN` queued on `main`
+/// from a probe, each packet sent where `route` says, answers taken from any node. Returns once every record is
+/// acked (or the deadline passes: the caller checks).
+fn deliver_moving(
+    device_key: &Path,
+    node_public: &str,
+    nodes: &[SocketAddr],
+    count: u64,
+    route: Route<'_>,
+    deadline: Instant,
+) -> Seen {
+    let identity = keys::read_identity(device_key).unwrap();
+    let public = keys::parse_public_key(node_public).unwrap();
+    let mut sender = Sender::new(SenderConfig::new(identity, public)).unwrap();
+    sender.open_flow("main", FlowStart::Probe).unwrap();
+    for i in 1..=count {
+        sender.queue("main", format!("r{i}").into_bytes()).unwrap();
+    }
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut out = Vec::with_capacity(1500);
+    let mut buf = vec![0u8; 2048];
+    let mut seen = Seen::default();
+    while sender.unacked_total() > 0 && Instant::now() < deadline {
+        let now = Instant::now();
+        sender.handle_timeout(now);
+        while sender.poll_transmit(now, &mut out) {
+            for i in route(seen.packets, seen.stored_through) {
+                let _ = socket.send_to(&out, nodes[i]);
+            }
+            seen.packets += 1;
+        }
+        let wait = sender
+            .poll_timeout()
+            .map_or(Duration::from_millis(20), |t| {
+                t.saturating_duration_since(now)
+            })
+            .clamp(Duration::from_millis(1), Duration::from_millis(20));
+        socket.set_read_timeout(Some(wait)).unwrap();
+        while let Ok((n, _)) = socket.recv_from(&mut buf) {
+            sender.handle_datagram(Instant::now(), &buf[..n]);
+            socket.set_nonblocking(true).unwrap();
+        }
+        socket.set_nonblocking(false).unwrap();
+        while let Some(e) = sender.poll_event() {
+            match e {
+                SenderEvent::Stored { through, .. } => {
+                    seen.stored_through = seen.stored_through.max(through)
+                }
+                SenderEvent::NotStored { .. } => seen.not_stored += 1,
+                SenderEvent::Refused { app, reason } => panic!("{app} refused ({reason})"),
+                _ => {}
+            }
+        }
+    }
+    seen
+}
+
+/// The device's records in app `main` as the database holds them: (seq, payload, pos) in position order, the
+/// heard sequence of `dev`, and the app's head.
+fn stored(cluster: &pg_util::PgCluster) -> (Vec<(u64, String, i64)>, i64, i64) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let rows = client
+            .query(
+                "SELECT c.first_seq, c.count, c.pos, c.body FROM chunks c JOIN sources s ON s.id = c.source \
+                 JOIN apps a ON a.id = c.app WHERE a.name = 'main' AND s.name = 'dev' ORDER BY c.pos",
+                &[],
+            )
+            .await
+            .unwrap();
+        let mut records = Vec::new();
+        for r in rows {
+            let (first, count, pos, body): (i64, i32, i64, Vec<u8>) =
+                (r.get(0), r.get(1), r.get(2), r.get(3));
+            let payloads = payloads(&body);
+            assert_eq!(payloads.len(), count as usize, "chunk at {pos}");
+            for (k, p) in payloads.into_iter().enumerate() {
+                records.push((first as u64 + k as u64, p, pos + k as i64));
+            }
+        }
+        let heard: i64 = client
+            .query_one(
+                "SELECT s.heard FROM sources s JOIN apps a ON a.id = s.app WHERE a.name = 'main' AND s.name = 'dev'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let head: i64 = client
+            .query_one("SELECT head FROM apps WHERE name = 'main'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        (records, heard, head)
+    })
+}
+
+/// The payloads of a chunk's body (one-byte lengths: every payload here is short).
+fn payloads(body: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < body.len() {
+        let n = body[i] as usize;
+        out.push(String::from_utf8(body[i + 1..i + 1 + n].to_vec()).unwrap());
+        i += 1 + n;
+    }
+    out
+}
+
+/// Every record 1..=count stored once, in sequence, with its own payload (record `s` of a run that started
+/// after `k` records is `r{s - k}`: `runs` holds where each run started), at positions 1.. without gaps.
+fn assert_exactly_once(cluster: &pg_util::PgCluster, count: u64, runs: &[u64]) {
+    let (records, heard, head) = stored(cluster);
+    assert_eq!(heard as u64, count, "heard sequence");
+    assert_eq!(records.len() as u64, count, "records stored");
+    for (k, (seq, payload, pos)) in records.iter().enumerate() {
+        let want = k as u64 + 1;
+        assert_eq!(*seq, want, "record at position {pos}");
+        let after = runs
+            .iter()
+            .filter(|&&r| r < want)
+            .max()
+            .copied()
+            .unwrap_or(0);
+        assert_eq!(payload, &format!("r{}", want - after), "record {seq}");
+        assert_eq!(*pos, want as i64, "position of record {seq}");
+    }
+    assert_eq!(head as u64, count + 1, "the app's head");
+}
+
+fn stored_by(node: &NodeProcess) -> f64 {
+    node.metric("pure_records_stored_total{app=\"main\"}")
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn a_sender_moving_between_two_nodes_and_racing_on_both_is_stored_exactly_once() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "a_sender_moving_between_two_nodes_and_racing_on_both_is_stored_exactly_once",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, device_key, senders) = setup(dir.path());
+    let url = cluster.url();
+    let a = start_node(dir.path(), "a", &url, &node_key, &senders, &[]);
+    let b = start_node(dir.path(), "b", &url, &node_key, &senders, &[]);
+    assert_eq!(a.public_key, b.public_key, "one fleet, one key");
+    let nodes = [a.link, b.link];
+    // The balancer moves the sender every 5 packets, and every 7th packet reaches both nodes at once.
+    let mut route = |k: u64, _: u64| {
+        if k % 7 == 3 {
+            vec![0, 1]
+        } else {
+            vec![((k / 5) % 2) as usize]
+        }
+    };
+    let count = 3000;
+    let seen = deliver_moving(
+        &device_key,
+        &a.public_key,
+        &nodes,
+        count,
+        &mut route,
+        Instant::now() + DEADLINE,
+    );
+    assert_eq!(seen.stored_through, count, "every record acked");
+    assert_exactly_once(&cluster, count, &[0]);
+    // Both nodes stored part of it, and together exactly the whole.
+    let (sa, sb) = (stored_by(&a), stored_by(&b));
+    assert!(sa > 0.0 && sb > 0.0, "a stored {sa}, b stored {sb}");
+    assert_eq!(sa + sb, count as f64, "a stored {sa}, b stored {sb}");
+
+    // A second run of the same device, to the other node only, numbers after what the fleet holds.
+    let seen = deliver_moving(
+        &device_key,
+        &a.public_key,
+        &nodes,
+        1,
+        &mut |_, _| vec![1],
+        Instant::now() + DEADLINE,
+    );
+    assert_eq!(seen.stored_through, count + 1);
+    let (records, _, _) = stored(&cluster);
+    assert_eq!(records.last().unwrap().0, count + 1);
+}
+
+#[test]
+fn a_node_sigkilled_mid_flow_loses_nothing_acked_and_its_sender_moves_on() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "a_node_sigkilled_mid_flow_loses_nothing_acked_and_its_sender_moves_on",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, device_key, senders) = setup(dir.path());
+    let url = cluster.url();
+    let mut a = Some(start_node(dir.path(), "a", &url, &node_key, &senders, &[]));
+    let b = start_node(dir.path(), "b", &url, &node_key, &senders, &[]);
+    let public = b.public_key.clone();
+    let nodes = [a.as_ref().unwrap().link, b.link];
+    // Everything to a until it has acked some of the records, when it is SIGKILLed with more in flight; then,
+    // after as long as a balancer's health check takes to notice, everything to b.
+    let mut moved_at = None;
+    let mut route = |_: u64, acked: u64| {
+        if acked < 5_000 && moved_at.is_none() {
+            return vec![0];
+        }
+        if let Some(node) = a.take() {
+            node.signal(libc::SIGKILL);
+            drop(node);
+            moved_at = Some(Instant::now());
+        }
+        if moved_at.is_some_and(|t| t.elapsed() < Duration::from_millis(300)) {
+            vec![0]
+        } else {
+            vec![1]
+        }
+    };
+    let count = 50_000;
+    let seen = deliver_moving(
+        &device_key,
+        &public,
+        &nodes,
+        count,
+        &mut route,
+        Instant::now() + DEADLINE,
+    );
+    assert_eq!(seen.stored_through, count, "every record acked");
+    assert_exactly_once(&cluster, count, &[0]);
+    let by_b = stored_by(&b);
+    assert!(
+        by_b > 0.0 && by_b < count as f64,
+        "b took over after a had stored some: b stored {by_b}"
+    );
+}
+
+#[test]
+fn a_node_whose_database_stops_says_so_acks_nothing_and_stores_again_when_it_is_back() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "a_node_whose_database_stops_says_so_acks_nothing_and_stores_again_when_it_is_back",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, device_key, senders) = setup(dir.path());
+    let node = start_node(dir.path(), "a", &cluster.url(), &node_key, &senders, &[]);
+    let nodes = [node.link];
+    let seen = deliver_moving(
+        &device_key,
+        &node.public_key,
+        &nodes,
+        100,
+        &mut |_, _| vec![0],
+        Instant::now() + DEADLINE,
+    );
+    assert_eq!(seen.stored_through, 100);
+    assert_eq!(node.http_get("/healthz").0, 200);
+
+    cluster.kill();
+    // A sender now is told NOT_STORED and is acked nothing, and the node says why.
+    let seen = deliver_moving(
+        &device_key,
+        &node.public_key,
+        &nodes,
+        50,
+        &mut |_, _| vec![0],
+        Instant::now() + Duration::from_secs(3),
+    );
+    assert_eq!(
+        seen.stored_through, 0,
+        "nothing acked while the database is down"
+    );
+    assert!(seen.not_stored > 0, "the sender is told NOT_STORED");
+    let (code, body) = node.http_get("/healthz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("app main cannot store") && body.contains("database"),
+        "{body}"
+    );
+    assert!(
+        node.stderr_text().contains("app main cannot store"),
+        "{}",
+        node.stderr_text()
+    );
+
+    cluster.start_server();
+    let seen = deliver_moving(
+        &device_key,
+        &node.public_key,
+        &nodes,
+        50,
+        &mut |_, _| vec![0],
+        Instant::now() + DEADLINE,
+    );
+    assert_eq!(
+        seen.stored_through, 150,
+        "stored again once the database is back"
+    );
+    assert_exactly_once(&cluster, 150, &[0, 100]);
+    let deadline = Instant::now() + DEADLINE;
+    while node.http_get("/healthz").0 != 200 {
+        assert!(Instant::now() < deadline, "{}", node.http_get("/healthz").1);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        node.stderr_text().contains("app main can store again"),
+        "{}",
+        node.stderr_text()
+    );
+}
+
+#[test]
+fn a_node_on_a_fleets_store_refuses_outlets_at_start_and_downlink_pushes_saying_why() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "a_node_on_a_fleets_store_refuses_outlets_at_start_and_downlink_pushes_saying_why",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, _, senders) = setup(dir.path());
+    let apps = dir.path().join("apps.toml");
+    std::fs::write(
+        &apps,
+        "[apps.main]\n[apps.main.outlets.hook]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/in\"\n",
+    )
+    .unwrap();
+    let out = Command::new(bin())
+        .args(["--state"])
+        .arg(dir.path().join("refused"))
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--link-port",
+            "0",
+            "--http-port",
+            "0",
+        ])
+        .args(["--key", node_key.to_str().unwrap()])
+        .args(["--senders", senders.to_str().unwrap()])
+        .args(["--apps", apps.to_str().unwrap(), "--store", &cluster.url()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("app main: outlet hook is a webhook outlet")
+            && text.contains("--store sqlite"),
+        "{text}"
+    );
+
+    // A database that is not there stops the start with its reason.
+    let out = Command::new(bin())
+        .args(["--state"])
+        .arg(dir.path().join("nowhere"))
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--link-port",
+            "0",
+            "--http-port",
+            "0",
+        ])
+        .args(["--key", node_key.to_str().unwrap()])
+        .args(["--senders", senders.to_str().unwrap()])
+        .args([
+            "--store",
+            "postgresql://postgres@localhost/postgres?host=/nonexistent-dir",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("/nonexistent-dir"), "{text}");
+
+    let node = start_node(dir.path(), "a", &cluster.url(), &node_key, &senders, &[]);
+    let (code, said) = ops_util::push(&dir.path().join("a"), "main", "dev", b"x\n");
+    assert_ne!(code, 0, "{said}");
+    assert!(said.contains("fleet's database"), "{said}");
+    drop(node);
+}
