@@ -24,8 +24,11 @@ use pure_serve::proto::allow_list::AllowList;
 use pure_serve::proto::crypto::Identity;
 use pure_serve::store::Stores;
 
+#[path = "util/process.rs"]
+mod process;
 #[path = "util/turns.rs"]
 mod turns;
+use process::{process_cpu, wait_with_cpu};
 
 /// The node's turn bound per app (docs/protocol.md 6, `TURN_RECORDS`).
 const TURN_RECORDS: u64 = 16_384;
@@ -72,34 +75,6 @@ fn store_alone(dir: &Path, n: u64, per_frame: u64) -> f64 {
         assert_eq!(c.stored_records, in_turn);
     }
     n as f64 / busy.as_secs_f64()
-}
-
-/// CPU time of every thread of process `pid` now (ns on the CPU, from schedstat).
-fn process_cpu(pid: u32) -> Duration {
-    let mut total = 0u64;
-    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for e in dir.flatten() {
-            if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
-                total += s
-                    .split_whitespace()
-                    .next()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
-    }
-    Duration::from_nanos(total)
-}
-
-/// Waits for child `pid`; its exit status and CPU time (user + system, all its threads).
-fn wait_with_cpu(pid: u32) -> (i32, Duration) {
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is a valid out-parameter; `pid` is our own child, not yet waited for.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::wait4(pid as i32, &mut status, 0, &mut usage) };
-    assert_eq!(r, pid as i32, "wait4");
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    (status, tv(usage.ru_utime) + tv(usage.ru_stime))
 }
 
 fn main() {

@@ -1,8 +1,13 @@
-//! What the benches that run the real binary read from outside it (`idle_links`, `downlink`): its memory from
-//! /proc, a series of its `/metrics`, and work spread over all cores of the machine that drives it.
+//! What the benches that run the real binary read from outside it (`idle_links`, `downlink`, `send_path`, `fleet`):
+//! its memory and CPU time from /proc, a child's CPU time from wait4, a series of its `/metrics`, and work spread
+//! over all cores of the machine that drives it.
+
+// Each bench that includes this module uses a part of it.
+#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
 
 /// A `kB` field of /proc/PID/status (`RssAnon:`, `RssFile:`, `VmRSS:`), 0 if it is missing.
 pub fn proc_kb(pid: u32, field: &str) -> u64 {
@@ -86,4 +91,32 @@ pub fn read_banner(stdout: std::process::ChildStdout) -> Banner {
         http: http.expect("the node printed its metrics listener"),
         public: public.expect("the node printed its public key"),
     }
+}
+
+/// CPU time of every thread of process `pid` now (ns on the CPU, from schedstat).
+pub fn process_cpu(pid: u32) -> Duration {
+    let mut total = 0u64;
+    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for e in dir.flatten() {
+            if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
+                total += s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    Duration::from_nanos(total)
+}
+
+/// Waits for child `pid`; its exit status and CPU time (user + system, all its threads).
+pub fn wait_with_cpu(pid: u32) -> (i32, Duration) {
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid out-parameter; `pid` is our own child, not yet waited for.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::wait4(pid as i32, &mut status, 0, &mut usage) };
+    assert_eq!(r, pid as i32, "wait4");
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    (status, tv(usage.ru_utime) + tv(usage.ru_stime))
 }
