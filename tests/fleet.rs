@@ -200,6 +200,30 @@ fn assert_exactly_once(cluster: &pg_util::PgCluster, count: u64, runs: &[u64]) {
     assert_eq!(head as u64, count + 1, "the app's head");
 }
 
+/// The first `n` JSON lines a child prints, within the deadline.
+fn read_json_lines(stdout: std::process::ChildStdout, n: usize) -> Vec<serde_json::Value> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + DEADLINE;
+    let mut out = Vec::new();
+    while out.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("{} of {n} lines by the deadline", out.len()));
+        out.push(serde_json::from_str(&line).unwrap());
+    }
+    out
+}
+
 fn stored_by(node: &NodeProcess) -> f64 {
     node.metric("pure_records_stored_total{app=\"main\"}")
         .unwrap_or(0.0)
@@ -219,6 +243,16 @@ fn a_sender_moving_between_two_nodes_and_racing_on_both_is_stored_exactly_once()
     let b = start_node(dir.path(), "b", &url, &node_key, &senders, &[]);
     assert_eq!(a.public_key, b.public_key, "one fleet, one key");
     let nodes = [a.link, b.link];
+    // A follower of the fleet's store from its first position, started before anything is stored.
+    let mut follower = Command::new(bin())
+        .args([
+            "records", "--follow", "--from", "1", "--json", "--app", "main",
+        ])
+        .args(["--store", &url])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     // The balancer moves the sender every 5 packets, and every 7th packet reaches both nodes at once.
     let mut route = |k: u64, _: u64| {
         if k % 7 == 3 {
@@ -242,6 +276,41 @@ fn a_sender_moving_between_two_nodes_and_racing_on_both_is_stored_exactly_once()
     let (sa, sb) = (stored_by(&a), stored_by(&b));
     assert!(sa > 0.0 && sb > 0.0, "a stored {sa}, b stored {sb}");
     assert_eq!(sa + sb, count as f64, "a stored {sa}, b stored {sb}");
+    // The follower saw every record once, in position order, without a gap, though two nodes committed them.
+    let followed = read_json_lines(follower.stdout.take().unwrap(), count as usize);
+    let _ = follower.kill();
+    let _ = follower.wait();
+    for (k, v) in followed.iter().enumerate() {
+        assert_eq!(v["pos"].as_u64(), Some(k as u64 + 1), "{v}");
+        assert_eq!(v["source"].as_str(), Some("dev"), "{v}");
+    }
+    let mut seqs: Vec<u64> = followed
+        .iter()
+        .map(|v| v["seq"].as_u64().unwrap())
+        .collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=count).collect::<Vec<_>>());
+    // And `records` reads the same from the database as the test's own query did.
+    let out = Command::new(bin())
+        .args(["records", "--json", "--store", &url])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let listed: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(listed.len() as u64, count);
+    for (k, v) in listed.iter().enumerate() {
+        assert_eq!(v["seq"].as_u64(), Some(k as u64 + 1), "{v}");
+        assert_eq!(
+            v["payload"].as_str(),
+            Some(format!("r{}", k + 1).as_str()),
+            "{v}"
+        );
+        assert_eq!(v["app"].as_str(), Some("main"), "{v}");
+    }
 
     // A second run of the same device, to the other node only, numbers after what the fleet holds.
     let seen = deliver_moving(

@@ -213,7 +213,7 @@ impl NodeArgs {
 }
 
 /// The first line of the store password file, without its line end.
-fn read_store_password(file: &std::path::Path) -> anyhow::Result<String> {
+pub(crate) fn read_store_password(file: &std::path::Path) -> anyhow::Result<String> {
     let bytes = crate::files::read(file, &crate::files::STORE_PASSWORD)?;
     let text = String::from_utf8(bytes).map_err(|_| {
         anyhow::anyhow!(

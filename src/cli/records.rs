@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::store::engine::StoreChoice;
+use crate::store::postgres::PgReader;
 use crate::store::{self, RecordView};
 
 /// How often `--follow` looks for new records.
@@ -35,6 +37,41 @@ pub struct RecordsArgs {
     /// --from LAST+1.
     #[arg(long, value_name = "POS")]
     pub from: Option<u64>,
+    /// Read the fleet's database instead of the state directory's files: the nodes' --store URL,
+    /// `postgres://USER@HOST[:PORT]/DATABASE` (docs/scale-out.md). Positions are the app's across every node.
+    #[arg(long, value_name = "URL", default_value = "sqlite", value_parser = StoreChoice::parse)]
+    pub store: StoreChoice,
+    /// The password of --store's database user, on the first line of this file.
+    #[arg(long, value_name = "FILE")]
+    pub store_password_file: Option<PathBuf>,
+}
+
+/// One app's records, from the state directory's file or from the fleet's database.
+enum Opened<'a> {
+    File(store::AppStore),
+    Fleet(&'a PgReader, String),
+}
+
+impl Opened<'_> {
+    fn head(&self) -> anyhow::Result<u64> {
+        Ok(match self {
+            Opened::File(s) => s.read_head()?,
+            Opened::Fleet(r, app) => r.head(app)?,
+        })
+    }
+
+    fn for_each(
+        &self,
+        source: Option<&str>,
+        from: u64,
+        each: impl FnMut(&RecordView<'_>) -> bool,
+    ) -> anyhow::Result<()> {
+        match self {
+            Opened::File(s) => s.for_each_record_view(source, from, each)?,
+            Opened::Fleet(r, app) => r.for_each_record_view(app, source, from, each)?,
+        }
+        Ok(())
+    }
 }
 
 fn line(app: &str, r: &RecordView<'_>, json: bool) -> String {
@@ -51,37 +88,71 @@ pub fn run(args: &RecordsArgs) -> anyhow::Result<()> {
         .state
         .clone()
         .unwrap_or_else(super::node::default_state_dir);
-    let apps = match &args.app {
-        Some(a) => vec![a.clone()],
-        None => {
+    let fleet = match &args.store {
+        StoreChoice::Sqlite => None,
+        StoreChoice::Postgres(url) => {
+            let password = match &args.store_password_file {
+                Some(f) => Some(super::node::read_store_password(f)?),
+                None => None,
+            };
+            Some(PgReader::open(url, password.as_deref())?)
+        }
+    };
+    let apps = match (&args.app, &fleet) {
+        (Some(a), _) => vec![a.clone()],
+        (None, Some(reader)) => {
+            let apps = reader.apps()?;
+            if apps.is_empty() {
+                anyhow::bail!(
+                    "no apps in the fleet's database yet: a node registers its apps when it first connects"
+                );
+            }
+            apps
+        }
+        (None, None) => {
             let apps = store::list_apps(&state);
             if apps.is_empty() {
                 anyhow::bail!(
-                    "no stores in {}: is that the node's --state directory?",
+                    "no stores in {}: is that the node's --state directory? (A fleet's records are in its \
+                     database: give --store postgres://…)",
                     state.join("apps").display()
                 );
             }
             apps
         }
     };
+    let open = |app: &str| open_app(fleet.as_ref(), &state, app);
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let result = if args.follow {
         let [app] = apps.as_slice() else {
             anyhow::bail!(
-                "--follow follows one app; choose one with --app (stores: {})",
+                "--follow follows one app; choose one with --app (apps: {})",
                 apps.join(", ")
             );
         };
-        follow(&state, app, args, &mut out)
+        open(app).and_then(|s| follow(&s, app, args, &mut out))
     } else {
-        print_all(&state, &apps, args, &mut out)
+        apps.iter().try_for_each(|app| {
+            write_records(&open(app)?, app, args, args.from.unwrap_or(0), &mut out).map(|_| ())
+        })
     };
     match result {
         // A closed pipe (`records | head`) is a normal end.
         Err(e) if is_broken_pipe(&e) => Ok(()),
         other => other,
     }
+}
+
+fn open_app<'a>(
+    fleet: Option<&'a PgReader>,
+    state: &std::path::Path,
+    app: &str,
+) -> anyhow::Result<Opened<'a>> {
+    Ok(match fleet {
+        Some(reader) => Opened::Fleet(reader, app.to_string()),
+        None => Opened::File(store::open_app_for_reading(state, app)?),
+    })
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
@@ -92,7 +163,7 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 /// Writes the records of `app` from position `from` (0: all, in source order) as lines; returns the last
 /// position written.
 fn write_records(
-    store: &store::AppStore,
+    store: &Opened<'_>,
     app: &str,
     args: &RecordsArgs,
     from: u64,
@@ -100,7 +171,7 @@ fn write_records(
 ) -> anyhow::Result<Option<u64>> {
     let mut write_error = None;
     let mut last = None;
-    store.for_each_record_view(args.source.as_deref(), from, |r| {
+    store.for_each(args.source.as_deref(), from, |r| {
         last = Some(r.pos);
         match writeln!(out, "{}", line(app, r, args.json)) {
             Ok(()) => true,
@@ -117,34 +188,20 @@ fn write_records(
     Ok(last)
 }
 
-fn print_all(
-    state: &std::path::Path,
-    apps: &[String],
-    args: &RecordsArgs,
-    out: &mut impl Write,
-) -> anyhow::Result<()> {
-    for app in apps {
-        let s = store::open_app_for_reading(state, app)?;
-        write_records(&s, app, args, args.from.unwrap_or(0), out)?;
-    }
-    Ok(())
-}
-
 fn follow(
-    state: &std::path::Path,
+    s: &Opened<'_>,
     app: &str,
     args: &RecordsArgs,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let s = store::open_app_for_reading(state, app)?;
     let mut next = match args.from {
         Some(p) => p.max(1),
-        None => s.read_head()?,
+        None => s.head()?,
     };
     loop {
-        let head = s.read_head()?;
+        let head = s.head()?;
         if head > next {
-            let last = write_records(&s, app, args, next, out)?;
+            let last = write_records(s, app, args, next, out)?;
             // With a source filter the last record printed may be before the head; nothing before it is new.
             next = head.max(last.map_or(next, |l| l + 1));
         }

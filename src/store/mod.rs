@@ -155,6 +155,16 @@ pub enum StoreError {
          nothing is acknowledged until it can be"
     )]
     DatabaseDown { url: String },
+    /// A read of the fleet's database by a tool (`records`), which has no turn to lose.
+    #[error(
+        "the fleet's database {url}, {doing}: {source} (check --store: its host, port, database and user, and that \
+         the database runs)"
+    )]
+    DatabaseRead {
+        url: String,
+        doing: &'static str,
+        source: tokio_postgres::Error,
+    },
     #[error("the fleet's database {url} is refused: {why}")]
     DatabaseRefused { url: String, why: String },
     #[error("the thread of the fleet's database {url} (pure-store) has stopped: restart the node")]
@@ -163,6 +173,16 @@ pub enum StoreError {
     NoSuchApp {
         app: String,
         dir: PathBuf,
+        known: String,
+    },
+    #[error(
+        "no app {app} in the fleet's database {url} (apps there: {}): name one of them, or start a node whose apps \
+         file has it",
+        if known.is_empty() { "none yet" } else { known.as_str() }
+    )]
+    NoSuchDatabaseApp {
+        app: String,
+        url: String,
         known: String,
     },
 }
@@ -1257,42 +1277,79 @@ impl AppStore {
             let pos: Option<i64> = row.get(4).map_err(self.err())?;
             let stored_at_ms: i64 = row.get(5).map_err(self.err())?;
             let forwarded = row.get::<_, i64>(6).map_err(self.err())? == 1;
-            let corrupt = |seq| StoreError::Corrupt {
-                path: self.path.clone(),
-                source_name: name.clone(),
-                seq,
+            let stored = StoredChunk {
+                source: &name,
+                first_seq: first as u64,
+                count: count as u64,
+                body,
+                pos: pos.unwrap_or(0) as u64,
+                stored_at_ms,
+                forwarded,
             };
-            let mut it = RecordIter::new(body);
-            let mut seq = first as u64;
-            let mut n = 0;
-            for (pos, record) in (pos.unwrap_or(0) as u64..).zip(it.by_ref()) {
-                let (origin, payload) = if forwarded {
-                    let f = Forwarded::parse(record).map_err(|_| corrupt(seq))?;
-                    let origin = std::str::from_utf8(f.origin).map_err(|_| corrupt(seq))?;
-                    (Some((origin, f.origin_seq)), f.payload)
-                } else {
-                    (None, record)
-                };
-                if pos >= from_pos
-                    && !each(&RecordView {
-                        source: &name,
-                        seq,
-                        pos,
-                        stored_at_ms,
-                        origin,
-                        payload,
-                    })
-                {
-                    return Ok(());
-                }
-                seq += 1;
-                n += 1;
-            }
-            if !it.is_clean() || n != count {
-                return Err(corrupt(seq));
+            if !stored.each_record(&self.path, from_pos, &mut each)? {
+                return Ok(());
             }
         }
         Ok(())
+    }
+}
+
+/// One chunk row as a store reads it back, for [`StoredChunk::each_record`]: both engines' readers hand records
+/// over through it, so `records` prints the same whichever store it reads.
+pub(crate) struct StoredChunk<'a> {
+    pub source: &'a str,
+    pub first_seq: u64,
+    pub count: u64,
+    pub body: &'a [u8],
+    pub pos: u64,
+    pub stored_at_ms: i64,
+    pub forwarded: bool,
+}
+
+impl StoredChunk<'_> {
+    /// Hands `each` the chunk's records at positions from `from_pos` on, in order; `Ok(false)` once `each` asked to
+    /// stop. A body that does not hold `count` whole records is [`StoreError::Corrupt`], named by `store`.
+    pub(crate) fn each_record(
+        &self,
+        store: &Path,
+        from_pos: u64,
+        each: &mut impl FnMut(&RecordView<'_>) -> bool,
+    ) -> Result<bool, StoreError> {
+        let corrupt = |seq| StoreError::Corrupt {
+            path: store.to_path_buf(),
+            source_name: self.source.to_string(),
+            seq,
+        };
+        let mut it = RecordIter::new(self.body);
+        let mut seq = self.first_seq;
+        let mut n = 0;
+        for (pos, record) in (self.pos..).zip(it.by_ref()) {
+            let (origin, payload) = if self.forwarded {
+                let f = Forwarded::parse(record).map_err(|_| corrupt(seq))?;
+                let origin = std::str::from_utf8(f.origin).map_err(|_| corrupt(seq))?;
+                (Some((origin, f.origin_seq)), f.payload)
+            } else {
+                (None, record)
+            };
+            if pos >= from_pos
+                && !each(&RecordView {
+                    source: self.source,
+                    seq,
+                    pos,
+                    stored_at_ms: self.stored_at_ms,
+                    origin,
+                    payload,
+                })
+            {
+                return Ok(false);
+            }
+            seq += 1;
+            n += 1;
+        }
+        if !it.is_clean() || n != self.count {
+            return Err(corrupt(seq));
+        }
+        Ok(true)
     }
 }
 

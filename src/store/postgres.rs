@@ -232,7 +232,13 @@ impl PostgresTurns {
             }),
             Ok(Err(e)) => {
                 let _ = thread.join();
-                Err(e)
+                // At a start there is no turn in hand: the fix is the address.
+                Err(match e {
+                    StoreError::Database { url, doing, source } => {
+                        StoreError::DatabaseRead { url, doing, source }
+                    }
+                    e => e,
+                })
             }
             Err(_) => {
                 let _ = thread.join();
@@ -862,5 +868,184 @@ async fn try_part(
 fn mark_known(conn: &mut Conn, app: AppIndex, names: &[String]) {
     for n in names {
         conn.known.insert((app, n.clone()));
+    }
+}
+
+/// A reader of what a fleet's database holds, for `pure-serve records --store postgres://…`: blocking calls on a
+/// runtime of its own, one connection, and chunks fetched in pages so that a large app is never held whole.
+pub struct PgReader {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+    /// The URL as given, naming the database in messages (and as the "store" of a corrupt record).
+    shown: String,
+}
+
+/// Chunk rows fetched per query by [`PgReader::for_each_record_view`].
+const READ_PAGE: i64 = 512;
+
+impl PgReader {
+    /// Connects to the database at `url` (docs/scale-out.md); tables need not be there yet.
+    pub fn open(url: &str, password: Option<&str>) -> Result<Self, StoreError> {
+        let mut config =
+            tokio_postgres::Config::from_str(url).map_err(|source| StoreError::Database {
+                url: url.to_string(),
+                doing: "reading the URL",
+                source,
+            })?;
+        if let Some(p) = password {
+            config.password(p);
+        }
+        config
+            .application_name("pure-serve records")
+            .connect_timeout(NET_TIMEOUT);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|source| StoreError::SyncThread { source })?;
+        let target = Target {
+            config,
+            shown: url.to_string(),
+        };
+        let client = rt.block_on(async {
+            let (client, connection) = target
+                .config
+                .connect(NoTls)
+                .await
+                .map_err(|source| StoreError::DatabaseRead {
+                    url: target.shown.clone(),
+                    doing: "connecting",
+                    source,
+                })?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            Ok::<_, StoreError>(client)
+        })?;
+        Ok(PgReader {
+            rt,
+            client,
+            shown: url.to_string(),
+        })
+    }
+
+    fn err(&self, doing: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
+        move |source| StoreError::DatabaseRead {
+            url: self.shown.clone(),
+            doing,
+            source,
+        }
+    }
+
+    /// The apps the fleet's nodes registered, by name (none before a node made the tables).
+    pub fn apps(&self) -> Result<Vec<String>, StoreError> {
+        self.rt.block_on(async {
+            let rows = self
+                .client
+                .query("SELECT name FROM apps ORDER BY name", &[])
+                .await;
+            match rows {
+                Ok(rows) => Ok(rows.iter().map(|r| r.get(0)).collect()),
+                Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(Vec::new()),
+                Err(e) => Err(self.err("listing the apps")(e)),
+            }
+        })
+    }
+
+    fn app_id(&self, app: &str) -> Result<i32, StoreError> {
+        let rows = self.rt.block_on(
+            self.client
+                .query("SELECT id FROM apps WHERE name = $1", &[&app]),
+        );
+        match rows {
+            Ok(rows) if !rows.is_empty() => Ok(rows[0].get(0)),
+            Ok(_) => Err(StoreError::NoSuchDatabaseApp {
+                app: app.to_string(),
+                url: self.shown.clone(),
+                known: self.apps()?.join(", "),
+            }),
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
+                Err(StoreError::NoSuchDatabaseApp {
+                    app: app.to_string(),
+                    url: self.shown.clone(),
+                    known: String::new(),
+                })
+            }
+            Err(e) => Err(self.err("finding the app")(e)),
+        }
+    }
+
+    /// The app's next position: records before it are stored, and every one of them is visible (docs/scale-out.md,
+    /// "The order of an app's records").
+    pub fn head(&self, app: &str) -> Result<u64, StoreError> {
+        let id = self.app_id(app)?;
+        let row = self
+            .rt
+            .block_on(
+                self.client
+                    .query_one("SELECT head FROM apps WHERE id = $1", &[&id]),
+            )
+            .map_err(self.err("reading an app's head"))?;
+        Ok(row.get::<_, i64>(0).max(1) as u64)
+    }
+
+    /// As [`super::AppStore::for_each_record_view`]: every record of `app` at position ≥ `from_pos` (of one source,
+    /// if given), by source then sequence when `from_pos` is 0, else by position.
+    pub fn for_each_record_view(
+        &self,
+        app: &str,
+        source: Option<&str>,
+        from_pos: u64,
+        mut each: impl FnMut(&super::RecordView<'_>) -> bool,
+    ) -> Result<(), StoreError> {
+        let id = self.app_id(app)?;
+        let store = std::path::PathBuf::from(&self.shown);
+        // Keyset pages: after the last (name, first_seq) by source, or from the last chunk's end by position.
+        let (mut after_name, mut after_first, mut next_pos) =
+            (String::new(), -1i64, from_pos as i64);
+        loop {
+            let rows = if from_pos == 0 {
+                self.rt.block_on(self.client.query(
+                    "SELECT s.name, c.first_seq, c.count, c.body, c.pos, c.stored_at, c.format \
+                     FROM chunks c JOIN sources s ON s.id = c.source \
+                     WHERE c.app = $1 AND ($2::text IS NULL OR s.name = $2) AND (s.name, c.first_seq) > ($3, $4) \
+                     ORDER BY s.name, c.first_seq LIMIT $5",
+                    &[&id, &source, &after_name, &after_first, &READ_PAGE],
+                ))
+            } else {
+                self.rt.block_on(self.client.query(
+                    "SELECT s.name, c.first_seq, c.count, c.body, c.pos, c.stored_at, c.format \
+                     FROM chunks c JOIN sources s ON s.id = c.source \
+                     WHERE c.app = $1 AND ($2::text IS NULL OR s.name = $2) AND c.pos + c.count > $3 \
+                     ORDER BY c.pos LIMIT $4",
+                    &[&id, &source, &next_pos, &READ_PAGE],
+                ))
+            }
+            .map_err(self.err("reading records"))?;
+            for row in &rows {
+                let name: String = row.get(0);
+                let first: i64 = row.get(1);
+                let count: i32 = row.get(2);
+                let body: &[u8] = row.get(3);
+                let pos: i64 = row.get(4);
+                let stored = super::StoredChunk {
+                    source: &name,
+                    first_seq: first as u64,
+                    count: count as u64,
+                    body,
+                    pos: pos as u64,
+                    stored_at_ms: row.get(5),
+                    forwarded: row.get::<_, i16>(6) == RecordFormat::Forwarded as i16,
+                };
+                if !stored.each_record(&store, from_pos, &mut each)? {
+                    return Ok(());
+                }
+                after_name = name;
+                after_first = first;
+                next_pos = pos + count as i64;
+            }
+            if (rows.len() as i64) < READ_PAGE {
+                return Ok(());
+            }
+        }
     }
 }
