@@ -5,6 +5,10 @@
 //! app opens its flows with [`FlowStart::At`] and puts data in the first packet; otherwise the first packet is a
 //! probe (docs/protocol.md 7).
 //!
+//! A fleet's nodes share one key (docs/scale-out.md): a link given several addresses ([`UdpLink::connect_any`])
+//! moves to the next when the one in use answers nothing for [`MOVE_AFTER`] while something waits, and goes on
+//! with the same run; the nodes' shared store keeps every record once whichever node stores it.
+//!
 //! The same link receives: [`UdpLink::listen`] on an app, then [`UdpLink::receive`] hands over the app's downlink
 //! records (docs/downlink.md), each once and in order while the program keeps the sequence it was last handed.
 
@@ -34,9 +38,21 @@ pub struct DownRecord {
     pub payload: Vec<u8>,
 }
 
+/// How long a link waits on an address that answers nothing, while something waits for an answer, before it moves
+/// to the next address it was given (about three resends at the largest RTO of a quiet path).
+pub const MOVE_AFTER: Duration = Duration::from_secs(3);
+
 pub struct UdpLink {
     socket: UdpSocket,
     sender: Sender,
+    /// The node's addresses (several nodes of one fleet: docs/scale-out.md), the one in use first.
+    addrs: Vec<SocketAddr>,
+    current: usize,
+    /// When a datagram last came from the address in use, or the link last began to wait for one.
+    heard_or_waiting_since: Instant,
+    was_idle: bool,
+    /// Moves to another address so far.
+    moves: u64,
     out: Vec<u8>,
     inbuf: Vec<u8>,
     events: Vec<SenderEvent>,
@@ -55,7 +71,36 @@ impl UdpLink {
         Self::with_config(SenderConfig::new(identity, node_public), to)
     }
 
+    /// Starts a new run towards a node that has several addresses (the nodes of one fleet): the first is used
+    /// until it answers nothing for [`MOVE_AFTER`] while something waits for an answer, then the next, and so on
+    /// round. Costs one X25519.
+    pub fn connect_any(
+        identity: Identity,
+        node_public: PublicKeyBytes,
+        addrs: Vec<SocketAddr>,
+    ) -> io::Result<Self> {
+        Self::with_config_any(SenderConfig::new(identity, node_public), addrs)
+    }
+
     pub fn with_config(config: SenderConfig, to: SocketAddr) -> io::Result<Self> {
+        Self::with_config_any(config, vec![to])
+    }
+
+    /// [`UdpLink::with_config`] with several addresses, as [`UdpLink::connect_any`]. All of one family (the socket
+    /// is bound to the first one's).
+    pub fn with_config_any(config: SenderConfig, addrs: Vec<SocketAddr>) -> io::Result<Self> {
+        let Some(&to) = addrs.first() else {
+            return Err(io::Error::new(
+                ErrorKind::InvalidInput,
+                "no address to send to",
+            ));
+        };
+        if addrs.iter().any(|a| a.is_ipv4() != to.is_ipv4()) {
+            return Err(io::Error::new(
+                ErrorKind::InvalidInput,
+                "the node's addresses mix IPv4 and IPv6: give one family",
+            ));
+        }
         let local: SocketAddr = if to.is_ipv4() {
             "0.0.0.0:0".parse().expect("literal address")
         } else {
@@ -67,6 +112,11 @@ impl UdpLink {
         Ok(UdpLink {
             socket,
             sender,
+            addrs,
+            current: 0,
+            heard_or_waiting_since: Instant::now(),
+            was_idle: true,
+            moves: 0,
             out: Vec::with_capacity(1500),
             inbuf: vec![0u8; 2048],
             events: Vec::new(),
@@ -113,9 +163,41 @@ impl UdpLink {
         std::mem::take(&mut self.events)
     }
 
+    /// The node's address the link uses now.
+    pub fn address(&self) -> SocketAddr {
+        self.addrs[self.current]
+    }
+
+    /// How often the link moved to another of the node's addresses.
+    pub fn moves(&self) -> u64 {
+        self.moves
+    }
+
+    /// Moves to the next address if the one in use answered nothing for [`MOVE_AFTER`] while the link waited.
+    fn move_if_silent(&mut self, now: Instant) -> io::Result<()> {
+        let idle = self.sender.is_idle();
+        if self.was_idle && !idle {
+            self.heard_or_waiting_since = now;
+        }
+        self.was_idle = idle;
+        if self.addrs.len() < 2
+            || idle
+            || now.saturating_duration_since(self.heard_or_waiting_since) < MOVE_AFTER
+        {
+            return Ok(());
+        }
+        self.current = (self.current + 1) % self.addrs.len();
+        self.socket.connect(self.addrs[self.current])?;
+        self.moves += 1;
+        self.heard_or_waiting_since = now;
+        self.sender.path_changed(now);
+        Ok(())
+    }
+
     /// One round: send what is due, wait for an answer until `until` at the latest, handle what came.
     pub fn drive(&mut self, until: Instant) -> io::Result<()> {
         let now = Instant::now();
+        self.move_if_silent(now)?;
         self.sender.handle_timeout(now);
         while self.sender.poll_transmit(now, &mut self.out) {
             match self.socket.send(&self.out) {
@@ -141,8 +223,9 @@ impl UdpLink {
         loop {
             match self.socket.recv(&mut self.inbuf) {
                 Ok(n) => {
-                    self.sender
-                        .handle_datagram(Instant::now(), &self.inbuf[..n]);
+                    let at = Instant::now();
+                    self.heard_or_waiting_since = at;
+                    self.sender.handle_datagram(at, &self.inbuf[..n]);
                     if !got_one {
                         got_one = true;
                         // Drain whatever else already arrived without waiting again.

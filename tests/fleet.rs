@@ -520,3 +520,82 @@ fn a_node_on_a_fleets_store_refuses_outlets_at_start_and_downlink_pushes_saying_
     assert!(said.contains("fleet's database"), "{said}");
     drop(node);
 }
+
+/// `pure-serve send` of `r1` … `rN` from the device to `to` (comma-separated addresses), started.
+fn spawn_send_to(
+    device_key: &Path,
+    node_public: &str,
+    to: &str,
+    count: u64,
+) -> std::process::Child {
+    use std::io::Write;
+    let mut child = Command::new(bin())
+        .arg("send")
+        .arg("--key")
+        .arg(device_key)
+        .args(["--node", node_public, "--to", to, "--timeout", "30"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = std::io::BufWriter::new(child.stdin.take().unwrap());
+    std::thread::spawn(move || {
+        for i in 1..=count {
+            if writeln!(stdin, "r{i}").is_err() {
+                break;
+            }
+        }
+    });
+    child
+}
+
+#[test]
+fn send_given_two_addresses_moves_to_the_other_when_a_node_stops_answering() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "send_given_two_addresses_moves_to_the_other_when_a_node_stops_answering",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, device_key, senders) = setup(dir.path());
+    let url = cluster.url();
+    let a = start_node(dir.path(), "a", &url, &node_key, &senders, &[]);
+    let b = start_node(dir.path(), "b", &url, &node_key, &senders, &[]);
+    let public = a.public_key.clone();
+    let count = 1_000_000;
+    let send = spawn_send_to(
+        &device_key,
+        &public,
+        &format!("{},{}", a.link, b.link),
+        count,
+    );
+    // a is SIGKILLed once it has stored some of the records, with the rest in flight.
+    let deadline = Instant::now() + DEADLINE;
+    while stored_by(&a) == 0.0 {
+        assert!(Instant::now() < deadline, "a stored nothing");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    a.signal(libc::SIGKILL);
+    let (ok, said) = ops_util::finish_send(send);
+    assert!(ok, "{said}");
+    assert!(
+        said.contains(&format!("the node at {} answered nothing", a.link))
+            && said.contains(&format!("trying {}", b.link)),
+        "{said}"
+    );
+    let by_b = stored_by(&b);
+    assert!(by_b > 0.0 && by_b < count as f64, "b stored {by_b}");
+    assert_exactly_once(&cluster, count, &[0]);
+
+    // The first address has nothing behind it at all: the next one is tried, and the run goes on there.
+    let dead = UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let send = spawn_send_to(&device_key, &public, &format!("{dead},{}", b.link), 10);
+    let (ok, said) = ops_util::finish_send(send);
+    assert!(ok, "{said}");
+    assert!(said.contains(&format!("trying {}", b.link)), "{said}");
+    assert_exactly_once(&cluster, count + 10, &[0, count]);
+}

@@ -48,7 +48,7 @@ pub struct RecordsArgs {
 
 /// One app's records, from the state directory's file or from the fleet's database.
 enum Opened<'a> {
-    File(store::AppStore),
+    File(Box<store::AppStore>),
     Fleet(&'a PgReader, String),
 }
 
@@ -151,7 +151,7 @@ fn open_app<'a>(
 ) -> anyhow::Result<Opened<'a>> {
     Ok(match fleet {
         Some(reader) => Opened::Fleet(reader, app.to_string()),
-        None => Opened::File(store::open_app_for_reading(state, app)?),
+        None => Opened::File(Box::new(store::open_app_for_reading(state, app)?)),
     })
 }
 

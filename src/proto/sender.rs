@@ -808,6 +808,18 @@ impl Sender {
         }
     }
 
+    /// The program moved the link to another address of the node (another node of its fleet, docs/scale-out.md):
+    /// what is unacknowledged goes again at once, the old path's backoff is forgotten, and a cookie the old path
+    /// gave is dropped (another node's cookie secret is its own). Nothing else changes: the run, its numbering and
+    /// its keys are the fleet's, and the node reached next learns the flows' heard sequences from its store.
+    pub fn path_changed(&mut self, now: Instant) {
+        self.backoff = 0;
+        self.cookie = None;
+        if self.outstanding() {
+            self.rto_deadline = Some(now);
+        }
+    }
+
     /// The RTO passed: send everything unacknowledged again (go-back-N) with a doubled RTO.
     pub fn handle_timeout(&mut self, now: Instant) {
         let Some(deadline) = self.rto_deadline else {
@@ -1193,6 +1205,34 @@ mod tests {
         q.release(q.len() + 5);
         assert!(q.is_empty());
         assert_eq!((q.start, q.bytes.len()), (0, 0));
+    }
+
+    #[test]
+    fn a_changed_path_sends_what_is_unacknowledged_again_at_once_with_the_backoff_forgotten() {
+        let node = Identity::generate();
+        let mut s = Sender::new(SenderConfig::new(Identity::generate(), *node.public())).unwrap();
+        s.open_flow("main", FlowStart::At(1)).unwrap();
+        s.queue("main", b"r1".to_vec()).unwrap();
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        assert!(s.poll_transmit(t0, &mut out));
+        while s.poll_transmit(t0, &mut out) {}
+        // Three silent RTOs: the backoff has grown.
+        let mut now = t0;
+        for _ in 0..3 {
+            now = s.poll_timeout().unwrap();
+            s.handle_timeout(now);
+            while s.poll_transmit(now, &mut out) {}
+        }
+        assert!(s.poll_timeout().unwrap() - now >= Duration::from_millis(1000));
+        let sent = s.stats().packets_sent;
+        s.path_changed(now);
+        assert_eq!(s.poll_timeout(), Some(now), "due at once");
+        s.handle_timeout(now);
+        assert!(s.poll_transmit(now, &mut out), "the record goes again");
+        assert_eq!(s.stats().packets_sent, sent + 1);
+        // The backoff starts again from the first RTO.
+        assert!(s.poll_timeout().unwrap() - now <= INITIAL_RTO * 2);
     }
 
     #[test]

@@ -906,21 +906,21 @@ impl PgReader {
             config,
             shown: url.to_string(),
         };
-        let client = rt.block_on(async {
-            let (client, connection) = target
-                .config
-                .connect(NoTls)
-                .await
-                .map_err(|source| StoreError::DatabaseRead {
-                    url: target.shown.clone(),
-                    doing: "connecting",
-                    source,
-                })?;
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
-            Ok::<_, StoreError>(client)
-        })?;
+        let client =
+            rt.block_on(async {
+                let (client, connection) =
+                    target.config.connect(NoTls).await.map_err(|source| {
+                        StoreError::DatabaseRead {
+                            url: target.shown.clone(),
+                            doing: "connecting",
+                            source,
+                        }
+                    })?;
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                Ok::<_, StoreError>(client)
+            })?;
         Ok(PgReader {
             rt,
             client,

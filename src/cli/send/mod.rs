@@ -42,8 +42,10 @@ pub struct SendArgs {
     /// The node's public key (printed by the node at start, or `pure-serve pubkey --key NODE_KEY`).
     #[arg(long, value_name = "PUBKEY")]
     pub node: String,
-    /// The node's link address.
-    #[arg(long, value_name = "HOST:PORT")]
+    /// The node's link address. Several, comma-separated (or a name with several addresses), for the nodes of
+    /// one fleet (docs/scale-out.md): the first is used until it answers nothing for 3 s while records wait, then
+    /// the next, and so on round; nothing is stored twice whichever node stores it.
+    #[arg(long, value_name = "HOST:PORT[,HOST:PORT…]")]
     pub to: String,
     /// The app to deliver to.
     #[arg(long, value_name = "NAME", default_value = "main")]
@@ -97,22 +99,44 @@ fn parse_stay(text: &str) -> Result<Stay, String> {
     }
 }
 
-fn resolve(to: &str) -> anyhow::Result<SocketAddr> {
-    to.to_socket_addrs()
-        .with_context(|| {
-            format!("cannot resolve --to {to:?}; expected HOST:PORT, e.g. 192.0.2.1:7380")
-        })?
-        .next()
-        .with_context(|| format!("--to {to:?} resolves to no address"))
+/// Every address of every comma-separated `HOST:PORT` in `to`, in order, each once.
+fn resolve(to: &str) -> anyhow::Result<Vec<SocketAddr>> {
+    let mut all = Vec::new();
+    for one in to.split(',').map(str::trim) {
+        if one.is_empty() {
+            bail!(
+                "--to {to:?} has an empty address between commas; expected HOST:PORT[,HOST:PORT…]"
+            );
+        }
+        let found: Vec<SocketAddr> = one
+            .to_socket_addrs()
+            .with_context(|| {
+                format!("cannot resolve {one:?} of --to; expected HOST:PORT, e.g. 192.0.2.1:7380")
+            })?
+            .collect();
+        if found.is_empty() {
+            bail!("{one:?} of --to resolves to no address");
+        }
+        for a in found {
+            if !all.contains(&a) {
+                all.push(a);
+            }
+        }
+    }
+    // One socket serves the link: the addresses of its first family.
+    let family = all[0].is_ipv4();
+    all.retain(|a| a.is_ipv4() == family);
+    Ok(all)
 }
 
 pub fn run(args: &SendArgs) -> anyhow::Result<()> {
     let identity = crate::keys::read_identity(&args.key)?;
     let node = crate::keys::parse_public_key(&args.node)
         .with_context(|| format!("--node {:?} is not a public key", args.node))?;
-    let to = resolve(&args.to)?;
-    let mut link = UdpLink::connect(identity, node, to)
-        .with_context(|| format!("cannot open a UDP socket to {to}"))?;
+    let addrs = resolve(&args.to)?;
+    let mut link = UdpLink::connect_any(identity, node, addrs.clone())
+        .with_context(|| format!("cannot open a UDP socket to {}", addrs[0]))?;
+    let mut moves_told = 0;
     if !crate::proto::wire::valid_app_name(args.app.as_bytes()) {
         bail!("--app {:?} is not 1–32 characters of a-z 0-9 _ -", args.app);
     }
@@ -167,7 +191,17 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
             break;
         }
         let round = if input_open { INPUT_POLL } else { STAY_POLL };
+        let was_at = link.address();
         link.drive(Instant::now() + round)?;
+        if link.moves() > moves_told {
+            moves_told = link.moves();
+            eprintln!(
+                "the node at {was_at} answered nothing for {} s; trying {}",
+                crate::sender::MOVE_AFTER.as_secs(),
+                link.address()
+            );
+        }
+        let to = link.address();
         for event in link.take_events() {
             match event {
                 SenderEvent::Stored { through: t, .. } => {
@@ -244,6 +278,12 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
         eprint!("\r\x1b[K");
     }
     let secs = start.elapsed().as_secs_f64();
+    let to = if addrs.len() == 1 {
+        addrs[0].to_string()
+    } else {
+        let all: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+        format!("{} (the last of {} tried)", link.address(), all.join(", "))
+    };
     // With --listen, standard output carries the downlink records alone.
     let say = |text: String| {
         if listening {
