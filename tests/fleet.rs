@@ -279,7 +279,12 @@ fn a_sender_moving_between_two_nodes_and_racing_on_both_is_stored_exactly_once()
     // Moving every 5 packets cost each node one X25519 for the run, however often it came back (the session
     // stays in each node's cache; the memo keeps the secret across restarts): the memo stays per node.
     let x25519 = |n: &NodeProcess| n.metric("pure_x25519_total").unwrap_or(-1.0);
-    assert_eq!((x25519(&a), x25519(&b)), (1.0, 1.0), "{} packets", seen.packets);
+    assert_eq!(
+        (x25519(&a), x25519(&b)),
+        (1.0, 1.0),
+        "{} packets",
+        seen.packets
+    );
     // The follower saw every record once, in position order, without a gap, though two nodes committed them.
     let followed = read_json_lines(follower.stdout.take().unwrap(), count as usize);
     let _ = follower.kill();
@@ -602,4 +607,48 @@ fn send_given_two_addresses_moves_to_the_other_when_a_node_stops_answering() {
     assert!(ok, "{said}");
     assert!(said.contains(&format!("trying {}", b.link)), "{said}");
     assert_exactly_once(&cluster, count + 10, &[0, count]);
+}
+
+#[test]
+fn the_database_sigkilled_under_load_and_started_again_loses_nothing_acked() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "the_database_sigkilled_under_load_and_started_again_loses_nothing_acked",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, device_key, senders) = setup(dir.path());
+    let url = cluster.url();
+    let a = start_node(dir.path(), "a", &url, &node_key, &senders, &[]);
+    let b = start_node(dir.path(), "b", &url, &node_key, &senders, &[]);
+    let count = 1_000_000;
+    let send = spawn_send_to(
+        &device_key,
+        &a.public_key,
+        &format!("{},{}", a.link, b.link),
+        count,
+    );
+    // Killed as a crash would (no checkpoint, connections cut) once some records are stored, and back 1 s later.
+    let deadline = Instant::now() + DEADLINE;
+    while stored_by(&a) == 0.0 {
+        assert!(Instant::now() < deadline, "a stored nothing");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    cluster.kill();
+    let stored_at_kill = stored_by(&a);
+    std::thread::sleep(Duration::from_secs(1));
+    let (code, body) = a.http_get("/healthz");
+    assert_eq!(code, 503, "{body}");
+    cluster.start_server();
+    let (ok, said) = ops_util::finish_send(send);
+    assert!(ok, "{said}");
+    assert!(stored_at_kill < count as f64, "the kill came mid-flow");
+    assert!(said.contains("cannot store"), "the sender was told: {said}");
+    assert_exactly_once(&cluster, count, &[0]);
+    assert!(
+        a.stderr_text().contains("app main can store again"),
+        "{}",
+        a.stderr_text()
+    );
+    drop(b);
 }
