@@ -1100,6 +1100,13 @@ impl Host {
         }
     }
 
+    /// Whether [`Host::turn`] takes the node core's turn now. Always on the host's own files (a turn waits there
+    /// for the oldest sync when too many are behind); on a shared store only while fewer than [`MAX_UNSYNCED`]
+    /// turns wait for their outcome, so that the loop never waits on the database (`shared.rs`).
+    pub fn can_take_turn(&self) -> bool {
+        self.shared.is_none() || self.unsynced.len() < MAX_UNSYNCED
+    }
+
     /// Whether committed turns wait for their sync.
     pub fn has_unsynced(&self) -> bool {
         !self.unsynced.is_empty()

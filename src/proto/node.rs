@@ -545,6 +545,11 @@ impl Node {
 
     /// Whether the turn being filled has reached its bound, or one of its apps its share; the driver should take
     /// it, so that the next packet for that app goes into the next turn instead of being refused as `busy`.
+    /// Whether the turn being filled holds nothing to apply.
+    pub fn turn_is_empty(&self) -> bool {
+        self.turn.is_empty()
+    }
+
     pub fn turn_is_full(&self) -> bool {
         self.turn.record_count >= self.turn_bound()
             || self

@@ -517,8 +517,11 @@ impl ReadyNode {
             };
             if !stopping {
                 let link_wake = self.links.as_ref().map(|q| q.wake().fd());
+                // A full turn the host cannot take yet (its store is behind) waits for the store's wake, not for
+                // the socket, which stays readable and would turn this wait into a busy loop.
+                let read_socket = !self.node.turn_is_full() || self.host.can_take_turn();
                 wait_readable(
-                    &self.socket,
+                    read_socket.then_some(&self.socket),
                     &[
                         control.wake,
                         link_wake,
@@ -566,6 +569,10 @@ impl ReadyNode {
             }
             if stopping {
                 self.host.drain(&mut self.node);
+                if !self.node.turn_is_empty() {
+                    self.turn()?;
+                    self.host.drain(&mut self.node);
+                }
                 self.after_finish();
                 self.host.checkpoint_at_stop();
                 if let Err(e) = self.memo.write() {
@@ -687,6 +694,12 @@ impl ReadyNode {
     fn settle(&mut self) -> Result<(), NodeError> {
         self.turn()?;
         self.host.drain(&mut self.node);
+        if !self.node.turn_is_empty() {
+            // A host on a fleet's store takes no turn while its store is behind (Host::can_take_turn); it is
+            // drained now, so this one is taken.
+            self.turn()?;
+            self.host.drain(&mut self.node);
+        }
         self.after_finish();
         Ok(())
     }
@@ -1271,9 +1284,10 @@ const TRIM_AFTER_SWEPT: u64 = 1024;
 
 /// Waits until the socket is readable, a wake descriptor (signals, outlets, HTTP) is, or `timeout` passes. Wakes
 /// are cleared: one round serves them all.
-fn wait_readable(socket: &UdpSocket, wakes: &[Option<RawFd>], timeout: Duration) {
+fn wait_readable(socket: Option<&UdpSocket>, wakes: &[Option<RawFd>], timeout: Duration) {
     let mut fds = vec![libc::pollfd {
-        fd: socket.as_raw_fd(),
+        // A negative fd is ignored by poll(2).
+        fd: socket.map_or(-1, |s| s.as_raw_fd()),
         events: libc::POLLIN,
         revents: 0,
     }];
