@@ -1104,7 +1104,7 @@ impl Host {
     /// for the oldest sync when too many are behind); on a shared store only while fewer than [`MAX_UNSYNCED`]
     /// turns wait for their outcome, so that the loop never waits on the database (`shared.rs`).
     pub fn can_take_turn(&self) -> bool {
-        self.shared.is_none() || self.unsynced.len() < MAX_UNSYNCED
+        self.shared.is_none() || self.unsynced.len() <= MAX_UNSYNCED
     }
 
     /// Whether committed turns wait for their sync.

@@ -564,7 +564,10 @@ impl ReadyNode {
             self.finish_synced();
             // Group commit (research/010): while a turn's sync is in flight the next turn keeps filling, and is
             // committed when the sync is done — or now, if nothing waits or it is full.
-            if stopping || !self.host.has_unsynced() || self.node.turn_is_full() {
+            // (A host on a fleet's store that is behind takes no turn: Host::can_take_turn.)
+            if stopping
+                || (!self.host.has_unsynced() || self.node.turn_is_full()) && self.host.can_take_turn()
+            {
                 more_work = self.turn()?;
             }
             if stopping {

@@ -4,9 +4,10 @@
 //! is **finished** when that store hands back its outcome (the database's COMMIT returned), in the order the turns
 //! were submitted, exactly as a SQLite turn is finished when its sync is done. The receive loop never waits on a
 //! round trip: it polls [`TurnStore::wake_fd`] beside its socket, as it polls the sync thread's. While
-//! [`super::MAX_UNSYNCED`] turns wait for their outcome the host takes no new one ([`Host::can_take_turn`]): the
-//! node core's turn fills and, once full, the loop stops reading its socket until an outcome comes, and serves
-//! everything else meanwhile (a slow or unreachable database never stops the loop).
+//! [`super::MAX_UNSYNCED`] turns wait for their outcome the host takes no new one ([`Host::can_take_turn`]), but
+//! for a turn that filled within a batch the loop was reading: the node core's turn fills and, once full, the loop
+//! stops reading its socket until an outcome comes, and serves everything else meanwhile (a slow or unreachable
+//! database never stops the loop).
 //!
 //! What this increment serves: links and `POST /link` into any number of apps, exactly once across nodes (the
 //! database decides, docs/scale-out.md "A turn"). Not yet: outlets of any kind and queueing downlink records (a
@@ -84,9 +85,11 @@ impl Host {
     /// A turn on the shared store: the node core's records as owned parts, one per app that can store, and a probe
     /// for each failed app whose delay is up (module docs). Finished when the outcome is back.
     pub(super) fn turn_shared(&mut self, node: &mut Node, now: Instant) -> TurnReport {
-        if !self.can_take_turn() {
-            // The store is behind: the node core's turn stays with it (and stops its reading when full) until an
-            // outcome comes back, rather than the loop waiting on the database.
+        if !self.can_take_turn() && !node.turn_is_full() {
+            // The store is behind: the node core's turn stays with it until an outcome comes back, rather than the
+            // loop waiting on the database. A full one is taken all the same: it filled within a batch of
+            // datagrams already read (the loop starts none while the store is behind and the turn full), and a
+            // datagram handled into a full turn would lose its records to the turn's bound.
             return TurnReport::default();
         }
         let turn = node.take_turn();
