@@ -566,7 +566,8 @@ impl ReadyNode {
             // committed when the sync is done — or now, if nothing waits or it is full.
             // (A host on a fleet's store that is behind takes no turn: Host::can_take_turn.)
             if stopping
-                || (!self.host.has_unsynced() || self.node.turn_is_full()) && self.host.can_take_turn()
+                || (!self.host.has_unsynced() || self.node.turn_is_full())
+                    && self.host.can_take_turn()
             {
                 more_work = self.turn()?;
             }

@@ -999,53 +999,103 @@ impl PgReader {
     ) -> Result<(), StoreError> {
         let id = self.app_id(app)?;
         let store = std::path::PathBuf::from(&self.shown);
-        // Keyset pages: after the last (name, first_seq) by source, or from the last chunk's end by position.
-        let (mut after_name, mut after_first, mut next_pos) =
-            (String::new(), -1i64, from_pos as i64);
+        if from_pos == 0 {
+            return self.each_by_source(id, source, &store, &mut each);
+        }
+        // Keyset pages from the last chunk's end, starting at the chunk that holds `from_pos`: both bounds are on
+        // the `chunks_pos` index, so a page costs the same at the start of an app and at its millionth chunk.
+        let mut next_pos = from_pos as i64;
         loop {
-            let rows = if from_pos == 0 {
-                self.rt.block_on(self.client.query(
+            let rows = self
+                .rt
+                .block_on(self.client.query(
                     "SELECT s.name, c.first_seq, c.count, c.body, c.pos, c.stored_at, c.format \
                      FROM chunks c JOIN sources s ON s.id = c.source \
-                     WHERE c.app = $1 AND ($2::text IS NULL OR s.name = $2) AND (s.name, c.first_seq) > ($3, $4) \
-                     ORDER BY s.name, c.first_seq LIMIT $5",
-                    &[&id, &source, &after_name, &after_first, &READ_PAGE],
-                ))
-            } else {
-                self.rt.block_on(self.client.query(
-                    "SELECT s.name, c.first_seq, c.count, c.body, c.pos, c.stored_at, c.format \
-                     FROM chunks c JOIN sources s ON s.id = c.source \
-                     WHERE c.app = $1 AND ($2::text IS NULL OR s.name = $2) AND c.pos + c.count > $3 \
+                     WHERE c.app = $1 AND ($2::text IS NULL OR s.name = $2) \
+                       AND c.pos >= (SELECT COALESCE(max(pos), 0) FROM chunks WHERE app = $1 AND pos <= $3) \
+                       AND c.pos + c.count > $3 \
                      ORDER BY c.pos LIMIT $4",
                     &[&id, &source, &next_pos, &READ_PAGE],
                 ))
-            }
-            .map_err(self.err("reading records"))?;
+                .map_err(self.err("reading records"))?;
             for row in &rows {
                 let name: String = row.get(0);
-                let first: i64 = row.get(1);
-                let count: i32 = row.get(2);
-                let body: &[u8] = row.get(3);
-                let pos: i64 = row.get(4);
-                let stored = super::StoredChunk {
-                    source: &name,
-                    first_seq: first as u64,
-                    count: count as u64,
-                    body,
-                    pos: pos as u64,
-                    stored_at_ms: row.get(5),
-                    forwarded: row.get::<_, i16>(6) == RecordFormat::Forwarded as i16,
-                };
-                if !stored.each_record(&store, from_pos, &mut each)? {
+                let chunk = chunk_row(&name, row, 1);
+                if !chunk.each_record(&store, from_pos, &mut each)? {
                     return Ok(());
                 }
-                after_name = name;
-                after_first = first;
-                next_pos = pos + count as i64;
+                next_pos = (chunk.pos + chunk.count) as i64;
             }
             if (rows.len() as i64) < READ_PAGE {
                 return Ok(());
             }
         }
+    }
+
+    /// Every record of app `id` by source name, then sequence: the sources in keyset pages by name (their unique
+    /// index), and each source's chunks in pages by first sequence (the primary key), so that no page sorts the app.
+    fn each_by_source(
+        &self,
+        id: i32,
+        source: Option<&str>,
+        store: &std::path::Path,
+        each: &mut impl FnMut(&super::RecordView<'_>) -> bool,
+    ) -> Result<(), StoreError> {
+        let mut after_name = String::new();
+        let mut first_page = true;
+        loop {
+            let sources = self
+                .rt
+                .block_on(self.client.query(
+                    "SELECT id, name FROM sources \
+                     WHERE app = $1 AND ($2::text IS NULL OR name = $2) AND (name > $3 OR $4) \
+                     ORDER BY name LIMIT $5",
+                    &[&id, &source, &after_name, &first_page, &READ_PAGE],
+                ))
+                .map_err(self.err("reading sources"))?;
+            first_page = false;
+            for s in &sources {
+                let (sid, name): (i64, String) = (s.get(0), s.get(1));
+                let mut after_first = -1i64;
+                loop {
+                    let rows = self
+                        .rt
+                        .block_on(self.client.query(
+                            "SELECT c.first_seq, c.count, c.body, c.pos, c.stored_at, c.format FROM chunks c \
+                             WHERE c.app = $1 AND c.source = $2 AND c.first_seq > $3 \
+                             ORDER BY c.first_seq LIMIT $4",
+                            &[&id, &sid, &after_first, &READ_PAGE],
+                        ))
+                        .map_err(self.err("reading records"))?;
+                    for row in &rows {
+                        let chunk = chunk_row(&name, row, 0);
+                        if !chunk.each_record(store, 0, each)? {
+                            return Ok(());
+                        }
+                        after_first = chunk.first_seq as i64;
+                    }
+                    if (rows.len() as i64) < READ_PAGE {
+                        break;
+                    }
+                }
+                after_name = name;
+            }
+            if (sources.len() as i64) < READ_PAGE {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// A chunk row whose columns from `at` are first_seq, count, body, pos, stored_at, format.
+fn chunk_row<'a>(name: &'a str, row: &'a tokio_postgres::Row, at: usize) -> super::StoredChunk<'a> {
+    super::StoredChunk {
+        source: name,
+        first_seq: row.get::<_, i64>(at) as u64,
+        count: row.get::<_, i32>(at + 1) as u64,
+        body: row.get(at + 2),
+        pos: row.get::<_, i64>(at + 3) as u64,
+        stored_at_ms: row.get(at + 4),
+        forwarded: row.get::<_, i16>(at + 5) == RecordFormat::Forwarded as i16,
     }
 }
