@@ -142,6 +142,25 @@ pub struct PostgresTurns {
     thread: Option<JoinHandle<()>>,
 }
 
+/// The connection settings `url` names, with the password from its file and the name the database shows for it.
+fn config_of(
+    url: &str,
+    password: Option<&str>,
+    application: &str,
+) -> Result<tokio_postgres::Config, StoreError> {
+    let mut config =
+        tokio_postgres::Config::from_str(url).map_err(|source| StoreError::Database {
+            url: url.to_string(),
+            doing: "reading the URL",
+            source,
+        })?;
+    if let Some(p) = password {
+        config.password(p);
+    }
+    config.application_name(application);
+    Ok(config)
+}
+
 fn db_err<'a>(
     target: &'a Target,
     doing: &'static str,
@@ -158,16 +177,7 @@ impl PostgresTurns {
     /// there, registers `apps` (app index = place in the list), and starts the store thread. The first connection
     /// is made here, so that a wrong address or a refused login stops the start with its reason.
     pub fn open(url: &str, password: Option<&str>, apps: &[String]) -> Result<Self, StoreError> {
-        let mut config =
-            tokio_postgres::Config::from_str(url).map_err(|source| StoreError::Database {
-                url: url.to_string(),
-                doing: "reading the URL",
-                source,
-            })?;
-        if let Some(p) = password {
-            config.password(p);
-        }
-        config.application_name("pure-serve");
+        let mut config = config_of(url, password, "pure-serve")?;
         // A database cut off by a firewall that drops packets must fail the turns in hand within seconds, not after
         // the kernel's 15 minutes of retransmissions: nothing is acked meanwhile, and the node says so once they
         // fail (docs/scale-out.md, "When the database is unreachable").
@@ -886,18 +896,8 @@ const READ_PAGE: i64 = 512;
 impl PgReader {
     /// Connects to the database at `url` (docs/scale-out.md); tables need not be there yet.
     pub fn open(url: &str, password: Option<&str>) -> Result<Self, StoreError> {
-        let mut config =
-            tokio_postgres::Config::from_str(url).map_err(|source| StoreError::Database {
-                url: url.to_string(),
-                doing: "reading the URL",
-                source,
-            })?;
-        if let Some(p) = password {
-            config.password(p);
-        }
-        config
-            .application_name("pure-serve records")
-            .connect_timeout(NET_TIMEOUT);
+        let mut config = config_of(url, password, "pure-serve records")?;
+        config.connect_timeout(NET_TIMEOUT);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
