@@ -197,6 +197,8 @@ pub struct NodeProcess {
     pub http: SocketAddr,
     /// `--metrics-listen`: `/metrics`, `/healthz`.
     pub metrics: SocketAddr,
+    /// The network namespace the node runs in (its addresses are that namespace's), if not the test's own.
+    pub netns: Option<String>,
 }
 
 /// Starts `pure-serve` with `args` (state directory and ports 0 are added), `$NOTIFY_SOCKET` if given, and
@@ -216,17 +218,32 @@ pub fn spawn_node(
 
 /// The command [`spawn_node`] runs, for a test to add to (limits, say) before it spawns it.
 pub fn node_command(state: &Path, args: &[&str], notify: Option<&NotifySocket>) -> Command {
-    let mut cmd = Command::new(bin());
+    node_command_at(None, "127.0.0.1", 0, state, args, notify)
+}
+
+/// [`node_command`] in a network namespace (`ip netns exec NS`, which execs the node: the child is the node
+/// itself), listening for links on `bind:link_port` (0: a free port); HTTP on a free port there, metrics on the
+/// namespace's loopback.
+pub fn node_command_at(
+    netns: Option<&str>,
+    bind: &str,
+    link_port: u16,
+    state: &Path,
+    args: &[&str],
+    notify: Option<&NotifySocket>,
+) -> Command {
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, bin()]);
+            c
+        }
+        None => Command::new(bin()),
+    };
     cmd.arg("--state")
         .arg(state)
-        .args([
-            "--bind",
-            "127.0.0.1",
-            "--link-port",
-            "0",
-            "--http-port",
-            "0",
-        ])
+        .args(["--bind", bind, "--link-port", &link_port.to_string()])
+        .args(["--http-port", "0"])
         .args(args)
         .env("RUST_LOG", "info")
         .env_remove("NOTIFY_SOCKET")
@@ -276,6 +293,7 @@ impl NodeProcess {
             link: "0.0.0.0:0".parse().unwrap(),
             http: "0.0.0.0:0".parse().unwrap(),
             metrics: "0.0.0.0:0".parse().unwrap(),
+            netns: None,
         };
         let deadline = Instant::now() + DEADLINE;
         loop {
@@ -306,6 +324,17 @@ impl NodeProcess {
     pub fn start(state: &Path, args: &[&str], notify: Option<&NotifySocket>) -> Self {
         let child = spawn_node(state, args, notify, &[]);
         Self::attach(child, state)
+    }
+
+    /// Starts a node in the network namespace `netns` on `bind:link_port` ([`node_command_at`]); its HTTP
+    /// helpers then reach it from inside that namespace.
+    pub fn start_in(netns: &str, bind: &str, link_port: u16, state: &Path, args: &[&str]) -> Self {
+        let child = node_command_at(Some(netns), bind, link_port, state, args, None)
+            .spawn()
+            .unwrap();
+        let mut node = Self::attach(child, state);
+        node.netns = Some(netns.to_string());
+        node
     }
 
     pub fn signal(&self, signal: i32) {
@@ -359,7 +388,9 @@ impl NodeProcess {
 
     /// One HTTP GET on the node's metrics listener: (status code, body).
     pub fn http_get(&self, path: &str) -> (u16, String) {
-        http_get(self.metrics, path)
+        let metrics = self.metrics;
+        let path = path.to_string();
+        in_netns(self.netns.as_deref(), move || http_get(metrics, &path))
     }
 
     /// The value of a sample line of `/metrics` (`name{labels}` as written).
@@ -376,6 +407,27 @@ impl Drop for NodeProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Runs `f` in the network namespace `netns` (`/run/netns/NAME`, as `ip netns add` makes it), on a thread of its
+/// own so that the test's other threads stay where they are: the sockets `f` makes are that namespace's. `None`:
+/// here, on this thread.
+pub fn in_netns<T: Send + 'static>(
+    netns: Option<&str>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let Some(ns) = netns else { return f() };
+    let file = std::fs::File::open(Path::new("/run/netns").join(ns))
+        .unwrap_or_else(|e| panic!("network namespace {ns}: {e}"));
+    std::thread::spawn(move || {
+        use std::os::fd::AsRawFd;
+        // SAFETY: setns(2) on an open namespace file; it moves this thread alone.
+        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {

@@ -1,5 +1,6 @@
 //! A throwaway PostgreSQL cluster for a test: `initdb` in a temp dir, the server on a unix socket in it (no TCP
-//! port), stopped and removed when dropped. PostgreSQL refuses to run as root: as root the cluster runs as the
+//! port; with [`PgCluster::start_in`], also TCP on an address inside a network namespace), stopped and removed
+//! when dropped. PostgreSQL refuses to run as root: as root the cluster runs as the
 //! `postgres` user (`setpriv`), otherwise as the test's own user.
 //!
 //! Without PostgreSQL's binaries (`/usr/lib/postgresql/VERSION/bin`) [`PgCluster::start`] returns `None` and the
@@ -14,6 +15,13 @@ pub struct PgCluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
     as_postgres: bool,
+    /// The network namespace the server runs in, and the address there it listens on for TCP (port 5432).
+    netns: Option<(String, String)>,
+}
+
+/// Whether PostgreSQL's binaries are here (for a test that checks all it needs before it starts anything).
+pub fn installed() -> bool {
+    find_bin().is_some()
 }
 
 fn is_root() -> bool {
@@ -39,6 +47,17 @@ fn find_bin() -> Option<PathBuf> {
 impl PgCluster {
     /// Starts a cluster, or says why not: `None` (skip) only when PostgreSQL is not installed and not required.
     pub fn start(test: &str) -> Option<PgCluster> {
+        Self::start_with(test, None)
+    }
+
+    /// [`PgCluster::start`] with the server in the network namespace `netns`, listening on TCP at `addr:5432`
+    /// there (trusting any client: the namespace is the test's own) besides its unix socket. A firewall rule
+    /// between a client and `addr` then bites, as it does not on the unix socket.
+    pub fn start_in(test: &str, netns: &str, addr: &str) -> Option<PgCluster> {
+        Self::start_with(test, Some((netns.to_string(), addr.to_string())))
+    }
+
+    fn start_with(test: &str, netns: Option<(String, String)>) -> Option<PgCluster> {
         let required = std::env::var_os("PURE_REQUIRE_POSTGRES").is_some_and(|v| v == "1");
         let Some(bin) = find_bin() else {
             let why = "no PostgreSQL here (/usr/lib/postgresql/*/bin/initdb): install it \
@@ -65,6 +84,7 @@ impl PgCluster {
             dir,
             bin,
             as_postgres,
+            netns,
         };
         c.run(
             "initdb",
@@ -77,17 +97,26 @@ impl PgCluster {
                 "postgres",
             ],
         );
+        if c.netns.is_some() {
+            use std::io::Write;
+            let mut hba = std::fs::OpenOptions::new()
+                .append(true)
+                .open(c.data().join("pg_hba.conf"))
+                .expect("pg_hba.conf");
+            writeln!(hba, "host all all 0.0.0.0/0 trust").unwrap();
+        }
         c.start_server();
         Some(c)
     }
 
     /// Starts the server (again, after [`PgCluster::kill`]), waiting until it takes connections.
     pub fn start_server(&self) {
+        let listen = self.netns.as_ref().map_or("", |(_, addr)| addr.as_str());
         let opts = format!(
-            "-k {} -c listen_addresses= -c fsync=on -c synchronous_commit=on",
+            "-k {} -c listen_addresses={listen} -c fsync=on -c synchronous_commit=on",
             self.socket_dir().display()
         );
-        self.run(
+        self.run_in(
             "pg_ctl",
             &[
                 "-D",
@@ -99,6 +128,7 @@ impl PgCluster {
                 &opts,
                 "start",
             ],
+            true,
         );
     }
 
@@ -133,7 +163,17 @@ impl PgCluster {
         )
     }
 
-    /// The cluster as a libpq key=value string.
+    /// The cluster as `--store` names it over TCP, for a client in a namespace that reaches the server's address
+    /// ([`PgCluster::start_in`]).
+    pub fn tcp_url(&self) -> String {
+        let (_, addr) = self
+            .netns
+            .as_ref()
+            .expect("a cluster started with start_in");
+        format!("postgresql://postgres@{addr}:5432/postgres?sslmode=disable")
+    }
+
+    /// The cluster as a libpq key=value string (its unix socket, reachable from every namespace).
     pub fn conninfo(&self) -> String {
         format!(
             "host={} user=postgres dbname=postgres",
@@ -142,22 +182,42 @@ impl PgCluster {
     }
 
     fn command(&self, tool: &str) -> Command {
+        self.command_in(tool, false)
+    }
+
+    /// `tool` as the cluster's user, in the cluster's network namespace if `in_netns` (only the server needs to
+    /// be there: stopping it goes by its pid file, from anywhere).
+    fn command_in(&self, tool: &str, in_netns: bool) -> Command {
         let exe = self.bin.join(tool);
-        let mut cmd = if self.as_postgres {
-            let mut c = Command::new("setpriv");
-            c.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
-                .arg(exe);
-            c
-        } else {
-            Command::new(exe)
-        };
+        let mut argv: Vec<std::ffi::OsString> = Vec::new();
+        if let Some((ns, _)) = self.netns.as_ref().filter(|_| in_netns) {
+            argv.extend(["ip", "netns", "exec", ns].map(Into::into));
+        }
+        if self.as_postgres {
+            argv.extend(
+                [
+                    "setpriv",
+                    "--reuid=postgres",
+                    "--regid=postgres",
+                    "--init-groups",
+                ]
+                .map(Into::into),
+            );
+        }
+        argv.push(exe.into());
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
         cmd.stdin(Stdio::null());
         cmd
     }
 
     fn run(&self, tool: &str, args: &[&str]) {
+        self.run_in(tool, args, false)
+    }
+
+    fn run_in(&self, tool: &str, args: &[&str], in_netns: bool) {
         let out = self
-            .command(tool)
+            .command_in(tool, in_netns)
             .args(args)
             .output()
             .unwrap_or_else(|e| panic!("{tool}: {e}"));
