@@ -37,6 +37,11 @@ const PORT: u16 = 7380;
 
 /// How long a node cut off from its database may take to say so (the engine's NET_TIMEOUT is 5 s).
 const CUT_OFF_WITHIN: Duration = Duration::from_secs(10);
+/// Once the node says it is cut off, its sender is told within this.
+const TOLD_WITHIN: Duration = Duration::from_secs(5);
+/// A node serves again within this of its database coming back (BRIEF.md: within 1 s; a test on a shared machine
+/// allows more, and prints what it measured).
+const BACK_WITHIN: Duration = Duration::from_secs(3);
 
 /// The namespaces of one test: made with unique names, and deleted, every process in them killed first, when
 /// dropped (at the end of the test or on a panic). Declared before everything that runs in them, so that it is
@@ -248,6 +253,11 @@ struct RunningSend {
 }
 
 impl RunningSend {
+    /// What it has printed on its standard error so far.
+    fn said(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
     /// Waits for it to exit: whether it exited 0, and everything it printed.
     fn finish(mut self) -> (bool, String) {
         use std::io::Read;
@@ -565,10 +575,12 @@ fn a_node_cut_off_from_its_database_by_a_firewall_acks_nothing_says_so_and_serve
         body.contains("app main cannot store") && body.contains("database"),
         "{body}"
     );
-    assert!(
-        node.stderr_text().contains("app main cannot store"),
-        "{}",
-        node.stderr_text()
+    // (Its log is read from a pipe by a thread of the test: it may come a little after the status.)
+    wait_until(
+        "the node's log says app main cannot store",
+        Instant::now() + Duration::from_secs(2),
+        || node.stderr_text().contains("app main cannot store"),
+        || node.stderr_text(),
     );
     // It acks nothing more.
     let s1 = stored_by(&node);
@@ -582,8 +594,22 @@ fn a_node_cut_off_from_its_database_by_a_firewall_acks_nothing_says_so_and_serve
         std::net::TcpStream::connect_timeout(&to_db, Duration::from_millis(500)).is_ok()
     });
     assert!(!connects, "the database is reachable through the cut");
-    // (Whether the sender is told NOT_STORED meanwhile is not checked: while the drop lasts the node may answer
-    // it nothing at all, docs/scale-out.md, "When the database is unreachable"; the run below reports which.)
+    // And its sender is told so (NOT_STORED), not left to time out: the store fails each turn at once while it
+    // cannot connect, so the node's turns go on finishing and answering (docs/scale-out.md, "When the database is
+    // unreachable").
+    wait_until(
+        "the sender is told NOT_STORED while cut off",
+        Instant::now() + TOLD_WITHIN,
+        || send.said().contains("the node cannot store app main"),
+        || {
+            format!(
+                "send said: {}\nnode said: {}",
+                send.said(),
+                node.stderr_text()
+            )
+        },
+    );
+    let told = cut.elapsed();
     assert_eq!(node.http_get("/healthz").0, 503, "cut off still");
 
     // Healed: the rules gone, the node serves again.
@@ -611,11 +637,13 @@ fn a_node_cut_off_from_its_database_by_a_firewall_acks_nothing_says_so_and_serve
     let count = writer.join().unwrap();
     let (ok, said) = send.finish();
     assert!(ok, "{said}");
-    let told = said.contains("the node cannot store app main");
     assert_exactly_once(&cluster, count, &[0]);
     eprintln!(
-        "cut off: 503 after {noticed:.1?}; healed: 200 after {back:.1?}; {count} records, {s1} stored before the cut; \
-         the sender was {}told NOT_STORED while cut off",
-        if told { "" } else { "not " }
+        "cut off: 503 after {noticed:.1?}, the sender told NOT_STORED by {told:.1?}; healed: 200 after {back:.1?}; \
+         {count} records, {s1} stored before the cut"
+    );
+    assert!(
+        back <= BACK_WITHIN,
+        "the node served again {back:?} after the database came back (at most {BACK_WITHIN:?})"
     );
 }

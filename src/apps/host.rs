@@ -367,6 +367,8 @@ pub struct Host {
     /// The store shared with the other nodes of a fleet, when the apps are stored there rather than in files of
     /// this host's own (`shared.rs`).
     shared: Option<Box<dyn TurnStore + Send>>,
+    /// The shared store's [`TurnStore::connections`] when last looked at.
+    shared_connections: u64,
 }
 
 /// How the host hands records to its link, wire and webhook outlets. The daemon always feeds [`FeedMode::Chunks`];
@@ -506,6 +508,7 @@ impl Host {
             feed_mode: FeedMode::Chunks,
             pushes: Vec::new(),
             shared: None,
+            shared_connections: 0,
         };
         let mut changes = OutletChanges::default();
         for app in &config.apps {
@@ -1047,8 +1050,13 @@ impl Host {
     pub fn poll_synced(&mut self, node: &mut Node) -> bool {
         if let Some(shared) = &mut self.shared {
             let done = shared.done();
+            let connections = shared.connections();
             let any = !done.is_empty();
             self.finish_outcomes(done, node);
+            if connections != self.shared_connections {
+                self.shared_connections = connections;
+                self.probe_now(Instant::now());
+            }
             return any;
         }
         let Some(syncer) = &self.syncer else {

@@ -90,6 +90,11 @@ pub trait TurnStore {
     /// The app's next position (1 when empty) as the store holds it now, turns still waiting for their outcome
     /// included: a read that may wait, as [`TurnStore::heard_of`].
     fn head(&mut self, app: AppIndex) -> Result<u64, StoreError>;
+    /// How many connections to a database the store has made so far (0 for a store that needs none). A host whose
+    /// apps failed probes them at once when it grows, rather than at its next retry.
+    fn connections(&self) -> u64 {
+        0
+    }
 }
 
 /// `--store`: where records and heard sequences are kept.

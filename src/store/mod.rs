@@ -151,10 +151,10 @@ pub enum StoreError {
         source: tokio_postgres::Error,
     },
     #[error(
-        "the fleet's database {url} cannot be reached (the last try to connect failed; tried again every 0.25 s): \
-         nothing is acknowledged until it can be"
+        "the fleet's database {url} cannot be reached ({why}; a try to connect starts every 0.25 s): nothing is \
+         acknowledged until it can be"
     )]
-    DatabaseDown { url: String },
+    DatabaseDown { url: String, why: String },
     /// A read of the fleet's database by a tool (`records`), which has no turn to lose.
     #[error(
         "the fleet's database {url}, {doing}: {source} (check --store: its host, port, database and user, and that \

@@ -16,15 +16,19 @@
 //!
 //! A part refused with a serialization failure or a deadlock, or whose conditional update finds a heard sequence
 //! moved, is rolled back and applied again from the start (at most [`RETRIES`] times). A broken connection fails
-//! the parts in hand (never acked: their outcome may be unknown) and is made again at the next job, at most every
-//! [`RECONNECT_EVERY`].
+//! the parts in hand (never acked: their outcome may be unknown). It is made again **beside the jobs, not in
+//! them**: while there is none, a try to connect starts every [`RECONNECT_EVERY`] (several may be under way at once
+//! against a network that drops packets, each bounded by [`NET_TIMEOUT`]), and every part that needs the database
+//! fails at once, naming why the last try failed. So a turn never waits behind a connection that cannot be made,
+//! the host finishes its turns and tells its senders NOT_STORED while the database is away, and the first try that
+//! gets through is counted ([`TurnStore::connections`]), which has the host probe its failed apps at once.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::RawFd;
 use std::str::FromStr;
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -43,8 +47,13 @@ pub const LAYOUT_VERSION: i32 = 1;
 /// a heard sequence moved under the conditional update).
 pub const RETRIES: u32 = 8;
 
-/// How often a lost connection is made again, at most.
+/// While there is no connection, a new try to make one starts this often (tries under way are not waited for: one
+/// that a dropping network holds for [`NET_TIMEOUT`] does not delay the next).
 pub const RECONNECT_EVERY: Duration = Duration::from_millis(250);
+
+/// Tries to connect under way at once, at most (a network that drops every packet holds each for
+/// [`NET_TIMEOUT`]).
+const TRIES_AT_ONCE: usize = 24;
 
 /// How long the network to the database may stay silent before a connection is given up: to connect, for sent
 /// bytes to be acknowledged (TCP_USER_TIMEOUT), and idle before keepalives start.
@@ -117,6 +126,8 @@ struct Done {
     wake: Wake,
     /// The store thread has ended (it panicked, or its queue closed): nothing more will come.
     gone: std::sync::atomic::AtomicBool,
+    /// Connections made so far ([`TurnStore::connections`]).
+    connections: std::sync::atomic::AtomicU64,
 }
 
 /// Held by the store thread: when it ends, however it ends, a waiter is told rather than left waiting.
@@ -197,6 +208,7 @@ impl PostgresTurns {
             changed: Condvar::new(),
             wake: Wake::new().map_err(|source| StoreError::SyncThread { source })?,
             gone: std::sync::atomic::AtomicBool::new(false),
+            connections: std::sync::atomic::AtomicU64::new(0),
         });
         let (jobs, rx) = tokio::sync::mpsc::unbounded_channel();
         let (started_tx, started_rx) = mpsc::channel();
@@ -217,18 +229,27 @@ impl PostgresTurns {
                     }
                 };
                 rt.block_on(async move {
+                    let lost = Arc::new(tokio::sync::Notify::new());
+                    let conn = match make_conn(&target, &apps, lost.clone()).await {
+                        Ok(conn) => conn,
+                        Err(e) => {
+                            let _ = started_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    worker_done
+                        .connections
+                        .store(1, std::sync::atomic::Ordering::SeqCst);
+                    let _ = started_tx.send(Ok(()));
                     let mut worker = Worker {
                         target,
-                        apps,
-                        conn: None,
-                        last_try: None,
+                        apps: Arc::new(apps),
+                        conn: Some(conn),
+                        tries: tokio::task::JoinSet::new(),
+                        last_failure: None,
+                        lost,
                     };
-                    let first = worker.connect().await.map(|_| ());
-                    let ok = first.is_ok();
-                    let _ = started_tx.send(first);
-                    if ok {
-                        worker.serve(rx, &worker_done).await;
-                    }
+                    worker.serve(rx, &worker_done).await;
                 });
             })
             .map_err(|source| StoreError::SyncThread { source })?;
@@ -343,6 +364,12 @@ impl TurnStore for PostgresTurns {
     fn head(&mut self, app: AppIndex) -> Result<u64, StoreError> {
         self.ask(|tx| Job::Head(app, tx))
     }
+
+    fn connections(&self) -> u64 {
+        self.done
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl Drop for PostgresTurns {
@@ -385,9 +412,14 @@ struct Conn {
 
 struct Worker {
     target: Target,
-    apps: Vec<String>,
+    apps: Arc<Vec<String>>,
     conn: Option<Conn>,
-    last_try: Option<Instant>,
+    /// Tries to connect under way (module docs), while there is no connection.
+    tries: tokio::task::JoinSet<Result<Conn, StoreError>>,
+    /// Why the last try to connect failed, for the parts failed meanwhile.
+    last_failure: Option<String>,
+    /// Told by a connection's task when it ends, so that a connection lost while idle is made again at once.
+    lost: Arc<tokio::sync::Notify>,
 }
 
 /// Why a part's transaction did not commit.
@@ -406,30 +438,58 @@ fn retryable(e: &tokio_postgres::Error) -> bool {
 
 impl Worker {
     async fn serve(&mut self, mut rx: tokio::sync::mpsc::UnboundedReceiver<Job>, done: &Done) {
-        while let Some(job) = rx.recv().await {
-            match job {
-                Job::Turn(seq, parts) => {
-                    let mut apps = Vec::with_capacity(parts.len());
-                    for part in &parts {
-                        let r = self.apply_part(part).await.map_err(Arc::new);
-                        apps.push((part.app, r));
-                    }
-                    lock(&done.outcomes).push_back(TurnOutcome { seq, apps });
-                    done.changed.notify_all();
-                    done.wake.wake();
-                }
-                Job::Heard(app, source, reply) => {
-                    let _ = reply.send(self.heard_of(app, &source).await);
-                }
-                Job::Head(app, reply) => {
-                    let _ = reply.send(self.head_of(app).await);
-                }
+        let mut pace = tokio::time::interval(RECONNECT_EVERY);
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            self.drop_if_lost();
+            let no_conn = self.conn.is_none();
+            let trying = !self.tries.is_empty();
+            let may_try = no_conn && self.tries.len() < TRIES_AT_ONCE;
+            tokio::select! {
+                biased;
+                Some(tried) = self.tries.join_next(), if trying => self.tried(tried, done),
+                _ = pace.tick(), if may_try => self.try_connect(),
+                () = self.lost.notified() => {}
+                job = rx.recv() => match job {
+                    Some(job) => self.serve_job(job, done).await,
+                    None => break,
+                },
             }
         }
     }
 
-    /// The connection, made (again) if there is none, at most every [`RECONNECT_EVERY`].
-    async fn connect(&mut self) -> Result<&mut Conn, StoreError> {
+    async fn serve_job(&mut self, job: Job, done: &Done) {
+        match job {
+            Job::Turn(seq, parts) => {
+                let mut apps = Vec::with_capacity(parts.len());
+                for part in &parts {
+                    let r = self.apply_part(part).await.map_err(Arc::new);
+                    apps.push((part.app, r));
+                }
+                lock(&done.outcomes).push_back(TurnOutcome { seq, apps });
+                done.changed.notify_all();
+                done.wake.wake();
+            }
+            Job::Heard(app, source, reply) => {
+                // A read for starts, tests and tools, which may wait for a connection to be made.
+                let r = match self.connected_or_wait(done).await {
+                    Ok(()) => self.heard_of(app, &source).await,
+                    Err(e) => Err(e),
+                };
+                let _ = reply.send(r);
+            }
+            Job::Head(app, reply) => {
+                let r = match self.connected_or_wait(done).await {
+                    Ok(()) => self.head_of(app).await,
+                    Err(e) => Err(e),
+                };
+                let _ = reply.send(r);
+            }
+        }
+    }
+
+    /// Forgets a connection that has closed (its error was reported by the statement that found it, if any).
+    fn drop_if_lost(&mut self) {
         if self.conn.as_ref().is_some_and(|c| c.client.is_closed()) {
             tracing::warn!(
                 "the connection to the fleet's database {} was lost; nothing is acknowledged until it is made again",
@@ -437,185 +497,72 @@ impl Worker {
             );
             self.conn = None;
         }
-        if self.conn.is_none() {
-            if let Some(t) = self.last_try
-                && t.elapsed() < RECONNECT_EVERY
-            {
-                return Err(StoreError::DatabaseDown {
-                    url: self.target.shown.clone(),
-                });
-            }
-            self.last_try = Some(Instant::now());
-            let conn = self.make_conn().await?;
-            tracing::info!("connected to the fleet's database {}", self.target.shown);
-            self.conn = Some(conn);
-        }
-        Ok(self.conn.as_mut().expect("made above"))
     }
 
-    async fn make_conn(&self) -> Result<Conn, StoreError> {
-        let t = &self.target;
-        let (client, connection) = t
-            .config
-            .connect(NoTls)
-            .await
-            .map_err(db_err(t, "connecting"))?;
-        tokio::spawn(async move {
-            // Its error is the client's too (`is_closed`), and reported by the statement that finds it.
-            let _ = connection.await;
-        });
-        client
-            .batch_execute(&format!(
-                "SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'"
-            ))
-            .await
-            .map_err(db_err(t, "setting idle_in_transaction_session_timeout"))?;
-        let sync: String = client
-            .query_one("SHOW synchronous_commit", &[])
-            .await
-            .map_err(db_err(t, "reading synchronous_commit"))?
-            .get(0);
-        if sync == "off" {
-            return Err(StoreError::DatabaseRefused {
-                url: t.shown.clone(),
-                why: "its synchronous_commit is off, so a COMMIT that returned may still be lost in a crash of the \
-                      database, and \"stored\" would not mean stored: set synchronous_commit = on (the default) for \
-                      the node's user (ALTER ROLE … SET synchronous_commit = on)"
-                    .into(),
-            });
+    /// Starts a try to connect, beside the jobs.
+    fn try_connect(&mut self) {
+        let (target, apps, lost) = (self.target.clone(), self.apps.clone(), self.lost.clone());
+        self.tries
+            .spawn(async move { make_conn(&target, &apps, lost).await });
+    }
+
+    /// A try to connect ended: the first that got through is the connection, and the others are given up.
+    fn tried(
+        &mut self,
+        tried: Result<Result<Conn, StoreError>, tokio::task::JoinError>,
+        done: &Done,
+    ) {
+        match tried {
+            Ok(Ok(conn)) if self.conn.is_none() => {
+                tracing::info!("connected to the fleet's database {}", self.target.shown);
+                self.conn = Some(conn);
+                self.last_failure = None;
+                self.tries.abort_all();
+                done.connections
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // The host probes its failed apps on this news, rather than at its next retry.
+                done.wake.wake();
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => self.last_failure = Some(e.to_string()),
+            // Aborted, once another got through.
+            Err(_) => {}
         }
-        let new_tables: bool = client
-            .query_one("SELECT to_regclass('chunks') IS NULL", &[])
-            .await
-            .map_err(db_err(t, "looking for the tables"))?
-            .get(0);
-        // Two nodes starting at once may both make the tables: one of them then finds a name taken, and tries again.
-        let mut tries = 0;
-        loop {
-            match client.batch_execute(SCHEMA).await {
-                Ok(()) => break,
-                Err(e)
-                    if tries < 3
-                        && matches!(e.code(), Some(c) if *c == SqlState::UNIQUE_VIOLATION
-                            || *c == SqlState::DUPLICATE_TABLE || *c == SqlState::DUPLICATE_OBJECT) =>
-                {
-                    tries += 1;
-                }
-                Err(e) => return Err(db_err(t, "making the tables")(e)),
+    }
+
+    /// The connection, or why there is none: a part never waits for one to be made (module docs).
+    fn connection(&mut self) -> Result<&mut Conn, StoreError> {
+        self.drop_if_lost();
+        match self.conn.as_mut() {
+            Some(conn) => Ok(conn),
+            None => Err(StoreError::DatabaseDown {
+                url: self.target.shown.clone(),
+                why: self
+                    .last_failure
+                    .clone()
+                    .unwrap_or_else(|| "the connection was lost and is being made again".into()),
+            }),
+        }
+    }
+
+    /// Waits for a connection if there is none (a try is started at once), for reads that may wait.
+    async fn connected_or_wait(&mut self, done: &Done) -> Result<(), StoreError> {
+        self.drop_if_lost();
+        if self.conn.is_none() && self.tries.is_empty() {
+            self.try_connect();
+        }
+        while self.conn.is_none() {
+            match self.tries.join_next().await {
+                Some(tried) => self.tried(tried, done),
+                None => break,
             }
         }
-        if new_tables {
-            // Bodies uncompressed, as in SQLite: PostgreSQL's default tries pglz on every value over 2 KB, and a turn's
-            // chunk is one; that cost 0.41 of the records/s (research/025). Only on tables this node made, since
-            // only their owner may change them.
-            client
-                .batch_execute(CHUNK_BODIES)
-                .await
-                .map_err(db_err(t, "setting how chunk bodies are stored"))?;
-        }
-        client
-            .batch_execute(&format!(
-                "INSERT INTO pure_layout (version) SELECT {LAYOUT_VERSION} \
-                 WHERE NOT EXISTS (SELECT 1 FROM pure_layout)"
-            ))
-            .await
-            .map_err(db_err(t, "writing the layout's version"))?;
-        let found: i32 = client
-            .query_one("SELECT max(version) FROM pure_layout", &[])
-            .await
-            .map_err(db_err(t, "reading the layout's version"))?
-            .get(0);
-        if found > LAYOUT_VERSION {
-            return Err(StoreError::DatabaseRefused {
-                url: t.shown.clone(),
-                why: format!(
-                    "its tables have layout {found}, this pure-serve knows layouts up to {LAYOUT_VERSION}: they were \
-                     made by a newer pure-serve; run that one"
-                ),
-            });
-        }
-        client
-            .execute(
-                "INSERT INTO apps (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING",
-                &[&self.apps],
-            )
-            .await
-            .map_err(db_err(t, "registering the apps"))?;
-        let rows = client
-            .query(
-                "SELECT id, name FROM apps WHERE name = ANY($1::text[])",
-                &[&self.apps],
-            )
-            .await
-            .map_err(db_err(t, "reading the apps"))?;
-        let by_name: HashMap<String, i32> = rows.iter().map(|r| (r.get(1), r.get(0))).collect();
-        let app_ids = self
-            .apps
-            .iter()
-            .map(|a| by_name.get(a).copied().unwrap_or(-1))
-            .collect();
-        let p = |sql: &'static str| {
-            let client = &client;
-            async move {
-                client
-                    .prepare(sql)
-                    .await
-                    .map_err(db_err(t, "preparing a statement"))
-            }
-        };
-        let st = Prepared {
-            begin: p("BEGIN ISOLATION LEVEL READ COMMITTED").await?,
-            commit: p("COMMIT").await?,
-            rollback: p("ROLLBACK").await?,
-            add_sources: p(
-                "INSERT INTO sources (app, name) SELECT $1, n FROM unnest($2::text[]) AS n \
-                 ON CONFLICT (app, name) DO NOTHING",
-            )
-            .await?,
-            lock_sources: p(
-                "SELECT id, name, heard FROM sources WHERE app = $1 AND name = ANY($2::text[]) \
-                 ORDER BY id FOR UPDATE",
-            )
-            .await?,
-            // The heard sequences moved only where they are still what the cut was made against; if any is not,
-            // the division by zero aborts the transaction before the chunks behind it can commit (COMMIT is
-            // pipelined behind, and becomes a ROLLBACK), and the turn is tried again.
-            set_heard: p(
-                "WITH moved AS (UPDATE sources s SET heard = u.new \
-                 FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS u(id, old, new) \
-                 WHERE s.id = u.id AND s.heard = u.old RETURNING 1) \
-                 SELECT 1 / ((SELECT count(*) FROM moved) = $4)::int",
-            )
-            .await?,
-            take_head: p("UPDATE apps SET head = head + $2 WHERE id = $1 RETURNING head").await?,
-            insert_chunks: p(
-                "INSERT INTO chunks (app, source, first_seq, count, body, pos, stored_at, format) \
-                 SELECT $1, u.s, u.f, u.c, u.b, a.head - $2 + u.o, $3, u.fm \
-                 FROM unnest($4::bigint[], $5::bigint[], $6::int[], $7::bytea[], $8::bigint[], $9::smallint[]) \
-                      AS u(s, f, c, b, o, fm), apps a \
-                 WHERE a.id = $1",
-            )
-            .await?,
-            set_outlets: p(
-                "INSERT INTO outlets (app, name, acked) SELECT $1, u.n, u.a \
-                 FROM unnest($2::text[], $3::bigint[]) AS u(n, a) \
-                 ON CONFLICT (app, name) DO UPDATE SET acked = GREATEST(outlets.acked, excluded.acked)",
-            )
-            .await?,
-            heard_of: p("SELECT heard FROM sources WHERE app = $1 AND name = $2").await?,
-            head_of: p("SELECT head FROM apps WHERE id = $1").await?,
-        };
-        Ok(Conn {
-            client,
-            st,
-            app_ids,
-            known: HashSet::new(),
-        })
+        self.connection().map(|_| ())
     }
 
     async fn heard_of(&mut self, app: AppIndex, source: &str) -> Result<u64, StoreError> {
         let target = self.target.clone();
-        let conn = self.connect().await?;
+        let conn = self.connection()?;
         let id = match conn.app_ids.get(app as usize) {
             Some(&id) if id >= 0 => id,
             _ => return Err(StoreError::Closed { app }),
@@ -630,7 +577,7 @@ impl Worker {
 
     async fn head_of(&mut self, app: AppIndex) -> Result<u64, StoreError> {
         let target = self.target.clone();
-        let conn = self.connect().await?;
+        let conn = self.connection()?;
         let id = match conn.app_ids.get(app as usize) {
             Some(&id) if id >= 0 => id,
             _ => return Err(StoreError::Closed { app }),
@@ -661,7 +608,7 @@ impl Worker {
         let mut tries = 0;
         loop {
             let target = self.target.clone();
-            let conn = self.connect().await?;
+            let conn = self.connection()?;
             let app_id = match conn.app_ids.get(part.app as usize) {
                 Some(&id) if id >= 0 => id,
                 _ => return Err(StoreError::Closed { app: part.app }),
@@ -687,6 +634,188 @@ impl Worker {
             }
         }
     }
+}
+
+/// Makes a connection: the settings checked, the tables made if they are not there, the apps registered, every
+/// statement prepared. Bounded as a whole by twice [`NET_TIMEOUT`], whatever the network does.
+async fn make_conn(
+    t: &Target,
+    apps: &[String],
+    lost: Arc<tokio::sync::Notify>,
+) -> Result<Conn, StoreError> {
+    match tokio::time::timeout(2 * NET_TIMEOUT, make_conn_within(t, apps, lost)).await {
+        Ok(made) => made,
+        Err(_) => Err(StoreError::DatabaseDown {
+            url: t.shown.clone(),
+            why: format!(
+                "connecting took more than {} s",
+                (2 * NET_TIMEOUT).as_secs()
+            ),
+        }),
+    }
+}
+
+async fn make_conn_within(
+    t: &Target,
+    apps: &[String],
+    lost: Arc<tokio::sync::Notify>,
+) -> Result<Conn, StoreError> {
+    let (client, connection) = t
+        .config
+        .connect(NoTls)
+        .await
+        .map_err(db_err(t, "connecting"))?;
+    tokio::spawn(async move {
+        // Its error is the client's too (`is_closed`), and reported by the statement that finds it.
+        let _ = connection.await;
+        lost.notify_one();
+    });
+    client
+        .batch_execute(&format!(
+            "SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'"
+        ))
+        .await
+        .map_err(db_err(t, "setting idle_in_transaction_session_timeout"))?;
+    let sync: String = client
+        .query_one("SHOW synchronous_commit", &[])
+        .await
+        .map_err(db_err(t, "reading synchronous_commit"))?
+        .get(0);
+    if sync == "off" {
+        return Err(StoreError::DatabaseRefused {
+            url: t.shown.clone(),
+            why: "its synchronous_commit is off, so a COMMIT that returned may still be lost in a crash of the \
+                  database, and \"stored\" would not mean stored: set synchronous_commit = on (the default) for \
+                  the node's user (ALTER ROLE … SET synchronous_commit = on)"
+                .into(),
+        });
+    }
+    let new_tables: bool = client
+        .query_one("SELECT to_regclass('chunks') IS NULL", &[])
+        .await
+        .map_err(db_err(t, "looking for the tables"))?
+        .get(0);
+    // Two nodes starting at once may both make the tables: one of them then finds a name taken, and tries again.
+    let mut tries = 0;
+    loop {
+        match client.batch_execute(SCHEMA).await {
+            Ok(()) => break,
+            Err(e)
+                if tries < 3
+                    && matches!(e.code(), Some(c) if *c == SqlState::UNIQUE_VIOLATION
+                        || *c == SqlState::DUPLICATE_TABLE || *c == SqlState::DUPLICATE_OBJECT) =>
+            {
+                tries += 1;
+            }
+            Err(e) => return Err(db_err(t, "making the tables")(e)),
+        }
+    }
+    if new_tables {
+        // Bodies uncompressed, as in SQLite: PostgreSQL's default tries pglz on every value over 2 KB, and a turn's
+        // chunk is one; that cost 0.41 of the records/s (research/025). Only on tables this node made, since
+        // only their owner may change them.
+        client
+            .batch_execute(CHUNK_BODIES)
+            .await
+            .map_err(db_err(t, "setting how chunk bodies are stored"))?;
+    }
+    client
+        .batch_execute(&format!(
+            "INSERT INTO pure_layout (version) SELECT {LAYOUT_VERSION} \
+             WHERE NOT EXISTS (SELECT 1 FROM pure_layout)"
+        ))
+        .await
+        .map_err(db_err(t, "writing the layout's version"))?;
+    let found: i32 = client
+        .query_one("SELECT max(version) FROM pure_layout", &[])
+        .await
+        .map_err(db_err(t, "reading the layout's version"))?
+        .get(0);
+    if found > LAYOUT_VERSION {
+        return Err(StoreError::DatabaseRefused {
+            url: t.shown.clone(),
+            why: format!(
+                "its tables have layout {found}, this pure-serve knows layouts up to {LAYOUT_VERSION}: they were \
+                 made by a newer pure-serve; run that one"
+            ),
+        });
+    }
+    client
+        .execute(
+            "INSERT INTO apps (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING",
+            &[&apps],
+        )
+        .await
+        .map_err(db_err(t, "registering the apps"))?;
+    let rows = client
+        .query(
+            "SELECT id, name FROM apps WHERE name = ANY($1::text[])",
+            &[&apps],
+        )
+        .await
+        .map_err(db_err(t, "reading the apps"))?;
+    let by_name: HashMap<String, i32> = rows.iter().map(|r| (r.get(1), r.get(0))).collect();
+    let app_ids = apps
+        .iter()
+        .map(|a| by_name.get(a).copied().unwrap_or(-1))
+        .collect();
+    let p = |sql: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .prepare(sql)
+                .await
+                .map_err(db_err(t, "preparing a statement"))
+        }
+    };
+    let st = Prepared {
+        begin: p("BEGIN ISOLATION LEVEL READ COMMITTED").await?,
+        commit: p("COMMIT").await?,
+        rollback: p("ROLLBACK").await?,
+        add_sources: p(
+            "INSERT INTO sources (app, name) SELECT $1, n FROM unnest($2::text[]) AS n \
+             ON CONFLICT (app, name) DO NOTHING",
+        )
+        .await?,
+        lock_sources: p(
+            "SELECT id, name, heard FROM sources WHERE app = $1 AND name = ANY($2::text[]) \
+             ORDER BY id FOR UPDATE",
+        )
+        .await?,
+        // The heard sequences moved only where they are still what the cut was made against; if any is not,
+        // the division by zero aborts the transaction before the chunks behind it can commit (COMMIT is
+        // pipelined behind, and becomes a ROLLBACK), and the turn is tried again.
+        set_heard: p(
+            "WITH moved AS (UPDATE sources s SET heard = u.new \
+             FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS u(id, old, new) \
+             WHERE s.id = u.id AND s.heard = u.old RETURNING 1) \
+             SELECT 1 / ((SELECT count(*) FROM moved) = $4)::int",
+        )
+        .await?,
+        take_head: p("UPDATE apps SET head = head + $2 WHERE id = $1 RETURNING head").await?,
+        insert_chunks: p(
+            "INSERT INTO chunks (app, source, first_seq, count, body, pos, stored_at, format) \
+             SELECT $1, u.s, u.f, u.c, u.b, a.head - $2 + u.o, $3, u.fm \
+             FROM unnest($4::bigint[], $5::bigint[], $6::int[], $7::bytea[], $8::bigint[], $9::smallint[]) \
+                  AS u(s, f, c, b, o, fm), apps a \
+             WHERE a.id = $1",
+        )
+        .await?,
+        set_outlets: p(
+            "INSERT INTO outlets (app, name, acked) SELECT $1, u.n, u.a \
+             FROM unnest($2::text[], $3::bigint[]) AS u(n, a) \
+             ON CONFLICT (app, name) DO UPDATE SET acked = GREATEST(outlets.acked, excluded.acked)",
+        )
+        .await?,
+        heard_of: p("SELECT heard FROM sources WHERE app = $1 AND name = $2").await?,
+        head_of: p("SELECT head FROM apps WHERE id = $1").await?,
+    };
+    Ok(Conn {
+        client,
+        st,
+        app_ids,
+        known: HashSet::new(),
+    })
 }
 
 /// One try of a part's transaction (docs/scale-out.md, "A turn").

@@ -18,7 +18,10 @@
 //! failing disk stops it: NOT_STORED to its senders, `/healthz` and the log say why. Once its delay is up it is
 //! **probed**: an empty part rides with the next turn, and the store answers it only after a round trip to the
 //! database (the probe is a statement, not a look at the connection). A probe that comes back stored lets the app
-//! take input again; one that fails doubles the delay, up to [`RETRY_MAX`].
+//! take input again; one that fails doubles the delay, up to [`RETRY_MAX`]. The store never waits in a turn for a
+//! connection to be made (it fails the part at once and connects beside its jobs, src/store/postgres.rs), so the
+//! turns of a node cut off go on finishing and its senders are told NOT_STORED; and when a connection is made the
+//! failed apps are probed at once ([`Host::probe_now`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,8 +76,20 @@ impl Host {
         debug_assert!(unsupported(config).is_empty());
         let (mut host, _) =
             Self::with_stores(None, store::Stores::open_in_memory(&[])?, config, wake)?;
+        host.shared_connections = turns.connections();
         host.shared = Some(turns);
         Ok(host)
+    }
+
+    /// The shared store made a new connection: every failed app is probed with the next turn, rather than at its
+    /// next retry (a database back after a cut serves again within a round trip or two).
+    pub(super) fn probe_now(&mut self, now: Instant) {
+        for app in &mut self.apps {
+            if let Some(f) = &mut app.failure {
+                f.retry_at = now;
+                f.backoff = super::RETRY_FIRST;
+            }
+        }
     }
 
     /// Whether the apps are stored in a store shared with other nodes ([`Host::open_shared`]).
