@@ -391,3 +391,93 @@ fn a_postgres_url_that_cannot_be_reached_stops_the_open_with_its_reason() {
         "{words}"
     );
 }
+
+/// The outlets' leases (docs/scale-out.md, "Outlets of a fleet"), as two nodes' lease connections renew them: one
+/// node at a time holds each, a free one is taken by exactly one of two racing nodes, only the holder's
+/// acknowledged position is written, and a lease the database let expire is taken over from that position.
+#[test]
+fn outlet_leases_are_held_by_one_node_at_a_time_and_taken_over_once_expired() {
+    use pure_serve::store::lease::{OutletKey, Renewal};
+    use pure_serve::store::postgres::leases::LeaseConn;
+    use std::time::{Duration, Instant};
+    let Some(cluster) = pg_util::PgCluster::start(
+        "outlet_leases_are_held_by_one_node_at_a_time_and_taken_over_once_expired",
+    ) else {
+        return;
+    };
+    drop(pg_engine(&cluster)); // makes the tables and registers apps a and b
+    let lease = Duration::from_millis(1500);
+    let open = |node: &str| LeaseConn::open_with_lease(&cluster.url(), None, node, lease).unwrap();
+    let key = |app: &str, name: &str| OutletKey {
+        app: app.into(),
+        name: name.into(),
+    };
+    let renewal = |outlets: &[(OutletKey, u64)]| Renewal {
+        sent_at: Instant::now(),
+        outlets: outlets.to_vec(),
+    };
+
+    // Racing for free outlets, 20 of them at once: each is taken by exactly one of the two.
+    let wanted: Vec<(OutletKey, u64)> = (0..20).map(|i| (key("a", &format!("o{i}")), 0)).collect();
+    let (w1, w2) = (wanted.clone(), wanted.clone());
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let (b1, b2) = (barrier.clone(), barrier.clone());
+    let url = cluster.url();
+    let url2 = url.clone();
+    let t1 = std::thread::spawn(move || {
+        let mut c = LeaseConn::open_with_lease(&url, None, "n1", lease).unwrap();
+        b1.wait();
+        c.renew(&Renewal {
+            sent_at: Instant::now(),
+            outlets: w1,
+        })
+        .unwrap()
+        .0
+    });
+    let t2 = std::thread::spawn(move || {
+        let mut c = LeaseConn::open_with_lease(&url2, None, "n2", lease).unwrap();
+        b2.wait();
+        c.renew(&Renewal {
+            sent_at: Instant::now(),
+            outlets: w2,
+        })
+        .unwrap()
+        .0
+    });
+    let (h1, h2) = (t1.join().unwrap(), t2.join().unwrap());
+    assert_eq!(
+        h1.len() + h2.len(),
+        20,
+        "every outlet taken once: {h1:?} {h2:?}"
+    );
+    for (k, _) in &h1 {
+        assert!(!h2.iter().any(|(k2, _)| k2 == k), "{k:?} held by both");
+    }
+
+    // One outlet of app b, taken by n1.
+    let (mut n1, mut n2) = (open("n1"), open("n2"));
+    let o = key("b", "out");
+    let (held, _) = n1.renew(&renewal(&[(o.clone(), 0)])).unwrap();
+    assert_eq!(held, vec![(o.clone(), 0)]);
+    // n2 asks while n1 holds it: not granted, and its position is not written.
+    let (held, all) = n2.renew(&renewal(&[(o.clone(), 5)])).unwrap();
+    assert!(held.is_empty(), "{held:?}");
+    assert_eq!(all, vec![(o.clone(), 0)]);
+    // n1 renews with what its far side acknowledged; a smaller position later never takes it back.
+    let (held, _) = n1.renew(&renewal(&[(o.clone(), 7)])).unwrap();
+    assert_eq!(held, vec![(o.clone(), 7)]);
+    let (held, _) = n1.renew(&renewal(&[(o.clone(), 3)])).unwrap();
+    assert_eq!(held, vec![(o.clone(), 7)], "acked only grows");
+    // n1 stops renewing (it died): once the lease expires by the database's clock, n2 takes it from 7.
+    std::thread::sleep(lease + Duration::from_millis(300));
+    let (held, all) = n2.renew(&renewal(&[(o.clone(), 0)])).unwrap();
+    assert_eq!(
+        held,
+        vec![(o.clone(), 7)],
+        "taken over from what was acknowledged"
+    );
+    assert_eq!(all, vec![(o.clone(), 7)]);
+    // And n1, back, does not get it while n2 renews.
+    let (held, _) = n1.renew(&renewal(&[(o.clone(), 9)])).unwrap();
+    assert!(held.is_empty(), "{held:?}");
+}

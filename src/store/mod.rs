@@ -10,6 +10,7 @@ pub mod disk;
 pub mod downlink;
 pub mod engine;
 pub mod json;
+pub mod lease;
 pub mod memo;
 pub mod postgres;
 pub mod sqlite_engine;

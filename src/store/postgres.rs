@@ -34,6 +34,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Statement};
 
+pub mod leases;
+
 use super::engine::{AppTurn, TurnOutcome, TurnStore};
 use super::{Applied, Chunk, Piece, StoreError};
 use crate::common::wake::Wake;
