@@ -1201,32 +1201,21 @@ impl AppStore {
             };
             let stored_at_ms: i64 = row.get(5).map_err(self.err())?;
             let body = row.get_ref(6).map_err(self.err())?.as_blob().unwrap_or(&[]);
-            if pos + count <= from {
-                continue;
-            }
-            let skip = from.saturating_sub(pos);
-            let mut it = RecordIter::new(body);
-            for _ in 0..skip {
-                if it.next().is_none() {
-                    return Err(StoreError::Corrupt {
-                        path: self.path.clone(),
-                        source_name: source,
-                        seq: first_seq,
-                    });
-                }
-            }
-            let tail = &body[it.position()..];
-            records += count - skip;
-            bytes += tail.len();
-            out.push(Chunk {
-                pos: pos + skip,
-                source,
-                first_seq: first_seq + skip,
-                count: count - skip,
-                format,
+            let whole = StoredChunk {
+                source: &source,
+                first_seq,
+                count,
+                body,
+                pos,
                 stored_at_ms,
-                body: tail.to_vec(),
-            });
+                forwarded: format == RecordFormat::Forwarded,
+            };
+            let Some(chunk) = whole.cut_to(from, &self.path)? else {
+                continue;
+            };
+            records += chunk.count;
+            bytes += chunk.body.len();
+            out.push(chunk);
             if records >= max_records || bytes >= max_bytes {
                 break;
             }
@@ -1308,6 +1297,38 @@ pub(crate) struct StoredChunk<'a> {
 }
 
 impl StoredChunk<'_> {
+    /// The chunk from position `from` on, as an outlet is fed it (`None` if it ends before `from`); a body that
+    /// holds fewer records than it skips is [`StoreError::Corrupt`], named by `store`.
+    pub(crate) fn cut_to(&self, from: u64, store: &Path) -> Result<Option<Chunk>, StoreError> {
+        if self.pos + self.count <= from {
+            return Ok(None);
+        }
+        let skip = from.saturating_sub(self.pos);
+        let mut it = RecordIter::new(self.body);
+        for _ in 0..skip {
+            if it.next().is_none() {
+                return Err(StoreError::Corrupt {
+                    path: store.to_path_buf(),
+                    source_name: self.source.to_string(),
+                    seq: self.first_seq,
+                });
+            }
+        }
+        Ok(Some(Chunk {
+            pos: self.pos + skip,
+            source: self.source.to_string(),
+            first_seq: self.first_seq + skip,
+            count: self.count - skip,
+            format: if self.forwarded {
+                RecordFormat::Forwarded
+            } else {
+                RecordFormat::Plain
+            },
+            stored_at_ms: self.stored_at_ms,
+            body: self.body[it.position()..].to_vec(),
+        }))
+    }
+
     /// Hands `each` the chunk's records at positions from `from_pos` on, in order; `Ok(false)` once `each` asked to
     /// stop. A body that does not hold `count` whole records is [`StoreError::Corrupt`], named by `store`.
     pub(crate) fn each_record(

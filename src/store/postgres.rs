@@ -1163,6 +1163,53 @@ impl PgReader {
         }
     }
 
+    /// As [`super::AppStore::read_from`], for an outlet's feed: records of `app` from position `from` on, in position
+    /// order, as chunks (the first cut to start at `from`), until about `max_records` records or `max_bytes` bytes
+    /// (at least one chunk). Positions become visible in order (docs/scale-out.md, "The order of an app's records"),
+    /// so a feed that reads on from the end of what it read never skips a chunk another node commits later.
+    pub fn read_from(
+        &self,
+        app: &str,
+        from: u64,
+        max_records: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<super::Chunk>, StoreError> {
+        let id = self.app_id(app)?;
+        let store = std::path::PathBuf::from(&self.shown);
+        let (mut out, mut records, mut bytes) = (Vec::new(), 0u64, 0usize);
+        let mut next_pos = from as i64;
+        loop {
+            let rows = self
+                .rt
+                .block_on(self.client.query(
+                    "SELECT s.name, c.first_seq, c.count, c.body, c.pos, c.stored_at, c.format \
+                     FROM chunks c JOIN sources s ON s.id = c.source \
+                     WHERE c.app = $1 \
+                       AND c.pos >= (SELECT COALESCE(max(pos), 0) FROM chunks WHERE app = $1 AND pos <= $2) \
+                       AND c.pos + c.count > $2 \
+                     ORDER BY c.pos LIMIT $3",
+                    &[&id, &next_pos, &READ_PAGE],
+                ))
+                .map_err(self.err("reading records"))?;
+            for row in &rows {
+                let name: String = row.get(0);
+                let Some(chunk) = chunk_row(&name, row, 1).cut_to(next_pos as u64, &store)? else {
+                    continue;
+                };
+                next_pos = (chunk.pos + chunk.count) as i64;
+                records += chunk.count;
+                bytes += chunk.body.len();
+                out.push(chunk);
+                if records >= max_records || bytes >= max_bytes {
+                    return Ok(out);
+                }
+            }
+            if (rows.len() as i64) < READ_PAGE {
+                return Ok(out);
+            }
+        }
+    }
+
     /// Every record of app `id` by source name, then sequence: the sources in keyset pages by name (their unique
     /// index), and each source's chunks in pages by first sequence (the primary key), so that no page sorts the app.
     fn each_by_source(
