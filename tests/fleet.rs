@@ -346,6 +346,13 @@ fn a_node_whose_database_stops_says_so_acks_nothing_and_stores_again_when_it_is_
         "{}",
         node.stderr_text()
     );
+    // The connection was made again, and /metrics counts it (1 at the start, then the one after the restart).
+    assert!(
+        node.metric("pure_store_connections_total")
+            .is_some_and(|n| n >= 2.0),
+        "{:?}",
+        node.metric("pure_store_connections_total")
+    );
 }
 
 #[test]

@@ -51,6 +51,8 @@ pub struct Snapshot {
     pub link_addr: Option<std::net::SocketAddr>,
     /// The last reload (SIGHUP), if there was one.
     pub last_reload: Option<LastReload>,
+    /// Connections made to the fleet's database so far (`None`: the apps are stored in SQLite files).
+    pub store_connections: Option<u64>,
 }
 
 /// What the last reload did, for the status page.

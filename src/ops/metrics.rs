@@ -227,6 +227,16 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
         family(&mut out, name, kind, help);
         let _ = writeln!(out, "{name} {value}");
     }
+    if let Some(n) = s.store_connections {
+        family(
+            &mut out,
+            "pure_store_connections_total",
+            "counter",
+            "Connections made to the fleet's database (--store postgres://…): 1 at the start, and one more each time a \
+             lost one is made again.",
+        );
+        let _ = writeln!(out, "pure_store_connections_total {n}");
+    }
     family(
         &mut out,
         "pure_reloads_total",

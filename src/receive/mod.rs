@@ -1114,6 +1114,7 @@ impl ReadyNode {
             s.reloads_failed = self.reloads_failed;
             s.commit_seconds = self.commit_time.as_secs_f64();
             s.x25519_budget = self.node.x25519_budget();
+            s.store_connections = self.host.store_connections();
             if s.node_key.is_empty() {
                 s.node_key = self.public_key();
                 s.link_addr = Some(self.local_addr());

@@ -92,6 +92,11 @@ impl Host {
         }
     }
 
+    /// Connections the shared store has made so far ([`TurnStore::connections`]); `None` on a host of its own.
+    pub fn store_connections(&self) -> Option<u64> {
+        self.shared.as_ref().map(|s| s.connections())
+    }
+
     /// Whether the apps are stored in a store shared with other nodes ([`Host::open_shared`]).
     pub fn is_shared(&self) -> bool {
         self.shared.is_some()
