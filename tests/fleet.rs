@@ -518,3 +518,78 @@ fn the_database_sigkilled_under_load_and_started_again_loses_nothing_acked() {
     );
     drop(b);
 }
+
+/// An app added to the apps file and put in force by a reload (SIGHUP) on a node of a fleet: the store's thread
+/// registers it in the database before any turn carries its records, the node stores into it, and `records` reads
+/// it from the fleet's store.
+#[test]
+fn an_app_added_by_a_reload_on_a_fleets_node_stores_its_records() {
+    let Some(cluster) =
+        pg_util::PgCluster::start("an_app_added_by_a_reload_on_a_fleets_node_stores_its_records")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, device_key, senders) = setup(dir.path());
+    let apps = dir.path().join("apps.toml");
+    std::fs::write(&apps, "[apps.main]\n").unwrap();
+    let url = cluster.url();
+    let node = start_node(
+        dir.path(),
+        "a",
+        &url,
+        &node_key,
+        &senders,
+        &["--apps", apps.to_str().unwrap()],
+    );
+    let (ok, said) = node.send(&device_key, &["m1".into()], "20");
+    assert!(ok, "{said}");
+    ops_util::write_atomic(&apps, "[apps.main]\n[apps.extra]\n");
+    node.signal(libc::SIGHUP);
+    let deadline = Instant::now() + DEADLINE;
+    while !node.stderr_text().contains("app extra added") {
+        assert!(Instant::now() < deadline, "{}", node.stderr_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut child = Command::new(bin())
+        .args(["send", "--app", "extra", "--key"])
+        .arg(&device_key)
+        .args(["--node", &node.public_key, "--to", &node.link.to_string()])
+        .args(["--timeout", "20"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        for i in 1..=100 {
+            writeln!(stdin, "e{i}").unwrap();
+        }
+    }
+    let (ok, said) = ops_util::finish_send(child);
+    assert!(ok, "{said}\n{}", node.stderr_text());
+    let out = Command::new(bin())
+        .args(["records", "--app", "extra", "--store", &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 100, "{text}");
+    assert!(
+        lines[0].contains("e1") && lines[99].contains("e100"),
+        "{text}"
+    );
+    assert_eq!(
+        node.http_get("/healthz").0,
+        200,
+        "{}",
+        node.http_get("/healthz").1
+    );
+}

@@ -1743,12 +1743,11 @@ impl Host {
             .cloned()
             .collect::<Vec<_>>()
         {
-            if self.shared.is_some() {
-                // The fleet's store registers a node's apps when it connects.
-                done.needs_restart.push(format!(
-                    "app {} is new in the file: a node on a fleet's store takes new apps at a restart",
-                    new.name
-                ));
+            if let Some(shared) = &mut self.shared {
+                // Registered by the store's thread before any turn that carries the app's parts.
+                shared.add_apps(std::slice::from_ref(&new.name));
+                done.applied.push(format!("app {} added", new.name));
+                self.add_app(new, &mut done.outlets)?;
                 continue;
             }
             let closed = match &self.state_dir {
@@ -1767,9 +1766,6 @@ impl Host {
             if let (Some(why), Some(app)) = (closed, self.apps.last_mut()) {
                 app.failure = Some(Failure::new(why, Instant::now()));
             }
-        }
-        if self.shared.is_some() {
-            effective.truncate(self.apps.len());
         }
         let full = AppsConfig {
             apps: effective,

@@ -90,6 +90,10 @@ pub trait TurnStore {
     /// The app's next position (1 when empty) as the store holds it now, turns still waiting for their outcome
     /// included: a read that may wait, as [`TurnStore::heard_of`].
     fn head(&mut self, app: AppIndex) -> Result<u64, StoreError>;
+    /// Apps added after the open (by a reload), in order: their indexes follow the apps given before, and turns
+    /// submitted after this may carry parts for them. An engine whose apps' stores are opened by their owner (SQLite:
+    /// the host opens each app's file) has nothing to do.
+    fn add_apps(&mut self, _names: &[String]) {}
     /// How many connections to a database the store has made so far (0 for a store that needs none). A host whose
     /// apps failed probes them at once when it grows, rather than at its next retry.
     fn connections(&self) -> u64 {

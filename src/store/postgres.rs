@@ -120,6 +120,8 @@ enum Job {
     Turn(u64, Vec<AppTurn>),
     Heard(AppIndex, String, mpsc::Sender<Result<u64, StoreError>>),
     Head(AppIndex, mpsc::Sender<Result<u64, StoreError>>),
+    /// Apps added by a reload: registered now if there is a connection, and by every connection made later.
+    AddApps(Vec<String>),
 }
 
 struct Done {
@@ -367,6 +369,13 @@ impl TurnStore for PostgresTurns {
         self.ask(|tx| Job::Head(app, tx))
     }
 
+    fn add_apps(&mut self, names: &[String]) {
+        // Queued before any turn that carries their parts, so the thread registers them first.
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(Job::AddApps(names.to_vec()));
+        }
+    }
+
     fn connections(&self) -> u64 {
         self.done
             .connections
@@ -487,6 +496,17 @@ impl Worker {
                 };
                 let _ = reply.send(r);
             }
+            Job::AddApps(names) => {
+                Arc::make_mut(&mut self.apps).extend(names.iter().cloned());
+                if let Some(conn) = &mut self.conn
+                    && let Err(e) =
+                        register_apps(&conn.client, &self.target, &names, &mut conn.app_ids).await
+                {
+                    // A connection made again registers every app, these included.
+                    tracing::warn!("{e}; the connection is made again to register them");
+                    self.conn = None;
+                }
+            }
         }
     }
 
@@ -515,6 +535,8 @@ impl Worker {
         done: &Done,
     ) {
         match tried {
+            // Made for the apps before a reload added some: given up, and the next try registers them all.
+            Ok(Ok(conn)) if conn.app_ids.len() != self.apps.len() => drop(conn),
             Ok(Ok(conn)) if self.conn.is_none() => {
                 tracing::info!("connected to the fleet's database {}", self.target.shown);
                 self.conn = Some(conn);
@@ -742,25 +764,8 @@ async fn make_conn_within(
             ),
         });
     }
-    client
-        .execute(
-            "INSERT INTO apps (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING",
-            &[&apps],
-        )
-        .await
-        .map_err(db_err(t, "registering the apps"))?;
-    let rows = client
-        .query(
-            "SELECT id, name FROM apps WHERE name = ANY($1::text[])",
-            &[&apps],
-        )
-        .await
-        .map_err(db_err(t, "reading the apps"))?;
-    let by_name: HashMap<String, i32> = rows.iter().map(|r| (r.get(1), r.get(0))).collect();
-    let app_ids = apps
-        .iter()
-        .map(|a| by_name.get(a).copied().unwrap_or(-1))
-        .collect();
+    let mut app_ids = Vec::new();
+    register_apps(&client, t, apps, &mut app_ids).await?;
     let p = |sql: &'static str| {
         let client = &client;
         async move {
@@ -818,6 +823,33 @@ async fn make_conn_within(
         app_ids,
         known: HashSet::new(),
     })
+}
+
+/// Registers `apps` (names) in the `apps` table if they are not there, and appends their ids to `app_ids` in the
+/// same order (the app index is the place in the node's list).
+async fn register_apps(
+    client: &Client,
+    t: &Target,
+    apps: &[String],
+    app_ids: &mut Vec<i32>,
+) -> Result<(), StoreError> {
+    client
+        .execute(
+            "INSERT INTO apps (name) SELECT unnest($1::text[]) ON CONFLICT (name) DO NOTHING",
+            &[&apps],
+        )
+        .await
+        .map_err(db_err(t, "registering the apps"))?;
+    let rows = client
+        .query(
+            "SELECT id, name FROM apps WHERE name = ANY($1::text[])",
+            &[&apps],
+        )
+        .await
+        .map_err(db_err(t, "reading the apps"))?;
+    let by_name: HashMap<String, i32> = rows.iter().map(|r| (r.get(1), r.get(0))).collect();
+    app_ids.extend(apps.iter().map(|a| by_name.get(a).copied().unwrap_or(-1)));
+    Ok(())
 }
 
 /// One try of a part's transaction (docs/scale-out.md, "A turn").
