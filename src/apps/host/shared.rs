@@ -10,7 +10,8 @@
 //! database never stops the loop).
 //!
 //! What this increment serves: links and `POST /link` into any number of apps, exactly once across nodes (the
-//! database decides, docs/scale-out.md "A turn"). Not yet: outlets of any kind and queueing downlink records (a
+//! database decides, docs/scale-out.md "A turn"), and apps added by a reload (the store registers them before any
+//! turn carries their parts: [`TurnStore::add_apps`]). Not yet: outlets of any kind and queueing downlink records (a
 //! configuration that has them is refused at start and at a reload, naming the app and the outlet:
 //! [`unsupported`]); a LISTEN is answered "nothing waits".
 //!
