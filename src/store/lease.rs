@@ -369,7 +369,7 @@ mod tests {
             // The row: its holder and until when, in the database's clock (seconds since t0 times db_rate).
             let mut row: Option<(usize, f64)> = None;
             let db = |at: Instant| at.duration_since(t0).as_secs_f64() * db_rate;
-            // Renewals in flight: (node, sent_at, arrives at the database at, lease granted?).
+            // Renewals in flight: (node, sent_at).
             let mut flying: Vec<(usize, Instant)> = Vec::new();
             for s in steps {
                 match s {

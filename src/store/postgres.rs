@@ -1165,9 +1165,23 @@ impl PgReader {
         if from_pos == 0 {
             return self.each_by_source(id, source, &store, &mut each);
         }
-        // Keyset pages from the last chunk's end, starting at the chunk that holds `from_pos`: both bounds are on
-        // the `chunks_pos` index, so a page costs the same at the start of an app and at its millionth chunk.
-        let mut next_pos = from_pos as i64;
+        self.each_chunk_from(id, source, from_pos, |chunk| {
+            chunk.each_record(&store, from_pos, &mut each)
+        })
+    }
+
+    /// Hands `each` the chunks of app `id` (of one source, if given) from the one that holds `from` on, in position
+    /// order, until it returns `false`. Keyset pages from the last chunk's end, starting at the chunk that holds
+    /// `from`: both bounds are on the `chunks_pos` index, so a page costs the same at the start of an app and at its
+    /// millionth chunk.
+    fn each_chunk_from(
+        &self,
+        id: i32,
+        source: Option<&str>,
+        from: u64,
+        mut each: impl FnMut(&super::StoredChunk<'_>) -> Result<bool, StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut next_pos = from as i64;
         loop {
             let rows = self
                 .rt
@@ -1184,7 +1198,7 @@ impl PgReader {
             for row in &rows {
                 let name: String = row.get(0);
                 let chunk = chunk_row(&name, row, 1);
-                if !chunk.each_record(&store, from_pos, &mut each)? {
+                if !each(&chunk)? {
                     return Ok(());
                 }
                 next_pos = (chunk.pos + chunk.count) as i64;
@@ -1209,37 +1223,15 @@ impl PgReader {
         let id = self.app_id(app)?;
         let store = std::path::PathBuf::from(&self.shown);
         let (mut out, mut records, mut bytes) = (Vec::new(), 0u64, 0usize);
-        let mut next_pos = from as i64;
-        loop {
-            let rows = self
-                .rt
-                .block_on(self.client.query(
-                    "SELECT s.name, c.first_seq, c.count, c.body, c.pos, c.stored_at, c.format \
-                     FROM chunks c JOIN sources s ON s.id = c.source \
-                     WHERE c.app = $1 \
-                       AND c.pos >= (SELECT COALESCE(max(pos), 0) FROM chunks WHERE app = $1 AND pos <= $2) \
-                       AND c.pos + c.count > $2 \
-                     ORDER BY c.pos LIMIT $3",
-                    &[&id, &next_pos, &READ_PAGE],
-                ))
-                .map_err(self.err("reading records"))?;
-            for row in &rows {
-                let name: String = row.get(0);
-                let Some(chunk) = chunk_row(&name, row, 1).cut_to(next_pos as u64, &store)? else {
-                    continue;
-                };
-                next_pos = (chunk.pos + chunk.count) as i64;
+        self.each_chunk_from(id, None, from, |whole| {
+            if let Some(chunk) = whole.cut_to(from, &store)? {
                 records += chunk.count;
                 bytes += chunk.body.len();
                 out.push(chunk);
-                if records >= max_records || bytes >= max_bytes {
-                    return Ok(out);
-                }
             }
-            if (rows.len() as i64) < READ_PAGE {
-                return Ok(out);
-            }
-        }
+            Ok(records < max_records && bytes < max_bytes)
+        })?;
+        Ok(out)
     }
 
     /// Every record of app `id` by source name, then sequence: the sources in keyset pages by name (their unique

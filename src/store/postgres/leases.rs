@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Statement};
 
-use super::{NET_TIMEOUT, Target, config_of};
+use super::{NET_TIMEOUT, Target, config_of, db_err};
 use crate::store::StoreError;
 use crate::store::lease::{DATABASE_LEASE, OutletKey, Renewal};
 
@@ -44,7 +44,7 @@ pub struct LeaseConn {
     all_acked: Statement,
     node_id: String,
     lease: Duration,
-    shown: String,
+    target: Target,
 }
 
 impl LeaseConn {
@@ -72,14 +72,7 @@ impl LeaseConn {
             .enable_all()
             .build()
             .map_err(|source| StoreError::SyncThread { source })?;
-        let err = |doing: &'static str| {
-            let shown = target.shown.clone();
-            move |source| StoreError::Database {
-                url: shown.clone(),
-                doing,
-                source,
-            }
-        };
+        let err = |doing| db_err(&target, doing);
         let (client, make_rows, renew, all_acked) = rt.block_on(async {
             let (client, connection) = target
                 .config
@@ -105,7 +98,7 @@ impl LeaseConn {
             all_acked,
             node_id: node_id.to_string(),
             lease,
-            shown: url.to_string(),
+            target,
         })
     }
 
@@ -127,7 +120,6 @@ impl LeaseConn {
         distinct.sort();
         distinct.dedup();
         let c = &self.client;
-        let shown = &self.shown;
         let make_args: [&(dyn ToSql + Sync); 2] = [&apps, &names];
         let renew_args: [&(dyn ToSql + Sync); 5] =
             [&self.node_id, &apps, &names, &acked, &lease_ms];
@@ -141,11 +133,7 @@ impl LeaseConn {
                     c.query(&self.all_acked, &all_args),
                 )
             })
-            .map_err(|source| StoreError::Database {
-                url: shown.clone(),
-                doing: "renewing the outlets' leases",
-                source,
-            })?;
+            .map_err(db_err(&self.target, "renewing the outlets' leases"))?;
         let row = |r: &tokio_postgres::Row| {
             (
                 OutletKey {
