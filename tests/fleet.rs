@@ -11,6 +11,8 @@
 mod fleet_util;
 #[path = "ops_util/mod.rs"]
 mod ops_util;
+#[path = "outlet_util/mod.rs"]
+mod outlet_util;
 #[path = "pg_util/mod.rs"]
 mod pg_util;
 
@@ -356,7 +358,7 @@ fn a_node_whose_database_stops_says_so_acks_nothing_and_stores_again_when_it_is_
 }
 
 #[test]
-fn a_node_on_a_fleets_store_refuses_outlets_at_start_and_downlink_pushes_saying_why() {
+fn a_node_on_a_fleets_store_refuses_inner_outlets_at_start_and_downlink_pushes_saying_why() {
     let Some(cluster) = pg_util::PgCluster::start(
         "a_node_on_a_fleets_store_refuses_outlets_at_start_and_downlink_pushes_saying_why",
     ) else {
@@ -367,7 +369,7 @@ fn a_node_on_a_fleets_store_refuses_outlets_at_start_and_downlink_pushes_saying_
     let apps = dir.path().join("apps.toml");
     std::fs::write(
         &apps,
-        "[apps.main]\n[apps.main.outlets.hook]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/in\"\n",
+        "[apps.main]\n[apps.main.outlets.copy]\nkind = \"app\"\napp = \"copy\"\n[apps.copy]\naccept = []\n",
     )
     .unwrap();
     let out = Command::new(bin())
@@ -389,7 +391,7 @@ fn a_node_on_a_fleets_store_refuses_outlets_at_start_and_downlink_pushes_saying_
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{text}");
     assert!(
-        text.contains("app main: outlet hook is a webhook outlet")
+        text.contains("app main: outlet copy is an inner outlet")
             && text.contains("--store sqlite"),
         "{text}"
     );
@@ -592,4 +594,209 @@ fn an_app_added_by_a_reload_on_a_fleets_node_stores_its_records() {
         "{}",
         node.http_get("/healthz").1
     );
+}
+
+/// The holders of the outlets' leases, as the database has them.
+fn holders(cluster: &pg_util::PgCluster) -> Vec<Option<String>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+            .query("SELECT holder FROM outlets ORDER BY name", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    })
+}
+
+/// `send` of `count` records to `to`, to its end: every one acked.
+fn send_all(device_key: &Path, node_public: &str, to: SocketAddr, count: u64) {
+    let child = spawn_send_to(device_key, node_public, &to.to_string(), count);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "send: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_record_arrives_once_in_order()
+ {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_record_arrives_once_in_order",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, node_public) = ops_util::keygen(dir.path(), "node");
+    let (device_key, device_public) = ops_util::keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    std::fs::write(&senders, format!("dev {device_public}\n")).unwrap();
+    let url = cluster.url();
+
+    // The far node: a node of its own (SQLite), whose app `far` takes the fleet's records as forwarded.
+    let (far_key, far_public) = ops_util::keygen(dir.path(), "far");
+    let (far_senders, far_apps) = outlet_util::node_files(
+        dir.path(),
+        "far",
+        &format!("fleet {node_public}\n"),
+        "[apps.far]\naccept = [\"fleet\"]\nforwarders = [\"fleet\"]\n",
+    );
+    let far_state = dir.path().join("far");
+    let far_args = outlet_util::args(&[
+        "--key",
+        far_key.to_str().unwrap(),
+        "--senders",
+        far_senders.to_str().unwrap(),
+        "--apps",
+        far_apps.to_str().unwrap(),
+    ]);
+    let mut far = outlet_util::start(&far_state, &far_args, 0, 0);
+    let apps = dir.path().join("fleet.toml");
+    std::fs::write(
+        &apps,
+        format!(
+            "[apps.main]\n[apps.main.outlets.out]\nkind = \"link\"\nto = \"{}\"\nnode_key = \"{far_public}\"\n\
+             app = \"far\"\n",
+            far.link
+        ),
+    )
+    .unwrap();
+    let extra = ["--apps", apps.to_str().unwrap()];
+    let mut nodes = [
+        Some(start_node(
+            dir.path(),
+            "a",
+            &url,
+            &node_key,
+            &senders,
+            &extra,
+        )),
+        Some(start_node(
+            dir.path(),
+            "b",
+            &url,
+            &node_key,
+            &senders,
+            &extra,
+        )),
+    ];
+    let far_has = |n: usize| outlet_util::records(&far_state, "far").len() >= n;
+
+    // A first batch, delivered by whichever node holds the lease.
+    let first = 3_000;
+    send_all(
+        &device_key,
+        &node_public,
+        nodes[0].as_ref().unwrap().link,
+        first,
+    );
+    outlet_util::wait_until("the first batch on the far node", || {
+        far_has(first as usize)
+    });
+    let held = holders(&cluster);
+    let holder = match held.as_slice() {
+        [Some(h)] if h.ends_with("/a") => 0,
+        [Some(h)] if h.ends_with("/b") => 1,
+        other => panic!("one node holds the outlet: {other:?}"),
+    };
+
+    // Mid-delivery: the far node is down (what is sent to it is lost), more records are stored (through the other
+    // node, so they reach the holder only through the database), and the holder is SIGKILLed while it tries to
+    // deliver them; then the far node is back where it was.
+    let (far_link, far_http) = (far.link.port(), far.http.port());
+    far.child.kill().unwrap();
+    far.child.wait().unwrap();
+    let second = 4_000;
+    send_all(
+        &device_key,
+        &node_public,
+        nodes[1 - holder].as_ref().unwrap().link,
+        second,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let killed = nodes[holder].take().unwrap();
+    killed.signal(libc::SIGKILL);
+    let killed_at = Instant::now();
+    drop(killed);
+    let _far = outlet_util::start(&far_state, &far_args, far_link, far_http);
+    let names = ["/a", "/b"];
+    let holds =
+        |i: usize| matches!(holders(&cluster).as_slice(), [Some(h)] if h.ends_with(names[i]));
+    outlet_util::wait_until("the lease to move to the other node", || holds(1 - holder));
+    eprintln!(
+        "the lease moved {:.1} s after the holder's SIGKILL",
+        killed_at.elapsed().as_secs_f64()
+    );
+
+    let total = first + second;
+    outlet_util::wait_until("every record on the far node", || far_has(total as usize));
+    let successor = nodes[1 - holder].as_ref().unwrap();
+    // Its figures are published a moment after the far side's acknowledgements came.
+    outlet_util::wait_until("the other node to say it sent records", || {
+        successor
+            .metric("pure_outlet_sent_total{app=\"main\",outlet=\"out\"}")
+            .unwrap_or(0.0)
+            > 0.0
+    });
+
+    // The killed node comes back (it waits: the other holds the lease), and the other stops cleanly: it gives the
+    // lease back, so the one that came back takes it at its next renewal, and delivers a third batch.
+    nodes[holder] = Some(start_node(
+        dir.path(),
+        ["a", "b"][holder],
+        &url,
+        &node_key,
+        &senders,
+        &extra,
+    ));
+    std::thread::sleep(Duration::from_secs(1));
+    let mut stopping = nodes[1 - holder].take().unwrap();
+    stopping.signal(libc::SIGTERM);
+    assert_eq!(stopping.wait_exit(), Some(0), "a clean stop");
+    let stopped_at = Instant::now();
+    outlet_util::wait_until("the lease given back to be taken", || holds(holder));
+    eprintln!(
+        "the lease was taken {:.1} s after the holder's clean stop",
+        stopped_at.elapsed().as_secs_f64()
+    );
+    let third = 2_000;
+    send_all(
+        &device_key,
+        &node_public,
+        nodes[holder].as_ref().unwrap().link,
+        third,
+    );
+    let total = total + third;
+    outlet_util::wait_until("the third batch on the far node", || {
+        far_has(total as usize)
+    });
+
+    // Nothing doubled later, and every record once, in order, with its origin.
+    std::thread::sleep(Duration::from_secs(2));
+    let got = outlet_util::records(&far_state, "far");
+    assert_eq!(got.len() as u64, total, "records on the far node");
+    for (k, r) in got.iter().enumerate() {
+        let s = k as u64 + 1;
+        assert_eq!(r["source"], "fleet", "record {s}: {r}");
+        assert_eq!(r["seq"].as_u64(), Some(s), "record {s}: {r}");
+        assert_eq!(r["origin"], "dev", "record {s}: {r}");
+        assert_eq!(r["origin_seq"].as_u64(), Some(s), "record {s}: {r}");
+        let line = match s {
+            s if s <= first => s,
+            s if s <= first + second => s - first,
+            s => s - first - second,
+        };
+        assert_eq!(r["payload"], format!("r{line}").as_str(), "record {s}: {r}");
+    }
+    assert_exactly_once(&cluster, total, &[0, first, first + second]);
 }

@@ -47,6 +47,7 @@ use crate::store::engine::TurnStore;
 use crate::store::sync::{SyncFiles, Synced, Syncer};
 use crate::store::{self, AppStore, Chunk, Piece, StoreError, Stores};
 
+pub mod outbox;
 mod shared;
 pub use shared::unsupported as unsupported_on_shared_store;
 
@@ -369,6 +370,9 @@ pub struct Host {
     shared: Option<Box<dyn TurnStore + Send>>,
     /// The shared store's [`TurnStore::connections`] when last looked at.
     shared_connections: u64,
+    /// On a shared store: the outbox's wake ([`outbox`]), which the outlets ring instead of the receive loop's (the
+    /// outbox feeds them) and the host rings when a turn stored records.
+    outbox_wake: Option<Arc<Wake>>,
 }
 
 /// How the host hands records to its link, wire and webhook outlets. The daemon always feeds [`FeedMode::Chunks`];
@@ -459,7 +463,7 @@ impl Host {
             }
         }
         let (mut host, changes) =
-            Self::with_stores(Some(state_dir.to_path_buf()), stores, config, wake)?;
+            Self::with_stores(Some(state_dir.to_path_buf()), stores, config, wake, None)?;
         host.syncer = Some(Syncer::start().map_err(|source| StoreError::SyncThread { source })?);
         let now = Instant::now();
         for (i, why) in closed {
@@ -484,14 +488,16 @@ impl Host {
         wake: Arc<Wake>,
     ) -> Result<(Self, OutletChanges), StoreError> {
         let names: Vec<String> = config.apps.iter().map(|a| a.name.clone()).collect();
-        Self::with_stores(None, Stores::open_in_memory(&names)?, config, wake)
+        Self::with_stores(None, Stores::open_in_memory(&names)?, config, wake, None)
     }
 
+    /// A host over `stores`; with `outbox_wake`, a host on a fleet's store whose outlets the outbox drives.
     fn with_stores(
         state_dir: Option<PathBuf>,
         stores: Stores,
         config: &AppsConfig,
         wake: Arc<Wake>,
+        outbox_wake: Option<Arc<Wake>>,
     ) -> Result<(Self, OutletChanges), StoreError> {
         let mut host = Host {
             state_dir,
@@ -509,6 +515,7 @@ impl Host {
             pushes: Vec::new(),
             shared: None,
             shared_connections: 0,
+            outbox_wake,
         };
         let mut changes = OutletChanges::default();
         for app in &config.apps {
@@ -574,7 +581,11 @@ impl Host {
     ) -> Option<RemoteOutlet> {
         let target = target_of(&o.kind)?;
         let was = acked.get(&o.name).copied().unwrap_or(0);
-        let (start, unkept_start) = self.outlet_start(index, app, o, was);
+        // On a fleet the outbox learns the start from the database when it takes the outlet's lease.
+        let (start, unkept_start) = match self.outbox_wake {
+            Some(_) => (1, None),
+            None => self.outlet_start(index, app, o, was),
+        };
         let id = self.next_outlet_id;
         self.next_outlet_id += 1;
         let outlet = Arc::new(
@@ -584,7 +595,9 @@ impl Host {
                 &o.name,
                 target.kind(),
                 o.memory_bytes,
-                self.wake.clone(),
+                self.outbox_wake
+                    .clone()
+                    .unwrap_or_else(|| self.wake.clone()),
             )
             .with_base(start - 1)
             .with_acked(was.max(start - 1)),
@@ -1379,56 +1392,32 @@ impl Host {
                 if next >= head || o.unkept_start.is_some() {
                     continue;
                 }
-                let mut room = o.outlet.room();
+                let room = o.outlet.room();
                 if room == 0 {
                     continue;
                 }
                 let fresh = &new_chunks[i];
-                let mut fed: Vec<Arc<Chunk>> = Vec::new();
-                let mut at = next;
-                // Chunks are fed whole while they fit the outlet's room and the one that does not is cut to it, so
-                // what it holds never passes `memory_bytes` (a turn's chunk can be far larger than the budget).
-                let mut take = |c: Arc<Chunk>, room: &mut usize| -> bool {
-                    if c.body.len() <= *room {
-                        *room -= c.body.len();
-                        at = c.pos + c.count;
-                        fed.push(c);
-                        return true;
-                    }
-                    if let Some(part) = c.prefix_within(*room) {
-                        *room -= part.body.len();
-                        at = part.pos + part.count;
-                        fed.push(Arc::new(part));
-                    }
-                    false
-                };
-                if fresh.first().is_some_and(|c| c.pos == next) {
+                let (fed, at) = if fresh.first().is_some_and(|c| c.pos == next) {
                     // Caught up: this turn's chunks are exactly what it wants next, already in memory.
-                    for c in fresh {
-                        if !take(c.clone(), &mut room) {
-                            break;
-                        }
-                    }
+                    crate::outlets::fill(room, fresh.iter().cloned())
                 } else {
                     match store.read_from(next, CATCH_UP_RECORDS.min(head - next), room) {
-                        Ok(chunks) => {
-                            // Chunks end at turns' ends, so none straddles `head`.
-                            for c in chunks.into_iter().take_while(|c| c.pos < head) {
-                                if !take(Arc::new(c), &mut room) {
-                                    break;
-                                }
-                            }
-                        }
+                        // Chunks end at turns' ends, so none straddles `head`.
+                        Ok(chunks) => crate::outlets::fill(
+                            room,
+                            chunks
+                                .into_iter()
+                                .take_while(|c| c.pos < head)
+                                .map(Arc::new),
+                        ),
                         Err(e) => {
                             o.outlet
                                 .error("store", format!("cannot read the app's store: {e}"));
                             continue;
                         }
                     }
-                }
-                if fed.is_empty() {
-                    continue;
-                }
+                };
+                let Some(at) = at else { continue };
                 o.fed_next = Some(at);
                 match self.feed_mode {
                     FeedMode::Chunks => o.outlet.feed(fed),
@@ -1458,7 +1447,11 @@ impl Host {
     /// each turn's commits (the head moved) and when a turn is finished (acknowledgements may have come).
     fn check_lag(&mut self, node: &mut Node) {
         let heads: Vec<u64> = (0..self.apps.len())
-            .map(|i| self.stores.app(i as AppIndex).map_or(1, |s| s.head()))
+            .map(|i| {
+                self.stores
+                    .app(i as AppIndex)
+                    .map_or(self.durable[i], |s| s.head())
+            })
             .collect();
         let mut over: Vec<Option<bool>> = vec![None; self.apps.len()];
         let mut rooms: Vec<Option<u64>> = vec![None; self.apps.len()];
@@ -1929,7 +1922,7 @@ mod tests {
                 .iter()
                 .find(|o| o.outlet.name == name)
                 .unwrap();
-            (o.outlet.acked(), o.outlet.base)
+            (o.outlet.acked(), o.outlet.base())
         };
         {
             let (host, _) =
@@ -1989,7 +1982,7 @@ mod tests {
         };
         let mut later = make(&mut host, 0);
         let mut other = make(&mut host, 1);
-        assert_eq!(later.outlet.base, 5, "decided from what the file holds");
+        assert_eq!(later.outlet.base(), 5, "decided from what the file holds");
         let row = later
             .unkept_start
             .clone()
@@ -2025,7 +2018,7 @@ mod tests {
         drop(host);
         let (host, _) = Host::open(dir.path(), &next_webhooks(&["later"]), wake).unwrap();
         let o = &host.apps[0].outlets[0];
-        assert_eq!(o.outlet.base, 5, "a restart keeps the start it kept");
+        assert_eq!(o.outlet.base(), 5, "a restart keeps the start it kept");
         assert!(o.unkept_start.is_none());
     }
 }

@@ -443,6 +443,7 @@ fn state_word(status: &str, error: Option<&str>) -> String {
     match status {
         "sending" => "sending".into(),
         "idle" => "idle: everything sent".into(),
+        "standby" => "standby: another node of the fleet drives it".into(),
         "starting" => "starting".into(),
         "resolving" => "resolving the far side's name".into(),
         "connecting" => "connecting to the far side".into(),
@@ -563,7 +564,7 @@ pub fn report(
                 failing,
                 severity: if failing {
                     "failing"
-                } else if matches!(o.status, "sending" | "idle") {
+                } else if matches!(o.status, "sending" | "idle" | "standby") {
                     "ok"
                 } else {
                     "waiting"

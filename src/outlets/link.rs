@@ -217,7 +217,7 @@ impl Forwarding {
             match event {
                 SenderEvent::Stored { through, .. } => {
                     // The far flow is numbered from the outlet's start: its sequence s is position s + base.
-                    let through = through + outlet.base;
+                    let through = through + outlet.base();
                     self.rounds_at_progress = self.sender.stats().retransmit_rounds;
                     if self.next.is_none() {
                         self.next = Some(through + 1);

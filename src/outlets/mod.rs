@@ -103,8 +103,9 @@ pub struct Outlet {
     /// Bytes of records this outlet may hold in memory (fed and not yet acknowledged).
     pub memory_bytes: usize,
     /// Positions before its start (docs/apps.md, `from`): a link or wire numbers its far flow `position − base`,
-    /// so a far app that has heard nothing of this node starts at the outlet's start.
-    pub base: u64,
+    /// so a far app that has heard nothing of this node starts at the outlet's start. Set before the sending loop
+    /// starts the outlet (on a fleet, once the database says where it starts: [`Outlet::set_base`]).
+    base: AtomicU64,
     feed: Mutex<Feed>,
     push: Notify,
     /// The far side's stored position (0 until known).
@@ -140,9 +141,37 @@ const LOG_EVERY: Duration = Duration::from_secs(60);
 
 impl Outlet {
     /// Sets the positions before the outlet's start ([`Outlet::base`]).
-    pub fn with_base(mut self, base: u64) -> Self {
-        self.base = base;
+    pub fn with_base(self, base: u64) -> Self {
+        self.set_base(base);
         self
+    }
+
+    /// Positions before the outlet's start ([`Outlet::with_base`]).
+    pub fn base(&self) -> u64 {
+        self.base.load(Ordering::Acquire)
+    }
+
+    /// Sets the outlet's start while the sending loop does not run it (a fleet's node learns it from the database
+    /// when it takes the outlet's lease).
+    pub fn set_base(&self, base: u64) {
+        self.base.store(base, Ordering::Release);
+    }
+
+    /// Learns that the far side stores everything up to `through` from elsewhere than this node's sending (a
+    /// fleet's database, written by the node that drives the outlet): for lag budgets and the next start, not
+    /// counted as sent.
+    pub fn know_acked(&self, through: u64) {
+        self.acked.fetch_max(through, Ordering::AcqRel);
+    }
+
+    /// Forgets what was fed and held, and any restart asked for: the sending loop stopped this outlet, and it
+    /// starts afresh from its far side's word when it is started again (a fleet's node that lost or takes its lease).
+    pub fn reset(&self) {
+        let mut f = self.lock_feed();
+        f.chunks.clear();
+        f.bytes = 0;
+        f.held = 0;
+        f.restart_from = None;
     }
 
     /// Sets what the far side is known to have acknowledged (from the store at start): where a webhook resumes.
@@ -165,7 +194,7 @@ impl Outlet {
             name: name.to_string(),
             kind,
             memory_bytes,
-            base: 0,
+            base: AtomicU64::new(0),
             feed: Mutex::new(Feed::default()),
             push: Notify::new(),
             acked: AtomicU64::new(0),
@@ -345,6 +374,17 @@ impl Outlet {
         }
     }
 
+    /// Another node of the fleet drives this outlet now: its errors are that node's to tell, and its status says so.
+    pub fn standby(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.last_error = None;
+            s.last_error_kind = None;
+            s.failing_since = None;
+            s.silence_told = false;
+            s.change_status("standby");
+        }
+    }
+
     /// The error is over: say so once.
     pub fn recovered(&self, status: &'static str) {
         let Ok(mut s) = self.state.lock() else {
@@ -368,6 +408,30 @@ impl OutletState {
             self.status_since = Some(Instant::now());
         }
     }
+}
+
+/// What of `chunks` (in position order) fits an outlet's `room`: chunks whole while they fit, and the one that does
+/// not cut to what fits, so that what the outlet holds never passes its `memory_bytes` (a turn's chunk can be far
+/// larger than the budget). With it, the position after the last record taken (`None` if none fit).
+pub fn fill(
+    mut room: usize,
+    chunks: impl IntoIterator<Item = Arc<Chunk>>,
+) -> (Vec<Arc<Chunk>>, Option<u64>) {
+    let (mut fed, mut at) = (Vec::new(), None);
+    for c in chunks {
+        if c.body.len() <= room {
+            room -= c.body.len();
+            at = Some(c.pos + c.count);
+            fed.push(c);
+            continue;
+        }
+        if let Some(part) = c.prefix_within(room) {
+            at = Some(part.pos + part.count);
+            fed.push(Arc::new(part));
+        }
+        break;
+    }
+    (fed, at)
 }
 
 /// Bytes held by a run of an outlet, by the last position of each chunk it queued: acknowledgements release them

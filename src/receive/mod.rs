@@ -28,6 +28,7 @@ use thiserror::Error;
 
 use crate::apps::config::{AppsConfig, AppsError};
 use crate::apps::host::Host;
+use crate::apps::host::outbox::{Outbox, OutboxSettings};
 use crate::common::dns::DnsSettings;
 use crate::common::figures::LiveStats;
 use crate::common::push::{PushInbox, PushQueue, push_channel};
@@ -173,6 +174,9 @@ struct PendingReload {
 pub struct ReadyNode {
     node: Node,
     host: Host,
+    /// On a fleet's store, the outbox that drives this node's share of the outlets (started with the sending loop;
+    /// dropped before it, so it stops its outlets and gives their leases back first).
+    outbox: Option<Outbox>,
     /// The sending loop, when any app has a link, wire or webhook outlet (started lazily: a node without outlets
     /// runs no thread for them).
     sending: Option<SendingLoop>,
@@ -338,10 +342,12 @@ impl ReadyNode {
                     },
                     settings.state_dir.display()
                 );
-                (
-                    Host::open_shared(&settings.apps, wake.clone(), turns)?,
-                    Default::default(),
-                )
+                Host::open_shared(
+                    &settings.apps,
+                    wake.clone(),
+                    Arc::new(Wake::new().map_err(NodeError::Socket)?),
+                    turns,
+                )?
             }
         };
         let memo = Memo::open_or_none(&settings.state_dir.join("memo.sqlite"));
@@ -365,22 +371,33 @@ impl ReadyNode {
             crypto::random_array(),
         ));
         node.set_session_limits(settings.sessions_per_sender, settings.max_sessions);
-        let sending = if outlets.start.is_empty() {
-            None
+        let (sending, outbox) = if outlets.start.is_empty() {
+            (None, None)
         } else {
             let sending = SendingLoop::start(LoopSettings {
                 identity: identity.clone(),
                 dns: settings.dns.clone(),
             })
             .map_err(NodeError::SendingLoop)?;
-            for (outlet, target) in outlets.start {
-                sending.start_outlet(outlet, target);
-            }
-            Some(sending)
+            let outbox = match start_outbox(&settings, &host, &sending) {
+                Some(outbox) => {
+                    let (start, stop) = host.fleet_outlets(outlets);
+                    outbox.change(start, stop);
+                    Some(outbox)
+                }
+                None => {
+                    for (outlet, target) in outlets.start {
+                        sending.start_outlet(outlet, target);
+                    }
+                    None
+                }
+            };
+            (Some(sending), outbox)
         };
         Ok(ReadyNode {
             node,
             host,
+            outbox,
             sending,
             wake,
             identity,
@@ -925,8 +942,13 @@ impl ReadyNode {
     }
 
     fn apply_outlet_changes(&mut self, changes: crate::apps::host::OutletChanges) {
+        if let Some(o) = &self.outbox {
+            let (start, stop) = self.host.fleet_outlets(changes);
+            o.change(start, stop);
+            return;
+        }
         if let Some(l) = &self.sending {
-            for id in changes.stop {
+            for &id in &changes.stop {
                 l.stop_outlet(id);
             }
         }
@@ -948,6 +970,12 @@ impl ReadyNode {
             }
         }
         if let Some(l) = &self.sending {
+            if let Some(outbox) = start_outbox(&self.settings, &self.host, l) {
+                let (start, stop) = self.host.fleet_outlets(changes);
+                outbox.change(start, stop);
+                self.outbox = Some(outbox);
+                return;
+            }
             for (outlet, target) in changes.start {
                 l.start_outlet(outlet, target);
             }
@@ -1280,6 +1308,46 @@ pub fn max_sessions_for_memory() -> usize {
 
 /// How often the loop looks for a reload's result while the senders file is being read.
 const RELOAD_POLL: Duration = Duration::from_millis(2);
+
+/// On a fleet's store, the outbox that drives this node's share of its outlets, on `sending` (`None` on SQLite,
+/// where the host feeds its outlets itself, or if its thread cannot start: then logged, and no outlet runs here).
+fn start_outbox(settings: &NodeSettings, host: &Host, sending: &SendingLoop) -> Option<Outbox> {
+    let (StoreChoice::Postgres(url), Some(wake)) = (&settings.store, host.outbox_wake()) else {
+        return None;
+    };
+    let outbox = Outbox::start(
+        OutboxSettings {
+            url: url.clone(),
+            password: settings.store_password.clone(),
+            node_id: fleet_node_id(&settings.state_dir),
+            sending: sending.commander(),
+        },
+        wake,
+    );
+    match outbox {
+        Ok(o) => Some(o),
+        Err(e) => {
+            tracing::error!("cannot start the outbox thread, no outlet runs on this node: {e}");
+            None
+        }
+    }
+}
+
+/// This node's id among the fleet's nodes: its host name and its state directory (one node per state directory,
+/// held by its lock), so that a node started again on the same state takes its own leases back at once.
+fn fleet_node_id(state_dir: &Path) -> String {
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the live buffer.
+    let ok = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let host = if ok {
+        String::from_utf8_lossy(&name[..end]).into_owned()
+    } else {
+        "unknown-host".to_string()
+    };
+    let dir = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    format!("{host}:{}", dir.display())
+}
 
 /// A sending loop that has not beaten for this long is stuck: the watchdog is not fed (it beats every 0.5 s).
 const SENDING_STALE: Duration = Duration::from_secs(3);

@@ -40,6 +40,23 @@ enum Command {
     Stop(u64),
 }
 
+/// A handle that starts and stops outlets on the loop from another thread (a fleet's outbox, which starts an
+/// outlet when it takes its lease and stops it when it loses it). Commands after the loop stopped do nothing.
+#[derive(Clone)]
+pub struct Commander(mpsc::UnboundedSender<Command>);
+
+impl Commander {
+    /// As [`SendingLoop::start_outlet`].
+    pub fn start_outlet(&self, outlet: Arc<Outlet>, target: Target) {
+        let _ = self.0.send(Command::Start(outlet, target));
+    }
+
+    /// As [`SendingLoop::stop_outlet`].
+    pub fn stop_outlet(&self, id: u64) {
+        let _ = self.0.send(Command::Stop(id));
+    }
+}
+
 /// The running loop: a handle to command it and to stop it.
 pub struct SendingLoop {
     commands: mpsc::UnboundedSender<Command>,
@@ -78,6 +95,11 @@ impl SendingLoop {
     /// Stops the outlet with this id (a reload removed or changed it). What it held is in the store.
     pub fn stop_outlet(&self, id: u64) {
         let _ = self.commands.send(Command::Stop(id));
+    }
+
+    /// A handle to start and stop outlets from another thread.
+    pub fn commander(&self) -> Commander {
+        Commander(self.commands.clone())
     }
 
     /// Whether the loop has beaten within `stale`.

@@ -204,16 +204,26 @@ impl Leases {
 
     /// When [`Leases::handle_timeout`] next has something to do (a renewal due, or the hold running out).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let hold_ends = self
-            .last_good_sent
-            .filter(|_| !self.held.is_empty())
-            .map(|t| t + HOLD_FOR);
+        let hold_ends = self.hold_ends();
         let renew =
             (!self.wanted.is_empty() && self.in_flight.is_none()).then_some(self.next_renewal);
         match (hold_ends, renew) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// When the held leases end unless a renewal succeeds first (`None` while none is held): no wait of the driver
+    /// may last past it.
+    pub fn hold_ends(&self) -> Option<Instant> {
+        self.last_good_sent
+            .filter(|_| !self.held.is_empty())
+            .map(|t| t + HOLD_FOR)
+    }
+
+    /// The held outlets with what their far sides acknowledged, as this node knows it (for giving them back).
+    pub fn held_progress(&self) -> Vec<(OutletKey, u64)> {
+        self.held.iter().map(|(k, a)| (k.clone(), *a)).collect()
     }
 
     /// Loses every held lease once its hold has run out.

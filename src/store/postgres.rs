@@ -1051,44 +1051,101 @@ pub struct PgReader {
     client: Client,
     /// The URL as given, naming the database in messages (and as the "store" of a corrupt record).
     shown: String,
+    /// When set, every wait ends by then, answered or not (the outbox's reads, which must end before the leases
+    /// they feed for run out: src/apps/host/outbox.rs).
+    deadline: std::cell::Cell<Option<tokio::time::Instant>>,
 }
 
 /// Chunk rows fetched per query by [`PgReader::for_each_record_view`].
 const READ_PAGE: i64 = 512;
+
+/// Chunk rows fetched per query by [`PgReader::read_from`]: a feed wants at most an outlet's room, and a chunk can
+/// hold a whole turn of a source.
+const FEED_PAGE: i64 = 32;
 
 impl PgReader {
     /// Connects to the database at `url` (docs/scale-out.md); tables need not be there yet.
     pub fn open(url: &str, password: Option<&str>) -> Result<Self, StoreError> {
         let mut config = config_of(url, password, "pure-serve records")?;
         config.connect_timeout(NET_TIMEOUT);
+        Self::connect(
+            Target {
+                config,
+                shown: url.to_string(),
+            },
+            None,
+        )
+    }
+
+    /// Connects to `target`, giving up at `deadline` if one is given.
+    fn connect(target: Target, deadline: Option<tokio::time::Instant>) -> Result<Self, StoreError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|source| StoreError::SyncThread { source })?;
-        let target = Target {
-            config,
-            shown: url.to_string(),
-        };
-        let client =
-            rt.block_on(async {
-                let (client, connection) =
-                    target.config.connect(NoTls).await.map_err(|source| {
-                        StoreError::DatabaseRead {
-                            url: target.shown.clone(),
-                            doing: "connecting",
-                            source,
-                        }
-                    })?;
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                Ok::<_, StoreError>(client)
-            })?;
-        Ok(PgReader {
+        let reader = |rt, client| PgReader {
             rt,
             client,
-            shown: url.to_string(),
-        })
+            shown: target.shown.clone(),
+            deadline: std::cell::Cell::new(deadline),
+        };
+        let connecting = async {
+            let (client, connection) = target.config.connect(NoTls).await?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            Ok(client)
+        };
+        let client = match deadline {
+            None => rt.block_on(connecting),
+            Some(at) => {
+                match rt.block_on(async { tokio::time::timeout_at(at, connecting).await }) {
+                    Ok(r) => r,
+                    Err(_) => {
+                        return Err(StoreError::DatabaseDown {
+                            url: target.shown.clone(),
+                            why: "connecting: no answer in time".into(),
+                        });
+                    }
+                }
+            }
+        };
+        match client {
+            Ok(client) => Ok(reader(rt, client)),
+            Err(source) => Err(StoreError::DatabaseRead {
+                url: target.shown.clone(),
+                doing: "connecting",
+                source,
+            }),
+        }
+    }
+
+    /// Waits for `f` on this reader's runtime, until its deadline if one is set; a wait that runs out is
+    /// [`StoreError::DatabaseDown`].
+    fn wait_raw<T>(
+        &self,
+        doing: &'static str,
+        f: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<Result<T, tokio_postgres::Error>, StoreError> {
+        match self.deadline.get() {
+            None => Ok(self.rt.block_on(f)),
+            Some(at) => self
+                .rt
+                .block_on(async { tokio::time::timeout_at(at, f).await })
+                .map_err(|_| StoreError::DatabaseDown {
+                    url: self.shown.clone(),
+                    why: format!("{doing}: no answer in time"),
+                }),
+        }
+    }
+
+    /// As [`PgReader::wait_raw`], the database's error named by `doing`.
+    fn wait<T>(
+        &self,
+        doing: &'static str,
+        f: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, StoreError> {
+        self.wait_raw(doing, f)?.map_err(self.err(doing))
     }
 
     fn err(&self, doing: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
@@ -1101,24 +1158,24 @@ impl PgReader {
 
     /// The apps the fleet's nodes registered, by name (none before a node made the tables).
     pub fn apps(&self) -> Result<Vec<String>, StoreError> {
-        self.rt.block_on(async {
-            let rows = self
-                .client
-                .query("SELECT name FROM apps ORDER BY name", &[])
-                .await;
-            match rows {
-                Ok(rows) => Ok(rows.iter().map(|r| r.get(0)).collect()),
-                Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(Vec::new()),
-                Err(e) => Err(self.err("listing the apps")(e)),
-            }
-        })
+        let doing = "listing the apps";
+        match self.wait_raw(
+            doing,
+            self.client
+                .query("SELECT name FROM apps ORDER BY name", &[]),
+        )? {
+            Ok(rows) => Ok(rows.iter().map(|r| r.get(0)).collect()),
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(Vec::new()),
+            Err(e) => Err(self.err(doing)(e)),
+        }
     }
 
     fn app_id(&self, app: &str) -> Result<i32, StoreError> {
-        let rows = self.rt.block_on(
+        let rows = self.wait_raw(
+            "finding the app",
             self.client
                 .query("SELECT id FROM apps WHERE name = $1", &[&app]),
-        );
+        )?;
         match rows {
             Ok(rows) if !rows.is_empty() => Ok(rows[0].get(0)),
             Ok(_) => Err(StoreError::NoSuchDatabaseApp {
@@ -1141,13 +1198,11 @@ impl PgReader {
     /// "The order of an app's records").
     pub fn head(&self, app: &str) -> Result<u64, StoreError> {
         let id = self.app_id(app)?;
-        let row = self
-            .rt
-            .block_on(
-                self.client
-                    .query_one("SELECT head FROM apps WHERE id = $1", &[&id]),
-            )
-            .map_err(self.err("reading an app's head"))?;
+        let row = self.wait(
+            "reading an app's head",
+            self.client
+                .query_one("SELECT head FROM apps WHERE id = $1", &[&id]),
+        )?;
         Ok(row.get::<_, i64>(0).max(1) as u64)
     }
 
@@ -1165,7 +1220,7 @@ impl PgReader {
         if from_pos == 0 {
             return self.each_by_source(id, source, &store, &mut each);
         }
-        self.each_chunk_from(id, source, from_pos, |chunk| {
+        self.each_chunk_from(id, source, from_pos, READ_PAGE, |chunk| {
             chunk.each_record(&store, from_pos, &mut each)
         })
     }
@@ -1179,22 +1234,23 @@ impl PgReader {
         id: i32,
         source: Option<&str>,
         from: u64,
+        page: i64,
         mut each: impl FnMut(&super::StoredChunk<'_>) -> Result<bool, StoreError>,
     ) -> Result<(), StoreError> {
         let mut next_pos = from as i64;
         loop {
-            let rows = self
-                .rt
-                .block_on(self.client.query(
+            let rows = self.wait(
+                "reading records",
+                self.client.query(
                     "SELECT s.name, c.first_seq, c.count, c.body, c.pos, c.stored_at, c.format \
                      FROM chunks c JOIN sources s ON s.id = c.source \
                      WHERE c.app = $1 AND ($2::text IS NULL OR s.name = $2) \
                        AND c.pos >= (SELECT COALESCE(max(pos), 0) FROM chunks WHERE app = $1 AND pos <= $3) \
                        AND c.pos + c.count > $3 \
                      ORDER BY c.pos LIMIT $4",
-                    &[&id, &source, &next_pos, &READ_PAGE],
-                ))
-                .map_err(self.err("reading records"))?;
+                    &[&id, &source, &next_pos, &page],
+                ),
+            )?;
             for row in &rows {
                 let name: String = row.get(0);
                 let chunk = chunk_row(&name, row, 1);
@@ -1203,7 +1259,7 @@ impl PgReader {
                 }
                 next_pos = (chunk.pos + chunk.count) as i64;
             }
-            if (rows.len() as i64) < READ_PAGE {
+            if (rows.len() as i64) < page {
                 return Ok(());
             }
         }
@@ -1223,7 +1279,7 @@ impl PgReader {
         let id = self.app_id(app)?;
         let store = std::path::PathBuf::from(&self.shown);
         let (mut out, mut records, mut bytes) = (Vec::new(), 0u64, 0usize);
-        self.each_chunk_from(id, None, from, |whole| {
+        self.each_chunk_from(id, None, from, FEED_PAGE, |whole| {
             if let Some(chunk) = whole.cut_to(from, &store)? {
                 records += chunk.count;
                 bytes += chunk.body.len();

@@ -10,10 +10,12 @@
 //! database never stops the loop).
 //!
 //! What this increment serves: links and `POST /link` into any number of apps, exactly once across nodes (the
-//! database decides, docs/scale-out.md "A turn"), and apps added by a reload (the store registers them before any
-//! turn carries their parts: [`TurnStore::add_apps`]). Not yet: outlets of any kind and queueing downlink records (a
-//! configuration that has them is refused at start and at a reload, naming the app and the outlet:
-//! [`unsupported`]); a LISTEN is answered "nothing waits".
+//! database decides, docs/scale-out.md "A turn"), apps added by a reload (the store registers them before any
+//! turn carries their parts: [`TurnStore::add_apps`]), and link, wire and webhook outlets: the host makes them as
+//! on one node, but hands them to the fleet's outbox ([`super::outbox`], [`Host::fleet_outlets`]) rather than to
+//! the sending loop, and feeds them nothing itself; the outbox drives those whose lease this node holds. Not yet:
+//! inner outlets and queueing downlink records (a configuration with an inner outlet is refused at start and at a
+//! reload, naming the app and the outlet: [`unsupported`]); a LISTEN is answered "nothing waits".
 //!
 //! **When the store fails** (the database unreachable, its thread gone), each app of the failed part stops as a
 //! failing disk stops it: NOT_STORED to its senders, `/healthz` and the log say why. Once its delay is up it is
@@ -27,13 +29,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Failure, Host, RETRY_MAX, TurnReport, Unsynced};
-use crate::apps::config::{AppsConfig, OutletKind};
+use super::outbox::FleetOutlet;
+use super::{Failure, Host, OutletChanges, RETRY_MAX, TurnReport, Unsynced};
+use crate::apps::config::{AppsConfig, OutletKind, StartFrom};
 use crate::proto::allow_list::AllowList;
 use crate::proto::node::Node;
 use crate::proto::turn::{AppIndex, Committed, Turn};
 use crate::store::downlink::{DownApplied, FetchRead};
 use crate::store::engine::{AppTurn, OwnedPiece, TurnOutcome, TurnStore};
+use crate::store::lease::OutletKey;
 use crate::store::{self, Applied, StoreError};
 
 /// What a turn handed to the shared store needs once its outcome is back.
@@ -49,18 +53,14 @@ pub fn unsupported(config: &AppsConfig) -> Vec<String> {
     let mut lines = Vec::new();
     for app in &config.apps {
         for o in &app.outlets {
-            let kind = match &o.kind {
-                OutletKind::Link { .. } => "a link outlet",
-                OutletKind::Wire { .. } => "a wire outlet",
-                OutletKind::Webhook { .. } => "a webhook outlet",
-                OutletKind::App { .. } => "an inner outlet",
-            };
-            lines.push(format!(
-                "app {}: outlet {} is {kind}, and outlets of a fleet (one node at a time driving each, by a lease in \
-                 the database) are not built yet (docs/scale-out.md, \"What is built so far\"): remove it from \
-                 [apps.{}.outlets] to run on --store postgres://…, or run the app on a node with --store sqlite",
-                app.name, o.name, app.name
-            ));
+            if let OutletKind::App { .. } = &o.kind {
+                lines.push(format!(
+                    "app {}: outlet {} is an inner outlet (into another app of the host), and inner outlets of a \
+                     fleet are not built yet (docs/scale-out.md, \"Outlets of a fleet\"): remove it from \
+                     [apps.{}.outlets] to run on --store postgres://…, or run the apps on a node with --store sqlite",
+                    app.name, o.name, app.name
+                ));
+            }
         }
     }
     lines
@@ -68,18 +68,65 @@ pub fn unsupported(config: &AppsConfig) -> Vec<String> {
 
 impl Host {
     /// A host whose apps are stored in `turns`, a store shared with other nodes: nothing is opened under the state
-    /// directory for them. `config` must have nothing [`unsupported`] lists.
+    /// directory for them. `config` must have nothing [`unsupported`] lists. Its outlets ring `outbox_wake`, and
+    /// the changes it returns go to the outbox ([`Host::fleet_outlets`]), not to the sending loop.
     pub fn open_shared(
         config: &AppsConfig,
         wake: Arc<crate::common::wake::Wake>,
+        outbox_wake: Arc<crate::common::wake::Wake>,
         turns: Box<dyn TurnStore + Send>,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<(Self, OutletChanges), StoreError> {
         debug_assert!(unsupported(config).is_empty());
-        let (mut host, _) =
-            Self::with_stores(None, store::Stores::open_in_memory(&[])?, config, wake)?;
+        let (mut host, changes) = Self::with_stores(
+            None,
+            store::Stores::open_in_memory(&[])?,
+            config,
+            wake,
+            Some(outbox_wake),
+        )?;
         host.shared_connections = turns.connections();
         host.shared = Some(turns);
-        Ok(host)
+        Ok((host, changes))
+    }
+
+    /// The outlets of `changes` as the outbox takes them: each with its key in the leases and the start this node
+    /// would keep for it.
+    pub fn fleet_outlets(&self, changes: OutletChanges) -> (Vec<FleetOutlet>, Vec<u64>) {
+        let mut start = Vec::new();
+        for (outlet, target) in changes.start {
+            let config = self
+                .apps
+                .iter()
+                .find(|a| a.config.name == outlet.app)
+                .and_then(|a| a.config.outlets.iter().find(|o| o.name == outlet.name));
+            let Some(config) = config else { continue };
+            let (kind, target_words) = config.kind.target();
+            let from = match config.from {
+                StartFrom::First => 1,
+                StartFrom::Next => 0,
+            };
+            start.push(FleetOutlet {
+                key: OutletKey {
+                    app: outlet.app.clone(),
+                    name: outlet.name.clone(),
+                },
+                start: store::OutletStart {
+                    name: outlet.name.clone(),
+                    kind: kind.to_string(),
+                    target: target_words,
+                    flow: config.kind.far_flow_key(),
+                    start: from,
+                },
+                outlet,
+                target,
+            });
+        }
+        (start, changes.stop)
+    }
+
+    /// The outbox's wake, on a shared store.
+    pub fn outbox_wake(&self) -> Option<Arc<crate::common::wake::Wake>> {
+        self.outbox_wake.clone()
     }
 
     /// The shared store made a new connection: every failed app is probed with the next turn, rather than at its
@@ -205,6 +252,12 @@ impl Host {
                         node.set_app_cannot_store(app, false);
                     }
                     a.stored += applied.stored;
+                    if applied.stored > 0
+                        && let Some(w) = &self.outbox_wake
+                    {
+                        // The outlets this node drives may have more to read: at once, not at the next poll.
+                        w.wake();
+                    }
                     let mut outcome = Committed::default();
                     if let Some(t) = &turn {
                         outcome.add(app, &applied, t, &senders);
