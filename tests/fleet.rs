@@ -9,6 +9,8 @@
 
 #[path = "fleet_util/mod.rs"]
 mod fleet_util;
+#[path = "http_util/mod.rs"]
+mod http_util;
 #[path = "ops_util/mod.rs"]
 mod ops_util;
 #[path = "outlet_util/mod.rs"]
@@ -596,6 +598,27 @@ fn an_app_added_by_a_reload_on_a_fleets_node_stores_its_records() {
     );
 }
 
+/// The outlets' acknowledged positions, as the database has them.
+fn outlets_acked(cluster: &pg_util::PgCluster) -> Vec<i64> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+            .query("SELECT acked FROM outlets ORDER BY name", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    })
+}
+
 /// The holders of the outlets' leases, as the database has them.
 fn holders(cluster: &pg_util::PgCluster) -> Vec<Option<String>> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -799,4 +822,151 @@ fn an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_rec
         assert_eq!(r["payload"], format!("r{line}").as_str(), "record {s}: {r}");
     }
     assert_exactly_once(&cluster, total, &[0, first, first + second]);
+}
+
+/// What a webhook receiver was given in the requests it answered 200: payload by position (each position always
+/// with the same payload), and how many positions came more than once.
+fn hooked(server: &outlet_util::HookServer) -> (std::collections::BTreeMap<u64, String>, usize) {
+    let mut got = std::collections::BTreeMap::new();
+    let mut again = 0;
+    for req in server.requests() {
+        if req.answer != outlet_util::Answer::Ok {
+            continue;
+        }
+        for r in req.json()["records"].as_array().unwrap() {
+            let (pos, payload) = (r["pos"].as_u64().unwrap(), r["payload"].as_str().unwrap());
+            if let Some(before) = got.insert(pos, payload.to_string()) {
+                assert_eq!(before, payload, "position {pos} sent again alike");
+                again += 1;
+            }
+        }
+    }
+    (got, again)
+}
+
+#[test]
+fn a_webhooks_driving_node_sigkilled_mid_delivery_is_taken_over_from_the_acknowledged_position() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(cluster) = pg_util::PgCluster::start(
+        "a_webhooks_driving_node_sigkilled_mid_delivery_is_taken_over_from_the_acknowledged_position",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, node_public) = ops_util::keygen(dir.path(), "node");
+    let (device_key, device_public) = ops_util::keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    std::fs::write(&senders, format!("dev {device_public}\n")).unwrap();
+    let url = cluster.url();
+    let ca_dir = dir.path().join("ca");
+    std::fs::create_dir_all(&ca_dir).unwrap();
+    let ca = http_util::test_ca(&ca_dir);
+    let refusing = Arc::new(AtomicBool::new(false));
+    let r = refusing.clone();
+    let server = outlet_util::HookServer::start(&ca.cert_file, &ca.key_file, move |_| {
+        if r.load(Ordering::Acquire) {
+            outlet_util::Answer::Fail
+        } else {
+            outlet_util::Answer::Ok
+        }
+    });
+    let apps = dir.path().join("fleet.toml");
+    std::fs::write(
+        &apps,
+        format!(
+            "[apps.main]\n[apps.main.outlets.hook]\nkind = \"webhook\"\nurl = \"https://localhost:{}/ingest\"\n\
+             ca_file = \"{}\"\nbatch_records = 100\n",
+            server.port(),
+            ca.ca_file.display()
+        ),
+    )
+    .unwrap();
+    let extra = ["--apps", apps.to_str().unwrap()];
+    let mut nodes = [
+        Some(start_node(
+            dir.path(),
+            "a",
+            &url,
+            &node_key,
+            &senders,
+            &extra,
+        )),
+        Some(start_node(
+            dir.path(),
+            "b",
+            &url,
+            &node_key,
+            &senders,
+            &extra,
+        )),
+    ];
+    let first = 2_000;
+    send_all(
+        &device_key,
+        &node_public,
+        nodes[0].as_ref().unwrap().link,
+        first,
+    );
+    outlet_util::wait_until("the first batch at the receiver", || {
+        hooked(&server).0.len() as u64 >= first
+    });
+    let holder = match holders(&cluster).as_slice() {
+        [Some(h)] if h.ends_with("/a") => 0,
+        [Some(h)] if h.ends_with("/b") => 1,
+        other => panic!("one node holds the outlet: {other:?}"),
+    };
+
+    // The holder writes what the receiver acknowledged with its next renewal.
+    outlet_util::wait_until("the first batch's position in the database", || {
+        outlets_acked(&cluster) == [first as i64]
+    });
+
+    // Mid-delivery: the receiver answers 500 while more records are stored through the other node and the
+    // holder, retrying them, is SIGKILLed; then the receiver takes them again.
+    refusing.store(true, Ordering::Release);
+    let second = 3_000;
+    send_all(
+        &device_key,
+        &node_public,
+        nodes[1 - holder].as_ref().unwrap().link,
+        second,
+    );
+    outlet_util::wait_until("the holder to be refused", || {
+        server
+            .requests()
+            .iter()
+            .any(|q| q.answer != outlet_util::Answer::Ok)
+    });
+    let killed = nodes[holder].take().unwrap();
+    killed.signal(libc::SIGKILL);
+    drop(killed);
+    refusing.store(false, Ordering::Release);
+
+    let total = first + second;
+    outlet_util::wait_until("every record at the receiver", || {
+        hooked(&server).0.len() as u64 >= total
+    });
+    let successor = nodes[1 - holder].as_ref().unwrap();
+    outlet_util::wait_until("the other node to say it sent records", || {
+        successor
+            .metric("pure_outlet_sent_total{app=\"main\",outlet=\"hook\"}")
+            .unwrap_or(0.0)
+            > 0.0
+    });
+    let (got, again) = hooked(&server);
+    assert_eq!(got.len() as u64, total, "positions at the receiver");
+    for (k, (pos, payload)) in got.iter().enumerate() {
+        let s = k as u64 + 1;
+        assert_eq!(*pos, s, "positions 1.. without a gap");
+        let line = if s <= first { s } else { s - first };
+        assert_eq!(payload, &format!("r{line}"), "record at {pos}");
+    }
+    // The successor starts after what the database says was acknowledged: nothing is sent twice (what the holder
+    // sent after its last renewal was refused).
+    assert_eq!(again, 0, "records sent twice");
+    outlet_util::wait_until("the successor to write the last position", || {
+        outlets_acked(&cluster) == [total as i64]
+    });
+    assert_exactly_once(&cluster, total, &[0, first]);
 }
