@@ -23,7 +23,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fleet_util::{assert_exactly_once, setup, spawn_send_to, start_node, stored, stored_by};
+use fleet_util::{
+    assert_exactly_once, holders, outlets_acked, send_all, setup, spawn_send_to, start_node,
+    stored, stored_by,
+};
 use ops_util::{DEADLINE, NodeProcess, bin};
 use pure_serve::keys;
 use pure_serve::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
@@ -598,59 +601,6 @@ fn an_app_added_by_a_reload_on_a_fleets_node_stores_its_records() {
     );
 }
 
-/// The outlets' acknowledged positions, as the database has them.
-fn outlets_acked(cluster: &pg_util::PgCluster) -> Vec<i64> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        client
-            .query("SELECT acked FROM outlets ORDER BY name", &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-    })
-}
-
-/// The holders of the outlets' leases, as the database has them.
-fn holders(cluster: &pg_util::PgCluster) -> Vec<Option<String>> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        client
-            .query("SELECT holder FROM outlets ORDER BY name", &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-    })
-}
-
-/// `send` of `count` records to `to`, to its end: every one acked.
-fn send_all(device_key: &Path, node_public: &str, to: SocketAddr, count: u64) {
-    let child = spawn_send_to(device_key, node_public, &to.to_string(), count);
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "send: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_record_arrives_once_in_order()
  {
@@ -718,6 +668,7 @@ fn an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_rec
     // A first batch, delivered by whichever node holds the lease.
     let first = 3_000;
     send_all(
+        None,
         &device_key,
         &node_public,
         nodes[0].as_ref().unwrap().link,
@@ -741,6 +692,7 @@ fn an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_rec
     far.child.wait().unwrap();
     let second = 4_000;
     send_all(
+        None,
         &device_key,
         &node_public,
         nodes[1 - holder].as_ref().unwrap().link,
@@ -794,6 +746,7 @@ fn an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_rec
     );
     let third = 2_000;
     send_all(
+        None,
         &device_key,
         &node_public,
         nodes[holder].as_ref().unwrap().link,
@@ -903,6 +856,7 @@ fn a_webhooks_driving_node_sigkilled_mid_delivery_is_taken_over_from_the_acknowl
     ];
     let first = 2_000;
     send_all(
+        None,
         &device_key,
         &node_public,
         nodes[0].as_ref().unwrap().link,
@@ -927,6 +881,7 @@ fn a_webhooks_driving_node_sigkilled_mid_delivery_is_taken_over_from_the_acknowl
     refusing.store(true, Ordering::Release);
     let second = 3_000;
     send_all(
+        None,
         &device_key,
         &node_public,
         nodes[1 - holder].as_ref().unwrap().link,

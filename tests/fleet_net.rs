@@ -10,6 +10,9 @@
 //! - A node cut off from its database by a drop rule on the router between them, mid-flow: within 10 s it acks
 //!   nothing more, `/healthz` says 503 naming the database, the log says so; with the rule gone it stores again,
 //!   the send finishes, and every record is in the database once.
+//! - The node driving a link outlet cut off from its database the same way: it stops the outlet before the other
+//!   node takes the lease (7 s after its last good renewal by its own clock, against the database's 10 s), the
+//!   other delivers on, every record reaches the far node once, and the node cut off stays on standby once healed.
 //!
 //! Each test makes namespaces of its own (unique names), deleted with every process in them by a guard, even on a
 //! panic. They need root, `ip`, `nft` and PostgreSQL: without one they say `skipped:`, what is missing and how to
@@ -29,7 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fleet_util::{assert_exactly_once, send_command, setup, stored_by};
+use fleet_util::{assert_exactly_once, holders, send_all, send_command, setup, stored_by};
 use ops_util::{DEADLINE, NodeProcess, in_netns};
 
 /// The nodes' UDP link port.
@@ -646,4 +649,207 @@ fn a_node_cut_off_from_its_database_by_a_firewall_acks_nothing_says_so_and_serve
         back <= BACK_WITHIN,
         "the node served again {back:?} after the database came back (at most {BACK_WITHIN:?})"
     );
+}
+
+#[test]
+fn an_outlets_driver_cut_off_from_its_database_stops_it_before_another_node_takes_it_over() {
+    let test =
+        "an_outlets_driver_cut_off_from_its_database_stops_it_before_another_node_takes_it_over";
+    if !can_run(test) {
+        return;
+    }
+    // nodes A (10.79.1.2) and B (10.79.2.2) — router (10.79.1.1 | 10.79.2.1 | 10.79.3.1; the far node listens
+    // on 10.79.1.1) — PostgreSQL (10.79.3.2).
+    let ns = Namespaces::new(&["a", "b", "rtr", "db"]);
+    ns.link(("rtr", "a0", "10.79.1.1/24"), ("a", "eth0", "10.79.1.2/24"));
+    ns.link(("rtr", "b0", "10.79.2.1/24"), ("b", "eth0", "10.79.2.2/24"));
+    ns.link(
+        ("rtr", "d0", "10.79.3.1/24"),
+        ("db", "eth0", "10.79.3.2/24"),
+    );
+    ns.default_route("a", "10.79.1.1");
+    ns.default_route("b", "10.79.2.1");
+    ns.default_route("db", "10.79.3.1");
+    ns.forward("rtr");
+    ns.nft(
+        "rtr",
+        "table ip cut {\n  chain pre { type filter hook prerouting priority -300; policy accept; }\n}\n",
+    );
+    let (addrs, far_addr, db_addr) = (["10.79.1.2", "10.79.2.2"], "10.79.1.1", "10.79.3.2");
+    let Some(cluster) = pg_util::PgCluster::start_in(test, ns.name("db"), db_addr) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, device_key, senders) = setup(dir.path());
+    let (far_key, far_public) = ops_util::keygen(dir.path(), "far");
+    let far_apps = dir.path().join("far.toml");
+    std::fs::write(
+        &far_apps,
+        "[apps.far]\naccept = [\"fleet\"]\nforwarders = [\"fleet\"]\n",
+    )
+    .unwrap();
+    let apps = dir.path().join("fleet.toml");
+    std::fs::write(
+        &apps,
+        format!(
+            "[apps.main]\n[apps.main.outlets.out]\nkind = \"link\"\nto = \"{far_addr}:{PORT}\"\n\
+             node_key = \"{far_public}\"\napp = \"far\"\n"
+        ),
+    )
+    .unwrap();
+    let url = cluster.tcp_url();
+    let args = [
+        "--key",
+        node_key.to_str().unwrap(),
+        "--senders",
+        senders.to_str().unwrap(),
+        "--store",
+        &url,
+        "--apps",
+        apps.to_str().unwrap(),
+    ];
+    let nodes = [
+        NodeProcess::start_in(ns.name("a"), addrs[0], PORT, &dir.path().join("a"), &args),
+        NodeProcess::start_in(ns.name("b"), addrs[1], PORT, &dir.path().join("b"), &args),
+    ];
+    // The far node, on the router: app `far` takes the fleet's records as forwarded.
+    let node_public = nodes[0].public_key.clone();
+    let far_senders = dir.path().join("far-senders");
+    std::fs::write(&far_senders, format!("fleet {node_public}\n")).unwrap();
+    let far_state = dir.path().join("far");
+    let _far = NodeProcess::start_in(
+        ns.name("rtr"),
+        far_addr,
+        PORT,
+        &far_state,
+        &[
+            "--key",
+            far_key.to_str().unwrap(),
+            "--senders",
+            far_senders.to_str().unwrap(),
+            "--apps",
+            far_apps.to_str().unwrap(),
+        ],
+    );
+    let far_has = |n: u64| far_records(&far_state).len() as u64 >= n;
+    let first = 2_000;
+    send_all(
+        Some(ns.name("a")),
+        &device_key,
+        &node_public,
+        nodes[0].link,
+        first,
+    );
+    wait_until(
+        "the first batch on the far node",
+        Instant::now() + DEADLINE,
+        || far_has(first),
+        || nodes[0].stderr_text() + &nodes[1].stderr_text(),
+    );
+    let names = ["/a", "/b"];
+    let holds =
+        |i: usize| matches!(holders(&cluster).as_slice(), [Some(h)] if h.ends_with(names[i]));
+    let holder = if holds(0) { 0 } else { 1 };
+    assert!(
+        holds(holder),
+        "one node holds the outlet: {:?}",
+        holders(&cluster)
+    );
+    let other = 1 - holder;
+    let driving = |i: usize| nodes[i].metric("pure_outlet_driving{app=\"main\",outlet=\"out\"}");
+    assert_eq!(driving(holder), Some(1.0));
+    assert_eq!(driving(other), Some(0.0));
+
+    // The holder is cut off from the database: it must stop driving the outlet before the other node may take
+    // it (7 s after its last good renewal by its own clock, against the database's 10 s).
+    let cut_addr = addrs[holder];
+    ns.nft(
+        "rtr",
+        &format!(
+            "add rule ip cut pre ip saddr {cut_addr} ip daddr {db_addr} counter drop\n\
+             add rule ip cut pre ip saddr {db_addr} ip daddr {cut_addr} counter drop\n"
+        ),
+    );
+    let cut = Instant::now();
+    let (mut stopped, mut taken) = (None, None);
+    while stopped.is_none() || taken.is_none() {
+        assert!(
+            cut.elapsed() < DEADLINE,
+            "stopped {stopped:?}, taken {taken:?}"
+        );
+        if stopped.is_none() && driving(holder) == Some(0.0) {
+            stopped = Some(cut.elapsed());
+        }
+        if taken.is_none() && holds(other) {
+            taken = Some(cut.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (stopped, taken) = (stopped.unwrap(), taken.unwrap());
+    eprintln!(
+        "cut off: the holder stopped its outlet {stopped:.1?} after the cut, the other took it {taken:.1?} after"
+    );
+    assert!(
+        stopped < taken,
+        "the holder stopped ({stopped:?}) before the other took it ({taken:?})"
+    );
+
+    // The other node delivers what is stored through it meanwhile.
+    let second = 3_000;
+    send_all(
+        Some(ns.name(["a", "b"][other])),
+        &device_key,
+        &node_public,
+        nodes[other].link,
+        second,
+    );
+    let total = first + second;
+    wait_until(
+        "every record on the far node",
+        Instant::now() + DEADLINE,
+        || far_has(total),
+        || nodes[other].stderr_text(),
+    );
+    // Healed, the node that was cut off stays on standby: the lease is the other's.
+    ns.nft("rtr", "flush chain ip cut pre\n");
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        driving(holder),
+        Some(0.0),
+        "the healed node took the lease back"
+    );
+    assert!(holds(other));
+    let got = far_records(&far_state);
+    assert_eq!(got.len() as u64, total, "records on the far node");
+    for (k, (seq, origin_seq, payload)) in got.iter().enumerate() {
+        let s = k as u64 + 1;
+        assert_eq!((*seq, *origin_seq), (s, s), "record {s}");
+        let line = if s <= first { s } else { s - first };
+        assert_eq!(payload, &format!("r{line}"), "record {s}");
+    }
+    assert_exactly_once(&cluster, total, &[0, first]);
+}
+
+/// The far node's records of app `far` (seq, origin_seq, payload), as `records --json` reads its store.
+fn far_records(state: &std::path::Path) -> Vec<(u64, u64, String)> {
+    let out = Command::new(ops_util::bin())
+        .args(["records", "--json", "--app", "far", "--state"])
+        .arg(state)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Vec::new();
+    }
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["seq"].as_u64().unwrap(),
+                v["origin_seq"].as_u64().unwrap(),
+                v["payload"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
 }

@@ -431,6 +431,21 @@ fn render_apps(out: &mut String, s: &Snapshot) {
     }
     family(
         out,
+        "pure_outlet_driving",
+        "gauge",
+        "1 while this node drives the outlet: always on one node; on a fleet, while it holds the outlet's lease.",
+    );
+    for (a, o) in outlets().filter(|(_, o)| o.kind != "app") {
+        let _ = writeln!(
+            out,
+            "pure_outlet_driving{{app=\"{}\",outlet=\"{}\"}} {}",
+            a.name,
+            o.name,
+            u8::from(o.status != "standby")
+        );
+    }
+    family(
+        out,
         "pure_outlet_held_bytes",
         "gauge",
         "Bytes of records the outlet holds in memory (bounded by its memory_bytes).",

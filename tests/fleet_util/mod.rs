@@ -171,3 +171,70 @@ pub fn spawn_send_to(
     });
     child
 }
+
+/// The outlets' acknowledged positions, as the database has them.
+pub fn outlets_acked(cluster: &pg_util::PgCluster) -> Vec<i64> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+            .query("SELECT acked FROM outlets ORDER BY name", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    })
+}
+
+/// The holders of the outlets' leases, as the database has them.
+pub fn holders(cluster: &pg_util::PgCluster) -> Vec<Option<String>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+            .query("SELECT holder FROM outlets ORDER BY name", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    })
+}
+
+/// `send` of `r1` … `rN` to `to` (in the network namespace `netns` if given), to its end: every one acked.
+pub fn send_all(
+    netns: Option<&str>,
+    device_key: &Path,
+    node_public: &str,
+    to: std::net::SocketAddr,
+    count: u64,
+) {
+    use std::io::Write;
+    let mut child = send_command(netns, device_key, node_public, &to.to_string())
+        .spawn()
+        .unwrap();
+    let mut stdin = std::io::BufWriter::new(child.stdin.take().unwrap());
+    for i in 1..=count {
+        writeln!(stdin, "r{i}").unwrap();
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "send: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
