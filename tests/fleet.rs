@@ -4,6 +4,9 @@
 //! once. What the database holds afterwards is read with a client of the test's own: every record the sender was
 //! acked is stored exactly once, in sequence, at positions without gaps. Also: a node SIGKILLed mid-flow, the
 //! database stopped and started again under a node, and what a node on a fleet's store refuses to start with.
+//! And outlets of a fleet: the node driving a link or a webhook SIGKILLed mid-delivery, the other taking its lease
+//! over from what the far side acknowledged, every record at the far side once (a link) or every position, none
+//! twice (a webhook); a clean stop giving the lease back.
 //!
 //! Without PostgreSQL's binaries the tests say `skipped:` and how to install them; `.ci/run` requires them.
 
