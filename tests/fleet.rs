@@ -620,22 +620,7 @@ fn an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_rec
     let url = cluster.url();
 
     // The far node: a node of its own (SQLite), whose app `far` takes the fleet's records as forwarded.
-    let (far_key, far_public) = ops_util::keygen(dir.path(), "far");
-    let (far_senders, far_apps) = outlet_util::node_files(
-        dir.path(),
-        "far",
-        &format!("fleet {node_public}\n"),
-        "[apps.far]\naccept = [\"fleet\"]\nforwarders = [\"fleet\"]\n",
-    );
-    let far_state = dir.path().join("far");
-    let far_args = outlet_util::args(&[
-        "--key",
-        far_key.to_str().unwrap(),
-        "--senders",
-        far_senders.to_str().unwrap(),
-        "--apps",
-        far_apps.to_str().unwrap(),
-    ]);
+    let (far_state, far_args, far_public) = far_node(dir.path(), &node_public);
     let mut far = outlet_util::start(&far_state, &far_args, 0, 0);
     let apps = dir.path().join("fleet.toml");
     std::fs::write(
@@ -927,4 +912,85 @@ fn a_webhooks_driving_node_sigkilled_mid_delivery_is_taken_over_from_the_acknowl
         outlets_acked(&cluster) == [total as i64]
     });
     assert_exactly_once(&cluster, total, &[0, first]);
+}
+
+/// A far node of its own (SQLite) whose app `far` takes the fleet's records as forwarded: its state directory,
+/// its arguments and its public key.
+fn far_node(dir: &Path, fleet_public: &str) -> (std::path::PathBuf, Vec<String>, String) {
+    let (far_key, far_public) = ops_util::keygen(dir, "far");
+    let (far_senders, far_apps) = outlet_util::node_files(
+        dir,
+        "far",
+        &format!("fleet {fleet_public}\n"),
+        "[apps.far]\naccept = [\"fleet\"]\nforwarders = [\"fleet\"]\n",
+    );
+    let far_args = outlet_util::args(&[
+        "--key",
+        far_key.to_str().unwrap(),
+        "--senders",
+        far_senders.to_str().unwrap(),
+        "--apps",
+        far_apps.to_str().unwrap(),
+    ]);
+    (dir.join("far"), far_args, far_public)
+}
+
+#[test]
+fn a_node_that_does_not_drive_an_outlet_keeps_its_lag_budget_from_what_the_database_says_was_acknowledged()
+ {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "a_node_that_does_not_drive_an_outlet_keeps_its_lag_budget_from_what_the_database_says_was_acknowledged",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, node_public) = ops_util::keygen(dir.path(), "node");
+    let (device_key, device_public) = ops_util::keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    std::fs::write(&senders, format!("dev {device_public}\n")).unwrap();
+    let url = cluster.url();
+    let (far_state, far_args, far_public) = far_node(dir.path(), &node_public);
+    let far = outlet_util::start(&far_state, &far_args, 0, 0);
+    let apps = dir.path().join("fleet.toml");
+    std::fs::write(
+        &apps,
+        format!(
+            "[apps.main]\n[apps.main.outlets.out]\nkind = \"link\"\nto = \"{}\"\nnode_key = \"{far_public}\"\n\
+             app = \"far\"\nmax_lag_records = 500\n",
+            far.link
+        ),
+    )
+    .unwrap();
+    let extra = ["--apps", apps.to_str().unwrap()];
+    let nodes = [
+        start_node(dir.path(), "a", &url, &node_key, &senders, &extra),
+        start_node(dir.path(), "b", &url, &node_key, &senders, &extra),
+    ];
+    outlet_util::wait_until("a node to hold the outlet", || {
+        matches!(holders(&cluster).as_slice(), [Some(_)])
+    });
+    let standby = match holders(&cluster).as_slice() {
+        [Some(h)] if h.ends_with("/a") => 1,
+        _ => 0,
+    };
+    // Everything through the node that does not drive the outlet: it stops taking input each time it is 500
+    // records past what the database says the far side has, and goes on once the driver's renewal says more is
+    // acknowledged; were its budget kept from its own view (nothing acknowledged), it would stop for good.
+    let count = 3_000;
+    send_all(None, &device_key, &node_public, nodes[standby].link, count);
+    outlet_util::wait_until("every record on the far node", || {
+        outlet_util::records(&far_state, "far").len() as u64 >= count
+    });
+    let pauses = nodes[standby]
+        .metric("pure_app_pauses_total{app=\"main\"}")
+        .unwrap_or(0.0);
+    assert!(
+        pauses >= 1.0,
+        "the node on standby paused for lag: {pauses}"
+    );
+    assert_eq!(
+        nodes[standby].metric("pure_outlet_driving{app=\"main\",outlet=\"out\"}"),
+        Some(0.0)
+    );
+    assert_exactly_once(&cluster, count, &[0]);
 }
