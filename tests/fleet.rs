@@ -366,44 +366,14 @@ fn a_node_whose_database_stops_says_so_acks_nothing_and_stores_again_when_it_is_
 }
 
 #[test]
-fn a_node_on_a_fleets_store_refuses_inner_outlets_at_start_and_downlink_pushes_saying_why() {
+fn a_node_on_a_fleets_store_refuses_a_database_that_is_not_there_and_downlink_pushes_saying_why() {
     let Some(cluster) = pg_util::PgCluster::start(
-        "a_node_on_a_fleets_store_refuses_outlets_at_start_and_downlink_pushes_saying_why",
+        "a_node_on_a_fleets_store_refuses_a_database_that_is_not_there_and_downlink_pushes_saying_why",
     ) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let (node_key, _, senders) = setup(dir.path());
-    let apps = dir.path().join("apps.toml");
-    std::fs::write(
-        &apps,
-        "[apps.main]\n[apps.main.outlets.copy]\nkind = \"app\"\napp = \"copy\"\n[apps.copy]\naccept = []\n",
-    )
-    .unwrap();
-    let out = Command::new(bin())
-        .args(["--state"])
-        .arg(dir.path().join("refused"))
-        .args([
-            "--bind",
-            "127.0.0.1",
-            "--link-port",
-            "0",
-            "--http-port",
-            "0",
-        ])
-        .args(["--key", node_key.to_str().unwrap()])
-        .args(["--senders", senders.to_str().unwrap()])
-        .args(["--apps", apps.to_str().unwrap(), "--store", &cluster.url()])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{text}");
-    assert!(
-        text.contains("app main: outlet copy is an inner outlet")
-            && text.contains("--store sqlite"),
-        "{text}"
-    );
-
     // A database that is not there stops the start with its reason.
     let out = Command::new(bin())
         .args(["--state"])
@@ -993,4 +963,105 @@ fn a_node_that_does_not_drive_an_outlet_keeps_its_lag_budget_from_what_the_datab
         Some(0.0)
     );
     assert_exactly_once(&cluster, count, &[0]);
+}
+
+/// App `copy`'s records in the fleet's database, as `records --store --json` prints them.
+fn copied(url: &str) -> Vec<serde_json::Value> {
+    let out = Command::new(bin())
+        .args(["records", "--json", "--app", "copy", "--store", url])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Vec::new();
+    }
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn an_inner_outlet_of_a_fleet_copies_every_record_once_through_a_sigkill_of_the_node_driving_it() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "an_inner_outlet_of_a_fleet_copies_every_record_once_through_a_sigkill_of_the_node_driving_it",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, device_key, senders) = setup(dir.path());
+    let url = cluster.url();
+    let apps = dir.path().join("fleet.toml");
+    std::fs::write(
+        &apps,
+        "[apps.main]\n[apps.main.outlets.copy]\nkind = \"app\"\napp = \"copy\"\n[apps.copy]\naccept = []\n",
+    )
+    .unwrap();
+    let extra = ["--apps", apps.to_str().unwrap()];
+    let mut nodes = [
+        Some(start_node(
+            dir.path(),
+            "a",
+            &url,
+            &node_key,
+            &senders,
+            &extra,
+        )),
+        Some(start_node(
+            dir.path(),
+            "b",
+            &url,
+            &node_key,
+            &senders,
+            &extra,
+        )),
+    ];
+    let public = nodes[0].as_ref().unwrap().public_key.clone();
+    let first = 3_000;
+    send_all(
+        None,
+        &device_key,
+        &public,
+        nodes[0].as_ref().unwrap().link,
+        first,
+    );
+    outlet_util::wait_until("the first batch copied", || {
+        copied(&url).len() as u64 >= first
+    });
+    let holder = match holders(&cluster).as_slice() {
+        [Some(h)] if h.ends_with("/a") => 0,
+        [Some(h)] if h.ends_with("/b") => 1,
+        other => panic!("one node holds the inner outlet: {other:?}"),
+    };
+    // More records through the other node while the holder, copying them, is SIGKILLed.
+    let second = 20_000;
+    let to = nodes[1 - holder].as_ref().unwrap().link.to_string();
+    let send = spawn_send_to(&device_key, &public, &to, second);
+    outlet_util::wait_until("more records stored", || {
+        stored(&cluster).0.len() as u64 > first + 1_000
+    });
+    let killed = nodes[holder].take().unwrap();
+    killed.signal(libc::SIGKILL);
+    drop(killed);
+    let out = send.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "send: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let total = first + second;
+    outlet_util::wait_until("every record copied", || copied(&url).len() as u64 >= total);
+    std::thread::sleep(Duration::from_secs(1));
+    let got = copied(&url);
+    assert_eq!(got.len() as u64, total, "records in copy");
+    for (k, r) in got.iter().enumerate() {
+        let s = k as u64 + 1;
+        assert_eq!(r["source"], "app/main", "record {s}: {r}");
+        assert_eq!(r["seq"].as_u64(), Some(s), "record {s}: {r}");
+        assert_eq!(r["origin"], "dev", "record {s}: {r}");
+        assert_eq!(r["origin_seq"].as_u64(), Some(s), "record {s}: {r}");
+        let line = if s <= first { s } else { s - first };
+        assert_eq!(r["payload"], format!("r{line}").as_str(), "record {s}: {r}");
+    }
+    assert_exactly_once(&cluster, total, &[0, first]);
 }

@@ -49,7 +49,6 @@ use crate::store::{self, AppStore, Chunk, Piece, StoreError, Stores};
 
 pub mod outbox;
 mod shared;
-pub use shared::unsupported as unsupported_on_shared_store;
 
 /// Records read back from a store for one outlet in one turn when it is catching up.
 const CATCH_UP_RECORDS: u64 = 16_384;
@@ -130,6 +129,15 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 /// `/`, so the two never meet).
 pub const INNER_SOURCE_PREFIX: &str = "app/";
 
+impl InnerOutlet {
+    /// How far the destination holds the source, as far as this node knows.
+    fn heard_now(&self) -> u64 {
+        self.heard
+            .unwrap_or(0)
+            .max(self.fleet_heard.load(std::sync::atomic::Ordering::Acquire))
+    }
+}
+
 /// A link, wire or webhook outlet of an app, as the host keeps it.
 struct RemoteOutlet {
     outlet: Arc<Outlet>,
@@ -195,6 +203,9 @@ struct InnerOutlet {
     source_name: String,
     /// How far the destination holds the source (its heard sequence of `source_name`), once read.
     heard: Option<u64>,
+    /// On a fleet's store: how far the destination holds the source fleet-wide, as the outbox last learned it
+    /// (it drives the outlet, or the database said); 0 on one node.
+    fleet_heard: Arc<std::sync::atomic::AtomicU64>,
     max_lag: u64,
 }
 
@@ -373,6 +384,8 @@ pub struct Host {
     /// On a shared store: the outbox's wake ([`outbox`]), which the outlets ring instead of the receive loop's (the
     /// outbox feeds them) and the host rings when a turn stored records.
     outbox_wake: Option<Arc<Wake>>,
+    /// On a shared store: the inner outlets' batches the outbox read, for the next turn.
+    inner_queue: Option<Arc<outbox::InnerQueue>>,
 }
 
 /// How the host hands records to its link, wire and webhook outlets. The daemon always feeds [`FeedMode::Chunks`];
@@ -516,6 +529,7 @@ impl Host {
             shared: None,
             shared_connections: 0,
             outbox_wake,
+            inner_queue: None,
         };
         let mut changes = OutletChanges::default();
         for app in &config.apps {
@@ -740,17 +754,17 @@ impl Host {
                 };
                 let Some(dest) = index(dest) else { continue };
                 let source = s as AppIndex;
-                let heard = self
+                let was = self
                     .inner
                     .iter()
-                    .find(|i| i.source == source && i.dest == dest)
-                    .and_then(|i| i.heard);
+                    .find(|i| i.source == source && i.dest == dest);
                 inner.push(InnerOutlet {
                     name: o.name.clone(),
                     source,
                     dest,
                     source_name: format!("{INNER_SOURCE_PREFIX}{}", app.name),
-                    heard,
+                    heard: was.and_then(|i| i.heard),
+                    fleet_heard: was.map(|i| i.fleet_heard.clone()).unwrap_or_default(),
                     max_lag: o.max_lag_records,
                 });
             }
@@ -1472,9 +1486,7 @@ impl Host {
         }
         for inner in &self.inner {
             let s = inner.source as usize;
-            let lag = heads[s]
-                .saturating_sub(1)
-                .saturating_sub(inner.heard.unwrap_or(0));
+            let lag = heads[s].saturating_sub(1).saturating_sub(inner.heard_now());
             budget(s, lag, inner.max_lag, self.apps[s].lag_paused);
         }
         for (i, app) in self.apps.iter_mut().enumerate() {
@@ -1593,10 +1605,8 @@ impl Host {
                     outlets.push(OutletFigures {
                         name: inner.name.clone(),
                         kind: "app",
-                        lag_records: head
-                            .saturating_sub(1)
-                            .saturating_sub(inner.heard.unwrap_or(0)),
-                        sent_records: inner.heard.unwrap_or(0),
+                        lag_records: head.saturating_sub(1).saturating_sub(inner.heard_now()),
+                        sent_records: inner.heard_now(),
                         held_bytes: 0,
                         status: "sending",
                         last_error: None,

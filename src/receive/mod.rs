@@ -99,8 +99,6 @@ pub enum NodeError {
     OwnKey(String),
     #[error("cannot make the queue for links over HTTP: {0}")]
     LinkQueue(std::io::Error),
-    #[error("{0}")]
-    NotOnSharedStore(String),
 }
 
 impl NodeError {
@@ -112,8 +110,7 @@ impl NodeError {
             | NodeError::Senders(_)
             | NodeError::State(_)
             | NodeError::Apps(_)
-            | NodeError::OwnKey(_)
-            | NodeError::NotOnSharedStore(_) => true,
+            | NodeError::OwnKey(_) => true,
             NodeError::Store(e) => e.is_fatal_at_open(),
             _ => false,
         }
@@ -330,10 +327,6 @@ impl ReadyNode {
         let (host, outlets) = match shared {
             None => Host::open(&settings.state_dir, &settings.apps, wake.clone())?,
             Some(turns) => {
-                let unsupported = crate::apps::host::unsupported_on_shared_store(&settings.apps);
-                if !unsupported.is_empty() {
-                    return Err(NodeError::NotOnSharedStore(unsupported.join("\n")));
-                }
                 tracing::info!(
                     "storing in the fleet's database {} (docs/scale-out.md); the memo of secrets stays in {}",
                     match &settings.store {
@@ -371,7 +364,8 @@ impl ReadyNode {
             crypto::random_array(),
         ));
         node.set_session_limits(settings.sessions_per_sender, settings.max_sessions);
-        let (sending, outbox) = if outlets.start.is_empty() {
+        let fleet_inner = host.is_shared() && !host.fleet_inner().is_empty();
+        let (sending, outbox) = if outlets.start.is_empty() && !fleet_inner {
             (None, None)
         } else {
             let sending = SendingLoop::start(LoopSettings {
@@ -379,10 +373,11 @@ impl ReadyNode {
                 dns: settings.dns.clone(),
             })
             .map_err(NodeError::SendingLoop)?;
-            let outbox = match start_outbox(&settings, &host, &sending) {
+            let outbox = match start_outbox(&settings, &host, &sending, &wake) {
                 Some(outbox) => {
                     let (start, stop) = host.fleet_outlets(outlets);
                     outbox.change(start, stop);
+                    outbox.set_inner(host.fleet_inner());
                     Some(outbox)
                 }
                 None => {
@@ -869,19 +864,6 @@ impl ReadyNode {
             ));
             return;
         }
-        let unsupported = crate::apps::host::unsupported_on_shared_store(&new);
-        if self.host.is_shared() && !unsupported.is_empty() {
-            tracing::error!(
-                "reload of {} refused, the apps in force stay: {}",
-                path.display(),
-                unsupported.join("; ")
-            );
-            self.apps_refused(format!(
-                "last reload of the apps file refused ({})",
-                unsupported[0]
-            ));
-            return;
-        }
         self.apps_note = None;
         let plan = crate::apps::config::plan_reload(&self.settings.apps, &new);
         if plan.is_empty() {
@@ -945,6 +927,7 @@ impl ReadyNode {
         if let Some(o) = &self.outbox {
             let (start, stop) = self.host.fleet_outlets(changes);
             o.change(start, stop);
+            o.set_inner(self.host.fleet_inner());
             return;
         }
         if let Some(l) = &self.sending {
@@ -952,7 +935,8 @@ impl ReadyNode {
                 l.stop_outlet(id);
             }
         }
-        if changes.start.is_empty() {
+        let fleet_inner = self.host.is_shared() && !self.host.fleet_inner().is_empty();
+        if changes.start.is_empty() && !fleet_inner {
             return;
         }
         if self.sending.is_none() {
@@ -970,9 +954,10 @@ impl ReadyNode {
             }
         }
         if let Some(l) = &self.sending {
-            if let Some(outbox) = start_outbox(&self.settings, &self.host, l) {
+            if let Some(outbox) = start_outbox(&self.settings, &self.host, l, &self.wake) {
                 let (start, stop) = self.host.fleet_outlets(changes);
                 outbox.change(start, stop);
+                outbox.set_inner(self.host.fleet_inner());
                 self.outbox = Some(outbox);
                 return;
             }
@@ -1311,8 +1296,15 @@ const RELOAD_POLL: Duration = Duration::from_millis(2);
 
 /// On a fleet's store, the outbox that drives this node's share of its outlets, on `sending` (`None` on SQLite,
 /// where the host feeds its outlets itself, or if its thread cannot start: then logged, and no outlet runs here).
-fn start_outbox(settings: &NodeSettings, host: &Host, sending: &SendingLoop) -> Option<Outbox> {
-    let (StoreChoice::Postgres(url), Some(wake)) = (&settings.store, host.outbox_wake()) else {
+fn start_outbox(
+    settings: &NodeSettings,
+    host: &Host,
+    sending: &SendingLoop,
+    host_wake: &Arc<Wake>,
+) -> Option<Outbox> {
+    let (StoreChoice::Postgres(url), Some(wake), Some(inner_queue)) =
+        (&settings.store, host.outbox_wake(), host.inner_queue())
+    else {
         return None;
     };
     let outbox = Outbox::start(
@@ -1321,6 +1313,8 @@ fn start_outbox(settings: &NodeSettings, host: &Host, sending: &SendingLoop) -> 
             password: settings.store_password.clone(),
             node_id: fleet_node_id(&settings.state_dir),
             sending: sending.commander(),
+            inner_queue,
+            host_wake: host_wake.clone(),
         },
         wake,
     );

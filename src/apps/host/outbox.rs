@@ -16,25 +16,76 @@
 //! the database is bounded by the moment the held leases run out, so an outlet is stopped on time even when the
 //! database does not answer.
 
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::common::wake::Wake;
 use crate::outlets::{Outlet, Target};
 use crate::sending::Commander;
-use crate::store::OutletStart;
 use crate::store::lease::{DATABASE_LEASE, LeaseEvent, Leases, OutletKey, RENEW_EVERY};
 use crate::store::postgres::NET_TIMEOUT;
 use crate::store::postgres::leases::LeaseConn;
+use crate::store::{Chunk, OutletStart};
 
 /// How soon a caught-up outlet's feed reads again for records other nodes stored.
 pub const FEED_AGAIN: Duration = Duration::from_millis(200);
 
 /// Records read for an outlet at a time.
 const FEED_RECORDS: u64 = 16_384;
+
+/// Records, and bytes, an inner outlet hands its destination at a time (one turn's part).
+const INNER_RECORDS: u64 = 4_096;
+const INNER_BYTES: usize = 4 << 20;
+
+/// An inner outlet of a fleet's node (records of app `key.app` into app `dest`), as the host made it.
+pub struct FleetInner {
+    pub key: OutletKey,
+    pub dest: String,
+    /// `app/SOURCE`: the source's name in the destination.
+    pub source_name: String,
+    /// How far the destination holds the source, fleet-wide, as this node last learned it: the host's lag
+    /// budgets and figures read it.
+    pub heard: Arc<AtomicU64>,
+}
+
+/// Records of an inner outlet's source for its destination, read by the outbox from the database and applied by
+/// the host in its next turn, as forwarded records of `app/SOURCE` numbered by position: the destination's heard
+/// sequence of that source, updated conditionally in the turn's transaction, keeps each once whichever node
+/// applies them.
+pub struct InnerBatch {
+    pub dest: String,
+    pub source_name: String,
+    chunks: Mutex<Vec<Chunk>>,
+    outcome: Mutex<Option<Result<u64, String>>>,
+    wake: Arc<Wake>,
+}
+
+impl InnerBatch {
+    /// The chunks, once (the host takes them into its turn).
+    pub fn take_chunks(&self) -> Vec<Chunk> {
+        std::mem::take(&mut *self.chunks.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The turn that carried the batch is finished: the destination's heard sequence of the source after it, or
+    /// why it was not applied. Wakes the outbox.
+    pub fn answer(&self, outcome: Result<u64, String>) {
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+        self.wake.wake();
+    }
+
+    fn outcome(&self) -> Option<Result<u64, String>> {
+        self.outcome
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// Inner batches waiting for the host's next turn.
+pub type InnerQueue = Mutex<VecDeque<Arc<InnerBatch>>>;
 
 /// One outlet of a fleet's node, as the host made it.
 pub struct FleetOutlet {
@@ -53,6 +104,9 @@ pub struct OutboxSettings {
     /// This node's id in the leases: its host name and state directory (docs/scale-out.md).
     pub node_id: String,
     pub sending: Commander,
+    /// Where inner batches go, and the receive loop's wake that says one is there.
+    pub inner_queue: Arc<InnerQueue>,
+    pub host_wake: Arc<Wake>,
 }
 
 enum Command {
@@ -60,6 +114,8 @@ enum Command {
         start: Vec<FleetOutlet>,
         stop: Vec<u64>,
     },
+    /// Every inner outlet of the apps in force (at start and after each reload).
+    Inner(Vec<FleetInner>),
 }
 
 /// The running outbox thread.
@@ -78,7 +134,7 @@ impl Outbox {
         let (w, s) = (wake.clone(), stopping.clone());
         let thread = std::thread::Builder::new()
             .name("pure-outbox".into())
-            .spawn(move || Driver::new(settings).run(&w, &rx, &s))?;
+            .spawn(move || Driver::new(settings, w.clone()).run(&w, &rx, &s))?;
         Ok(Outbox {
             commands,
             wake,
@@ -90,6 +146,12 @@ impl Outbox {
     /// Outlets made by a reload (or at start), and the ids of those it removed.
     pub fn change(&self, start: Vec<FleetOutlet>, stop: Vec<u64>) {
         let _ = self.commands.send(Command::Change { start, stop });
+        self.wake.wake();
+    }
+
+    /// The inner outlets in force now, all of them.
+    pub fn set_inner(&self, inner: Vec<FleetInner>) {
+        let _ = self.commands.send(Command::Inner(inner));
         self.wake.wake();
     }
 }
@@ -118,10 +180,21 @@ struct Entry {
     try_after: Instant,
 }
 
+struct InnerEntry {
+    f: FleetInner,
+    /// The destination's heard sequence of the source, as the last batch's outcome or a read said.
+    known: Option<u64>,
+    /// The batch handed to the host and not yet answered.
+    in_flight: Option<Arc<InnerBatch>>,
+    try_after: Instant,
+}
+
 struct Driver {
     settings: OutboxSettings,
+    wake: Arc<Wake>,
     leases: Leases,
     entries: Vec<Entry>,
+    inner: Vec<InnerEntry>,
     conn: Option<LeaseConn>,
     connect_after: Instant,
     /// The last problem with the database logged, so a lasting one is logged once.
@@ -129,7 +202,7 @@ struct Driver {
 }
 
 impl Driver {
-    fn new(settings: OutboxSettings) -> Self {
+    fn new(settings: OutboxSettings, wake: Arc<Wake>) -> Self {
         let now = Instant::now();
         tracing::info!(
             "outlets of a fleet: this node asks for their leases as {:?}",
@@ -137,8 +210,10 @@ impl Driver {
         );
         Driver {
             settings,
+            wake,
             leases: Leases::new(now),
             entries: Vec::new(),
+            inner: Vec::new(),
             conn: None,
             connect_after: now,
             told: None,
@@ -153,13 +228,21 @@ impl Driver {
                 return;
             }
             let mut changed = false;
-            while let Ok(Command::Change { start, stop }) = rx.try_recv() {
-                self.change(start, stop);
+            while let Ok(command) = rx.try_recv() {
+                match command {
+                    Command::Change { start, stop } => self.change(start, stop),
+                    Command::Inner(inner) => self.set_inner(inner),
+                }
                 changed = true;
             }
             let now = Instant::now();
             if changed {
-                let keys: Vec<OutletKey> = self.entries.iter().map(|e| e.f.key.clone()).collect();
+                let keys: Vec<OutletKey> = self
+                    .entries
+                    .iter()
+                    .map(|e| e.f.key.clone())
+                    .chain(self.inner.iter().map(|e| e.f.key.clone()))
+                    .collect();
                 let events = self.leases.set_wanted(keys, now);
                 self.apply(events);
             }
@@ -168,12 +251,15 @@ impl Driver {
             self.renew();
             self.start_held();
             let more = self.feed();
+            self.drive_inner();
             let now = Instant::now();
             let mut sleep = self
                 .leases
                 .poll_timeout()
                 .map_or(RENEW_EVERY, |t| t.saturating_duration_since(now));
-            if self.entries.iter().any(|e| e.running) {
+            if self.entries.iter().any(|e| e.running)
+                || self.inner.iter().any(|e| self.leases.holds(&e.f.key))
+            {
                 sleep = sleep.min(FEED_AGAIN);
             }
             if self
@@ -213,6 +299,103 @@ impl Driver {
                 start_kept: false,
                 try_after: now,
             });
+        }
+    }
+
+    fn set_inner(&mut self, inner: Vec<FleetInner>) {
+        let now = Instant::now();
+        let mut before = std::mem::take(&mut self.inner);
+        for f in inner {
+            let kept = before
+                .iter()
+                .position(|e| e.f.key == f.key && e.f.dest == f.dest)
+                .map(|at| before.swap_remove(at));
+            self.inner.push(match kept {
+                Some(e) => InnerEntry { f, ..e },
+                None => InnerEntry {
+                    f,
+                    known: None,
+                    in_flight: None,
+                    try_after: now,
+                },
+            });
+        }
+    }
+
+    /// Hands the host the next batch of each inner outlet this node drives, one batch in flight per outlet, from
+    /// where the destination holds its source.
+    fn drive_inner(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.inner.len() {
+            let e = &mut self.inner[i];
+            if now < e.try_after || !self.leases.holds(&e.f.key) {
+                continue;
+            }
+            if let Some(b) = &e.in_flight {
+                match b.outcome() {
+                    None => continue,
+                    Some(Ok(heard)) => {
+                        e.known = Some(heard);
+                        e.f.heard.fetch_max(heard, Ordering::AcqRel);
+                        self.leases.progress(&e.f.key, heard);
+                    }
+                    Some(Err(why)) => {
+                        tracing::debug!("inner outlet {}: batch not applied: {why}", e.f.key.name);
+                        e.known = None;
+                        e.try_after = now + FEED_AGAIN;
+                    }
+                }
+                e.in_flight = None;
+                continue;
+            }
+            let (source, dest, name) = (
+                e.f.key.app.clone(),
+                e.f.dest.clone(),
+                e.f.source_name.clone(),
+            );
+            let known = e.known;
+            let Some(conn) = self.conn() else { break };
+            let heard = match known {
+                Some(h) => Ok(h),
+                None => conn.heard_of(&dest, &name),
+            };
+            let read = heard.and_then(|h| {
+                conn.read_from(&source, h + 1, INNER_RECORDS, INNER_BYTES)
+                    .map(|c| (h, c))
+            });
+            let e = &mut self.inner[i];
+            match read {
+                Ok((heard, chunks)) => {
+                    e.known = Some(heard);
+                    e.f.heard.fetch_max(heard, Ordering::AcqRel);
+                    if chunks.is_empty() {
+                        continue;
+                    }
+                    let batch = Arc::new(InnerBatch {
+                        dest,
+                        source_name: name,
+                        chunks: Mutex::new(chunks),
+                        outcome: Mutex::new(None),
+                        wake: self.wake.clone(),
+                    });
+                    self.settings
+                        .inner_queue
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push_back(batch.clone());
+                    self.settings.host_wake.wake();
+                    e.in_flight = Some(batch);
+                }
+                Err(err) => {
+                    e.try_after = now + Duration::from_secs(1);
+                    let what = format!(
+                        "inner outlet {}/{}: cannot read: {err}",
+                        source, e.f.key.name
+                    );
+                    self.conn = None;
+                    self.tell(what);
+                }
+            }
         }
     }
 
@@ -265,6 +448,10 @@ impl Driver {
         for e in self.entries.iter().filter(|e| e.running) {
             self.leases.progress(&e.f.key, e.f.outlet.acked());
         }
+        for e in &self.inner {
+            self.leases
+                .progress(&e.f.key, e.f.heard.load(Ordering::Acquire));
+        }
         let Some(renewal) = self.leases.poll_renewal(Instant::now()) else {
             return;
         };
@@ -294,6 +481,11 @@ impl Driver {
                 e.f.outlet.know_acked(a);
             }
         }
+        for e in &self.inner {
+            if let Some(a) = self.leases.fleet_acked(&e.f.key) {
+                e.f.heard.fetch_max(a, Ordering::AcqRel);
+            }
+        }
     }
 
     fn apply(&mut self, events: Vec<LeaseEvent>) {
@@ -305,8 +497,29 @@ impl Driver {
                         e.f.outlet.know_acked(acked);
                         e.try_after = Instant::now();
                     }
+                    if let Some(e) = self.inner.iter_mut().find(|e| e.f.key == outlet) {
+                        e.known = None;
+                        e.try_after = Instant::now();
+                        tracing::info!(
+                            "inner outlet {}/{}: this node drives it now (into app {})",
+                            outlet.app,
+                            outlet.name,
+                            e.f.dest
+                        );
+                    }
                 }
                 LeaseEvent::Lose { outlet } => {
+                    if let Some(e) = self.inner.iter_mut().find(|e| e.f.key == outlet) {
+                        // A batch in flight may still be applied: the destination's heard sequence keeps it once.
+                        e.in_flight = None;
+                        e.known = None;
+                        tracing::info!(
+                            "inner outlet {}/{}: its lease is lost; another node of the fleet drives it now",
+                            outlet.app,
+                            outlet.name
+                        );
+                        continue;
+                    }
                     let Some(e) = self
                         .entries
                         .iter_mut()

@@ -11,11 +11,12 @@
 //!
 //! What this increment serves: links and `POST /link` into any number of apps, exactly once across nodes (the
 //! database decides, docs/scale-out.md "A turn"), apps added by a reload (the store registers them before any
-//! turn carries their parts: [`TurnStore::add_apps`]), and link, wire and webhook outlets: the host makes them as
-//! on one node, but hands them to the fleet's outbox ([`super::outbox`], [`Host::fleet_outlets`]) rather than to
-//! the sending loop, and feeds them nothing itself; the outbox drives those whose lease this node holds. Not yet:
-//! inner outlets and queueing downlink records (a configuration with an inner outlet is refused at start and at a
-//! reload, naming the app and the outlet: [`unsupported`]); a LISTEN is answered "nothing waits".
+//! turn carries their parts: [`TurnStore::add_apps`]), and outlets: the host makes link, wire and webhook outlets
+//! as on one node, but hands them to the fleet's outbox ([`super::outbox`], [`Host::fleet_outlets`]) rather than
+//! to the sending loop, and feeds them nothing itself; the outbox drives those whose lease this node holds. Inner
+//! outlets the outbox reads from the database too, and hands the host batches that its next turn applies to their
+//! destinations ([`Host::fleet_inner`], `take_inner_batches`). Not yet: queueing downlink records; a LISTEN is
+//! answered "nothing waits".
 //!
 //! **When the store fails** (the database unreachable, its thread gone), each app of the failed part stops as a
 //! failing disk stops it: NOT_STORED to its senders, `/healthz` and the log say why. Once its delay is up it is
@@ -29,12 +30,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::outbox::FleetOutlet;
+use super::outbox::{FleetInner, FleetOutlet, InnerBatch, InnerQueue};
 use super::{Failure, Host, OutletChanges, RETRY_MAX, TurnReport, Unsynced};
-use crate::apps::config::{AppsConfig, OutletKind, StartFrom};
+use crate::apps::config::{AppsConfig, StartFrom};
 use crate::proto::allow_list::AllowList;
 use crate::proto::node::Node;
 use crate::proto::turn::{AppIndex, Committed, Turn};
+use crate::proto::wire::RecordFormat;
 use crate::store::downlink::{DownApplied, FetchRead};
 use crate::store::engine::{AppTurn, OwnedPiece, TurnOutcome, TurnStore};
 use crate::store::lease::OutletKey;
@@ -45,30 +47,13 @@ pub(super) struct SharedTurn {
     /// The node core's turn, to name its flows by sender again ([`Committed::add`]).
     turn: Option<Turn>,
     senders: Arc<AllowList>,
-}
-
-/// What of `config` a node on a fleet's store cannot serve yet, one line each naming the app, the outlet and the
-/// fix; empty if it can serve all of it.
-pub fn unsupported(config: &AppsConfig) -> Vec<String> {
-    let mut lines = Vec::new();
-    for app in &config.apps {
-        for o in &app.outlets {
-            if let OutletKind::App { .. } = &o.kind {
-                lines.push(format!(
-                    "app {}: outlet {} is an inner outlet (into another app of the host), and inner outlets of a \
-                     fleet are not built yet (docs/scale-out.md, \"Outlets of a fleet\"): remove it from \
-                     [apps.{}.outlets] to run on --store postgres://…, or run the apps on a node with --store sqlite",
-                    app.name, o.name, app.name
-                ));
-            }
-        }
-    }
-    lines
+    /// Inner outlets' batches in this turn, by destination: answered when it is finished.
+    inner: Vec<(AppIndex, Arc<InnerBatch>)>,
 }
 
 impl Host {
     /// A host whose apps are stored in `turns`, a store shared with other nodes: nothing is opened under the state
-    /// directory for them. `config` must have nothing [`unsupported`] lists. Its outlets ring `outbox_wake`, and
+    /// directory for them. Its outlets ring `outbox_wake`, and
     /// the changes it returns go to the outbox ([`Host::fleet_outlets`]), not to the sending loop.
     pub fn open_shared(
         config: &AppsConfig,
@@ -76,7 +61,6 @@ impl Host {
         outbox_wake: Arc<crate::common::wake::Wake>,
         turns: Box<dyn TurnStore + Send>,
     ) -> Result<(Self, OutletChanges), StoreError> {
-        debug_assert!(unsupported(config).is_empty());
         let (mut host, changes) = Self::with_stores(
             None,
             store::Stores::open_in_memory(&[])?,
@@ -86,6 +70,7 @@ impl Host {
         )?;
         host.shared_connections = turns.connections();
         host.shared = Some(turns);
+        host.inner_queue = Some(Arc::default());
         Ok((host, changes))
     }
 
@@ -124,9 +109,81 @@ impl Host {
         (start, changes.stop)
     }
 
+    /// The inner outlets in force, as the outbox drives them (each sharing with the host how far its destination
+    /// holds it).
+    pub fn fleet_inner(&self) -> Vec<FleetInner> {
+        self.inner
+            .iter()
+            .map(|i| FleetInner {
+                key: OutletKey {
+                    app: self.apps[i.source as usize].config.name.clone(),
+                    name: i.name.clone(),
+                },
+                dest: self.apps[i.dest as usize].config.name.clone(),
+                source_name: i.source_name.clone(),
+                heard: i.fleet_heard.clone(),
+            })
+            .collect()
+    }
+
+    /// Where the outbox puts inner batches for the next turn, on a shared store.
+    pub fn inner_queue(&self) -> Option<Arc<InnerQueue>> {
+        self.inner_queue.clone()
+    }
+
     /// The outbox's wake, on a shared store.
     pub fn outbox_wake(&self) -> Option<Arc<crate::common::wake::Wake>> {
         self.outbox_wake.clone()
+    }
+
+    /// The inner outlets' batches the outbox queued, as forwarded pieces of their destinations' parts (a part made
+    /// for a destination that has none in this turn); a destination that takes no input now answers its batch at
+    /// once, and the outbox reads it again later.
+    fn take_inner_batches(&mut self, parts: &mut Vec<AppTurn>) -> Vec<(AppIndex, Arc<InnerBatch>)> {
+        let Some(queue) = &self.inner_queue else {
+            return Vec::new();
+        };
+        let batches: Vec<Arc<InnerBatch>> = queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        let mut taken = Vec::new();
+        for batch in batches {
+            let Some(d) = self.apps.iter().position(|a| a.config.name == batch.dest) else {
+                batch.answer(Err(format!("no app {} on this node", batch.dest)));
+                continue;
+            };
+            let app = &self.apps[d];
+            if app.failure.is_some() || app.lag_paused {
+                batch.answer(Err(format!("app {} takes no input now", batch.dest)));
+                continue;
+            }
+            let dest = d as AppIndex;
+            let at = match parts.iter().position(|p| p.app == dest) {
+                Some(at) => at,
+                None => {
+                    parts.push(AppTurn {
+                        app: dest,
+                        ..AppTurn::default()
+                    });
+                    parts.len() - 1
+                }
+            };
+            for chunk in batch.take_chunks() {
+                let count = chunk.count;
+                let forwarded = super::as_forwarded(chunk, count);
+                parts[at].pieces.push(OwnedPiece {
+                    source: batch.source_name.clone(),
+                    first_seq: forwarded.pos,
+                    count: forwarded.count,
+                    format: RecordFormat::Forwarded,
+                    records: forwarded.body,
+                });
+            }
+            taken.push((dest, batch));
+        }
+        taken
     }
 
     /// The shared store made a new connection: every failed app is probed with the next turn, rather than at its
@@ -180,6 +237,7 @@ impl Host {
                 });
             }
         }
+        let inner = self.take_inner_batches(&mut parts);
         for (i, app) in self.apps.iter_mut().enumerate() {
             if let Some(f) = &mut app.failure
                 && now >= f.retry_at
@@ -199,7 +257,11 @@ impl Host {
             turn: turn.as_ref().map(|t| t.id),
             parts: Vec::new(),
             pushes: Vec::new(),
-            shared: Some(SharedTurn { turn, senders }),
+            shared: Some(SharedTurn {
+                turn,
+                senders,
+                inner,
+            }),
         };
         let shared = self.shared.as_mut().expect("a shared host");
         if parts.is_empty() && self.unsynced.is_empty() {
@@ -233,9 +295,36 @@ impl Host {
         node: &mut Node,
         now: Instant,
     ) {
-        let Some(SharedTurn { turn, senders }) = unsynced.shared.take() else {
+        let Some(SharedTurn {
+            turn,
+            senders,
+            inner,
+        }) = unsynced.shared.take()
+        else {
             return;
         };
+        for (dest, batch) in &inner {
+            let answer = match apps.iter().find(|(a, _)| a == dest) {
+                Some((_, Ok(applied))) => {
+                    match applied.heard.iter().find(|(n, _)| *n == batch.source_name) {
+                        Some((_, h)) => Ok(*h),
+                        None => Err("its destination's part did not name it".to_string()),
+                    }
+                }
+                Some((_, Err(e))) => Err(e.to_string()),
+                None => Err("its destination's part was not applied".to_string()),
+            };
+            if let Ok(h) = answer {
+                for x in self
+                    .inner
+                    .iter_mut()
+                    .filter(|x| x.dest == *dest && x.source_name == batch.source_name)
+                {
+                    x.heard = Some(x.heard.unwrap_or(0).max(h));
+                }
+            }
+            batch.answer(answer);
+        }
         let mut parts = Vec::new();
         for (app, result) in apps {
             let i = app as usize;

@@ -216,6 +216,20 @@ impl LeaseConn {
         })
     }
 
+    /// The heard sequence of source `source` in app `app` (0 if it has stored nothing there): where an inner
+    /// outlet's destination holds its source.
+    pub fn heard_of(&self, app: &str, source: &str) -> Result<u64, StoreError> {
+        let c = &self.reader.client;
+        let row = self.reader.wait(
+            "reading a heard sequence",
+            c.query_opt(
+                "SELECT s.heard FROM sources s JOIN apps a ON a.id = s.app WHERE a.name = $1 AND s.name = $2",
+                &[&app, &source],
+            ),
+        )?;
+        Ok(row.map_or(0, |r| r.get::<_, i64>(0).max(0) as u64))
+    }
+
     /// As [`PgReader::read_from`], for a held outlet's feed.
     pub fn read_from(
         &self,
