@@ -27,8 +27,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fleet_util::{
-    assert_exactly_once, holders, outlets_acked, send_all, setup, spawn_send_to, start_node,
-    stored, stored_by,
+    assert_exactly_once, holder_index, holders, keys_with_public, outlets_acked, send_all, setup,
+    spawn_send_to, start_node, stored, stored_by,
 };
 use ops_util::{DEADLINE, NodeProcess, bin};
 use pure_serve::keys;
@@ -583,10 +583,7 @@ fn an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_rec
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (node_key, node_public) = ops_util::keygen(dir.path(), "node");
-    let (device_key, device_public) = ops_util::keygen(dir.path(), "dev");
-    let senders = dir.path().join("senders");
-    std::fs::write(&senders, format!("dev {device_public}\n")).unwrap();
+    let (node_key, node_public, device_key, senders) = keys_with_public(dir.path());
     let url = cluster.url();
 
     // The far node: a node of its own (SQLite), whose app `far` takes the fleet's records as forwarded.
@@ -603,24 +600,7 @@ fn an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_rec
     )
     .unwrap();
     let extra = ["--apps", apps.to_str().unwrap()];
-    let mut nodes = [
-        Some(start_node(
-            dir.path(),
-            "a",
-            &url,
-            &node_key,
-            &senders,
-            &extra,
-        )),
-        Some(start_node(
-            dir.path(),
-            "b",
-            &url,
-            &node_key,
-            &senders,
-            &extra,
-        )),
-    ];
+    let mut nodes = two_nodes(dir.path(), &url, &node_key, &senders, &extra);
     let far_has = |n: usize| outlet_util::records(&far_state, "far").len() >= n;
 
     // A first batch, delivered by whichever node holds the lease.
@@ -635,12 +615,7 @@ fn an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_rec
     outlet_util::wait_until("the first batch on the far node", || {
         far_has(first as usize)
     });
-    let held = holders(&cluster);
-    let holder = match held.as_slice() {
-        [Some(h)] if h.ends_with("/a") => 0,
-        [Some(h)] if h.ends_with("/b") => 1,
-        other => panic!("one node holds the outlet: {other:?}"),
-    };
+    let holder = holder_index(&cluster);
 
     // Mid-delivery: the far node is down (what is sent to it is lost), more records are stored (through the other
     // node, so they reach the holder only through the database), and the holder is SIGKILLed while it tries to
@@ -765,10 +740,7 @@ fn a_webhooks_driving_node_sigkilled_mid_delivery_is_taken_over_from_the_acknowl
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (node_key, node_public) = ops_util::keygen(dir.path(), "node");
-    let (device_key, device_public) = ops_util::keygen(dir.path(), "dev");
-    let senders = dir.path().join("senders");
-    std::fs::write(&senders, format!("dev {device_public}\n")).unwrap();
+    let (node_key, node_public, device_key, senders) = keys_with_public(dir.path());
     let url = cluster.url();
     let ca_dir = dir.path().join("ca");
     std::fs::create_dir_all(&ca_dir).unwrap();
@@ -794,24 +766,7 @@ fn a_webhooks_driving_node_sigkilled_mid_delivery_is_taken_over_from_the_acknowl
     )
     .unwrap();
     let extra = ["--apps", apps.to_str().unwrap()];
-    let mut nodes = [
-        Some(start_node(
-            dir.path(),
-            "a",
-            &url,
-            &node_key,
-            &senders,
-            &extra,
-        )),
-        Some(start_node(
-            dir.path(),
-            "b",
-            &url,
-            &node_key,
-            &senders,
-            &extra,
-        )),
-    ];
+    let mut nodes = two_nodes(dir.path(), &url, &node_key, &senders, &extra);
     let first = 2_000;
     send_all(
         None,
@@ -823,11 +778,7 @@ fn a_webhooks_driving_node_sigkilled_mid_delivery_is_taken_over_from_the_acknowl
     outlet_util::wait_until("the first batch at the receiver", || {
         hooked(&server).0.len() as u64 >= first
     });
-    let holder = match holders(&cluster).as_slice() {
-        [Some(h)] if h.ends_with("/a") => 0,
-        [Some(h)] if h.ends_with("/b") => 1,
-        other => panic!("one node holds the outlet: {other:?}"),
-    };
+    let holder = holder_index(&cluster);
 
     // The holder writes what the receiver acknowledged with its next renewal.
     outlet_util::wait_until("the first batch's position in the database", || {
@@ -914,10 +865,7 @@ fn a_node_that_does_not_drive_an_outlet_keeps_its_lag_budget_from_what_the_datab
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (node_key, node_public) = ops_util::keygen(dir.path(), "node");
-    let (device_key, device_public) = ops_util::keygen(dir.path(), "dev");
-    let senders = dir.path().join("senders");
-    std::fs::write(&senders, format!("dev {device_public}\n")).unwrap();
+    let (node_key, node_public, device_key, senders) = keys_with_public(dir.path());
     let url = cluster.url();
     let (far_state, far_args, far_public) = far_node(dir.path(), &node_public);
     let far = outlet_util::start(&far_state, &far_args, 0, 0);
@@ -932,17 +880,11 @@ fn a_node_that_does_not_drive_an_outlet_keeps_its_lag_budget_from_what_the_datab
     )
     .unwrap();
     let extra = ["--apps", apps.to_str().unwrap()];
-    let nodes = [
-        start_node(dir.path(), "a", &url, &node_key, &senders, &extra),
-        start_node(dir.path(), "b", &url, &node_key, &senders, &extra),
-    ];
+    let nodes = two_nodes(dir.path(), &url, &node_key, &senders, &extra).map(Option::unwrap);
     outlet_util::wait_until("a node to hold the outlet", || {
         matches!(holders(&cluster).as_slice(), [Some(_)])
     });
-    let standby = match holders(&cluster).as_slice() {
-        [Some(h)] if h.ends_with("/a") => 1,
-        _ => 0,
-    };
+    let standby = 1 - holder_index(&cluster);
     // Everything through the node that does not drive the outlet: it stops taking input each time it is 500
     // records past what the database says the far side has, and goes on once the driver's renewal says more is
     // acknowledged; were its budget kept from its own view (nothing acknowledged), it would stop for good.
@@ -967,18 +909,7 @@ fn a_node_that_does_not_drive_an_outlet_keeps_its_lag_budget_from_what_the_datab
 
 /// App `copy`'s records in the fleet's database, as `records --store --json` prints them.
 fn copied(url: &str) -> Vec<serde_json::Value> {
-    let out = Command::new(bin())
-        .args(["records", "--json", "--app", "copy", "--store", url])
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return Vec::new();
-    }
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    outlet_util::records_in("copy", &["--store", url])
 }
 
 #[test]
@@ -998,24 +929,7 @@ fn an_inner_outlet_of_a_fleet_copies_every_record_once_through_a_sigkill_of_the_
     )
     .unwrap();
     let extra = ["--apps", apps.to_str().unwrap()];
-    let mut nodes = [
-        Some(start_node(
-            dir.path(),
-            "a",
-            &url,
-            &node_key,
-            &senders,
-            &extra,
-        )),
-        Some(start_node(
-            dir.path(),
-            "b",
-            &url,
-            &node_key,
-            &senders,
-            &extra,
-        )),
-    ];
+    let mut nodes = two_nodes(dir.path(), &url, &node_key, &senders, &extra);
     let public = nodes[0].as_ref().unwrap().public_key.clone();
     let first = 3_000;
     send_all(
@@ -1028,11 +942,7 @@ fn an_inner_outlet_of_a_fleet_copies_every_record_once_through_a_sigkill_of_the_
     outlet_util::wait_until("the first batch copied", || {
         copied(&url).len() as u64 >= first
     });
-    let holder = match holders(&cluster).as_slice() {
-        [Some(h)] if h.ends_with("/a") => 0,
-        [Some(h)] if h.ends_with("/b") => 1,
-        other => panic!("one node holds the inner outlet: {other:?}"),
-    };
+    let holder = holder_index(&cluster);
     // More records through the other node while the holder, copying them, is SIGKILLed.
     let second = 20_000;
     let to = nodes[1 - holder].as_ref().unwrap().link.to_string();
@@ -1064,4 +974,18 @@ fn an_inner_outlet_of_a_fleet_copies_every_record_once_through_a_sigkill_of_the_
         assert_eq!(r["payload"], format!("r{line}").as_str(), "record {s}: {r}");
     }
     assert_exactly_once(&cluster, total, &[0, first]);
+}
+
+/// Nodes `a` and `b` of one fleet, started with `extra` arguments.
+fn two_nodes(
+    dir: &Path,
+    url: &str,
+    node_key: &Path,
+    senders: &Path,
+    extra: &[&str],
+) -> [Option<NodeProcess>; 2] {
+    [
+        Some(start_node(dir, "a", url, node_key, senders, extra)),
+        Some(start_node(dir, "b", url, node_key, senders, extra)),
+    ]
 }

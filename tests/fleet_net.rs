@@ -22,6 +22,8 @@
 mod fleet_util;
 #[path = "ops_util/mod.rs"]
 mod ops_util;
+#[path = "outlet_util/mod.rs"]
+mod outlet_util;
 #[path = "pg_util/mod.rs"]
 mod pg_util;
 
@@ -832,19 +834,9 @@ fn an_outlets_driver_cut_off_from_its_database_stops_it_before_another_node_take
 
 /// The far node's records of app `far` (seq, origin_seq, payload), as `records --json` reads its store.
 fn far_records(state: &std::path::Path) -> Vec<(u64, u64, String)> {
-    let out = Command::new(ops_util::bin())
-        .args(["records", "--json", "--app", "far", "--state"])
-        .arg(state)
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return Vec::new();
-    }
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+    outlet_util::records(state, "far")
+        .iter()
+        .map(|v| {
             (
                 v["seq"].as_u64().unwrap(),
                 v["origin_seq"].as_u64().unwrap(),

@@ -172,8 +172,11 @@ pub fn spawn_send_to(
     child
 }
 
-/// The outlets' acknowledged positions, as the database has them.
-pub fn outlets_acked(cluster: &pg_util::PgCluster) -> Vec<i64> {
+/// One column of the `outlets` table, a row per outlet by name, as the database has it.
+fn outlets_column<T: for<'a> tokio_postgres::types::FromSql<'a>>(
+    cluster: &pg_util::PgCluster,
+    column: &str,
+) -> Vec<T> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -184,36 +187,42 @@ pub fn outlets_acked(cluster: &pg_util::PgCluster) -> Vec<i64> {
             .unwrap();
         tokio::spawn(conn);
         client
-            .query("SELECT acked FROM outlets ORDER BY name", &[])
+            .query(&format!("SELECT {column} FROM outlets ORDER BY name"), &[])
             .await
             .unwrap()
             .iter()
             .map(|r| r.get(0))
             .collect()
     })
+}
+
+/// The outlets' acknowledged positions, as the database has them.
+pub fn outlets_acked(cluster: &pg_util::PgCluster) -> Vec<i64> {
+    outlets_column(cluster, "acked")
 }
 
 /// The holders of the outlets' leases, as the database has them.
 pub fn holders(cluster: &pg_util::PgCluster) -> Vec<Option<String>> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        client
-            .query("SELECT holder FROM outlets ORDER BY name", &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-    })
+    outlets_column(cluster, "holder")
 }
 
+/// Which of the nodes whose state directories are `…/a` and `…/b` holds the one outlet's lease (0 or 1).
+pub fn holder_index(cluster: &pg_util::PgCluster) -> usize {
+    match holders(cluster).as_slice() {
+        [Some(h)] if h.ends_with("/a") => 0,
+        [Some(h)] if h.ends_with("/b") => 1,
+        other => panic!("one node holds the outlet: {other:?}"),
+    }
+}
+
+/// The fleet's key and its public half, a device key, and a senders file listing the device.
+pub fn keys_with_public(dir: &Path) -> (PathBuf, String, PathBuf, PathBuf) {
+    let (node_key, node_public) = keygen(dir, "node");
+    let (device_key, device_public) = keygen(dir, "dev");
+    let senders = dir.join("senders");
+    std::fs::write(&senders, format!("dev {device_public}\n")).unwrap();
+    (node_key, node_public, device_key, senders)
+}
 /// `send` of `r1` … `rN` to `to` (in the network namespace `netns` if given), to its end: every one acked.
 pub fn send_all(
     netns: Option<&str>,

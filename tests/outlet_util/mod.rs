@@ -18,9 +18,15 @@ use crate::ops_util::{DEADLINE, NodeProcess, bin};
 
 /// `records --json --app APP` of a state directory, as parsed JSON values (empty if the store is not made yet).
 pub fn records(state: &Path, app: &str) -> Vec<serde_json::Value> {
+    records_in(app, &["--state", state.to_str().unwrap()])
+}
+
+/// `records --json --app APP` of the store `store_args` name (`--state DIR`, `--store URL`), as parsed JSON values
+/// (empty if it cannot be read yet).
+pub fn records_in(app: &str, store_args: &[&str]) -> Vec<serde_json::Value> {
     let out = Command::new(bin())
-        .args(["records", "--json", "--app", app, "--state"])
-        .arg(state)
+        .args(["records", "--json", "--app", app])
+        .args(store_args)
         .output()
         .unwrap();
     if !out.status.success() {
