@@ -503,10 +503,10 @@ fn the_database_sigkilled_under_load_and_started_again_loses_nothing_acked() {
 /// registers it in the database before any turn carries its records, the node stores into it, and `records` reads
 /// it from the fleet's store.
 #[test]
-fn an_app_added_by_a_reload_on_a_fleets_node_stores_its_records() {
-    let Some(cluster) =
-        pg_util::PgCluster::start("an_app_added_by_a_reload_on_a_fleets_node_stores_its_records")
-    else {
+fn an_app_and_an_inner_outlet_added_by_a_reload_on_a_fleets_node_store_and_copy_their_records() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "an_app_and_an_inner_outlet_added_by_a_reload_on_a_fleets_node_store_and_copy_their_records",
+    ) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -524,7 +524,12 @@ fn an_app_added_by_a_reload_on_a_fleets_node_stores_its_records() {
     );
     let (ok, said) = node.send(&device_key, &["m1".into()], "20");
     assert!(ok, "{said}");
-    ops_util::write_atomic(&apps, "[apps.main]\n[apps.extra]\n");
+    // The reload also adds the first outlet, an inner one: the node starts its outbox then.
+    ops_util::write_atomic(
+        &apps,
+        "[apps.main]\n[apps.main.outlets.copy]\nkind = \"app\"\napp = \"copy\"\n[apps.copy]\naccept = []\n\
+         [apps.extra]\n",
+    );
     node.signal(libc::SIGHUP);
     let deadline = Instant::now() + DEADLINE;
     while !node.stderr_text().contains("app extra added") {
@@ -566,6 +571,13 @@ fn an_app_added_by_a_reload_on_a_fleets_node_stores_its_records() {
         lines[0].contains("e1") && lines[99].contains("e100"),
         "{text}"
     );
+    outlet_util::wait_until(
+        "main's record copied by the inner outlet the reload added",
+        || !copied(&url).is_empty(),
+    );
+    let got = copied(&url);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["payload"], "m1");
     assert_eq!(
         node.http_get("/healthz").0,
         200,
