@@ -6,7 +6,8 @@
 //! database stopped and started again under a node, and what a node on a fleet's store refuses to start with.
 //! And outlets of a fleet: the node driving a link or a webhook SIGKILLed mid-delivery, the other taking its lease
 //! over from what the far side acknowledged, every record at the far side once (a link) or every position, none
-//! twice (a webhook); a clean stop giving the lease back.
+//! twice (a webhook); a clean stop giving the lease back. And downlink on a fleet: records pushed on either node reach
+//! a device live on the other at once, each once, through a SIGKILL of the node it listened on.
 //!
 //! Without PostgreSQL's binaries the tests say `skipped:` and how to install them; `.ci/run` requires them.
 
@@ -366,12 +367,7 @@ fn a_node_whose_database_stops_says_so_acks_nothing_and_stores_again_when_it_is_
 }
 
 #[test]
-fn a_node_on_a_fleets_store_refuses_a_database_that_is_not_there_and_downlink_pushes_saying_why() {
-    let Some(cluster) = pg_util::PgCluster::start(
-        "a_node_on_a_fleets_store_refuses_a_database_that_is_not_there_and_downlink_pushes_saying_why",
-    ) else {
-        return;
-    };
+fn a_node_on_a_fleets_store_refuses_a_database_that_is_not_there() {
     let dir = tempfile::tempdir().unwrap();
     let (node_key, _, senders) = setup(dir.path());
     // A database that is not there stops the start with its reason.
@@ -397,12 +393,202 @@ fn a_node_on_a_fleets_store_refuses_a_database_that_is_not_there_and_downlink_pu
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("/nonexistent-dir"), "{text}");
+}
 
-    let node = start_node(dir.path(), "a", &cluster.url(), &node_key, &senders, &[]);
-    let (code, said) = ops_util::push(&dir.path().join("a"), "main", "dev", b"x\n");
-    assert_ne!(code, 0, "{said}");
-    assert!(said.contains("fleet's database"), "{said}");
-    drop(node);
+/// `pure-serve send --listen main --heard-file HEARD` of the fleet's device to `node`, with `extra` arguments.
+fn listen_command(device_key: &Path, heard: &Path, node: &NodeProcess, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(bin());
+    cmd.arg("send")
+        .arg("--key")
+        .arg(device_key)
+        .args(["--node", &node.public_key, "--to", &node.link.to_string()])
+        .args(["--listen", "main", "--heard-file"])
+        .arg(heard)
+        .args(extra);
+    cmd
+}
+
+/// A `push` of `records` (one per line) to the device through `node`'s push socket: the sequences it was given.
+fn push_on(node: &NodeProcess, records: &[String]) -> std::ops::RangeInclusive<u64> {
+    push_at(&node.state, records)
+}
+
+/// [`push_on`] by the node's state directory.
+fn push_at(state: &Path, records: &[String]) -> std::ops::RangeInclusive<u64> {
+    let body = format!("{}\n", records.join("\n"));
+    let (code, said) = ops_util::push(state, "main", "dev", body.as_bytes());
+    assert_eq!(code, 0, "push: {said}");
+    // "queued N records for dev in app main: sequences F-L" (or "sequence F" for one)
+    let words = said.trim().rsplit(' ').next().unwrap();
+    let (first, last) = words.split_once('-').unwrap_or((words, words));
+    first.parse().unwrap()..=last.parse().unwrap()
+}
+
+/// The downlink rows the database holds, and its kept count of them.
+fn downlink_rows(cluster: &pg_util::PgCluster) -> (i64, i64) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let rows: i64 = client
+            .query_one("SELECT count(*) FROM downlink", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let kept: i64 = client
+            .query_one(
+                "SELECT COALESCE(sum(waiting), 0)::bigint FROM down_counts",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        (rows, kept)
+    })
+}
+
+/// Downlink on a fleet (docs/scale-out.md, "Downlink on a fleet"): a record pushed on either node reaches the
+/// device whose session is live on the other at once (it asks only every 60 s), printed once and in order; pushes
+/// on both nodes at once get sequences of their own; and after a SIGKILL of the node it listened on, the device
+/// goes on at the other node from its heard file, skipping and repeating nothing. At the end the database holds
+/// nothing more for it, and its kept count says so.
+#[test]
+fn downlink_pushed_on_any_node_reaches_the_device_live_on_another_once_and_in_order() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "downlink_pushed_on_any_node_reaches_the_device_live_on_another_once_and_in_order",
+    ) else {
+        return;
+    };
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, _, device_key, senders) = keys_with_public(dir.path());
+    let mut nodes = two_nodes(dir.path(), &cluster.url(), &node_key, &senders, &[]);
+    let heard = dir.path().join("dev.heard");
+    let mut device = listen_command(
+        &device_key,
+        &heard,
+        nodes[1].as_ref().unwrap(),
+        &["--stay", "forever", "--ask-every", "60"],
+    )
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = device.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let (a, b) = (nodes[0].as_ref().unwrap(), nodes[1].as_ref().unwrap());
+    // Pushed on b, the device's node: its session is live and listening once this is printed.
+    assert_eq!(push_on(b, &["on-b".to_string()]), 1..=1);
+    assert_eq!(lines.recv_timeout(DEADLINE).unwrap(), "on-b");
+    // Pushed on a: b hears of it from the database and sends it without the device asking.
+    for i in 0..3 {
+        let record = format!("from-a-{i}");
+        let at = Instant::now();
+        assert_eq!(push_on(a, std::slice::from_ref(&record)), 2 + i..=2 + i);
+        assert_eq!(lines.recv_timeout(DEADLINE).unwrap(), record);
+        assert!(
+            at.elapsed() < Duration::from_secs(5),
+            "a record pushed on the other node waited {:?}, as if for the device's next ask (every 60 s)",
+            at.elapsed()
+        );
+    }
+    // Both nodes pushing at once: each push gets sequences of its own, and the device prints every record once,
+    // each node's in the order it pushed them.
+    let given: Vec<Vec<std::ops::RangeInclusive<u64>>> = std::thread::scope(|scope| {
+        let pushers: Vec<_> = [a.state.clone(), b.state.clone()]
+            .into_iter()
+            .enumerate()
+            .map(|(n, state)| {
+                scope.spawn(move || {
+                    (0..10)
+                        .map(|k| {
+                            push_at(
+                                &state,
+                                &[format!("both-{n}-{k}a"), format!("both-{n}-{k}b")],
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        pushers.into_iter().map(|p| p.join().unwrap()).collect()
+    });
+    let mut seqs: Vec<u64> = given.iter().flatten().flat_map(|r| r.clone()).collect();
+    seqs.sort_unstable();
+    assert_eq!(
+        seqs,
+        (5..=44).collect::<Vec<_>>(),
+        "each sequence given once"
+    );
+    let mut printed = Vec::new();
+    while printed.len() < 40 {
+        printed.push(lines.recv_timeout(DEADLINE).unwrap());
+    }
+    for n in 0..2 {
+        let mine: Vec<&String> = printed
+            .iter()
+            .filter(|l| l.starts_with(&format!("both-{n}-")))
+            .collect();
+        let expected: Vec<String> = (0..10)
+            .flat_map(|k| [format!("both-{n}-{k}a"), format!("both-{n}-{k}b")])
+            .collect();
+        assert_eq!(
+            mine,
+            expected.iter().collect::<Vec<_>>(),
+            "node {n}'s pushes"
+        );
+    }
+    // Once the device kept everything it printed: the device stops, b is SIGKILLed, and two more are pushed on a.
+    let deadline = Instant::now() + DEADLINE;
+    let kept = || {
+        std::fs::read_to_string(&heard)
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+    };
+    while kept() != Some(44) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(kept(), Some(44));
+    device.kill().unwrap();
+    device.wait().unwrap();
+    nodes[1].take().unwrap().signal(libc::SIGKILL);
+    let a = nodes[0].as_ref().unwrap();
+    assert_eq!(
+        push_on(a, &["after-1".to_string(), "after-2".to_string()]),
+        45..=46
+    );
+    // The device, now at a, prints exactly those, acknowledges them and exits once nothing more waits.
+    let out = ops_util::output_within(
+        listen_command(&device_key, &heard, a, &[]).stdin(std::process::Stdio::null()),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "after-1\nafter-2\n");
+    assert_eq!(kept(), Some(46));
+    // What the device has is deleted once it says so (its acknowledging LISTEN is answered before it exits).
+    assert_eq!(downlink_rows(&cluster), (0, 0), "(rows, kept count)");
+    assert_eq!(
+        a.metric("pure_downlink_queued_total{app=\"main\"}"),
+        Some(25.0),
+        "a queued 3 + 20 + 2"
+    );
 }
 
 #[test]

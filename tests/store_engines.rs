@@ -6,8 +6,12 @@
 
 mod pg_util;
 
+use pure_serve::proto::turn::DownRecord;
 use pure_serve::proto::wire::RecordFormat;
 use pure_serve::store::Applied;
+use pure_serve::store::downlink::{
+    DownLimits, DownPush, DownRefusal, FetchRead, MAX_DOWN_PAYLOAD, OwnedFetch, Pushed,
+};
 use pure_serve::store::engine::{AppTurn, OwnedPiece, TurnOutcome, TurnStore};
 
 /// `count` records from `first`, each the payload `r{seq}` behind its one-byte length (the wire's varint).
@@ -31,9 +35,174 @@ fn turn(app: u16, pieces: Vec<OwnedPiece>) -> AppTurn {
     AppTurn {
         app,
         pieces,
-        outlets: Vec::new(),
         keep_new: true,
+        ..AppTurn::default()
     }
+}
+
+/// A part of app 0 with pushes and LISTENs only.
+fn down_turn(pushes: Vec<DownPush>, fetches: Vec<OwnedFetch>) -> AppTurn {
+    AppTurn {
+        app: 0,
+        pushes,
+        fetches,
+        ..AppTurn::default()
+    }
+}
+
+fn push_of(sender: &str, records: &[&[u8]], limits: DownLimits) -> DownPush {
+    DownPush {
+        sender: sender.into(),
+        key: [sender.len() as u8; 32],
+        records: records.iter().map(|r| r.to_vec()).collect(),
+        limits,
+    }
+}
+
+fn listen(index: usize, sender: &str, heard: u64, room: usize) -> OwnedFetch {
+    OwnedFetch {
+        index,
+        source: sender.into(),
+        heard,
+        room,
+    }
+}
+
+fn down(seq: u64, payload: &[u8]) -> DownRecord {
+    DownRecord {
+        seq,
+        payload: payload.to_vec(),
+    }
+}
+
+/// Downlink through the store interface, the same for every engine (docs/downlink.md, docs/scale-out.md
+/// "Downlink on a fleet"): pushes numbered per sender, bounded all or nothing, read above what the device has,
+/// deleted when it has them, and a push read by a LISTEN of the same turn.
+fn same_downlink_outcomes(store: &mut dyn TurnStore) {
+    let limits = DownLimits {
+        max_records: 3,
+        max_bytes: 10,
+        expiry_ms: None,
+    };
+    let a = apply(
+        store,
+        101,
+        down_turn(
+            vec![
+                push_of("dev", &[b"aa", b"bb"], limits),
+                // Two more would make 4 waiting: refused whole.
+                push_of("dev", &[b"cc", b"dd"], limits),
+                push_of("dev", &[b"1234567"], limits),
+                push_of("dev", &[&[0u8; MAX_DOWN_PAYLOAD + 1]], limits),
+                push_of("other", &[b"o1"], limits),
+            ],
+            Vec::new(),
+        ),
+    );
+    let pushed: Vec<Pushed> = a.down.pushed.iter().map(|(p, _)| p.clone()).collect();
+    assert_eq!(
+        pushed,
+        vec![
+            Pushed::Queued { first: 1, count: 2 },
+            Pushed::Refused(DownRefusal::Records { waiting: 2, max: 3 }),
+            Pushed::Refused(DownRefusal::Bytes {
+                waiting: 4,
+                max: 10
+            }),
+            Pushed::Refused(DownRefusal::TooLarge {
+                index: 0,
+                len: MAX_DOWN_PAYLOAD + 1
+            }),
+            Pushed::Queued { first: 1, count: 1 },
+        ]
+    );
+    // The device has 1: it is deleted, 2 read, with room for one record only; `other` has nothing yet.
+    let a = apply(
+        store,
+        102,
+        down_turn(
+            Vec::new(),
+            vec![listen(0, "dev", 1, 3), listen(1, "nobody", 0, 100)],
+        ),
+    );
+    assert_eq!((a.down.delivered, a.down.expired), (1, 0));
+    assert_eq!(
+        a.down.reads,
+        vec![
+            FetchRead {
+                index: 0,
+                after: 1,
+                last: 2,
+                records: vec![down(2, b"bb")]
+            },
+            FetchRead {
+                index: 1,
+                after: 0,
+                last: 0,
+                records: Vec::new()
+            }
+        ]
+    );
+    // A push and a LISTEN in one turn: the push comes first, so the LISTEN reads it. Numbering goes on after what
+    // was delivered.
+    let a = apply(
+        store,
+        103,
+        down_turn(
+            vec![push_of("dev", &[b"ee"], limits)],
+            vec![listen(5, "dev", 1, 100)],
+        ),
+    );
+    assert_eq!(a.down.pushed[0].0, Pushed::Queued { first: 3, count: 1 });
+    assert_eq!(
+        a.down.reads,
+        vec![FetchRead {
+            index: 5,
+            after: 1,
+            last: 3,
+            records: vec![down(2, b"bb"), down(3, b"ee")]
+        }]
+    );
+    // A device that has more than the store knows of (9) moves the numbering past it; nothing is left.
+    let a = apply(
+        store,
+        104,
+        down_turn(Vec::new(), vec![listen(0, "dev", 9, 100)]),
+    );
+    assert_eq!(a.down.delivered, 2);
+    assert_eq!(a.down.reads[0].last, 0, "nothing waits");
+    let a = apply(
+        store,
+        105,
+        down_turn(vec![push_of("dev", &[b"ff"], limits)], Vec::new()),
+    );
+    assert_eq!(
+        a.down.pushed[0].0,
+        Pushed::Queued {
+            first: 10,
+            count: 1
+        }
+    );
+    // Expired records are deleted unsent and counted, and hold no room.
+    let soon = DownLimits {
+        expiry_ms: Some(1),
+        ..limits
+    };
+    apply(
+        store,
+        106,
+        down_turn(vec![push_of("exp", &[b"x1", b"x2"], soon)], Vec::new()),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let a = apply(
+        store,
+        107,
+        down_turn(Vec::new(), vec![listen(0, "exp", 0, 100)]),
+    );
+    assert_eq!((a.down.delivered, a.down.expired), (0, 2));
+    assert_eq!(a.down.reads[0].records, Vec::new());
+    assert_eq!(a.down.reads[0].last, 0);
+    assert_eq!(store.waiting(), 0);
 }
 
 /// Submits one turn and waits for its outcome; the one app part's result.
@@ -123,6 +292,7 @@ fn sqlite_engine_gives_the_outcomes_after_the_sync() {
     let mut engine = pure_serve::store::sqlite_engine::SqliteTurns::new(stores, Some(syncer));
     assert!(engine.wake_fd().is_some());
     same_outcomes(&mut engine);
+    same_downlink_outcomes(&mut engine);
 }
 
 #[test]
@@ -132,6 +302,7 @@ fn sqlite_engine_in_memory_gives_outcomes_at_once() {
     let mut engine = pure_serve::store::sqlite_engine::SqliteTurns::new(stores, None);
     assert!(engine.wake_fd().is_none());
     same_outcomes(&mut engine);
+    same_downlink_outcomes(&mut engine);
 }
 
 use pure_serve::store::postgres::PostgresTurns;
@@ -150,11 +321,108 @@ fn postgres_engine_gives_the_same_outcomes() {
     let mut engine = pg_engine(&cluster);
     assert!(engine.wake_fd().is_some());
     same_outcomes(&mut engine);
+    same_downlink_outcomes(&mut engine);
     // A second engine (another node) on the same database sees what the first stored.
     drop(engine);
     let mut again = pg_engine(&cluster);
     assert_eq!(again.heard_of(0, "dev").unwrap(), 8);
     assert_eq!(again.head(0).unwrap(), 11);
+}
+
+/// Two engines (two nodes of a fleet) pushing to one sender at once, while a third reads and deletes for it
+/// (docs/scale-out.md, "Downlink on a fleet"): every push gets sequences of its own, none given twice and none
+/// skipped; each engine hears of the other's pushes (a notification per push) and never of its own; and the waiting
+/// count the database keeps agrees with the rows.
+#[test]
+fn two_postgres_engines_pushing_to_one_sender_give_each_sequence_once_and_tell_each_other() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "two_postgres_engines_pushing_to_one_sender_give_each_sequence_once_and_tell_each_other",
+    ) else {
+        return;
+    };
+    const PUSHES: u64 = 60;
+    let limits = DownLimits {
+        max_records: 1 << 20,
+        ..DownLimits::default()
+    };
+    let threads: Vec<_> = (0..2u8)
+        .map(|w| {
+            let url = cluster.url();
+            std::thread::spawn(move || {
+                let apps = vec!["a".to_string(), "b".to_string()];
+                let mut engine = PostgresTurns::open(&url, None, &apps).unwrap();
+                let mut given = Vec::new();
+                for k in 0..PUSHES {
+                    let mut push = push_of("dev", &[b"x", b"y"], limits);
+                    push.key = [w; 32];
+                    let a = apply(&mut engine, k + 1, down_turn(vec![push], Vec::new()));
+                    match a.down.pushed[0].0 {
+                        Pushed::Queued { first, count } => given.push((first, count)),
+                        ref other => panic!("refused: {other:?}"),
+                    }
+                }
+                // The other's notifications may still be on their way: wait for all of them.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                let mut heard = Vec::new();
+                while (heard.len() as u64) < PUSHES && std::time::Instant::now() < deadline {
+                    heard.extend(engine.down_notices());
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                heard.extend(engine.down_notices());
+                (given, heard)
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let mut seqs: Vec<u64> = results
+        .iter()
+        .flat_map(|(given, _)| given.iter().flat_map(|&(f, c)| f..f + c))
+        .collect();
+    seqs.sort_unstable();
+    assert_eq!(
+        seqs,
+        (1..=PUSHES * 4).collect::<Vec<_>>(),
+        "each sequence given once, none skipped"
+    );
+    for (w, (_, heard)) in results.iter().enumerate() {
+        let other = 1 - w as u8;
+        assert_eq!(
+            heard.len() as u64,
+            PUSHES,
+            "engine {w} heard each of the other's pushes once"
+        );
+        assert!(
+            heard
+                .iter()
+                .all(|n| n.app == 0 && n.sender == "dev" && n.key == [other; 32]),
+            "engine {w} heard only the other's pushes: {:?}",
+            heard.first()
+        );
+    }
+    // A reader (a third node) reads them all in order and deletes them as the device says it has them.
+    let mut reader = pg_engine(&cluster);
+    let a = apply(
+        &mut reader,
+        1,
+        down_turn(
+            Vec::new(),
+            vec![listen(0, "dev", 0, 4 * PUSHES as usize * 2)],
+        ),
+    );
+    let read: Vec<u64> = a.down.reads[0].records.iter().map(|r| r.seq).collect();
+    assert_eq!(read, (1..=PUSHES * 4).collect::<Vec<_>>());
+    let a = apply(
+        &mut reader,
+        2,
+        down_turn(Vec::new(), vec![listen(0, "dev", PUSHES * 4, 100)]),
+    );
+    assert_eq!(a.down.delivered, PUSHES * 4);
+    assert_eq!(
+        a.down.waiting,
+        Some(0),
+        "the kept count agrees with the rows"
+    );
 }
 
 /// Chunks (source, first_seq, count, pos, body) in position order, heard sequences by source, and the head.

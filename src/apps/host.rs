@@ -289,6 +289,9 @@ struct App {
     /// a bound (nothing of their push queued).
     down_queued: u64,
     down_refused: u64,
+    /// On a fleet's store: the app's waiting records as the database last said (docs/scale-out.md, "Downlink on a
+    /// fleet").
+    down_waiting_shared: u64,
 }
 
 /// What one turn of the host did.
@@ -386,6 +389,8 @@ pub struct Host {
     outbox_wake: Option<Arc<Wake>>,
     /// On a shared store: the inner outlets' batches the outbox read, for the next turn.
     inner_queue: Option<Arc<outbox::InnerQueue>>,
+    /// On a shared store: pushes taken since the last turn, which the next one hands the store (`shared.rs`).
+    shared_pushes: Vec<shared::SharedPush>,
 }
 
 /// How the host hands records to its link, wire and webhook outlets. The daemon always feeds [`FeedMode::Chunks`];
@@ -530,6 +535,7 @@ impl Host {
             shared_connections: 0,
             outbox_wake,
             inner_queue: None,
+            shared_pushes: Vec::new(),
         };
         let mut changes = OutletChanges::default();
         for app in &config.apps {
@@ -578,6 +584,7 @@ impl Host {
             down_expired: 0,
             down_queued: 0,
             down_refused: 0,
+            down_waiting_shared: 0,
             last_progress_write: Instant::now(),
         });
         Ok(())
@@ -964,14 +971,6 @@ impl Host {
             answer,
             found,
         } = request;
-        if self.shared.is_some() {
-            let _ = answer.send(PushAnswer::Unavailable(format!(
-                "this node stores in a fleet's database, where downlink records cannot be queued yet \
-                 (docs/scale-out.md, \"What is built so far\"): nothing was queued for {to} in app {app}; push on a \
-                 node with --store sqlite"
-            )));
-            return;
-        }
         let Some(i) = self.apps.iter().position(|a| a.config.name == app) else {
             let names: Vec<&str> = self.apps.iter().map(|a| a.config.name.as_str()).collect();
             let _ = answer.send(PushAnswer::NotFound(format!(
@@ -1007,6 +1006,23 @@ impl Host {
             return;
         }
         let limits = a.config.downlink;
+        if self.shared.is_some() {
+            // Queued in the database with the next turn, before its parts, so a LISTEN of this session read in
+            // that turn finds the records (shared.rs).
+            node.downlink_queued(now, sender, i as AppIndex);
+            self.shared_pushes.push(shared::SharedPush::new(
+                i as AppIndex,
+                sender,
+                crate::store::downlink::DownPush {
+                    sender: to,
+                    key: *node.senders().key(sender),
+                    records,
+                    limits,
+                },
+                answer,
+            ));
+            return;
+        }
         let Some(store) = self.stores.app_mut(i as AppIndex) else {
             let _ = answer.send(PushAnswer::Unavailable(format!(
                 "app {app}'s store is not open: nothing was queued; push again in a moment"
@@ -1069,7 +1085,7 @@ impl Host {
 
     /// Whether pushes wait for a turn to take them to the sync thread.
     pub fn has_pushes(&self) -> bool {
-        !self.pushes.is_empty()
+        !self.pushes.is_empty() || !self.shared_pushes.is_empty()
     }
 
     /// Finishes every turn whose sync is done (module docs, 4–5); returns whether any was. Call when
@@ -1077,9 +1093,11 @@ impl Host {
     pub fn poll_synced(&mut self, node: &mut Node) -> bool {
         if let Some(shared) = &mut self.shared {
             let done = shared.done();
+            let notices = shared.down_notices();
             let connections = shared.connections();
             let any = !done.is_empty();
             self.finish_outcomes(done, node);
+            self.down_notices(notices, node);
             if connections != self.shared_connections {
                 self.shared_connections = connections;
                 self.probe_now(Instant::now());
@@ -1639,10 +1657,13 @@ impl Host {
                     paused_for_lag: app.lag_paused,
                     lag_pauses: app.lag_pauses,
                     outlets,
-                    down_waiting: self
-                        .stores
-                        .app(i as AppIndex)
-                        .map_or(0, |s| s.down_waiting()),
+                    down_waiting: if self.shared.is_some() {
+                        app.down_waiting_shared
+                    } else {
+                        self.stores
+                            .app(i as AppIndex)
+                            .map_or(0, |s| s.down_waiting())
+                    },
                     down_delivered: app.down_delivered,
                     down_expired: app.down_expired,
                     down_queued: app.down_queued,

@@ -129,12 +129,60 @@ pub struct FetchRead {
     pub records: Vec<DownRecord>,
 }
 
+/// A [`Fetch`] owned, so that a turn's part can be handed to another thread (a fleet's store, docs/scale-out.md
+/// "Downlink on a fleet").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedFetch {
+    pub index: usize,
+    pub source: String,
+    pub heard: u64,
+    pub room: usize,
+}
+
+impl OwnedFetch {
+    pub fn from_fetch(f: &Fetch<'_>) -> Self {
+        OwnedFetch {
+            index: f.index,
+            source: f.source.to_string(),
+            heard: f.heard,
+            room: f.room,
+        }
+    }
+
+    pub fn as_fetch(&self) -> Fetch<'_> {
+        Fetch {
+            index: self.index,
+            source: &self.source,
+            heard: self.heard,
+            room: self.room,
+        }
+    }
+}
+
+/// A push carried by a turn's part (a fleet's store applies it in a transaction of its own before the part's, so a
+/// LISTEN of the same turn reads it): records for one sender, queued all or nothing within `limits`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DownPush {
+    /// The sender's name, as in the senders file (the flow's key in the store).
+    pub sender: String,
+    /// Its public key, which the fleet's other nodes look the sender up by when they hear of the push.
+    pub key: crate::proto::crypto::PublicKeyBytes,
+    pub records: Vec<Vec<u8>>,
+    pub limits: DownLimits,
+}
+
 /// What a turn's downlink work did in one app.
 #[derive(Debug, Clone, Default)]
 pub struct DownApplied {
     pub reads: Vec<FetchRead>,
     pub delivered: u64,
     pub expired: u64,
+    /// Per push of the part, in order: what it did, and how many of its sender's records expired and were deleted
+    /// by it.
+    pub pushed: Vec<(Pushed, u64)>,
+    /// Records waiting in the app after this work, where the engine said it (a fleet's store returns its kept
+    /// count whenever it changes it; `None`: not said).
+    pub waiting: Option<u64>,
 }
 
 /// Runs the fetches in the app's open transaction.

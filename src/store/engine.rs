@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+use super::downlink::{DownPush, OwnedFetch};
 use super::{Applied, Piece, StoreError};
 use crate::proto::turn::AppIndex;
 use crate::proto::wire::RecordFormat;
@@ -61,6 +62,31 @@ pub struct AppTurn {
     pub outlets: Vec<(String, u64)>,
     /// Whether the outcome should carry the chunks written ([`Applied::new_chunks`]).
     pub keep_new: bool,
+    /// The turn's downlink reads of this app (LISTENs), in the part's transaction: what each device has deleted,
+    /// what waits above it read ([`Applied::down`]).
+    pub fetches: Vec<OwnedFetch>,
+    /// Pushes of downlink records to this app's senders, each in a transaction of its own applied before the
+    /// part's, answered in [`DownApplied::pushed`](super::downlink::DownApplied::pushed) in order.
+    pub pushes: Vec<DownPush>,
+}
+
+impl AppTurn {
+    /// A part with nothing to apply: a probe of whether the app can store (a failed app's retry).
+    pub fn is_probe(&self) -> bool {
+        self.pieces.is_empty()
+            && self.outlets.is_empty()
+            && self.fetches.is_empty()
+            && self.pushes.is_empty()
+    }
+}
+
+/// A push committed on another node of a fleet (docs/scale-out.md, "Downlink on a fleet"): a session of that
+/// sender listening on the app here should read what waits for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DownNotice {
+    pub app: AppIndex,
+    pub key: crate::proto::crypto::PublicKeyBytes,
+    pub sender: String,
 }
 
 /// The outcome of a submitted turn, once it is durable: per app of the turn, what its transaction did, or why it
@@ -98,6 +124,11 @@ pub trait TurnStore {
     /// apps failed probes them at once when it grows, rather than at its next retry.
     fn connections(&self) -> u64 {
         0
+    }
+    /// Pushes other nodes of a fleet committed since the last call (none on a store of one node's own). Ready
+    /// when [`TurnStore::wake_fd`] is readable, as outcomes are.
+    fn down_notices(&mut self) -> Vec<DownNotice> {
+        Vec::new()
     }
 }
 

@@ -22,6 +22,12 @@
 //! fails at once, naming why the last try failed. So a turn never waits behind a connection that cannot be made,
 //! the host finishes its turns and tells its senders NOT_STORED while the database is away, and the first try that
 //! gets through is counted ([`TurnStore::connections`]), which has the host probe its failed apps at once.
+//!
+//! Downlink (docs/scale-out.md, "Downlink on a fleet"): a part's pushes each run in a transaction of their own
+//! before the part's, numbered under their flow's row lock, and notify the other nodes on [`DOWN_CHANNEL`]; the
+//! part's LISTENs read, acknowledge and delete in its transaction. Every connection `LISTEN`s on that channel: its
+//! task hands what it hears to the worker, which keeps other nodes' pushes for the host
+//! ([`TurnStore::down_notices`]) and drops its own (by the backend's pid).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::RawFd;
@@ -36,7 +42,10 @@ use tokio_postgres::{Client, NoTls, Statement};
 
 pub mod leases;
 
-use super::engine::{AppTurn, TurnOutcome, TurnStore};
+use super::downlink::{
+    DownApplied, DownPush, DownRefusal, FetchRead, MAX_DOWN_PAYLOAD, OwnedFetch, Pushed,
+};
+use super::engine::{AppTurn, DownNotice, TurnOutcome, TurnStore};
 use super::{Applied, Chunk, Piece, StoreError};
 use crate::common::wake::Wake;
 use crate::proto::turn::AppIndex;
@@ -103,7 +112,30 @@ CREATE TABLE IF NOT EXISTS outlet_starts (
     app INTEGER NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL, target TEXT NOT NULL, flow TEXT,
     start BIGINT NOT NULL, PRIMARY KEY (app, name)
 );
+CREATE TABLE IF NOT EXISTS down_flows (
+    app      INTEGER NOT NULL REFERENCES apps(id),
+    sender   TEXT NOT NULL,
+    next_seq BIGINT NOT NULL,
+    acked    BIGINT NOT NULL,
+    PRIMARY KEY (app, sender)
+);
+CREATE TABLE IF NOT EXISTS downlink (
+    app        INTEGER NOT NULL,
+    sender     TEXT NOT NULL,
+    seq        BIGINT NOT NULL,
+    payload    BYTEA NOT NULL,
+    queued_at  BIGINT NOT NULL,
+    expires_at BIGINT,
+    PRIMARY KEY (app, sender, seq)
+);
+CREATE TABLE IF NOT EXISTS down_counts (
+    app     INTEGER PRIMARY KEY REFERENCES apps(id),
+    waiting BIGINT NOT NULL
+);
 ";
+
+/// The channel a push notifies the fleet's other nodes on (docs/scale-out.md, "Downlink on a fleet").
+const DOWN_CHANNEL: &str = "pure_downlink";
 
 /// How a new `chunks` table keeps its bodies (docs/scale-out.md, "The schema").
 const CHUNK_BODIES: &str = "ALTER TABLE chunks ALTER COLUMN body SET STORAGE EXTERNAL";
@@ -126,6 +158,8 @@ enum Job {
 
 struct Done {
     outcomes: Mutex<VecDeque<TurnOutcome>>,
+    /// Pushes other nodes committed, heard on the connection's `LISTEN` ([`TurnStore::down_notices`]).
+    notices: Mutex<Vec<DownNotice>>,
     changed: Condvar,
     wake: Wake,
     /// The store thread has ended (it panicked, or its queue closed): nothing more will come.
@@ -209,6 +243,7 @@ impl PostgresTurns {
         };
         let done = Arc::new(Done {
             outcomes: Mutex::new(VecDeque::new()),
+            notices: Mutex::new(Vec::new()),
             changed: Condvar::new(),
             wake: Wake::new().map_err(|source| StoreError::SyncThread { source })?,
             gone: std::sync::atomic::AtomicBool::new(false),
@@ -234,7 +269,9 @@ impl PostgresTurns {
                 };
                 rt.block_on(async move {
                     let lost = Arc::new(tokio::sync::Notify::new());
-                    let conn = match make_conn(&target, &apps, lost.clone()).await {
+                    let (heard_tx, heard) = tokio::sync::mpsc::unbounded_channel();
+                    let conn = match make_conn(&target, &apps, lost.clone(), heard_tx.clone()).await
+                    {
                         Ok(conn) => conn,
                         Err(e) => {
                             let _ = started_tx.send(Err(e));
@@ -252,6 +289,8 @@ impl PostgresTurns {
                         tries: tokio::task::JoinSet::new(),
                         last_failure: None,
                         lost,
+                        heard_tx,
+                        heard,
                     };
                     worker.serve(rx, &worker_done).await;
                 });
@@ -381,6 +420,10 @@ impl TurnStore for PostgresTurns {
             .connections
             .load(std::sync::atomic::Ordering::SeqCst)
     }
+
+    fn down_notices(&mut self) -> Vec<DownNotice> {
+        std::mem::take(&mut *lock(&self.done.notices))
+    }
 }
 
 impl Drop for PostgresTurns {
@@ -410,11 +453,29 @@ struct Prepared {
     set_outlets: Statement,
     heard_of: Statement,
     head_of: Statement,
+    down: DownStatements,
+}
+
+/// The statements of downlink (docs/scale-out.md, "Downlink on a fleet").
+struct DownStatements {
+    add_flow: Statement,
+    lock_flow: Statement,
+    expire: Statement,
+    waiting: Statement,
+    insert: Statement,
+    move_next: Statement,
+    count: Statement,
+    notify: Statement,
+    ack: Statement,
+    delete: Statement,
+    read: Statement,
 }
 
 struct Conn {
     client: Client,
     st: Prepared,
+    /// The database's process serving this connection: notifications it sent itself are skipped.
+    pid: i32,
     /// The database's id of each app, by app index.
     app_ids: Vec<i32>,
     /// Sources known to have a row, per app index (so a turn names only new ones to make).
@@ -431,6 +492,9 @@ struct Worker {
     last_failure: Option<String>,
     /// Told by a connection's task when it ends, so that a connection lost while idle is made again at once.
     lost: Arc<tokio::sync::Notify>,
+    /// Notifications every connection's task hears (the sending process's pid and the payload), and their end.
+    heard_tx: tokio::sync::mpsc::UnboundedSender<(i32, String)>,
+    heard: tokio::sync::mpsc::UnboundedReceiver<(i32, String)>,
 }
 
 /// Why a part's transaction did not commit.
@@ -461,6 +525,7 @@ impl Worker {
                 Some(tried) = self.tries.join_next(), if trying => self.tried(tried, done),
                 _ = pace.tick(), if may_try => self.try_connect(),
                 () = self.lost.notified() => {}
+                Some((pid, payload)) = self.heard.recv() => self.notified(pid, &payload, done),
                 job = rx.recv() => match job {
                     Some(job) => self.serve_job(job, done).await,
                     None => break,
@@ -523,9 +588,48 @@ impl Worker {
 
     /// Starts a try to connect, beside the jobs.
     fn try_connect(&mut self) {
-        let (target, apps, lost) = (self.target.clone(), self.apps.clone(), self.lost.clone());
+        let (target, apps, lost, heard) = (
+            self.target.clone(),
+            self.apps.clone(),
+            self.lost.clone(),
+            self.heard_tx.clone(),
+        );
         self.tries
-            .spawn(async move { make_conn(&target, &apps, lost).await });
+            .spawn(async move { make_conn(&target, &apps, lost, heard).await });
+    }
+
+    /// A notification on [`DOWN_CHANNEL`]: another node's push committed (`APP_ID KEY SENDER`). Kept for the host
+    /// if the app is one of this node's; one of this connection's own pushes, or one that does not parse, is
+    /// dropped (a notification is a wake, never the queue).
+    fn notified(&mut self, pid: i32, payload: &str, done: &Done) {
+        let Some(conn) = &self.conn else { return };
+        if pid == conn.pid {
+            return;
+        }
+        let mut words = payload.splitn(3, ' ');
+        let (Some(app_id), Some(key), Some(sender)) = (words.next(), words.next(), words.next())
+        else {
+            return;
+        };
+        let Ok(app_id) = app_id.parse::<i32>() else {
+            return;
+        };
+        let Some(app) = conn.app_ids.iter().position(|&id| id == app_id) else {
+            return;
+        };
+        use base64::Engine as _;
+        let Ok(key) = base64::engine::general_purpose::STANDARD.decode(key) else {
+            return;
+        };
+        let Ok(key) = <[u8; 32]>::try_from(key.as_slice()) else {
+            return;
+        };
+        lock(&done.notices).push(DownNotice {
+            app: app as AppIndex,
+            key,
+            sender: sender.to_string(),
+        });
+        done.wake.wake();
     }
 
     /// A try to connect ended: the first that got through is the connection, and the others are given up.
@@ -626,9 +730,77 @@ impl Worker {
 
     /// Applies one app's part of a turn in one transaction, trying again what a new try may cure.
     async fn apply_part(&mut self, part: &AppTurn) -> Result<Applied, StoreError> {
-        if part.pieces.is_empty() && part.outlets.is_empty() {
+        if part.is_probe() {
             return self.probe(part.app).await;
         }
+        let mut pushed = Vec::with_capacity(part.pushes.len());
+        let mut waiting = None;
+        for push in &part.pushes {
+            let (done, count) = self.apply_push(part.app, push).await?;
+            waiting = count.or(waiting);
+            pushed.push(done);
+        }
+        let mut applied =
+            if part.pieces.is_empty() && part.outlets.is_empty() && part.fetches.is_empty() {
+                Applied::default()
+            } else {
+                self.apply_turn_part(part).await?
+            };
+        applied.down.pushed = pushed;
+        applied.down.waiting = applied.down.waiting.or(waiting);
+        Ok(applied)
+    }
+
+    /// One push in a transaction of its own (docs/scale-out.md, "Downlink on a fleet"), tried again as a part is.
+    /// What it did, and the app's waiting count where it moved it.
+    async fn apply_push(
+        &mut self,
+        app: AppIndex,
+        push: &DownPush,
+    ) -> Result<((Pushed, u64), Option<u64>), StoreError> {
+        if let Some((index, p)) = push
+            .records
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.len() > MAX_DOWN_PAYLOAD)
+        {
+            let refused = Pushed::Refused(DownRefusal::TooLarge {
+                index,
+                len: p.len(),
+            });
+            return Ok(((refused, 0), None));
+        }
+        let mut tries = 0;
+        loop {
+            let target = self.target.clone();
+            let conn = self.connection()?;
+            let app_id = match conn.app_ids.get(app as usize) {
+                Some(&id) if id >= 0 => id,
+                _ => return Err(StoreError::Closed { app }),
+            };
+            match try_push(&target, conn, app_id, push).await {
+                Ok(done) => return Ok(done),
+                Err(Refused::Retry) if tries + 1 < RETRIES => {
+                    tries += 1;
+                    let ms = 1 + (crate::store::now_ms() as u64 % 7) * (tries as u64);
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                Err(Refused::Retry) => {
+                    return Err(StoreError::DatabaseRefused {
+                        url: target.shown.clone(),
+                        why: format!(
+                            "it refused a push {RETRIES} times in a row (serialization failures or deadlocks), so \
+                             nothing of it was queued"
+                        ),
+                    });
+                }
+                Err(Refused::Failed(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// A part's records, outlets and LISTENs in one transaction.
+    async fn apply_turn_part(&mut self, part: &AppTurn) -> Result<Applied, StoreError> {
         let mut tries = 0;
         loop {
             let target = self.target.clone();
@@ -666,8 +838,9 @@ async fn make_conn(
     t: &Target,
     apps: &[String],
     lost: Arc<tokio::sync::Notify>,
+    heard: tokio::sync::mpsc::UnboundedSender<(i32, String)>,
 ) -> Result<Conn, StoreError> {
-    match tokio::time::timeout(2 * NET_TIMEOUT, make_conn_within(t, apps, lost)).await {
+    match tokio::time::timeout(2 * NET_TIMEOUT, make_conn_within(t, apps, lost, heard)).await {
         Ok(made) => made,
         Err(_) => Err(StoreError::DatabaseDown {
             url: t.shown.clone(),
@@ -683,15 +856,21 @@ async fn make_conn_within(
     t: &Target,
     apps: &[String],
     lost: Arc<tokio::sync::Notify>,
+    heard: tokio::sync::mpsc::UnboundedSender<(i32, String)>,
 ) -> Result<Conn, StoreError> {
-    let (client, connection) = t
+    let (client, mut connection) = t
         .config
         .connect(NoTls)
         .await
         .map_err(db_err(t, "connecting"))?;
     tokio::spawn(async move {
-        // Its error is the client's too (`is_closed`), and reported by the statement that finds it.
-        let _ = connection.await;
+        // Driving the connection, its notifications are handed to the worker. Its error is the client's too
+        // (`is_closed`), and reported by the statement that finds it.
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = heard.send((n.process_id(), n.payload().to_string()));
+            }
+        }
         lost.notify_one();
     });
     client
@@ -766,6 +945,15 @@ async fn make_conn_within(
     }
     let mut app_ids = Vec::new();
     register_apps(&client, t, apps, &mut app_ids).await?;
+    client
+        .batch_execute(&format!("LISTEN {DOWN_CHANNEL}"))
+        .await
+        .map_err(db_err(t, "listening for other nodes' pushes"))?;
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .map_err(db_err(t, "reading the connection's process id"))?
+        .get(0);
     let p = |sql: &'static str| {
         let client = &client;
         async move {
@@ -816,10 +1004,79 @@ async fn make_conn_within(
         .await?,
         heard_of: p("SELECT heard FROM sources WHERE app = $1 AND name = $2").await?,
         head_of: p("SELECT head FROM apps WHERE id = $1").await?,
+        down: DownStatements {
+            add_flow: p(
+                "INSERT INTO down_flows (app, sender, next_seq, acked) VALUES ($1, $2, 1, 0) \
+                 ON CONFLICT (app, sender) DO NOTHING",
+            )
+            .await?,
+            lock_flow: p(
+                "SELECT next_seq FROM down_flows WHERE app = $1 AND sender = $2 FOR UPDATE",
+            )
+            .await?,
+            expire: p(
+                "WITH gone AS (DELETE FROM downlink WHERE app = $1 AND sender = $2 AND expires_at <= $3::bigint \
+                 RETURNING 1) SELECT count(*) FROM gone",
+            )
+            .await?,
+            waiting: p(
+                "SELECT count(*), COALESCE(sum(length(payload)), 0)::bigint FROM downlink \
+                 WHERE app = $1 AND sender = $2",
+            )
+            .await?,
+            insert: p(
+                "INSERT INTO downlink (app, sender, seq, payload, queued_at, expires_at) \
+                 SELECT $1, $2, $3::bigint + u.o - 1, u.p, $5::bigint, $6::bigint \
+                 FROM unnest($4::bytea[]) WITH ORDINALITY AS u(p, o)",
+            )
+            .await?,
+            move_next: p(
+                "UPDATE down_flows SET next_seq = next_seq + $3::bigint WHERE app = $1 AND sender = $2",
+            )
+            .await?,
+            count: p(
+                "INSERT INTO down_counts (app, waiting) VALUES ($1, GREATEST($2::bigint, 0)) \
+                 ON CONFLICT (app) DO UPDATE SET waiting = GREATEST(down_counts.waiting + $2::bigint, 0) \
+                 RETURNING waiting",
+            )
+            .await?,
+            notify: p("SELECT pg_notify($1, $2)").await?,
+            ack: p(
+                "INSERT INTO down_flows (app, sender, next_seq, acked) \
+                 SELECT $1, u.s, u.h + 1, u.h FROM unnest($2::text[], $3::bigint[]) AS u(s, h) WHERE u.h > 0 \
+                 ON CONFLICT (app, sender) DO UPDATE SET acked = excluded.acked, \
+                     next_seq = GREATEST(down_flows.next_seq, excluded.next_seq) \
+                 WHERE excluded.acked > down_flows.acked",
+            )
+            .await?,
+            delete: p(
+                "WITH gone AS (DELETE FROM downlink d USING unnest($2::text[], $3::bigint[]) AS u(s, h) \
+                     WHERE d.app = $1 AND d.sender = u.s AND (d.seq <= u.h OR d.expires_at <= $4::bigint) \
+                     RETURNING d.seq <= u.h AS delivered), \
+                 n AS (SELECT count(*) FILTER (WHERE delivered) AS d, \
+                         count(*) FILTER (WHERE NOT delivered) AS e FROM gone), \
+                 c AS (UPDATE down_counts SET waiting = GREATEST(waiting - (SELECT d + e FROM n), 0) \
+                     WHERE app = $1 AND (SELECT d + e FROM n) > 0 RETURNING waiting) \
+                 SELECT n.d, n.e, (SELECT waiting FROM c) FROM n",
+            )
+            .await?,
+            read: p(
+                "SELECT u.i, d.seq, d.payload, m.last \
+                 FROM unnest($2::text[], $3::bigint[], $4::int[]) WITH ORDINALITY AS u(s, h, lim, i) \
+                 LEFT JOIN LATERAL (SELECT seq, payload FROM downlink \
+                     WHERE app = $1 AND sender = u.s AND seq > u.h AND (expires_at IS NULL OR expires_at > $5::bigint) \
+                     ORDER BY seq LIMIT u.lim) d ON true \
+                 CROSS JOIN LATERAL (SELECT max(seq) AS last FROM downlink \
+                     WHERE app = $1 AND sender = u.s AND seq > u.h AND (expires_at IS NULL OR expires_at > $5::bigint)) m \
+                 ORDER BY u.i, d.seq",
+            )
+            .await?,
+        },
     };
     Ok(Conn {
         client,
         st,
+        pid,
         app_ids,
         known: HashSet::new(),
     })
@@ -881,25 +1138,55 @@ async fn try_part(
         .collect();
     let c = &conn.client;
     let st = &conn.st;
-    // First wait: the new sources' rows (autocommit, before the transaction), BEGIN, the rows locked.
+    let now = crate::store::now_ms();
+    // The LISTENs, folded per sender for the flows' rows (in name order: every node locks them in one order), and
+    // each as it is for the reads.
+    let fetches = FetchArgs::of(&part.fetches);
+    let ds = &st.down;
+    let ack_args: [&(dyn ToSql + Sync); 3] = [&app_id, &fetches.senders, &fetches.heard];
+    let delete_args: [&(dyn ToSql + Sync); 4] = [&app_id, &fetches.senders, &fetches.heard, &now];
+    let read_args: [&(dyn ToSql + Sync); 5] = [
+        &app_id,
+        &fetches.read_senders,
+        &fetches.read_heard,
+        &fetches.read_limit,
+        &now,
+    ];
+    let down = async {
+        if part.fetches.is_empty() {
+            return Ok(None);
+        }
+        // Read before the deletes: each LISTEN reads above its own heard, as if the turn's LISTENs ran one after
+        // another as on one node (the deletes then only take what the reads passed over).
+        tokio::try_join!(
+            c.query(&ds.read, &read_args),
+            c.execute(&ds.ack, &ack_args),
+            c.query_one(&ds.delete, &delete_args),
+        )
+        .map(|(read, _, deleted)| Some((deleted, read)))
+    };
+    // First wait: the new sources' rows (autocommit, before the transaction), BEGIN, the rows locked, then the
+    // LISTENs' flows acknowledged, what their devices have deleted and what waits read.
     let lock_args: [&(dyn ToSql + Sync); 2] = [&app_id, &names];
     let add_args: [&(dyn ToSql + Sync); 2] = [&app_id, &new];
     let first = if new.is_empty() {
         tokio::try_join!(
             c.execute(&st.begin, &[]),
-            c.query(&st.lock_sources, &lock_args)
+            c.query(&st.lock_sources, &lock_args),
+            down
         )
-        .map(|(_, rows)| rows)
+        .map(|(_, rows, down)| (rows, down))
     } else {
         tokio::try_join!(
             c.execute(&st.add_sources, &add_args),
             c.execute(&st.begin, &[]),
-            c.query(&st.lock_sources, &lock_args)
+            c.query(&st.lock_sources, &lock_args),
+            down
         )
-        .map(|(_, _, rows)| rows)
+        .map(|(_, _, rows, down)| (rows, down))
     };
-    let locked = match first {
-        Ok(rows) => rows,
+    let (locked, down) = match first {
+        Ok(done) => done,
         Err(e) => {
             // The statements behind the failed one were sent and ran: end the transaction BEGIN may have opened.
             let _ = c.execute(&st.rollback, &[]).await;
@@ -958,11 +1245,20 @@ async fn try_part(
         applied.heard.push((name.to_string(), heard));
         start = end;
     }
+    if let Some((deleted, read)) = &down {
+        applied.down = fetches.applied(&part.fetches, deleted, read);
+    }
     if n == 0 && part.outlets.is_empty() {
-        // Nothing to write: the heard sequences read under the locks are the outcome.
-        c.execute(&st.rollback, &[])
-            .await
-            .map_err(fail("ending a turn with nothing to store"))?;
+        if down.is_none() {
+            // Nothing to write: the heard sequences read under the locks are the outcome.
+            c.execute(&st.rollback, &[])
+                .await
+                .map_err(fail("ending a turn with nothing to store"))?;
+        } else if let Err(e) = c.execute(&st.commit, &[]).await {
+            // LISTENs only: what they deleted is theirs to commit, and their answers wait for it.
+            let _ = c.execute(&st.rollback, &[]).await;
+            return Err(fail("storing a turn")(e));
+        }
         mark_known(conn, part.app, &names);
         return Ok(applied);
     }
@@ -1036,6 +1332,224 @@ async fn try_part(
         }
     }
     Ok(applied)
+}
+
+/// The arrays a part's LISTENs are given to the database as (docs/scale-out.md, "Downlink on a fleet").
+struct FetchArgs {
+    /// Per sender, in name order, the highest `heard` of the turn's LISTENs.
+    senders: Vec<String>,
+    heard: Vec<i64>,
+    /// Per LISTEN, in the part's order: whose, from where, and at most how many rows (each record takes at least a
+    /// byte of the answer's room).
+    read_senders: Vec<String>,
+    read_heard: Vec<i64>,
+    read_limit: Vec<i32>,
+}
+
+impl FetchArgs {
+    fn of(fetches: &[OwnedFetch]) -> Self {
+        let heard_of = |f: &OwnedFetch| f.heard.min(super::MAX_SEQ) as i64;
+        let mut folded: Vec<(&str, i64)> = fetches
+            .iter()
+            .map(|f| (f.source.as_str(), heard_of(f)))
+            .collect();
+        folded.sort_unstable();
+        // Sorted by (name, heard): the last of each name holds its highest.
+        let mut senders: Vec<String> = Vec::new();
+        let mut heard: Vec<i64> = Vec::new();
+        for (name, h) in folded {
+            if senders.last().is_some_and(|l| l == name) {
+                *heard.last_mut().expect("beside its sender") = h;
+            } else {
+                senders.push(name.to_string());
+                heard.push(h);
+            }
+        }
+        FetchArgs {
+            senders,
+            heard,
+            read_senders: fetches.iter().map(|f| f.source.clone()).collect(),
+            read_heard: fetches.iter().map(heard_of).collect(),
+            read_limit: fetches
+                .iter()
+                .map(|f| f.room.min(i32::MAX as usize) as i32)
+                .collect(),
+        }
+    }
+
+    /// What the LISTENs did, from the rows of the delete and of the read: each read cut to its room as on one
+    /// node ([`super::downlink`]).
+    fn applied(
+        &self,
+        fetches: &[OwnedFetch],
+        deleted: &tokio_postgres::Row,
+        read: &[tokio_postgres::Row],
+    ) -> DownApplied {
+        let mut out = DownApplied {
+            delivered: deleted.get::<_, i64>(0) as u64,
+            expired: deleted.get::<_, i64>(1) as u64,
+            waiting: deleted.get::<_, Option<i64>>(2).map(|w| w.max(0) as u64),
+            ..DownApplied::default()
+        };
+        let mut rows = read.iter().peekable();
+        for (k, f) in fetches.iter().enumerate() {
+            let ordinal = k as i64 + 1;
+            let mut records = Vec::new();
+            let mut last = 0;
+            let mut used = 0usize;
+            let mut full = false;
+            while let Some(row) = rows.next_if(|r| r.get::<_, i64>(0) == ordinal) {
+                last = row.get::<_, Option<i64>>(3).unwrap_or(0).max(0) as u64;
+                let (Some(seq), Some(payload)) = (
+                    row.get::<_, Option<i64>>(1),
+                    row.get::<_, Option<Vec<u8>>>(2),
+                ) else {
+                    continue;
+                };
+                let len = crate::proto::wire::record_len(&payload);
+                if full || used + len > f.room {
+                    full = true;
+                    continue;
+                }
+                used += len;
+                records.push(crate::proto::turn::DownRecord {
+                    seq: seq as u64,
+                    payload,
+                });
+            }
+            out.reads.push(FetchRead {
+                index: f.index,
+                after: self.read_heard[k] as u64,
+                last,
+                records,
+            });
+        }
+        out
+    }
+}
+
+/// One try of a push's transaction (docs/scale-out.md, "Downlink on a fleet"): what it did, with the sender's
+/// records that expired, and the app's waiting count where it moved it.
+async fn try_push(
+    target: &Target,
+    conn: &mut Conn,
+    app_id: i32,
+    push: &DownPush,
+) -> Result<((Pushed, u64), Option<u64>), Refused> {
+    let fail = |doing: &'static str| {
+        move |e: tokio_postgres::Error| {
+            if retryable(&e) {
+                Refused::Retry
+            } else {
+                Refused::Failed(db_err(target, doing)(e))
+            }
+        }
+    };
+    let c = &conn.client;
+    let st = &conn.st;
+    let ds = &st.down;
+    let now = crate::store::now_ms();
+    let sender = push.sender.as_str();
+    let flow_args: [&(dyn ToSql + Sync); 2] = [&app_id, &sender];
+    let expire_args: [&(dyn ToSql + Sync); 3] = [&app_id, &sender, &now];
+    // First wait: the flow's row (autocommit), BEGIN, the row locked, what expired deleted, what is left counted.
+    let first = tokio::try_join!(
+        c.execute(&ds.add_flow, &flow_args),
+        c.execute(&st.begin, &[]),
+        c.query_one(&ds.lock_flow, &flow_args),
+        c.query_one(&ds.expire, &expire_args),
+        c.query_one(&ds.waiting, &flow_args),
+    );
+    let (next, expired, left) = match first {
+        Ok((_, _, next, expired, left)) => (next.get::<_, i64>(0), expired.get::<_, i64>(0), left),
+        Err(e) => {
+            let _ = c.execute(&st.rollback, &[]).await;
+            return Err(fail("locking a downlink flow")(e));
+        }
+    };
+    let waiting = left.get::<_, i64>(0).max(0) as u64;
+    let bytes = left.get::<_, i64>(1).max(0) as u64;
+    let adding: u64 = push.records.iter().map(|p| p.len() as u64).sum();
+    let refusal = if waiting + push.records.len() as u64 > push.limits.max_records {
+        Some(DownRefusal::Records {
+            waiting,
+            max: push.limits.max_records,
+        })
+    } else if bytes + adding > push.limits.max_bytes {
+        Some(DownRefusal::Bytes {
+            waiting: bytes,
+            max: push.limits.max_bytes,
+        })
+    } else {
+        None
+    };
+    let ended = |e: tokio_postgres::Error| async {
+        let _ = c.execute(&st.rollback, &[]).await;
+        Err(fail("queueing downlink records")(e))
+    };
+    if let Some(r) = refusal {
+        // The expiries are kept: they are true whatever the push.
+        let delta = -expired;
+        let count_args: [&(dyn ToSql + Sync); 2] = [&app_id, &delta];
+        let count = if expired > 0 {
+            let (count, commit) = tokio::join!(
+                c.query_one(&ds.count, &count_args),
+                c.execute(&st.commit, &[])
+            );
+            match count.and_then(|row| commit.map(|_| row)) {
+                Ok(row) => Some(row.get::<_, i64>(0).max(0) as u64),
+                Err(e) => return ended(e).await,
+            }
+        } else {
+            if let Err(e) = c.execute(&st.commit, &[]).await {
+                return ended(e).await;
+            }
+            None
+        };
+        return Ok(((Pushed::Refused(r), expired as u64), count));
+    }
+    let n = push.records.len() as i64;
+    let expires = push
+        .limits
+        .expiry_ms
+        .map(|e| now.saturating_add(e.min(i64::MAX as u64) as i64));
+    let records: Vec<&[u8]> = push.records.iter().map(Vec::as_slice).collect();
+    let delta = n - expired;
+    use base64::Engine as _;
+    let payload = format!(
+        "{app_id} {} {sender}",
+        base64::engine::general_purpose::STANDARD.encode(push.key)
+    );
+    let insert_args: [&(dyn ToSql + Sync); 6] = [&app_id, &sender, &next, &records, &now, &expires];
+    let move_args: [&(dyn ToSql + Sync); 3] = [&app_id, &sender, &n];
+    let count_args: [&(dyn ToSql + Sync); 2] = [&app_id, &delta];
+    let notify_args: [&(dyn ToSql + Sync); 2] = [&DOWN_CHANNEL, &payload];
+    // Second wait: the records at next_seq.., next_seq past them, the count, the other nodes told, COMMIT.
+    let (inserted, moved, count, notified, commit) = tokio::join!(
+        c.execute(&ds.insert, &insert_args),
+        c.execute(&ds.move_next, &move_args),
+        c.query_one(&ds.count, &count_args),
+        c.execute(&ds.notify, &notify_args),
+        c.execute(&st.commit, &[]),
+    );
+    match inserted
+        .and(moved)
+        .and(notified)
+        .and(count)
+        .and_then(|row| commit.map(|_| row))
+    {
+        Ok(row) => Ok((
+            (
+                Pushed::Queued {
+                    first: next as u64,
+                    count: n as u64,
+                },
+                expired as u64,
+            ),
+            Some(row.get::<_, i64>(0).max(0) as u64),
+        )),
+        Err(e) => ended(e).await,
+    }
 }
 
 fn mark_known(conn: &mut Conn, app: AppIndex, names: &[String]) {

@@ -74,10 +74,31 @@ impl TurnStore for SqliteTurns {
                 ));
                 continue;
             };
+            // Pushes first, each in a transaction of its own, so that a LISTEN of this turn reads them.
+            let mut pushed = Vec::with_capacity(part.pushes.len());
+            let mut failed = None;
+            for p in &part.pushes {
+                match store.queue_down(&p.sender, &p.records, &p.limits) {
+                    Ok(done) => pushed.push(done),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
             let mut pieces: Vec<Piece<'_>> = part.pieces.iter().map(|p| p.as_piece()).collect();
             let outlets: Vec<(&str, u64)> =
                 part.outlets.iter().map(|(n, a)| (n.as_str(), *a)).collect();
-            let result = store.apply(&mut pieces, &outlets, part.keep_new);
+            let fetches: Vec<_> = part.fetches.iter().map(|f| f.as_fetch()).collect();
+            let result = match failed {
+                Some(e) => Err(e),
+                None => store
+                    .apply_with_down(&mut pieces, &outlets, part.keep_new, &fetches)
+                    .map(|mut applied| {
+                        applied.down.pushed = pushed;
+                        applied
+                    }),
+            };
             if result.is_ok()
                 && let Some(item) = store.sync_item(part.app)
             {

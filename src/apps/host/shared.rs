@@ -15,8 +15,11 @@
 //! as on one node, but hands them to the fleet's outbox ([`super::outbox`], [`Host::fleet_outlets`]) rather than
 //! to the sending loop, and feeds them nothing itself; the outbox drives those whose lease this node holds. Inner
 //! outlets the outbox reads from the database too, and hands the host batches that its next turn applies to their
-//! destinations ([`Host::fleet_inner`], `take_inner_batches`). Not yet: queueing downlink records; a LISTEN is
-//! answered "nothing waits".
+//! destinations ([`Host::fleet_inner`], `take_inner_batches`). Downlink (docs/scale-out.md, "Downlink on a
+//! fleet"): a push waits in the host for the next turn, whose part carries it to the store ahead of the turn's own
+//! transaction (so a LISTEN of the same turn reads it), and is answered from that turn's outcome; the turn's
+//! LISTENs ride in their app's part; and pushes other nodes committed ([`TurnStore::down_notices`]) have this
+//! node's listening sessions of their sender read again, the sender found by its key.
 //!
 //! **When the store fails** (the database unreachable, its thread gone), each app of the failed part stops as a
 //! failing disk stops it: NOT_STORED to its senders, `/healthz` and the log say why. Once its delay is up it is
@@ -33,14 +36,17 @@ use std::time::{Duration, Instant};
 use super::outbox::{FleetInner, FleetOutlet, InnerBatch, InnerQueue};
 use super::{Failure, Host, OutletChanges, RETRY_MAX, TurnReport, Unsynced};
 use crate::apps::config::{AppsConfig, StartFrom};
+use crate::common::push::{PushAnswer, PushBound};
 use crate::proto::allow_list::AllowList;
+use crate::proto::allow_list::SenderIndex;
 use crate::proto::node::Node;
 use crate::proto::turn::{AppIndex, Committed, Turn};
 use crate::proto::wire::RecordFormat;
-use crate::store::downlink::{DownApplied, FetchRead};
-use crate::store::engine::{AppTurn, OwnedPiece, TurnOutcome, TurnStore};
+use crate::store::downlink::{DownPush, DownRefusal, OwnedFetch, Pushed};
+use crate::store::engine::{AppTurn, DownNotice, OwnedPiece, TurnOutcome, TurnStore};
 use crate::store::lease::OutletKey;
 use crate::store::{self, Applied, StoreError};
+use tokio::sync::oneshot;
 
 /// What a turn handed to the shared store needs once its outcome is back.
 pub(super) struct SharedTurn {
@@ -49,6 +55,42 @@ pub(super) struct SharedTurn {
     senders: Arc<AllowList>,
     /// Inner outlets' batches in this turn, by destination: answered when it is finished.
     inner: Vec<(AppIndex, Arc<InnerBatch>)>,
+    /// Pushes in this turn, in the order their parts carry them: answered when it is finished.
+    pushes: Vec<SharedPush>,
+}
+
+/// A push on a shared store: its records ride with the next turn, and its answer waits for that turn's outcome.
+pub(in crate::apps) struct SharedPush {
+    app: AppIndex,
+    sender: SenderIndex,
+    /// Until the next turn hands it to the store.
+    push: Option<DownPush>,
+    /// The sender's name, for the answer.
+    to: String,
+    records: u64,
+    answer: oneshot::Sender<PushAnswer>,
+}
+
+impl SharedPush {
+    pub(in crate::apps) fn new(
+        app: AppIndex,
+        sender: SenderIndex,
+        push: DownPush,
+        answer: oneshot::Sender<PushAnswer>,
+    ) -> Self {
+        SharedPush {
+            app,
+            sender,
+            records: push.records.len() as u64,
+            to: push.sender.clone(),
+            push: Some(push),
+            answer,
+        }
+    }
+
+    fn unavailable(self, words: String) {
+        let _ = self.answer.send(PushAnswer::Unavailable(words));
+    }
 }
 
 impl Host {
@@ -186,6 +228,118 @@ impl Host {
         taken
     }
 
+    /// The pushes taken since the last turn, each added to its app's part (a part made for an app that has none in
+    /// this turn); a push whose app cannot store now is answered at once.
+    fn take_pushes(&mut self, parts: &mut Vec<AppTurn>) -> Vec<SharedPush> {
+        let mut taken = Vec::new();
+        for mut p in std::mem::take(&mut self.shared_pushes) {
+            let a = &self.apps[p.app as usize];
+            if let Some(f) = &a.failure {
+                let words = format!(
+                    "app {} cannot store now ({}): nothing was queued; push again once it stores",
+                    a.config.name,
+                    f.words()
+                );
+                p.unavailable(words);
+                continue;
+            }
+            let at = match parts.iter().position(|part| part.app == p.app) {
+                Some(at) => at,
+                None => {
+                    parts.push(AppTurn {
+                        app: p.app,
+                        ..AppTurn::default()
+                    });
+                    parts.len() - 1
+                }
+            };
+            parts[at].pushes.extend(p.push.take());
+            taken.push(p);
+        }
+        taken
+    }
+
+    /// Answers a turn's pushes from its outcome: each app's pushes in the order its part carried them.
+    fn answer_pushes(
+        &mut self,
+        pushes: Vec<SharedPush>,
+        apps: &[(AppIndex, Result<Applied, Arc<StoreError>>)],
+        node: &mut Node,
+        now: Instant,
+    ) {
+        let mut next_of_app: Vec<usize> = vec![0; self.apps.len()];
+        for p in pushes {
+            let i = p.app as usize;
+            let name = self.apps[i].config.name.clone();
+            let k = next_of_app[i];
+            next_of_app[i] += 1;
+            let result = apps.iter().find(|(a, _)| *a == p.app).map(|(_, r)| r);
+            let done = match result {
+                Some(Ok(applied)) => applied.down.pushed.get(k).cloned(),
+                Some(Err(e)) => {
+                    p.unavailable(format!(
+                        "app {name} could not queue ({e}): the records may or may not be queued (the database may \
+                         have committed them before the connection failed); pushing them again may queue them twice"
+                    ));
+                    continue;
+                }
+                None => None,
+            };
+            let Some((pushed, expired)) = done else {
+                p.unavailable(format!(
+                    "app {name}: the store did not answer this push; it may or may not be queued"
+                ));
+                continue;
+            };
+            let a = &mut self.apps[i];
+            a.down_expired += expired;
+            match pushed {
+                Pushed::Queued { first, count } => {
+                    a.down_queued += count;
+                    // A session whose read was already on its way when the push came reads again.
+                    node.downlink_queued(now, p.sender, p.app);
+                    let _ = p.answer.send(PushAnswer::Queued {
+                        first,
+                        count,
+                        expired,
+                    });
+                }
+                Pushed::Refused(r) => {
+                    a.down_refused += p.records;
+                    let bound = match r {
+                        DownRefusal::TooLarge { .. } => PushBound::TooLarge,
+                        DownRefusal::Records { .. } => PushBound::MaxRecords,
+                        DownRefusal::Bytes { .. } => PushBound::MaxBytes,
+                    };
+                    let _ = p.answer.send(PushAnswer::Refused {
+                        bound,
+                        why: format!("nothing was queued for {} in app {name}: {r}", p.to),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Pushes other nodes of the fleet committed: a session of their sender here that listens on the app reads
+    /// what waits in the next turn. The sender is found by its key (a binary search), and only if its name here is
+    /// the one the push named.
+    pub(super) fn down_notices(&mut self, notices: Vec<DownNotice>, node: &mut Node) {
+        if notices.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for notice in notices {
+            let senders = node.senders();
+            let Some(sender) = senders.find(&notice.key) else {
+                continue;
+            };
+            if senders.name(sender) != notice.sender || notice.app as usize >= self.apps.len() {
+                continue;
+            }
+            node.downlink_queued(now, sender, notice.app);
+        }
+    }
+
     /// The shared store made a new connection: every failed app is probed with the next turn, rather than at its
     /// next retry (a database back after a cut serves again within a round trip or two).
     pub(super) fn probe_now(&mut self, now: Instant) {
@@ -222,21 +376,24 @@ impl Host {
         let n = self.apps.len();
         let mut parts: Vec<AppTurn> = Vec::new();
         if let Some(t) = &turn {
-            for (i, pieces) in store::pieces_of_turn(t, &senders, n)
+            let fetches = store::fetches_of_turn(t, &senders, n);
+            for (i, (pieces, fetches)) in store::pieces_of_turn(t, &senders, n)
                 .into_iter()
+                .zip(fetches)
                 .enumerate()
             {
-                if pieces.is_empty() || self.apps[i].failure.is_some() {
+                if (pieces.is_empty() && fetches.is_empty()) || self.apps[i].failure.is_some() {
                     continue;
                 }
                 parts.push(AppTurn {
                     app: i as AppIndex,
                     pieces: pieces.iter().map(OwnedPiece::from_piece).collect(),
-                    outlets: Vec::new(),
-                    keep_new: false,
+                    fetches: fetches.iter().map(OwnedFetch::from_fetch).collect(),
+                    ..AppTurn::default()
                 });
             }
         }
+        let pushes = self.take_pushes(&mut parts);
         let inner = self.take_inner_batches(&mut parts);
         for (i, app) in self.apps.iter_mut().enumerate() {
             if let Some(f) = &mut app.failure
@@ -261,6 +418,7 @@ impl Host {
                 turn,
                 senders,
                 inner,
+                pushes,
             }),
         };
         let shared = self.shared.as_mut().expect("a shared host");
@@ -299,10 +457,12 @@ impl Host {
             turn,
             senders,
             inner,
+            pushes,
         }) = unsynced.shared.take()
         else {
             return;
         };
+        self.answer_pushes(pushes, &apps, node, now);
         for (dest, batch) in &inner {
             let answer = match apps.iter().find(|(a, _)| a == dest) {
                 Some((_, Ok(applied))) => {
@@ -341,6 +501,11 @@ impl Host {
                         node.set_app_cannot_store(app, false);
                     }
                     a.stored += applied.stored;
+                    a.down_delivered += applied.down.delivered;
+                    a.down_expired += applied.down.expired;
+                    if let Some(w) = applied.down.waiting {
+                        a.down_waiting_shared = w;
+                    }
                     if applied.stored > 0
                         && let Some(w) = &self.outbox_wake
                     {
@@ -359,41 +524,6 @@ impl Host {
                     });
                 }
                 Err(e) => self.shared_failed(app, &e, node, now),
-            }
-        }
-        // Downlink records cannot be queued on a shared store yet: a LISTEN of an app that can store is answered
-        // "nothing waits above what you have", once this turn is finished like any other.
-        if let Some(t) = &turn {
-            for (index, f) in t.fetches.iter().enumerate() {
-                let i = f.app as usize;
-                if self.apps.get(i).is_none_or(|a| a.failure.is_some()) {
-                    continue;
-                }
-                let at = match parts.iter().position(|p| p.app == f.app) {
-                    Some(at) => at,
-                    None => {
-                        parts.push(super::CommittedPart {
-                            app: f.app,
-                            outcome: Committed::default(),
-                            new_chunks: Vec::new(),
-                            head: self.durable[i],
-                        });
-                        parts.len() - 1
-                    }
-                };
-                let nothing_waits = Applied {
-                    down: DownApplied {
-                        reads: vec![FetchRead {
-                            index,
-                            after: f.heard,
-                            last: f.heard,
-                            records: Vec::new(),
-                        }],
-                        ..DownApplied::default()
-                    },
-                    ..Applied::default()
-                };
-                parts[at].outcome.add(f.app, &nothing_waits, t, &senders);
             }
         }
         unsynced.parts = parts;
