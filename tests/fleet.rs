@@ -307,6 +307,11 @@ fn a_node_whose_database_stops_says_so_acks_nothing_and_stores_again_when_it_is_
     assert_eq!(node.http_get("/healthz").0, 200);
 
     cluster.kill();
+    // A push now is refused, saying that nothing was queued (whether the node has found the database gone yet or
+    // its push is the first to find it).
+    let (code, said) = ops_util::push(&node.state, "main", "dev", b"while-down\n");
+    assert_eq!(code, 75, "{said}");
+    assert!(said.contains("nothing was queued"), "{said}");
     // A sender now is told NOT_STORED and is acked nothing, and the node says why.
     let seen = deliver_moving(
         &device_key,
@@ -364,6 +369,8 @@ fn a_node_whose_database_stops_says_so_acks_nothing_and_stores_again_when_it_is_
         "{:?}",
         node.metric("pure_store_connections_total")
     );
+    // Pushes are queued again; the one refused while the database was down was not.
+    assert_eq!(push_on(&node, &["after".to_string()]), 1..=1);
 }
 
 #[test]

@@ -84,7 +84,7 @@ fn same_downlink_outcomes(store: &mut dyn TurnStore) {
         max_bytes: 10,
         expiry_ms: None,
     };
-    let a = apply(
+    let (_, pushed) = apply_down(
         store,
         101,
         down_turn(
@@ -99,7 +99,6 @@ fn same_downlink_outcomes(store: &mut dyn TurnStore) {
             Vec::new(),
         ),
     );
-    let pushed: Vec<Pushed> = a.down.pushed.iter().map(|(p, _)| p.clone()).collect();
     assert_eq!(
         pushed,
         vec![
@@ -145,7 +144,7 @@ fn same_downlink_outcomes(store: &mut dyn TurnStore) {
     );
     // A push and a LISTEN in one turn: the push comes first, so the LISTEN reads it. Numbering goes on after what
     // was delivered.
-    let a = apply(
+    let (a, pushed) = apply_down(
         store,
         103,
         down_turn(
@@ -153,7 +152,7 @@ fn same_downlink_outcomes(store: &mut dyn TurnStore) {
             vec![listen(5, "dev", 1, 100)],
         ),
     );
-    assert_eq!(a.down.pushed[0].0, Pushed::Queued { first: 3, count: 1 });
+    assert_eq!(pushed, vec![Pushed::Queued { first: 3, count: 1 }]);
     assert_eq!(
         a.down.reads,
         vec![FetchRead {
@@ -171,17 +170,17 @@ fn same_downlink_outcomes(store: &mut dyn TurnStore) {
     );
     assert_eq!(a.down.delivered, 2);
     assert_eq!(a.down.reads[0].last, 0, "nothing waits");
-    let a = apply(
+    let (_, pushed) = apply_down(
         store,
         105,
         down_turn(vec![push_of("dev", &[b"ff"], limits)], Vec::new()),
     );
     assert_eq!(
-        a.down.pushed[0].0,
-        Pushed::Queued {
+        pushed,
+        vec![Pushed::Queued {
             first: 10,
             count: 1
-        }
+        }]
     );
     // Expired records are deleted unsent and counted, and hold no room.
     let soon = DownLimits {
@@ -207,6 +206,12 @@ fn same_downlink_outcomes(store: &mut dyn TurnStore) {
 
 /// Submits one turn and waits for its outcome; the one app part's result.
 fn apply(store: &mut dyn TurnStore, seq: u64, part: AppTurn) -> Applied {
+    apply_down(store, seq, part).0
+}
+
+/// [`apply`], with what became of each push of the part (each done).
+fn apply_down(store: &mut dyn TurnStore, seq: u64, part: AppTurn) -> (Applied, Vec<Pushed>) {
+    let pushes = part.pushes.len();
     store.submit(seq, vec![part]);
     let mut done: Vec<TurnOutcome> = Vec::new();
     while done.is_empty() {
@@ -214,8 +219,17 @@ fn apply(store: &mut dyn TurnStore, seq: u64, part: AppTurn) -> Applied {
     }
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].seq, seq);
-    let (_, result) = done.remove(0).apps.remove(0);
-    result.expect("the turn is applied")
+    let mut outcome = done.remove(0);
+    let pushed: Vec<Pushed> = match outcome.pushes.pop() {
+        Some((_, list)) => list
+            .iter()
+            .map(|p| p.done().expect("the push is done").0.clone())
+            .collect(),
+        None => Vec::new(),
+    };
+    assert_eq!(pushed.len(), pushes, "an outcome per push");
+    let (_, result) = outcome.apps.remove(0);
+    (result.expect("the turn is applied"), pushed)
 }
 
 /// The same turns for every engine, and what each must say about them.
@@ -355,8 +369,9 @@ fn two_postgres_engines_pushing_to_one_sender_give_each_sequence_once_and_tell_e
                 for k in 0..PUSHES {
                     let mut push = push_of("dev", &[b"x", b"y"], limits);
                     push.key = [w; 32];
-                    let a = apply(&mut engine, k + 1, down_turn(vec![push], Vec::new()));
-                    match a.down.pushed[0].0 {
+                    let (_, pushed) =
+                        apply_down(&mut engine, k + 1, down_turn(vec![push], Vec::new()));
+                    match pushed[0] {
                         Pushed::Queued { first, count } => given.push((first, count)),
                         ref other => panic!("refused: {other:?}"),
                     }

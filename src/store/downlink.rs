@@ -171,15 +171,37 @@ pub struct DownPush {
     pub limits: DownLimits,
 }
 
+/// What became of one push a turn's part carried (pushes are transactions of their own, so their outcomes are apart
+/// from the part's).
+#[derive(Debug, Clone)]
+pub enum PushOutcome {
+    /// Committed (and, on SQLite, synced): what it did, and how many of its sender's records expired and were
+    /// deleted by it.
+    Done(Pushed, u64),
+    /// Not done. `maybe_queued`: the store may have committed it all the same (the connection was lost after its
+    /// COMMIT was sent, or its sync failed after the commit), so the pusher must be told it may or may not be queued.
+    Failed {
+        error: std::sync::Arc<StoreError>,
+        maybe_queued: bool,
+    },
+}
+
+impl PushOutcome {
+    /// What it did, if it was done.
+    pub fn done(&self) -> Option<(&Pushed, u64)> {
+        match self {
+            PushOutcome::Done(p, expired) => Some((p, *expired)),
+            PushOutcome::Failed { .. } => None,
+        }
+    }
+}
+
 /// What a turn's downlink work did in one app.
 #[derive(Debug, Clone, Default)]
 pub struct DownApplied {
     pub reads: Vec<FetchRead>,
     pub delivered: u64,
     pub expired: u64,
-    /// Per push of the part, in order: what it did, and how many of its sender's records expired and were deleted
-    /// by it.
-    pub pushed: Vec<(Pushed, u64)>,
     /// Records waiting in the app after this work, where the engine said it (a fleet's store returns its kept
     /// count whenever it changes it; `None`: not said).
     pub waiting: Option<u64>,

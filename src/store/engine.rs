@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use super::downlink::{DownPush, OwnedFetch};
+use super::downlink::{DownPush, OwnedFetch, PushOutcome};
 use super::{Applied, Piece, StoreError};
 use crate::proto::turn::AppIndex;
 use crate::proto::wire::RecordFormat;
@@ -66,7 +66,7 @@ pub struct AppTurn {
     /// what waits above it read ([`Applied::down`]).
     pub fetches: Vec<OwnedFetch>,
     /// Pushes of downlink records to this app's senders, each in a transaction of its own applied before the
-    /// part's, answered in [`DownApplied::pushed`](super::downlink::DownApplied::pushed) in order.
+    /// part's, answered in [`TurnOutcome::pushes`] in order.
     pub pushes: Vec<DownPush>,
 }
 
@@ -95,6 +95,9 @@ pub struct DownNotice {
 pub struct TurnOutcome {
     pub seq: u64,
     pub apps: Vec<(AppIndex, Result<Applied, Arc<StoreError>>)>,
+    /// Per part that carried pushes, the outcome of each, in the part's order: apart from the part's own result,
+    /// since each push is a transaction of its own.
+    pub pushes: Vec<(AppIndex, Vec<PushOutcome>)>,
 }
 
 /// The store as everything above `src/store/` applies turns to it.

@@ -43,7 +43,8 @@ use tokio_postgres::{Client, NoTls, Statement};
 pub mod leases;
 
 use super::downlink::{
-    DownApplied, DownPush, DownRefusal, FetchRead, MAX_DOWN_PAYLOAD, OwnedFetch, Pushed,
+    DownApplied, DownPush, DownRefusal, FetchRead, MAX_DOWN_PAYLOAD, OwnedFetch, PushOutcome,
+    Pushed,
 };
 use super::engine::{AppTurn, DownNotice, TurnOutcome, TurnStore};
 use super::{Applied, Chunk, Piece, StoreError};
@@ -372,7 +373,11 @@ impl TurnStore for PostgresTurns {
                         (app, Err(Arc::new(e)))
                     })
                     .collect();
-                out.push(TurnOutcome { seq, apps });
+                out.push(TurnOutcome {
+                    seq,
+                    apps,
+                    pushes: Vec::new(),
+                });
             }
         }
         out
@@ -502,6 +507,8 @@ enum Refused {
     /// A new try may cure it (serialization failure, deadlock, a heard sequence moved).
     Retry,
     Failed(StoreError),
+    /// The connection was lost after COMMIT was sent: it may have committed (a push's outcome says so).
+    Unknown(StoreError),
 }
 
 fn retryable(e: &tokio_postgres::Error) -> bool {
@@ -538,11 +545,15 @@ impl Worker {
         match job {
             Job::Turn(seq, parts) => {
                 let mut apps = Vec::with_capacity(parts.len());
+                let mut pushes = Vec::new();
                 for part in &parts {
-                    let r = self.apply_part(part).await.map_err(Arc::new);
-                    apps.push((part.app, r));
+                    let (r, pushed) = self.apply_part(part).await;
+                    if !part.pushes.is_empty() {
+                        pushes.push((part.app, pushed));
+                    }
+                    apps.push((part.app, r.map_err(Arc::new)));
                 }
-                lock(&done.outcomes).push_back(TurnOutcome { seq, apps });
+                lock(&done.outcomes).push_back(TurnOutcome { seq, apps, pushes });
                 done.changed.notify_all();
                 done.wake.wake();
             }
@@ -728,36 +739,50 @@ impl Worker {
         })
     }
 
-    /// Applies one app's part of a turn in one transaction, trying again what a new try may cure.
-    async fn apply_part(&mut self, part: &AppTurn) -> Result<Applied, StoreError> {
+    /// A part: its pushes, each in a transaction of its own, then its records, outlets and LISTENs in one (trying
+    /// again what a new try may cure); the part's result, and each push's outcome apart from it.
+    async fn apply_part(
+        &mut self,
+        part: &AppTurn,
+    ) -> (Result<Applied, StoreError>, Vec<PushOutcome>) {
         if part.is_probe() {
-            return self.probe(part.app).await;
+            return (self.probe(part.app).await, Vec::new());
         }
         let mut pushed = Vec::with_capacity(part.pushes.len());
         let mut waiting = None;
         for push in &part.pushes {
-            let (done, count) = self.apply_push(part.app, push).await?;
-            waiting = count.or(waiting);
-            pushed.push(done);
+            pushed.push(match self.apply_push(part.app, push).await {
+                Ok((done, expired, count)) => {
+                    waiting = count.or(waiting);
+                    PushOutcome::Done(done, expired)
+                }
+                Err((e, maybe_queued)) => PushOutcome::Failed {
+                    error: Arc::new(e),
+                    maybe_queued,
+                },
+            });
         }
-        let mut applied =
-            if part.pieces.is_empty() && part.outlets.is_empty() && part.fetches.is_empty() {
-                Applied::default()
-            } else {
-                self.apply_turn_part(part).await?
-            };
-        applied.down.pushed = pushed;
-        applied.down.waiting = applied.down.waiting.or(waiting);
-        Ok(applied)
+        let result = if part.pieces.is_empty() && part.outlets.is_empty() && part.fetches.is_empty()
+        {
+            Ok(Applied::default())
+        } else {
+            self.apply_turn_part(part).await
+        };
+        let result = result.map(|mut applied| {
+            applied.down.waiting = applied.down.waiting.or(waiting);
+            applied
+        });
+        (result, pushed)
     }
 
-    /// One push in a transaction of its own (docs/scale-out.md, "Downlink on a fleet"), tried again as a part is.
-    /// What it did, and the app's waiting count where it moved it.
+    /// One push in a transaction of its own (docs/scale-out.md, "Downlink on a fleet"), tried again as a part is:
+    /// what it did, the sender's records it found expired, and the app's waiting count where it moved it; or why
+    /// not, and whether it may have been committed all the same.
     async fn apply_push(
         &mut self,
         app: AppIndex,
         push: &DownPush,
-    ) -> Result<((Pushed, u64), Option<u64>), StoreError> {
+    ) -> Result<(Pushed, u64, Option<u64>), (StoreError, bool)> {
         if let Some((index, p)) = push
             .records
             .iter()
@@ -768,15 +793,15 @@ impl Worker {
                 index,
                 len: p.len(),
             });
-            return Ok(((refused, 0), None));
+            return Ok((refused, 0, None));
         }
         let mut tries = 0;
         loop {
             let target = self.target.clone();
-            let conn = self.connection()?;
+            let conn = self.connection().map_err(|e| (e, false))?;
             let app_id = match conn.app_ids.get(app as usize) {
                 Some(&id) if id >= 0 => id,
-                _ => return Err(StoreError::Closed { app }),
+                _ => return Err((StoreError::Closed { app }, false)),
             };
             match try_push(&target, conn, app_id, push).await {
                 Ok(done) => return Ok(done),
@@ -786,15 +811,17 @@ impl Worker {
                     tokio::time::sleep(Duration::from_millis(ms)).await;
                 }
                 Err(Refused::Retry) => {
-                    return Err(StoreError::DatabaseRefused {
+                    let e = StoreError::DatabaseRefused {
                         url: target.shown.clone(),
                         why: format!(
                             "it refused a push {RETRIES} times in a row (serialization failures or deadlocks), so \
                              nothing of it was queued"
                         ),
-                    });
+                    };
+                    return Err((e, false));
                 }
-                Err(Refused::Failed(e)) => return Err(e),
+                Err(Refused::Failed(e)) => return Err((e, false)),
+                Err(Refused::Unknown(e)) => return Err((e, true)),
             }
         }
     }
@@ -826,7 +853,7 @@ impl Worker {
                         ),
                     });
                 }
-                Err(Refused::Failed(e)) => return Err(e),
+                Err(Refused::Failed(e) | Refused::Unknown(e)) => return Err(e),
             }
         }
     }
@@ -1435,7 +1462,7 @@ async fn try_push(
     conn: &mut Conn,
     app_id: i32,
     push: &DownPush,
-) -> Result<((Pushed, u64), Option<u64>), Refused> {
+) -> Result<(Pushed, u64, Option<u64>), Refused> {
     let fail = |doing: &'static str| {
         move |e: tokio_postgres::Error| {
             if retryable(&e) {
@@ -1483,9 +1510,17 @@ async fn try_push(
     } else {
         None
     };
+    // After COMMIT was sent: a connection lost now leaves it unknown whether the push committed.
     let ended = |e: tokio_postgres::Error| async {
         let _ = c.execute(&st.rollback, &[]).await;
-        Err(fail("queueing downlink records")(e))
+        if e.is_closed() {
+            Err(Refused::Unknown(db_err(
+                target,
+                "queueing downlink records",
+            )(e)))
+        } else {
+            Err(fail("queueing downlink records")(e))
+        }
     };
     if let Some(r) = refusal {
         // The expiries are kept: they are true whatever the push.
@@ -1506,7 +1541,7 @@ async fn try_push(
             }
             None
         };
-        return Ok(((Pushed::Refused(r), expired as u64), count));
+        return Ok((Pushed::Refused(r), expired as u64, count));
     }
     let n = push.records.len() as i64;
     let expires = push
@@ -1539,13 +1574,11 @@ async fn try_push(
         .and_then(|row| commit.map(|_| row))
     {
         Ok(row) => Ok((
-            (
-                Pushed::Queued {
-                    first: next as u64,
-                    count: n as u64,
-                },
-                expired as u64,
-            ),
+            Pushed::Queued {
+                first: next as u64,
+                count: n as u64,
+            },
+            expired as u64,
             Some(row.get::<_, i64>(0).max(0) as u64),
         )),
         Err(e) => ended(e).await,

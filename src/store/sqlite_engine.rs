@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
+use super::downlink::PushOutcome;
 use super::engine::{AppTurn, TurnOutcome, TurnStore};
 use super::sync::{SyncFiles, Syncer};
 use super::{Piece, StoreError, Stores};
@@ -56,6 +57,16 @@ impl SqliteTurns {
                         *result = Err(error.clone());
                     }
                 }
+                for (a, pushed) in &mut outcome.pushes {
+                    if *a == app {
+                        for p in pushed.iter_mut() {
+                            *p = PushOutcome::Failed {
+                                error: error.clone(),
+                                maybe_queued: true,
+                            };
+                        }
+                    }
+                }
             }
             self.ready.push(outcome);
         }
@@ -65,48 +76,49 @@ impl SqliteTurns {
 impl TurnStore for SqliteTurns {
     fn submit(&mut self, seq: u64, parts: Vec<AppTurn>) {
         let mut apps = Vec::with_capacity(parts.len());
+        let mut pushes = Vec::new();
         let mut files: SyncFiles = Vec::new();
         for part in parts {
             let Some(store) = self.stores.app_mut(part.app) else {
-                apps.push((
-                    part.app,
-                    Err(Arc::new(StoreError::Closed { app: part.app })),
-                ));
+                let closed = Arc::new(StoreError::Closed { app: part.app });
+                if !part.pushes.is_empty() {
+                    let failed = PushOutcome::Failed {
+                        error: closed.clone(),
+                        maybe_queued: false,
+                    };
+                    pushes.push((part.app, vec![failed; part.pushes.len()]));
+                }
+                apps.push((part.app, Err(closed)));
                 continue;
             };
-            // Pushes first, each in a transaction of its own, so that a LISTEN of this turn reads them.
+            // Pushes first, each in a transaction of its own, so that a LISTEN of this turn reads them. A push's
+            // commit is not durable until the turn's sync: its outcome is made Failed if that sync fails.
             let mut pushed = Vec::with_capacity(part.pushes.len());
-            let mut failed = None;
             for p in &part.pushes {
-                match store.queue_down(&p.sender, &p.records, &p.limits) {
-                    Ok(done) => pushed.push(done),
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
+                pushed.push(match store.queue_down(&p.sender, &p.records, &p.limits) {
+                    Ok((done, expired)) => PushOutcome::Done(done, expired),
+                    Err(e) => PushOutcome::Failed {
+                        error: Arc::new(e),
+                        maybe_queued: true,
+                    },
+                });
             }
             let mut pieces: Vec<Piece<'_>> = part.pieces.iter().map(|p| p.as_piece()).collect();
             let outlets: Vec<(&str, u64)> =
                 part.outlets.iter().map(|(n, a)| (n.as_str(), *a)).collect();
             let fetches: Vec<_> = part.fetches.iter().map(|f| f.as_fetch()).collect();
-            let result = match failed {
-                Some(e) => Err(e),
-                None => store
-                    .apply_with_down(&mut pieces, &outlets, part.keep_new, &fetches)
-                    .map(|mut applied| {
-                        applied.down.pushed = pushed;
-                        applied
-                    }),
-            };
-            if result.is_ok()
+            let result = store.apply_with_down(&mut pieces, &outlets, part.keep_new, &fetches);
+            if (result.is_ok() || !pushed.is_empty())
                 && let Some(item) = store.sync_item(part.app)
             {
                 files.push(item);
             }
+            if !pushed.is_empty() {
+                pushes.push((part.app, pushed));
+            }
             apps.push((part.app, result.map_err(Arc::new)));
         }
-        let outcome = TurnOutcome { seq, apps };
+        let outcome = TurnOutcome { seq, apps, pushes };
         match &self.syncer {
             // In order: a turn with nothing to sync is ready here only when no earlier one waits.
             Some(syncer) if !files.is_empty() || !self.unsynced.is_empty() => {

@@ -42,7 +42,7 @@ use crate::proto::allow_list::SenderIndex;
 use crate::proto::node::Node;
 use crate::proto::turn::{AppIndex, Committed, Turn};
 use crate::proto::wire::RecordFormat;
-use crate::store::downlink::{DownPush, DownRefusal, OwnedFetch, Pushed};
+use crate::store::downlink::{DownPush, DownRefusal, OwnedFetch, PushOutcome, Pushed};
 use crate::store::engine::{AppTurn, DownNotice, OwnedPiece, TurnOutcome, TurnStore};
 use crate::store::lease::OutletKey;
 use crate::store::{self, Applied, StoreError};
@@ -259,41 +259,53 @@ impl Host {
         taken
     }
 
-    /// Answers a turn's pushes from its outcome: each app's pushes in the order its part carried them.
+    /// Answers a turn's pushes from their outcomes: each app's pushes in the order its part carried them.
     fn answer_pushes(
         &mut self,
         pushes: Vec<SharedPush>,
-        apps: &[(AppIndex, Result<Applied, Arc<StoreError>>)],
+        mut pushed: Vec<(AppIndex, Vec<PushOutcome>)>,
         node: &mut Node,
         now: Instant,
     ) {
-        let mut next_of_app: Vec<usize> = vec![0; self.apps.len()];
+        for list in &mut pushed {
+            list.1.reverse();
+        }
         for p in pushes {
             let i = p.app as usize;
             let name = self.apps[i].config.name.clone();
-            let k = next_of_app[i];
-            next_of_app[i] += 1;
-            let result = apps.iter().find(|(a, _)| *a == p.app).map(|(_, r)| r);
-            let done = match result {
-                Some(Ok(applied)) => applied.down.pushed.get(k).cloned(),
-                Some(Err(e)) => {
+            let outcome = pushed
+                .iter_mut()
+                .find(|(a, _)| *a == p.app)
+                .and_then(|(_, list)| list.pop());
+            let (done, expired) = match outcome {
+                Some(PushOutcome::Done(done, expired)) => (done, expired),
+                Some(PushOutcome::Failed {
+                    error,
+                    maybe_queued: false,
+                }) => {
                     p.unavailable(format!(
-                        "app {name} could not queue ({e}): the records may or may not be queued (the database may \
-                         have committed them before the connection failed); pushing them again may queue them twice"
+                        "app {name} could not queue ({error}): nothing was queued; push again once it stores"
                     ));
                     continue;
                 }
-                None => None,
-            };
-            let Some((pushed, expired)) = done else {
-                p.unavailable(format!(
-                    "app {name}: the store did not answer this push; it may or may not be queued"
-                ));
-                continue;
+                Some(PushOutcome::Failed { error, .. }) => {
+                    p.unavailable(format!(
+                        "app {name} could not queue ({error}): the records may or may not be queued (the database \
+                         may have committed them before the connection was lost); pushing them again may queue them \
+                         twice"
+                    ));
+                    continue;
+                }
+                None => {
+                    p.unavailable(format!(
+                        "app {name}: the store ended before it answered this push; it may or may not be queued"
+                    ));
+                    continue;
+                }
             };
             let a = &mut self.apps[i];
             a.down_expired += expired;
-            match pushed {
+            match done {
                 Pushed::Queued { first, count } => {
                     a.down_queued += count;
                     // A session whose read was already on its way when the push came reads again.
@@ -424,7 +436,7 @@ impl Host {
         let shared = self.shared.as_mut().expect("a shared host");
         if parts.is_empty() && self.unsynced.is_empty() {
             // Nothing to store and nothing earlier waits: finished now (its LISTENs read nothing).
-            self.finish_shared(unsynced, Vec::new(), node, now);
+            self.finish_shared(unsynced, Vec::new(), Vec::new(), node, now);
         } else {
             shared.submit(seq, parts);
             self.unsynced.push_back(unsynced);
@@ -440,7 +452,7 @@ impl Host {
                 break;
             };
             debug_assert_eq!(unsynced.seq, outcome.seq, "outcomes come in order");
-            self.finish_shared(unsynced, outcome.apps, node, now);
+            self.finish_shared(unsynced, outcome.apps, outcome.pushes, node, now);
         }
     }
 
@@ -450,6 +462,7 @@ impl Host {
         &mut self,
         mut unsynced: Unsynced,
         apps: Vec<(AppIndex, Result<Applied, Arc<StoreError>>)>,
+        pushed: Vec<(AppIndex, Vec<PushOutcome>)>,
         node: &mut Node,
         now: Instant,
     ) {
@@ -462,7 +475,7 @@ impl Host {
         else {
             return;
         };
-        self.answer_pushes(pushes, &apps, node, now);
+        self.answer_pushes(pushes, pushed, node, now);
         for (dest, batch) in &inner {
             let answer = match apps.iter().find(|(a, _)| a == dest) {
                 Some((_, Ok(applied))) => {
