@@ -86,3 +86,31 @@ fn rooms_do_not_import_from_rooms_above_them() {
         ],
     );
 }
+
+/// One store interface, two engines (ARCHITECTURE.md): above `src/store/` nothing names an engine's module. The
+/// host, the receive loop, the outbox and the tools talk to `store::engine` (`TurnStore`, `OutboxConn`,
+/// `StoreReader`, `StoreChoice`), so the engine behind them can change without them.
+#[test]
+fn nothing_above_the_store_names_an_engine() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut bad = Vec::new();
+    for file in sources(&root) {
+        if file.starts_with(root.join("store")) {
+            continue;
+        }
+        let text = fs::read_to_string(&file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for engine in ["store::postgres", "store::sqlite_engine", "StoreChoice::Postgres"] {
+                if code.contains(engine) {
+                    bad.push(format!("{}:{}: {engine}", file.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "names a store engine above src/store/; go through store::engine instead:\n{}",
+        bad.join("\n")
+    );
+}

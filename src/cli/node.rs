@@ -234,11 +234,11 @@ pub(crate) fn read_store_password(file: &std::path::Path) -> anyhow::Result<Stri
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     crate::receive::heap::set_phase(crate::receive::heap::Phase::ReadingSenders);
     let mut settings = args.settings().context("the node did not start")?;
-    settings.store_password = match (&args.store_password_file, &args.store) {
-        (Some(file), crate::store::engine::StoreChoice::Postgres(_)) => {
+    settings.store_password = match &args.store_password_file {
+        Some(file) if args.store.is_shared() => {
             Some(read_store_password(file).context("the node did not start")?)
         }
-        (Some(file), crate::store::engine::StoreChoice::Sqlite) => {
+        Some(file) => {
             tracing::warn!(
                 "--store-password-file {} is not read: the node stores in SQLite (give --store postgres://… to \
                  store in a fleet's database)",
@@ -246,7 +246,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
             );
             None
         }
-        (None, _) => None,
+        None => None,
     };
     // Before anything is opened: past the limit every store would fail on its own, each with a misleading error.
     crate::ops::fds::prepare(&settings.apps).context("the node did not start")?;

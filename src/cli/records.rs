@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::store::engine::StoreChoice;
-use crate::store::postgres::PgReader;
+use crate::store::engine::{AppReader, StoreChoice, StoreReader};
 use crate::store::{self, RecordView};
 
 /// How often `--follow` looks for new records.
@@ -46,34 +45,6 @@ pub struct RecordsArgs {
     pub store_password_file: Option<PathBuf>,
 }
 
-/// One app's records, from the state directory's file or from the fleet's database.
-enum Opened<'a> {
-    File(Box<store::AppStore>),
-    Fleet(&'a PgReader, String),
-}
-
-impl Opened<'_> {
-    fn head(&self) -> anyhow::Result<u64> {
-        Ok(match self {
-            Opened::File(s) => s.read_head()?,
-            Opened::Fleet(r, app) => r.head(app)?,
-        })
-    }
-
-    fn for_each(
-        &self,
-        source: Option<&str>,
-        from: u64,
-        each: impl FnMut(&RecordView<'_>) -> bool,
-    ) -> anyhow::Result<()> {
-        match self {
-            Opened::File(s) => s.for_each_record_view(source, from, each)?,
-            Opened::Fleet(r, app) => r.for_each_record_view(app, source, from, each)?,
-        }
-        Ok(())
-    }
-}
-
 fn line(app: &str, r: &RecordView<'_>, json: bool) -> String {
     if json {
         store::json::record(app, r).to_string()
@@ -88,40 +59,16 @@ pub fn run(args: &RecordsArgs) -> anyhow::Result<()> {
         .state
         .clone()
         .unwrap_or_else(super::node::default_state_dir);
-    let fleet = match &args.store {
-        StoreChoice::Sqlite => None,
-        StoreChoice::Postgres(url) => {
-            let password = match &args.store_password_file {
-                Some(f) => Some(super::node::read_store_password(f)?),
-                None => None,
-            };
-            Some(PgReader::open(url, password.as_deref())?)
-        }
+    let password = match &args.store_password_file {
+        Some(f) if args.store.is_shared() => Some(super::node::read_store_password(f)?),
+        _ => None,
     };
-    let apps = match (&args.app, &fleet) {
-        (Some(a), _) => vec![a.clone()],
-        (None, Some(reader)) => {
-            let apps = reader.apps()?;
-            if apps.is_empty() {
-                anyhow::bail!(
-                    "no apps in the fleet's database yet: a node registers its apps when it first connects"
-                );
-            }
-            apps
-        }
-        (None, None) => {
-            let apps = store::list_apps(&state);
-            if apps.is_empty() {
-                anyhow::bail!(
-                    "no stores in {}: is that the node's --state directory? (A fleet's records are in its \
-                     database: give --store postgres://…)",
-                    state.join("apps").display()
-                );
-            }
-            apps
-        }
+    let reader = StoreReader::open(&args.store, &state, password.as_deref())?;
+    let apps = match &args.app {
+        Some(a) => vec![a.clone()],
+        None => reader.apps()?.map_err(anyhow::Error::msg)?,
     };
-    let open = |app: &str| open_app(fleet.as_ref(), &state, app);
+    let open = |app: &str| reader.app(app).map_err(anyhow::Error::from);
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let result = if args.follow {
@@ -144,17 +91,6 @@ pub fn run(args: &RecordsArgs) -> anyhow::Result<()> {
     }
 }
 
-fn open_app<'a>(
-    fleet: Option<&'a PgReader>,
-    state: &std::path::Path,
-    app: &str,
-) -> anyhow::Result<Opened<'a>> {
-    Ok(match fleet {
-        Some(reader) => Opened::Fleet(reader, app.to_string()),
-        None => Opened::File(Box::new(store::open_app_for_reading(state, app)?)),
-    })
-}
-
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.downcast_ref::<std::io::Error>()
         .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
@@ -163,7 +99,7 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 /// Writes the records of `app` from position `from` (0: all, in source order) as lines; returns the last
 /// position written.
 fn write_records(
-    store: &Opened<'_>,
+    store: &AppReader<'_>,
     app: &str,
     args: &RecordsArgs,
     from: u64,
@@ -189,7 +125,7 @@ fn write_records(
 }
 
 fn follow(
-    s: &Opened<'_>,
+    s: &AppReader<'_>,
     app: &str,
     args: &RecordsArgs,
     out: &mut impl Write,

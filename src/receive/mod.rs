@@ -329,10 +329,7 @@ impl ReadyNode {
             Some(turns) => {
                 tracing::info!(
                     "storing in the fleet's database {} (docs/scale-out.md); the memo of secrets stays in {}",
-                    match &settings.store {
-                        StoreChoice::Postgres(url) => url.as_str(),
-                        StoreChoice::Sqlite => "",
-                    },
+                    settings.store.shown(),
                     settings.state_dir.display()
                 );
                 Host::open_shared(
@@ -1302,16 +1299,20 @@ fn start_outbox(
     sending: &SendingLoop,
     host_wake: &Arc<Wake>,
 ) -> Option<Outbox> {
-    let (StoreChoice::Postgres(url), Some(wake), Some(inner_queue)) =
-        (&settings.store, host.outbox_wake(), host.inner_queue())
-    else {
+    let node_id = fleet_node_id(&settings.state_dir);
+    let (Some(connect), Some(wake), Some(inner_queue)) = (
+        settings
+            .store
+            .outbox_connector(settings.store_password.clone(), node_id.clone()),
+        host.outbox_wake(),
+        host.inner_queue(),
+    ) else {
         return None;
     };
     let outbox = Outbox::start(
         OutboxSettings {
-            url: url.clone(),
-            password: settings.store_password.clone(),
-            node_id: fleet_node_id(&settings.state_dir),
+            connect,
+            node_id,
             sending: sending.commander(),
             inner_queue,
             host_wake: host_wake.clone(),

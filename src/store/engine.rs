@@ -11,12 +11,15 @@
 //! durable, and only it may be acked.
 
 use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use thiserror::Error;
 
 use super::downlink::{DownPush, OwnedFetch, PushOutcome};
-use super::{Applied, Piece, StoreError};
+use super::lease::{OutletKey, Renewal};
+use super::{Applied, Chunk, OutletStart, Piece, RecordView, StoreError};
 use crate::proto::turn::AppIndex;
 use crate::proto::wire::RecordFormat;
 
@@ -135,6 +138,128 @@ pub trait TurnStore {
     }
 }
 
+/// What a renewal of leases found: the leases this node holds (with their acknowledged positions), and every
+/// wanted outlet's acknowledged position.
+pub type Renewed = (Vec<(OutletKey, u64)>, Vec<(OutletKey, u64)>);
+
+/// How long a wait on a shared store may last at most, whatever the network does (the outbox bounds each of its
+/// waits by it and by the end of its leases).
+pub const SHARED_WAIT: Duration = super::postgres::NET_TIMEOUT;
+
+/// The connection a node's outbox works on when its store is shared with a fleet (docs/scale-out.md, "Outlets of
+/// a fleet"): the outlets' leases, where each starts, and reads of what every node stored. Blocking calls on the
+/// outbox's own thread, never a loop's; every wait ends within the bound last set by [`OutboxConn::within`].
+pub trait OutboxConn {
+    /// Bounds every later wait to end within `within` from now (`None`: no bound but the network's).
+    fn within(&self, within: Option<Duration>);
+    /// Renews (and asks for) the leases of `renewal`, writing their far sides' acknowledged positions.
+    fn renew(&mut self, renewal: &Renewal) -> Result<Renewed, StoreError>;
+    /// Gives held leases back, writing their acknowledged positions (a clean stop).
+    fn release(&self, outlets: &[(OutletKey, u64)]) -> Result<(), StoreError>;
+    /// Where the outlet starts, as the first node that took its lease kept it (this node's `start` if none did).
+    fn start_of(&self, app: &str, start: &OutletStart) -> Result<OutletStart, StoreError>;
+    /// The heard sequence of `source` in `app`.
+    fn heard_of(&self, app: &str, source: &str) -> Result<u64, StoreError>;
+    /// Up to `max_records` records and `max_bytes` bytes of `app` from position `from`, as chunks in position order.
+    fn read_from(
+        &self,
+        app: &str,
+        from: u64,
+        max_records: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Chunk>, StoreError>;
+}
+
+/// Makes an outbox's connection, each wait of the making bounded by the duration given.
+pub type OutboxConnector =
+    Box<dyn Fn(Duration) -> Result<Box<dyn OutboxConn + Send>, StoreError> + Send>;
+
+/// What a store holds, for reading by a tool (`pure-serve records`): one node's files under its state directory,
+/// or a fleet's database.
+pub struct StoreReader(Reader);
+
+enum Reader {
+    Files(PathBuf),
+    Fleet(Box<super::postgres::PgReader>),
+}
+
+/// One app of a [`StoreReader`].
+pub struct AppReader<'a>(AppReading<'a>);
+
+enum AppReading<'a> {
+    File(Box<super::AppStore>),
+    Fleet(&'a super::postgres::PgReader, String),
+}
+
+impl StoreReader {
+    /// The store `choice` names: the files under `state` (SQLite), or the database (its password if it needs one).
+    pub fn open(
+        choice: &StoreChoice,
+        state: &Path,
+        password: Option<&str>,
+    ) -> Result<Self, StoreError> {
+        Ok(StoreReader(match choice {
+            StoreChoice::Sqlite => Reader::Files(state.to_path_buf()),
+            StoreChoice::Postgres(url) => {
+                Reader::Fleet(Box::new(super::postgres::PgReader::open(url, password)?))
+            }
+        }))
+    }
+
+    /// The apps the store holds, by name; when there are none, why (what to check), as an error message.
+    pub fn apps(&self) -> Result<Result<Vec<String>, String>, StoreError> {
+        let (apps, why) = match &self.0 {
+            Reader::Files(state) => (
+                super::list_apps(state),
+                format!(
+                    "no stores in {}: is that the node's --state directory? (A fleet's records are in its database: \
+                     give --store postgres://…)",
+                    state.join("apps").display()
+                ),
+            ),
+            Reader::Fleet(r) => (
+                r.apps()?,
+                "no apps in the fleet's database yet: a node registers its apps when it first connects".to_string(),
+            ),
+        };
+        Ok(if apps.is_empty() { Err(why) } else { Ok(apps) })
+    }
+
+    /// One app, opened for reading.
+    pub fn app(&self, app: &str) -> Result<AppReader<'_>, StoreError> {
+        Ok(AppReader(match &self.0 {
+            Reader::Files(state) => {
+                AppReading::File(Box::new(super::open_app_for_reading(state, app)?))
+            }
+            Reader::Fleet(r) => AppReading::Fleet(r, app.to_string()),
+        }))
+    }
+}
+
+impl AppReader<'_> {
+    /// The app's next position, as the store holds it now.
+    pub fn head(&self) -> Result<u64, StoreError> {
+        match &self.0 {
+            AppReading::File(s) => s.read_head(),
+            AppReading::Fleet(r, app) => r.head(app),
+        }
+    }
+
+    /// Calls `each` for every record at position ≥ `from` (of one source, if given): ordered by source then
+    /// sequence when `from` is 0, else by position (a follower); `each` returns false to stop.
+    pub fn for_each(
+        &self,
+        source: Option<&str>,
+        from: u64,
+        each: impl FnMut(&RecordView<'_>) -> bool,
+    ) -> Result<(), StoreError> {
+        match &self.0 {
+            AppReading::File(s) => s.for_each_record_view(source, from, each),
+            AppReading::Fleet(r, app) => r.for_each_record_view(app, source, from, each),
+        }
+    }
+}
+
 /// `--store`: where records and heard sequences are kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreChoice {
@@ -176,6 +301,45 @@ impl StoreChoice {
             return Err(StoreChoiceError::PasswordInUrl { given: redact(s) }.to_string());
         }
         Ok(StoreChoice::Postgres(s.to_string()))
+    }
+
+    /// Whether this store is shared with the other nodes of a fleet (and so needs a password file if its user has a
+    /// password).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, StoreChoice::Postgres(_))
+    }
+
+    /// The store as a log line names it (no password: a URL holding one is refused by [`StoreChoice::parse`]).
+    pub fn shown(&self) -> &str {
+        match self {
+            StoreChoice::Sqlite => "sqlite",
+            StoreChoice::Postgres(url) => url,
+        }
+    }
+
+    /// On a store shared with a fleet, what makes the outbox's connections as node `node_id`; `None` on a store of
+    /// the node's own, whose outlets the host feeds itself.
+    pub fn outbox_connector(
+        &self,
+        password: Option<String>,
+        node_id: String,
+    ) -> Option<OutboxConnector> {
+        match self {
+            StoreChoice::Sqlite => None,
+            StoreChoice::Postgres(url) => {
+                let url = url.clone();
+                Some(Box::new(move |within| {
+                    let conn = super::postgres::leases::LeaseConn::open_within(
+                        &url,
+                        password.as_deref(),
+                        &node_id,
+                        super::lease::DATABASE_LEASE,
+                        within,
+                    )?;
+                    Ok(Box::new(conn) as Box<dyn OutboxConn + Send>)
+                }))
+            }
+        }
     }
 
     /// The store shared with the other nodes of a fleet that this names, connected and with `apps` registered (app

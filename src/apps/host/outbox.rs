@@ -2,11 +2,12 @@
 //! the fleet's database (docs/scale-out.md, "Outlets of a fleet").
 //!
 //! On a fleet every node has every outlet of its apps file, but one node at a time drives each: the holder of its
-//! lease. The `pure-outbox` thread owns the node's [`Leases`] and one connection of its own ([`LeaseConn`]): it
+//! lease. The `pure-outbox` thread owns the node's [`Leases`] and one connection of its own ([`OutboxConn`], made by
+//! the store: this thread never knows which engine is behind it): it
 //! renews, and when the leases say so it starts an outlet on the sending loop ([`Commander`]) as at a restart of
 //! one node (links and wires ask their far side where it stands; webhooks resend from the acknowledged position)
 //! or stops it there. It feeds the outlets it drives from the database, what every node of the fleet stored, by
-//! position ([`LeaseConn::read_from`]), and writes what their far sides acknowledged with each renewal. The receive
+//! position ([`OutboxConn::read_from`]), and writes what their far sides acknowledged with each renewal. The receive
 //! loop never waits on any of it; its lag budgets read the outlets' acknowledged positions, which this thread keeps
 //! for the outlets other nodes drive too (from each renewal's answer).
 //!
@@ -25,9 +26,8 @@ use std::time::{Duration, Instant};
 use crate::common::wake::Wake;
 use crate::outlets::{Outlet, Target};
 use crate::sending::Commander;
-use crate::store::lease::{DATABASE_LEASE, LeaseEvent, Leases, OutletKey, RENEW_EVERY};
-use crate::store::postgres::NET_TIMEOUT;
-use crate::store::postgres::leases::LeaseConn;
+use crate::store::engine::{OutboxConn, OutboxConnector, SHARED_WAIT as NET_TIMEOUT};
+use crate::store::lease::{LeaseEvent, Leases, OutletKey, RENEW_EVERY};
 use crate::store::{Chunk, OutletStart};
 
 /// How soon a caught-up outlet's feed reads again for records other nodes stored.
@@ -99,9 +99,9 @@ pub struct FleetOutlet {
 
 /// Where the outbox connects, as whom, and the sending loop it starts outlets on.
 pub struct OutboxSettings {
-    pub url: String,
-    pub password: Option<String>,
-    /// This node's id in the leases: its host name and state directory (docs/scale-out.md).
+    /// Makes the outbox's connection to the fleet's store (`StoreChoice::outbox_connector`).
+    pub connect: OutboxConnector,
+    /// This node's id in the leases: its host name and state directory (docs/scale-out.md), for the log.
     pub node_id: String,
     pub sending: Commander,
     /// Where inner batches go, and the receive loop's wake that says one is there.
@@ -195,7 +195,7 @@ struct Driver {
     leases: Leases,
     entries: Vec<Entry>,
     inner: Vec<InnerEntry>,
-    conn: Option<LeaseConn>,
+    conn: Option<Box<dyn OutboxConn + Send>>,
     connect_after: Instant,
     /// The last problem with the database logged, so a lasting one is logged once.
     told: Option<String>,
@@ -409,17 +409,10 @@ impl Driver {
     }
 
     /// The connection, made now if there is none and its delay is up.
-    fn conn(&mut self) -> Option<&mut LeaseConn> {
+    fn conn(&mut self) -> Option<&mut (dyn OutboxConn + Send + 'static)> {
         let within = self.bound();
         if self.conn.is_none() && Instant::now() >= self.connect_after && !within.is_zero() {
-            let s = &self.settings;
-            match LeaseConn::open_within(
-                &s.url,
-                s.password.as_deref(),
-                &s.node_id,
-                DATABASE_LEASE,
-                within,
-            ) {
+            match (self.settings.connect)(within) {
                 Ok(c) => self.conn = Some(c),
                 Err(e) => {
                     self.connect_after = Instant::now() + RENEW_EVERY;
@@ -428,7 +421,7 @@ impl Driver {
             }
         }
         let within = self.bound();
-        let c = self.conn.as_mut()?;
+        let c = self.conn.as_deref_mut()?;
         c.within(Some(within));
         Some(c)
     }

@@ -47,9 +47,7 @@ const KEEP_START: &str = "INSERT INTO outlet_starts (app, name, kind, target, fl
 const READ_START: &str = "SELECT s.kind, s.target, s.flow, s.start FROM outlet_starts s \
      JOIN apps a ON a.id = s.app WHERE a.name = $1 AND s.name = $2";
 
-/// What a renewal found: the leases this node holds (with their acknowledged positions), and every wanted outlet's
-/// acknowledged position.
-pub type Renewed = (Vec<(OutletKey, u64)>, Vec<(OutletKey, u64)>);
+pub use crate::store::engine::Renewed;
 
 /// A connection for leases and feeds, with its statements prepared.
 pub struct LeaseConn {
@@ -239,5 +237,37 @@ impl LeaseConn {
         max_bytes: usize,
     ) -> Result<Vec<Chunk>, StoreError> {
         self.reader.read_from(app, from, max_records, max_bytes)
+    }
+}
+
+impl crate::store::engine::OutboxConn for LeaseConn {
+    fn within(&self, within: Option<Duration>) {
+        LeaseConn::within(self, within)
+    }
+
+    fn renew(&mut self, renewal: &Renewal) -> Result<Renewed, StoreError> {
+        LeaseConn::renew(self, renewal)
+    }
+
+    fn release(&self, outlets: &[(OutletKey, u64)]) -> Result<(), StoreError> {
+        LeaseConn::release(self, outlets)
+    }
+
+    fn start_of(&self, app: &str, start: &OutletStart) -> Result<OutletStart, StoreError> {
+        LeaseConn::start_of(self, app, start)
+    }
+
+    fn heard_of(&self, app: &str, source: &str) -> Result<u64, StoreError> {
+        LeaseConn::heard_of(self, app, source)
+    }
+
+    fn read_from(
+        &self,
+        app: &str,
+        from: u64,
+        max_records: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Chunk>, StoreError> {
+        LeaseConn::read_from(self, app, from, max_records, max_bytes)
     }
 }
