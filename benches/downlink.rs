@@ -16,11 +16,18 @@
 //! - `wide`: 100,000 devices with one record each woken together, beside the same devices' uplink of one record
 //!   each from a new run, with the same driver.
 //!
+//! - `fleet`: downlink on a fleet's store (docs/scale-out.md, "Downlink on a fleet"): two nodes with one key on one
+//!   PostgreSQL made for the bench (`tests/pg_util`), one device listening on node B; push → program through node
+//!   A's push socket (B hears of it from the database) and through B's own, interleaved, beside B's uplink record →
+//!   stored ack and one autocommitted one-row INSERT on the same database (its commit).
+//!
 //! - `name`: `AllowList::find_name` (how a push finds its sender, on the HTTP thread) over a list of 1M senders:
 //!   names found at random and a name not listed, beside one lookup by key (`find`) on the same list.
 //!
 //! Usage: cargo bench --bench downlink -- [--only PARTS] [--senders N]... [--round R] [--bin PATH]
 
+#[path = "../tests/pg_util/mod.rs"]
+mod pg_util;
 #[path = "util/process.rs"]
 mod process;
 
@@ -624,6 +631,97 @@ fn part_live(a: &Args) {
     node.stop(libc::SIGTERM);
 }
 
+fn part_fleet(a: &Args) {
+    let Some(cluster) = pg_util::PgCluster::start("bench downlink fleet") else {
+        panic!("the fleet part needs PostgreSQL: apt-get install postgresql");
+    };
+    let (dir, id, senders, _) = one_device_dir(None);
+    let key = dir.path().join("node.key");
+    pure_serve::keys::write_new_identity(&key, &Identity::generate()).unwrap();
+    let url = cluster.url();
+    let extra = ["--key", key.to_str().unwrap(), "--store", &url];
+    let na = Node::start(&a.bin, &dir.path().join("a"), &senders, 0, &extra);
+    let nb = Node::start(&a.bin, &dir.path().join("b"), &senders, 0, &extra);
+    // B's own commit and round trip, the other way, as in `live`.
+    let mut uplink = UdpLink::connect(id.clone(), nb.public, nb.link).unwrap();
+    uplink.sender().open_flow("main", FlowStart::Probe).unwrap();
+    uplink.deliver(Some(Duration::from_secs(10))).unwrap();
+    let mut stored_ack: Vec<f64> = (0..200)
+        .map(|k| {
+            uplink
+                .sender()
+                .queue("main", format!("up {k}").into_bytes())
+                .unwrap();
+            let t = Instant::now();
+            let out = uplink.deliver(Some(Duration::from_secs(10))).unwrap();
+            assert_eq!(out.unacked, 0);
+            ms(t.elapsed())
+        })
+        .collect();
+    drop(uplink);
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let handed = listening_device(id, &nb, stop_rx);
+    std::thread::sleep(Duration::from_millis(300));
+    let to = name(0);
+    let (mut other, mut own) = (Vec::new(), Vec::new());
+    for k in 0..400 {
+        let via = if k % 2 == 0 { &na } else { &nb };
+        let t = Instant::now();
+        push_http(&via.state.join("push.sock"), &to, format!("fleet {k}\n").as_bytes());
+        let (_, at) = handed.recv_timeout(Duration::from_secs(30)).unwrap();
+        let took = ms(at.duration_since(t));
+        if k % 2 == 0 {
+            other.push(took);
+        } else {
+            own.push(took);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // One commit of the database: an autocommitted one-row INSERT, from a client of the bench's own.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut commit: Vec<f64> = rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+            .batch_execute("CREATE TABLE commit_probe (x INTEGER)")
+            .await
+            .unwrap();
+        let insert = client
+            .prepare("INSERT INTO commit_probe VALUES (1)")
+            .await
+            .unwrap();
+        let mut v = Vec::new();
+        for _ in 0..200 {
+            let t = Instant::now();
+            client.execute(&insert, &[]).await.unwrap();
+            v.push(ms(t.elapsed()));
+        }
+        v
+    });
+    let rtt = udp_rtt_ms(200);
+    let (o50, n50) = (percentile(&mut other, 0.5), percentile(&mut own, 0.5));
+    emit(
+        a.round,
+        "fleet",
+        json!({
+            "other_node_p50_ms": o50, "other_node_p99_ms": percentile(&mut other, 0.99),
+            "own_node_p50_ms": n50, "own_node_p99_ms": percentile(&mut own, 0.99),
+            "other_over_own_p50": o50 / n50,
+            "uplink_stored_ack_p50_ms": percentile(&mut stored_ack, 0.5),
+            "pg_commit_p50_ms": percentile(&mut commit, 0.5), "udp_rtt_p50_ms": rtt,
+            "own_p50_over_uplink_stored_ack_p50": n50 / percentile(&mut stored_ack, 0.5),
+        }),
+    );
+    let _ = stop_tx.send(());
+    na.stop(libc::SIGTERM);
+    nb.stop(libc::SIGTERM);
+}
+
 fn part_wake(a: &Args) {
     let (dir, id, senders, _) = one_device_dir(None);
     // The device sleeps between wakes: its session is swept (300 ms) long before the next one.
@@ -829,6 +927,9 @@ fn main() {
     }
     if want("live") {
         part_live(&a);
+    }
+    if want("fleet") {
+        part_fleet(&a);
     }
     if want("wake") {
         part_wake(&a);
