@@ -667,7 +667,11 @@ fn part_fleet(a: &Args) {
     for k in 0..400 {
         let via = if k % 2 == 0 { &na } else { &nb };
         let t = Instant::now();
-        push_http(&via.state.join("push.sock"), &to, format!("fleet {k}\n").as_bytes());
+        push_http(
+            &via.state.join("push.sock"),
+            &to,
+            format!("fleet {k}\n").as_bytes(),
+        );
         let (_, at) = handed.recv_timeout(Duration::from_secs(30)).unwrap();
         let took = ms(at.duration_since(t));
         if k % 2 == 0 {

@@ -101,7 +101,11 @@ fn nothing_above_the_store_names_an_engine() {
         let text = fs::read_to_string(&file).unwrap();
         for (n, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
-            for engine in ["store::postgres", "store::sqlite_engine", "StoreChoice::Postgres"] {
+            for engine in [
+                "store::postgres",
+                "store::sqlite_engine",
+                "StoreChoice::Postgres",
+            ] {
                 if code.contains(engine) {
                     bad.push(format!("{}:{}: {engine}", file.display(), n + 1));
                 }

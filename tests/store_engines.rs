@@ -336,6 +336,27 @@ fn postgres_engine_gives_the_same_outcomes() {
     assert!(engine.wake_fd().is_some());
     same_outcomes(&mut engine);
     same_downlink_outcomes(&mut engine);
+    // A LISTEN that acknowledges nothing new writes and locks nothing (its COMMIT then waits for no WAL flush: a
+    // push's read costs no second commit, research/029): the flow's row keeps its xmin and xmax.
+    let row = || {
+        one_row(
+            &cluster.conninfo(),
+            "SELECT f.xmin::text || ' ' || f.xmax::text FROM down_flows f JOIN apps a ON a.id = f.app \
+             WHERE a.name = 'a' AND f.sender = 'dev'",
+        )
+    };
+    let before = row();
+    let a = apply(
+        &mut engine,
+        200,
+        down_turn(Vec::new(), vec![listen(0, "dev", 9, 100)]),
+    );
+    assert_eq!(a.down.reads[0].records, vec![down(10, b"ff")]);
+    assert_eq!(
+        row(),
+        before,
+        "the flow's row was neither written nor locked"
+    );
     // A second engine (another node) on the same database sees what the first stored.
     drop(engine);
     let mut again = pg_engine(&cluster);
@@ -438,6 +459,21 @@ fn two_postgres_engines_pushing_to_one_sender_give_each_sequence_once_and_tell_e
         Some(0),
         "the kept count agrees with the rows"
     );
+}
+
+/// The one text value `sql` selects, by a client of the test's own.
+fn one_row(conninfo: &str, sql: &str) -> String {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client.query_one(sql, &[]).await.unwrap().get(0)
+    })
 }
 
 /// Chunks (source, first_seq, count, pos, body) in position order, heard sequences by source, and the head.

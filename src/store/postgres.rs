@@ -1068,9 +1068,16 @@ async fn make_conn_within(
             )
             .await?,
             notify: p("SELECT pg_notify($1, $2)").await?,
+            // Writes (and locks) only flows whose acknowledged sequence moves, so that a LISTEN that acknowledges
+            // nothing new leaves its transaction read-only, and its COMMIT waits for no WAL flush (research/029).
             ack: p(
-                "INSERT INTO down_flows (app, sender, next_seq, acked) \
-                 SELECT $1, u.s, u.h + 1, u.h FROM unnest($2::text[], $3::bigint[]) AS u(s, h) WHERE u.h > 0 \
+                "WITH moved AS (UPDATE down_flows d SET acked = u.h, next_seq = GREATEST(d.next_seq, u.h + 1) \
+                     FROM unnest($2::text[], $3::bigint[]) AS u(s, h) \
+                     WHERE d.app = $1 AND d.sender = u.s AND d.acked < u.h RETURNING 1) \
+                 INSERT INTO down_flows (app, sender, next_seq, acked) \
+                 SELECT $1, u.s, u.h + 1, u.h FROM unnest($2::text[], $3::bigint[]) AS u(s, h) \
+                 WHERE u.h > 0 AND NOT EXISTS \
+                     (SELECT 1 FROM down_flows f WHERE f.app = $1 AND f.sender = u.s) \
                  ON CONFLICT (app, sender) DO UPDATE SET acked = excluded.acked, \
                      next_seq = GREATEST(down_flows.next_seq, excluded.next_seq) \
                  WHERE excluded.acked > down_flows.acked",
