@@ -36,8 +36,8 @@ pub struct NodeArgs {
     /// Where records and heard sequences are stored: `sqlite` (one SQLite file per app in the state directory), or
     /// the PostgreSQL that several nodes of one fleet share, as a URL `postgres://USER@HOST[:PORT]/DATABASE`
     /// (docs/scale-out.md). A password in the URL is refused: give it in --store-password-file. On PostgreSQL the
-    /// node stores links' records exactly once across the fleet's nodes, and each outlet is driven by one node at
-    /// a time (a lease in the database); downlink pushes are not served there yet (`push` says so).
+    /// node stores links' records exactly once across the fleet's nodes, each outlet is driven by one node at a
+    /// time (a lease in the database), and downlink records pushed on any node reach their device on any node.
     #[arg(long, value_name = "URL", default_value = "sqlite",
           value_parser = crate::store::engine::StoreChoice::parse)]
     pub store: crate::store::engine::StoreChoice,
