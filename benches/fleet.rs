@@ -60,10 +60,15 @@ use pure_serve::proto::wire::{self, RecordFormat};
 use pure_serve::store::engine::{AppTurn, OwnedPiece, TurnOutcome, TurnStore};
 use pure_serve::store::postgres::PostgresTurns;
 
+/// The shape of this run's turns (`big`, or `many-pP` for `--many --per-packet P`), in every line printed, so that
+/// the lines of several runs can be kept in one file.
+static SHAPE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 fn emit(run: u32, config: &str, name: &str, value: f64, unit: &str) {
+    let shape = SHAPE.get().map_or("big", |s| s.as_str());
     println!(
         "{}",
-        serde_json::json!({"name": name, "run": run, "config": config, "value": value, "unit": unit})
+        serde_json::json!({"name": name, "run": run, "config": config, "shape": shape, "value": value, "unit": unit})
     );
     eprintln!("  {config} {name} = {value:.3} {unit}");
 }
@@ -135,6 +140,22 @@ fn self_cpu() -> Duration {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// CPU time all the machine's cores spent busy so far (every process, this bench's or another tenant's), from the
+/// first line of /proc/stat: user, nice, system, irq, softirq and steal.
+fn machine_busy() -> Duration {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let f: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    let busy: u64 = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| f.get(i)).sum();
+    Duration::from_secs_f64(busy as f64 / ticks_per_s())
 }
 
 struct Node {
@@ -236,6 +257,8 @@ struct Measured {
     packets: f64,
     /// Sessions the nodes made over the span (`--many`: 0 once warmed).
     sessions_made: f64,
+    /// What all the machine's cores spent busy over the span, whoever ran: 2 s per second is a full machine.
+    machine: Duration,
 }
 
 /// The same share `i` of `x` per step as a steady rate would give: step `i` (from 1) of a running total of `x`
@@ -368,13 +391,19 @@ fn run_db(
         })
         .collect();
     ready.wait();
-    let (cpu0, pg0, t) = (self_cpu(), tree_cpu(postmaster), Instant::now());
+    let (cpu0, pg0, busy0, t) = (
+        self_cpu(),
+        tree_cpu(postmaster),
+        machine_busy(),
+        Instant::now(),
+    );
     let done: Vec<_> = threads
         .into_iter()
         .map(|h| h.join().expect("an engine thread"))
         .collect();
     let secs = t.elapsed().as_secs_f64();
     let (engine_cpu, pg_cpu) = (self_cpu() - cpu0, tree_cpu(postmaster).saturating_sub(pg0));
+    let machine = machine_busy().saturating_sub(busy0);
     let records = done.iter().map(|d| d.1).sum();
     let turns = done.iter().map(|d| d.2).sum::<u64>() as f64;
     drop(done);
@@ -384,6 +413,7 @@ fn run_db(
         pg_cpu: Some(pg_cpu),
         engine_cpu: Some(engine_cpu),
         turns,
+        machine,
         ..Measured::default()
     }
 }
@@ -399,7 +429,7 @@ fn run_sends(
 ) -> Measured {
     let nodes = started.len();
     let node_cpu0: Duration = started.iter().map(|n| process_cpu(n.child.id())).sum();
-    let pg_cpu0 = tree_cpu(postmaster);
+    let (pg_cpu0, busy0) = (tree_cpu(postmaster), machine_busy());
     let t = Instant::now();
     // Waited for by wait4 below, which also gives their CPU time.
     #[allow(clippy::zombie_processes)]
@@ -433,6 +463,7 @@ fn run_sends(
         .sum::<Duration>()
         - node_cpu0;
     let pg_cpu = tree_cpu(postmaster).saturating_sub(pg_cpu0);
+    let machine = machine_busy().saturating_sub(busy0);
     assert!(all_ok, "a send did not exit 0");
     Measured {
         secs,
@@ -442,6 +473,7 @@ fn run_sends(
         turns: Node::sum(started, "pure_turns_total{outcome=\"committed\"}"),
         packets: Node::sum(started, "pure_packets_received_total"),
         sessions_made: Node::sum(started, "pure_sessions_made_total"),
+        machine,
         ..Measured::default()
     }
 }
@@ -507,7 +539,12 @@ fn run_devices(
     );
     let rows0 = rows();
     let node_cpu0: Duration = started.iter().map(|n| process_cpu(n.child.id())).sum();
-    let (pg_cpu0, self0, t) = (tree_cpu(postmaster), self_cpu(), Instant::now());
+    let (pg_cpu0, self0, busy0, t) = (
+        tree_cpu(postmaster),
+        self_cpu(),
+        machine_busy(),
+        Instant::now(),
+    );
     for w in 0..waves {
         for d in &mut devices {
             for k in 0..per_packet {
@@ -527,9 +564,10 @@ fn run_devices(
         .map(|n| process_cpu(n.child.id()))
         .sum::<Duration>()
         - node_cpu0;
-    let (pg_cpu, send_cpu) = (
+    let (pg_cpu, send_cpu, machine) = (
         tree_cpu(postmaster).saturating_sub(pg_cpu0),
         self_cpu() - self0,
+        machine_busy().saturating_sub(busy0),
     );
     let last = 1 + waves * per_packet;
     for d in &devices {
@@ -550,6 +588,7 @@ fn run_devices(
         turns: counters("pure_turns_total{outcome=\"committed\"}") - turns0,
         packets: counters("pure_packets_received_total") - packets0,
         sessions_made: counters("pure_sessions_made_total") - made0,
+        machine,
         ..Measured::default()
     };
     (m, rows() - rows0)
@@ -654,6 +693,11 @@ fn main() {
         Workload::Big { records }
     };
     let devices = devices.unwrap_or(if many { 10_000 } else { 6 });
+    let _ = SHAPE.set(if many {
+        format!("many-p{per_packet}")
+    } else {
+        "big".to_string()
+    });
     let Some(cluster) = pg_util::PgCluster::start("bench fleet") else {
         panic!("the fleet bench needs PostgreSQL: apt-get install postgresql");
     };
@@ -853,6 +897,13 @@ fn main() {
         );
         emit(round, config, "seconds", m.secs, "s");
         emit(round, config, "turns", m.turns, "turns");
+        emit(
+            round,
+            config,
+            "machine_busy_cores",
+            m.machine.as_secs_f64() / m.secs,
+            "cores",
+        );
         if let Some(c) = m.node_cpu {
             emit(round, config, "node_cpu_ns_per_record", per(c), "ns");
             emit(round, config, "sessions_made", m.sessions_made, "sessions");
