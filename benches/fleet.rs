@@ -20,6 +20,8 @@
 //!   run each warmed with one record (its X25519 is not measured; `--link-idle-ms` is raised so the sessions live
 //!   through the run), then `--waves` W waves in which every device queues `--per-packet` P records (one packet)
 //!   and waits for its stored ack; records/s = K·W·P ÷ the waves' time. `dbN` warms its sources likewise, untimed.
+//!   Between the warm-up and the waves the database is analyzed (as autovacuum would be on a live fleet), unless
+//!   `--no-analyze`.
 //!
 //! Beside it, over the same span, CPU per record of the nodes (their threads' schedstat), of PostgreSQL (every
 //! process of the cluster: utime + stime of the postmaster and its children from /proc), of the senders (`send`:
@@ -34,7 +36,8 @@
 //! several rounds.
 //!
 //! Usage: cargo bench --bench fleet -- [--records R] [--devices K] [--round N]
-//! [--configs sqlite1,pg1,db1,pg2,db2,pg3,db3] [--bin PATH] [--depth D] [--many [--waves W] [--per-packet P]]
+//! [--configs sqlite1,pg1,db1,pg2,db2,pg3,db3] [--bin PATH] [--depth D]
+//! [--many [--waves W] [--per-packet P] [--no-analyze]]
 
 #[path = "util/devices.rs"]
 mod devices;
@@ -355,17 +358,21 @@ fn run_db(
     shape: Shape,
     depth: usize,
     postmaster: u32,
+    warmed: &dyn Fn(),
 ) -> Measured {
     // Opened one after another, as the nodes start: the first makes the tables.
     let engines: Vec<PostgresTurns> = (0..nodes)
         .map(|_| PostgresTurns::open(url, None, &["main".to_string()]).expect("engine"))
         .collect();
-    let ready = Arc::new(Barrier::new(nodes + 1));
+    let (warm, ready) = (
+        Arc::new(Barrier::new(nodes + 1)),
+        Arc::new(Barrier::new(nodes + 1)),
+    );
     let threads: Vec<_> = engines
         .into_iter()
         .enumerate()
         .map(|(i, mut engine)| {
-            let ready = ready.clone();
+            let (warm, ready) = (warm.clone(), ready.clone());
             std::thread::spawn(move || {
                 let sources: Vec<usize> = (i..devices).step_by(nodes).collect();
                 let (first, last) = workload.timed_seqs();
@@ -380,6 +387,7 @@ fn run_db(
                     let warm = turns_of(&sources, 1, first - 1, warm, workload);
                     apply_all(&mut engine, warm, &mut seq, depth);
                 }
+                warm.wait();
                 // Made before the clock starts: the database's figure, not the bench's encoding.
                 let turns = turns_of(&sources, first, last, shape, workload);
                 let n = turns.len() as u64;
@@ -390,6 +398,8 @@ fn run_db(
             })
         })
         .collect();
+    warm.wait();
+    warmed();
     ready.wait();
     let (cpu0, pg0, busy0, t) = (
         self_cpu(),
@@ -506,6 +516,7 @@ fn run_devices(
     workload: Workload,
     postmaster: u32,
     rows: &dyn Fn() -> u64,
+    warmed: &dyn Fn(),
 ) -> (Measured, u64) {
     let Workload::Many { waves, per_packet } = workload else {
         unreachable!("only --many drives devices")
@@ -531,6 +542,7 @@ fn run_devices(
         devices.len(),
         t.elapsed().as_secs_f64()
     );
+    warmed();
     let counters = |name| Node::sum(started, name);
     let (turns0, packets0, made0) = (
         counters("pure_turns_total{outcome=\"committed\"}"),
@@ -669,6 +681,7 @@ fn check_sqlite(path: &Path, config: &str, devices: usize, total: u64, heard: u6
 fn main() {
     let (mut records, mut devices, mut round) = (200_000u64, None, 1u32);
     let (mut many, mut waves, mut per_packet, mut depth) = (false, 5u64, 1u64, 4usize);
+    let mut analyze = true;
     let mut configs = "sqlite1,pg1,pg2,pg3".to_string();
     let mut bin = env!("CARGO_BIN_EXE_pure-serve").to_string();
     let mut args = std::env::args().skip(1);
@@ -684,6 +697,7 @@ fn main() {
             "--waves" => waves = val().parse().expect("--waves W"),
             "--per-packet" => per_packet = val().parse().expect("--per-packet P"),
             "--depth" => depth = val().parse().expect("--depth D"),
+            "--no-analyze" => analyze = false,
             _ => {}
         }
     }
@@ -773,6 +787,18 @@ fn main() {
         let total = devices as u64 * heard;
         let run_dir = d.join(config);
         eprintln!("round {round} {config}: {devices} devices into {nodes} node(s)");
+        // Once the devices are warmed (--many), before the clock starts: the database's statistics brought up to
+        // date, as autovacuum does within its naptime (a minute) on a live fleet. Without it every connection keeps
+        // the plans it made while `sources` was nearly empty, and the lock of a turn's sources filters the whole
+        // table against the turn's names (research/028, "A plan made on an empty table"). `--no-analyze` keeps
+        // that.
+        let warmed = || {
+            if pg && analyze {
+                sql(&conninfo, async |c| {
+                    c.batch_execute("ANALYZE").await.expect("analyze")
+                });
+            }
+        };
         let (m, timed_rows) = if alone {
             let Some(&shape) = shapes.get(&nodes) else {
                 panic!(
@@ -788,6 +814,7 @@ fn main() {
                 shape,
                 depth,
                 postmaster,
+                &warmed,
             );
             (m, 0)
         } else {
@@ -821,6 +848,7 @@ fn main() {
                     workload,
                     postmaster,
                     &rows,
+                    &warmed,
                 )
             } else {
                 (
