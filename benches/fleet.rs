@@ -349,14 +349,23 @@ fn apply_all(engine: &mut PostgresTurns, turns: Vec<AppTurn>, seq: &mut u64, dep
     stored
 }
 
+/// A `dbN` run: `nodes` engines, turns of `shape`, at most `depth` of them waiting per engine.
+struct Alone {
+    nodes: usize,
+    shape: Shape,
+    depth: usize,
+}
+
 /// `dbN`: `nodes` engines in threads of this process, engine i with the sources of devices j ≡ i (mod N).
 fn run_db(
     url: &str,
-    nodes: usize,
+    Alone {
+        nodes,
+        shape,
+        depth,
+    }: Alone,
     devices: usize,
     workload: Workload,
-    shape: Shape,
-    depth: usize,
     postmaster: u32,
     warmed: &dyn Fn(),
 ) -> Measured {
@@ -808,11 +817,13 @@ fn main() {
             eprintln!("  the shape of pg{nodes}'s turns: {shape:?}");
             let m = run_db(
                 url.as_deref().unwrap(),
-                nodes,
+                Alone {
+                    nodes,
+                    shape,
+                    depth,
+                },
                 devices,
                 workload,
-                shape,
-                depth,
                 postmaster,
                 &warmed,
             );
