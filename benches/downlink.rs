@@ -309,7 +309,7 @@ fn part_idle(a: &Args, n: usize) {
     eprintln!("idle {n}: building {n} first runs");
     let devices = par_map(n, |i| Device::new(i, &ids[i], &node.public, Some(0)));
     let t = Instant::now();
-    let (mut done, rest) = drive(devices, Some(n / 2), |_| node.link);
+    let (mut done, rest) = drive(devices, devices::SOCKETS, Some(n / 2), |_| node.link);
     let first_wave = t.elapsed();
     node.stop(libc::SIGKILL);
     eprintln!(
@@ -319,7 +319,7 @@ fn part_idle(a: &Args, n: usize) {
     );
     let node = Node::start(&a.bin, &state, &senders, port, &extra);
     let t = Instant::now();
-    let (rest_done, left) = drive(rest, None, |_| node.link);
+    let (rest_done, left) = drive(rest, devices::SOCKETS, None, |_| node.link);
     assert!(left.is_empty());
     let second_wave = t.elapsed();
     // The devices that had theirs restart their program: a new run with the heard they kept (1).
@@ -330,7 +330,7 @@ fn part_idle(a: &Args, n: usize) {
         Device::new(i, &ids[i], &node.public, Some(1))
     });
     let t = Instant::now();
-    let (again_done, _) = drive(again, None, |_| node.link);
+    let (again_done, _) = drive(again, devices::SOCKETS, None, |_| node.link);
     let restart_wave = t.elapsed();
     done.extend(rest_done);
     let mut handed = vec![0u32; n];
@@ -671,7 +671,7 @@ fn part_wide(a: &Args) {
     let node = Node::start(&a.bin, &down, &senders, port, &[]);
     let devices = par_map(n, |i| Device::new(i, &ids[i], &node.public, Some(0)));
     let t = Instant::now();
-    let (done, _) = drive(devices, None, |_| node.link);
+    let (done, _) = drive(devices, devices::SOCKETS, None, |_| node.link);
     let down_s = t.elapsed().as_secs_f64();
     let handed: u32 = done.iter().map(|d| d.handed).sum();
     let wrong: u32 = done.iter().map(|d| d.wrong).sum();
@@ -683,7 +683,7 @@ fn part_wide(a: &Args) {
     let node = Node::start(&a.bin, &up, &senders, port, &[]);
     let devices = par_map(n, |i| Device::new(i, &ids[i], &node.public, None));
     let t = Instant::now();
-    let (done_up, _) = drive(devices, None, |_| node.link);
+    let (done_up, _) = drive(devices, devices::SOCKETS, None, |_| node.link);
     let up_s = t.elapsed().as_secs_f64();
     let stored = metric(node.http, "pure_records_stored_total{app=\"main\"}");
     emit(

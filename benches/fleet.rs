@@ -19,9 +19,9 @@
 //! - `--many`: K devices (default 10,000) driven from this process (`util/devices.rs`, one `Sender` each), a new
 //!   run each warmed with one record (its X25519 is not measured; `--link-idle-ms` is raised so the sessions live
 //!   through the run), then `--waves` W waves in which every device queues `--per-packet` P records (one packet)
-//!   and waits for its stored ack; records/s = K·W·P ÷ the waves' time. `dbN` warms its sources likewise, untimed.
-//!   Between the warm-up and the waves the database is analyzed (as autovacuum would be on a live fleet), unless
-//!   `--no-analyze`.
+//!   and waits for its stored ack, at most `--in-flight` F devices (1024) waiting at once; records/s = K·W·P ÷ the
+//!   waves' time. `dbN` warms its sources likewise, untimed. Between the warm-up and the waves the database is
+//!   analyzed (as autovacuum would be on a live fleet), unless `--no-analyze`.
 //!
 //! Beside it, over the same span, CPU per record of the nodes (their threads' schedstat), of PostgreSQL (every
 //! process of the cluster: utime + stime of the postmaster and its children from /proc), of the senders (`send`:
@@ -37,7 +37,7 @@
 //!
 //! Usage: cargo bench --bench fleet -- [--records R] [--devices K] [--round N]
 //! [--configs sqlite1,pg1,db1,pg2,db2,pg3,db3] [--bin PATH] [--depth D]
-//! [--many [--waves W] [--per-packet P] [--no-analyze]]
+//! [--many [--waves W] [--per-packet P] [--in-flight F] [--no-analyze]]
 
 #[path = "util/devices.rs"]
 mod devices;
@@ -213,8 +213,13 @@ fn start_node(bin: &str, dir: &Path, name: &str, store: Option<&str>, extra: &[&
 enum Workload {
     /// research/025: K `pure-serve send` of R records each.
     Big { records: u64 },
-    /// research/028: K devices warmed with one record each, then W waves of P records per device in one packet.
-    Many { waves: u64, per_packet: u64 },
+    /// research/028: K devices warmed with one record each, then W waves of P records per device in one packet, at
+    /// most `in_flight` devices waiting for their ack at once.
+    Many {
+        waves: u64,
+        per_packet: u64,
+        in_flight: usize,
+    },
 }
 
 impl Workload {
@@ -222,7 +227,9 @@ impl Workload {
     fn timed_seqs(self) -> (u64, u64) {
         match self {
             Workload::Big { records } => (1, records),
-            Workload::Many { waves, per_packet } => (2, 1 + waves * per_packet),
+            Workload::Many {
+                waves, per_packet, ..
+            } => (2, 1 + waves * per_packet),
         }
     }
 
@@ -527,7 +534,12 @@ fn run_devices(
     rows: &dyn Fn() -> u64,
     warmed: &dyn Fn(),
 ) -> (Measured, u64) {
-    let Workload::Many { waves, per_packet } = workload else {
+    let Workload::Many {
+        waves,
+        per_packet,
+        in_flight,
+    } = workload
+    else {
         unreachable!("only --many drives devices")
     };
     let links: Vec<SocketAddr> = started.iter().map(|n| n.link).collect();
@@ -544,7 +556,7 @@ fn run_devices(
         }
     });
     let t = Instant::now();
-    let (mut devices, rest) = drive(devices, None, |d| links[d.node]);
+    let (mut devices, rest) = drive(devices, in_flight, None, |d| links[d.node]);
     assert!(rest.is_empty());
     eprintln!(
         "  warmed {} devices in {:.1} s",
@@ -576,7 +588,7 @@ fn run_devices(
             }
         }
         let rest;
-        (devices, rest) = drive(devices, None, |d| links[d.node]);
+        (devices, rest) = drive(devices, in_flight, None, |d| links[d.node]);
         assert!(rest.is_empty());
     }
     let secs = t.elapsed().as_secs_f64();
@@ -691,6 +703,7 @@ fn main() {
     let (mut records, mut devices, mut round) = (200_000u64, None, 1u32);
     let (mut many, mut waves, mut per_packet, mut depth) = (false, 5u64, 1u64, 4usize);
     let mut analyze = true;
+    let mut in_flight = devices::SOCKETS;
     let mut configs = "sqlite1,pg1,pg2,pg3".to_string();
     let mut bin = env!("CARGO_BIN_EXE_pure-serve").to_string();
     let mut args = std::env::args().skip(1);
@@ -707,16 +720,23 @@ fn main() {
             "--per-packet" => per_packet = val().parse().expect("--per-packet P"),
             "--depth" => depth = val().parse().expect("--depth D"),
             "--no-analyze" => analyze = false,
+            "--in-flight" => in_flight = val().parse().expect("--in-flight N"),
             _ => {}
         }
     }
     let workload = if many {
-        Workload::Many { waves, per_packet }
+        Workload::Many {
+            waves,
+            per_packet,
+            in_flight,
+        }
     } else {
         Workload::Big { records }
     };
     let devices = devices.unwrap_or(if many { 10_000 } else { 6 });
-    let _ = SHAPE.set(if many {
+    let _ = SHAPE.set(if many && in_flight != devices::SOCKETS {
+        format!("many-p{per_packet}-f{in_flight}")
+    } else if many {
         format!("many-p{per_packet}")
     } else {
         "big".to_string()
@@ -761,10 +781,16 @@ fn main() {
         // `pg1-pglz` and `pg1-lz4`: one node, with the chunks' bodies compressed by PostgreSQL's default (pglz) or
         // by lz4, instead of stored as they are (the node's schema); set once the node has made the tables, before
         // any record.
-        let (nodes, pg, alone, body) = match config {
+        // `dbN-d1`: the database alone with one turn waiting per engine at a time, as a node keeps it while its
+        // turns do not fill (it takes the next turn when the last is done, receive/mod.rs's group commit).
+        let (config_depth, base) = match config.strip_suffix("-d1") {
+            Some(base) if base.starts_with("db") => (1, base),
+            _ => (depth, config),
+        };
+        let (nodes, pg, alone, body) = match base {
             "sqlite1" => (1, false, false, None),
             "pg1" | "pg2" | "pg3" => (config[2..].parse().unwrap(), true, false, None),
-            "db1" | "db2" | "db3" => (config[2..].parse().unwrap(), true, true, None),
+            "db1" | "db2" | "db3" => (base[2..].parse().unwrap(), true, true, None),
             "pg1-pglz" => (1, true, false, Some("SET STORAGE EXTENDED")),
             "pg1-lz4" => (
                 1,
@@ -773,7 +799,7 @@ fn main() {
                 Some("SET STORAGE EXTENDED, ALTER COLUMN body SET COMPRESSION lz4"),
             ),
             other => panic!(
-                "no configuration {other:?}: sqlite1, pg1, pg2, pg3, db1, db2, db3, pg1-pglz, pg1-lz4"
+                "no configuration {other:?}: sqlite1, pg1, pg2, pg3, db1, db2, db3 (-d1), pg1-pglz, pg1-lz4"
             ),
         };
         let db = format!("fleet_{round}_{}", config.replace('-', "_"));
@@ -820,7 +846,7 @@ fn main() {
                 Alone {
                     nodes,
                     shape,
-                    depth,
+                    depth: config_depth,
                 },
                 devices,
                 workload,

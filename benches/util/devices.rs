@@ -1,5 +1,5 @@
-//! Many devices driven from one thread of a bench (`downlink`, `fleet`): one sans-IO [`Sender`] per device, 1024
-//! UDP sockets each carrying one device at a time, until each is idle.
+//! Many devices driven from one thread of a bench (`downlink`, `fleet`): one sans-IO [`Sender`] per device, a UDP
+//! socket per device in flight (1024 unless the bench says), each carrying one device at a time, until each is idle.
 
 // Each bench that includes this module uses a part of it.
 #![allow(dead_code)]
@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use pure_serve::proto::sender::{Sender, SenderEvent};
 
-/// Devices in flight at once: one per socket.
+/// Devices in flight at once unless the bench says: one per socket.
 pub const SOCKETS: usize = 1024;
 
 /// A device the driver carries: its sender, and what it does with what the node tells it.
@@ -21,17 +21,19 @@ pub trait Driven {
 }
 
 /// Drives `todo` to the node(s) — device `d`'s packets go to `link_of(d)` — each until its sender is idle (its
-/// records stored, or its LISTEN answered with nothing more waiting and what it was handed acknowledged). Returns
-/// the devices done, in the order they finished, and, if `stop_at` came first, those still in flight or not begun.
+/// records stored, or its LISTEN answered with nothing more waiting and what it was handed acknowledged), at most
+/// `in_flight` at once. Returns the devices done, in the order they finished, and, if `stop_at` came first, those
+/// still in flight or not begun.
 pub fn drive<D: Driven>(
     mut todo: Vec<D>,
+    in_flight: usize,
     stop_at: Option<usize>,
     link_of: impl Fn(&D) -> SocketAddr,
 ) -> (Vec<D>, Vec<D>) {
     let total = todo.len();
     todo.reverse();
     // Not connected: the devices of one socket may go to different nodes of a fleet.
-    let sockets: Vec<UdpSocket> = (0..SOCKETS.min(total.max(1)))
+    let sockets: Vec<UdpSocket> = (0..in_flight.min(total.max(1)))
         .map(|_| {
             let s = UdpSocket::bind("127.0.0.1:0").unwrap();
             s.set_nonblocking(true).unwrap();
