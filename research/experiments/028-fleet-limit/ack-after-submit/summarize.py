@@ -3,7 +3,7 @@
 database before sending the last turn's acks (ack), per shape and configuration: medians (min-max), and ack ÷ base
 within each round, with db1 (the engine alone, no node: the same code in both runs) as the control.
 
-Usage: summarize.py results.jsonl
+Usage: summarize.py results.jsonl [NAME]   (NAME: the other binary's label, "ack" unless given)
 """
 import json
 import statistics
@@ -11,6 +11,7 @@ import sys
 from collections import defaultdict
 
 by = defaultdict(dict)  # (bin, shape, run, config) -> name -> value
+other = sys.argv[2] if len(sys.argv) > 2 else "ack"
 for line in open(sys.argv[1]):
     if line.strip():
         r = json.loads(line)
@@ -21,7 +22,8 @@ def fmt(xs, d=2):
     return f"{statistics.median(xs):.{d}f} ({min(xs):.{d}f}–{max(xs):.{d}f})" if xs else "—"
 
 
-print("| shape | configuration | base records/s | ack records/s | ack ÷ base, same round | PostgreSQL CPU ns/rec base / ack |")
+print(f"| shape | configuration | base records/s | {other} records/s | {other} ÷ base, same round | "
+      f"PostgreSQL CPU ns/rec base / {other} |")
 print("|---|---|---:|---:|---:|---:|")
 for shape in ("many-p1", "many-p10", "big"):
     for c in ("pg1", "pg2", "db1"):
@@ -29,12 +31,12 @@ for shape in ("many-p1", "many-p10", "big"):
         if not runs:
             continue
         scale, unit = (1e3, "k") if shape.startswith("many") else (1e6, "M")
-        rate = {b: [by[(b, shape, r, c)]["records_per_s"] for r in runs if (b, shape, r, c) in by] for b in ("base", "ack")}
-        ratio = [by[("ack", shape, r, c)]["records_per_s"] / by[("base", shape, r, c)]["records_per_s"]
-                 for r in runs if ("ack", shape, r, c) in by and ("base", shape, r, c) in by]
+        rate = {b: [by[(b, shape, r, c)]["records_per_s"] for r in runs if (b, shape, r, c) in by] for b in ("base", other)}
+        ratio = [by[(other, shape, r, c)]["records_per_s"] / by[("base", shape, r, c)]["records_per_s"]
+                 for r in runs if (other, shape, r, c) in by and ("base", shape, r, c) in by]
         pgc = {b: [by[(b, shape, r, c)].get("postgres_cpu_ns_per_record") for r in runs if (b, shape, r, c) in by]
-               for b in ("base", "ack")}
+               for b in ("base", other)}
         print(f"| {shape} | {c} | {fmt([x / scale for x in rate['base']], 1)}{unit} | "
-              f"{fmt([x / scale for x in rate['ack']], 1)}{unit} | {fmt(ratio)} | "
-              f"{statistics.median(pgc['base']):.0f} / {statistics.median(pgc['ack']):.0f} |")
+              f"{fmt([x / scale for x in rate[other]], 1)}{unit} | {fmt(ratio)} | "
+              f"{statistics.median(pgc['base']):.0f} / {statistics.median(pgc[other]):.0f} |")
 print(f"\nrounds: {len({k[2] for k in by})}")
