@@ -26,6 +26,8 @@
 //!
 //! Usage: cargo bench --bench downlink -- [--only PARTS] [--senders N]... [--round R] [--bin PATH]
 
+#[path = "util/devices.rs"]
+mod devices;
 #[path = "../tests/pg_util/mod.rs"]
 mod pg_util;
 #[path = "util/process.rs"]
@@ -33,13 +35,13 @@ mod process;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use devices::{Driven, drive};
 use process::{metric, par_map, proc_kb, read_banner};
 use pure_serve::keys::encode_key;
 use pure_serve::proto::crypto::Identity;
@@ -232,91 +234,19 @@ impl Device {
     }
 }
 
-/// Drives `devices` to the node, 1024 sockets each carrying one device at a time, until each is idle (its records
-/// stored, or its LISTEN answered with nothing more waiting and what it was handed acknowledged). Returns the
-/// devices done and, if `stop_at` came first, those still in flight or not begun.
-fn wake(
-    mut todo: Vec<Device>,
-    link: SocketAddr,
-    stop_at: Option<usize>,
-) -> (Vec<Device>, Vec<Device>) {
-    let total = todo.len();
-    todo.reverse();
-    let sockets: Vec<UdpSocket> = (0..1024.min(total.max(1)))
-        .map(|_| {
-            let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-            s.connect(link).unwrap();
-            s.set_nonblocking(true).unwrap();
-            s
-        })
-        .collect();
-    let mut slots: Vec<Option<Device>> = (0..sockets.len()).map(|_| None).collect();
-    let mut done = Vec::with_capacity(total);
-    let mut buf = [0u8; 2048];
-    let mut out = Vec::with_capacity(1500);
-    let mut fds: Vec<libc::pollfd> = sockets
-        .iter()
-        .map(|s| libc::pollfd {
-            fd: s.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    let transmit = |d: &mut Device, s: &UdpSocket, out: &mut Vec<u8>| {
-        let now = Instant::now();
-        d.sender.handle_timeout(now);
-        while d.sender.poll_transmit(now, out) {
-            let _ = s.send(out);
-        }
-    };
-    while done.len() < total {
-        if stop_at.is_some_and(|s| done.len() >= s) {
-            break;
-        }
-        let now = Instant::now();
-        for (k, slot) in slots.iter_mut().enumerate() {
-            match slot {
-                None => {
-                    if let Some(mut d) = todo.pop() {
-                        transmit(&mut d, &sockets[k], &mut out);
-                        *slot = Some(d);
-                    }
-                }
-                Some(d) if d.sender.poll_timeout().is_some_and(|t| t <= now) => {
-                    transmit(d, &sockets[k], &mut out)
-                }
-                _ => {}
-            }
-        }
-        // SAFETY: a valid array of pollfds for the call's duration.
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 5) };
-        for (k, fd) in fds.iter_mut().enumerate() {
-            if fd.revents & libc::POLLIN == 0 {
-                continue;
-            }
-            fd.revents = 0;
-            while let Ok(n) = sockets[k].recv(&mut buf) {
-                let Some(d) = &mut slots[k] else { continue };
-                d.sender.handle_datagram(Instant::now(), &buf[..n]);
-                while let Some(e) = d.sender.poll_event() {
-                    if let SenderEvent::Down { seq, payload, .. } = e {
-                        d.handed += 1;
-                        if seq != 1 || payload != record_of(d.index) {
-                            d.wrong += 1;
-                        }
-                    }
-                }
-                transmit(d, &sockets[k], &mut out);
-                if d.sender.is_idle() {
-                    done.push(slots[k].take().unwrap());
-                }
+impl Driven for Device {
+    fn sender(&mut self) -> &mut Sender {
+        &mut self.sender
+    }
+
+    fn event(&mut self, e: SenderEvent) {
+        if let SenderEvent::Down { seq, payload, .. } = e {
+            self.handed += 1;
+            if seq != 1 || payload != record_of(self.index) {
+                self.wrong += 1;
             }
         }
     }
-    let mut rest: Vec<Device> = slots.into_iter().flatten().collect();
-    todo.reverse();
-    rest.extend(todo);
-    (done, rest)
 }
 
 /// Waits until the node has swept every session, then a little more for the figures after its last turn.
@@ -386,7 +316,7 @@ fn part_idle(a: &Args, n: usize) {
     eprintln!("idle {n}: building {n} first runs");
     let devices = par_map(n, |i| Device::new(i, &ids[i], &node.public, Some(0)));
     let t = Instant::now();
-    let (mut done, rest) = wake(devices, node.link, Some(n / 2));
+    let (mut done, rest) = drive(devices, devices::SOCKETS, Some(n / 2), |_| node.link);
     let first_wave = t.elapsed();
     node.stop(libc::SIGKILL);
     eprintln!(
@@ -396,7 +326,7 @@ fn part_idle(a: &Args, n: usize) {
     );
     let node = Node::start(&a.bin, &state, &senders, port, &extra);
     let t = Instant::now();
-    let (rest_done, left) = wake(rest, node.link, None);
+    let (rest_done, left) = drive(rest, devices::SOCKETS, None, |_| node.link);
     assert!(left.is_empty());
     let second_wave = t.elapsed();
     // The devices that had theirs restart their program: a new run with the heard they kept (1).
@@ -407,7 +337,7 @@ fn part_idle(a: &Args, n: usize) {
         Device::new(i, &ids[i], &node.public, Some(1))
     });
     let t = Instant::now();
-    let (again_done, _) = wake(again, node.link, None);
+    let (again_done, _) = drive(again, devices::SOCKETS, None, |_| node.link);
     let restart_wave = t.elapsed();
     done.extend(rest_done);
     let mut handed = vec![0u32; n];
@@ -843,7 +773,7 @@ fn part_wide(a: &Args) {
     let node = Node::start(&a.bin, &down, &senders, port, &[]);
     let devices = par_map(n, |i| Device::new(i, &ids[i], &node.public, Some(0)));
     let t = Instant::now();
-    let (done, _) = wake(devices, node.link, None);
+    let (done, _) = drive(devices, devices::SOCKETS, None, |_| node.link);
     let down_s = t.elapsed().as_secs_f64();
     let handed: u32 = done.iter().map(|d| d.handed).sum();
     let wrong: u32 = done.iter().map(|d| d.wrong).sum();
@@ -855,7 +785,7 @@ fn part_wide(a: &Args) {
     let node = Node::start(&a.bin, &up, &senders, port, &[]);
     let devices = par_map(n, |i| Device::new(i, &ids[i], &node.public, None));
     let t = Instant::now();
-    let (done_up, _) = wake(devices, node.link, None);
+    let (done_up, _) = drive(devices, devices::SOCKETS, None, |_| node.link);
     let up_s = t.elapsed().as_secs_f64();
     let stored = metric(node.http, "pure_records_stored_total{app=\"main\"}");
     emit(
