@@ -14,6 +14,7 @@ use std::fs::File;
 use std::io::BufRead;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -107,6 +108,7 @@ pub fn load(path: &Path) -> Result<AllowList, SendersError> {
 /// Reads an opened senders file line by line into the parser's flat arrays, and checks and sorts it: the text is
 /// never held whole (issue 8, item 7), and at most the file's limit is read (crate::files).
 fn read_sorted(path: &Path, file: files::Opened) -> Result<Sorted, SendersError> {
+    let started = Instant::now();
     let mut parser = Parser::with_capacity((file.metadata().len() / 46) as usize + 1);
     let mut reader = file.reader();
     let mut buffered = std::io::BufReader::with_capacity(1 << 20, &mut reader);
@@ -114,7 +116,10 @@ fn read_sorted(path: &Path, file: files::Opened) -> Result<Sorted, SendersError>
     drop(buffered);
     read.map_err(|e| reader.error(e))?;
     reader.finish()?;
-    parser.finish(path)
+    let parse = started.elapsed();
+    let mut sorted = parser.finish(path)?;
+    sorted.took.parse = parse;
+    Ok(sorted)
 }
 
 /// Feeds every line of `text` to the parser, each without its `\n`; a line longer than [`MAX_LINE_BYTES`] is
@@ -206,35 +211,107 @@ struct Parser {
     too_many: bool,
 }
 
-/// The indices `0..keys.len()` in the order of the keys' first 8 bytes (ties in index order): a least-significant-
-/// byte-first radix sort of the permutation, with one scratch buffer of the same size.
-fn order_by_prefix(keys: &[PublicKeyBytes]) -> Vec<u32> {
+/// Bits of a key's start that choose its bucket in [`order_by_key`]: 65,536 buckets (256 KB of counts), about 15
+/// keys each at a million senders.
+const KEY_BUCKET_BITS: u32 = 16;
+
+/// Buckets of [`order_by_key`] bigger than this are sorted without a scratch copy (only a crafted file has them).
+const BIG_BUCKET: usize = 4096;
+
+/// The indices `0..keys.len()` in key order (equal keys in index order), and each pair of equal keys side by side
+/// in it as (earlier index, later index).
+///
+/// The indices are bucketed by the keys' first 16 bits in one scatter, both of its passes reading the keys in file
+/// order, and then each bucket is sorted by whole key. A least-significant-byte-first radix sort of the
+/// permutation took 8 passes, each reading the 32 MB of keys in random order twice: at a million senders it was
+/// the largest part of a start (research/027). Keys are public keys, so the buckets are even; a file made to put
+/// every key in one bucket only makes that bucket a comparison sort of them all, O(n log n) still. Memory: the
+/// order and the counts, no scratch copy.
+fn order_by_key(keys: &[PublicKeyBytes]) -> (Vec<u32>, Vec<(u32, u32)>) {
     let n = keys.len();
-    let mut order: Vec<u32> = (0..n as u32).collect();
-    let mut scratch = vec![0u32; n];
-    for byte in (0..8).rev() {
-        let mut starts = [0usize; 256];
-        for &i in &order {
-            starts[keys[i as usize][byte] as usize] += 1;
+    let bits = (n.max(1).ilog2()).min(KEY_BUCKET_BITS);
+    let bucket =
+        |k: &PublicKeyBytes| (u32::from_be_bytes([k[0], k[1], k[2], k[3]]) >> (32 - bits)) as usize;
+    // `starts[b]` is where bucket `b` starts once the counts are summed; during the scatter it is the next free
+    // place, so after it `starts[b]` is where bucket `b + 1` starts.
+    let mut starts = vec![0u32; (1 << bits) + 1];
+    if bits == 0 {
+        starts[1] = n as u32;
+    } else {
+        for k in keys {
+            starts[bucket(k) + 1] += 1;
         }
-        if starts.contains(&n) {
-            // Every key has the same byte here: the pass would change nothing.
-            continue;
+        for b in 1..starts.len() {
+            starts[b] += starts[b - 1];
         }
-        let mut at = 0;
-        for s in starts.iter_mut() {
-            let count = *s;
-            *s = at;
-            at += count;
-        }
-        for &i in &order {
-            let b = keys[i as usize][byte] as usize;
-            scratch[starts[b]] = i;
+    }
+    let mut order = vec![0u32; n];
+    if bits == 0 {
+        order
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, o)| *o = i as u32);
+    } else {
+        for (i, k) in keys.iter().enumerate() {
+            let b = bucket(k);
+            order[starts[b] as usize] = i as u32;
             starts[b] += 1;
         }
-        std::mem::swap(&mut order, &mut scratch);
+        // Shift back: bucket b now starts at starts[b - 1].
+        starts.rotate_right(1);
+        starts[0] = 0;
     }
-    order
+    let mut equal = Vec::new();
+    // A bucket's (first 8 bytes, index) pairs: each key is read once, in a loop of independent loads, and sorted
+    // in the cache; only equal 8-byte starts (in practice only equal keys) are compared whole.
+    let mut pairs: Vec<(u64, u32)> = Vec::new();
+    let whole = |x: &u32, y: &u32| keys[*x as usize].cmp(&keys[*y as usize]).then(x.cmp(y));
+    // Equal keys are side by side in a sorted span, in index order.
+    let pair_equal = |span: &[u32], equal: &mut Vec<(u32, u32)>| {
+        for w in span.windows(2) {
+            if keys[w[0] as usize] == keys[w[1] as usize] {
+                equal.push((w[0], w[1]));
+            }
+        }
+    };
+    for b in 0..starts.len() - 1 {
+        let span = &mut order[starts[b] as usize..starts[b + 1] as usize];
+        if span.len() < 2 {
+            continue;
+        }
+        if span.len() > BIG_BUCKET {
+            // Not the buckets of public keys: no scratch in proportion to a crafted file's bucket.
+            span.sort_unstable_by(whole);
+            pair_equal(span, &mut equal);
+        } else {
+            pairs.clear();
+            pairs.extend(span.iter().map(|&i| {
+                let k = &keys[i as usize];
+                (
+                    u64::from_be_bytes([k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7]]),
+                    i,
+                )
+            }));
+            pairs.sort_unstable();
+            for (o, p) in span.iter_mut().zip(&pairs) {
+                *o = p.1;
+            }
+            let mut at = 0;
+            while at < pairs.len() {
+                let end = at
+                    + pairs[at..]
+                        .iter()
+                        .take_while(|p| p.0 == pairs[at].0)
+                        .count();
+                if end - at > 1 {
+                    span[at..end].sort_unstable_by(whole);
+                    pair_equal(&span[at..end], &mut equal);
+                }
+                at = end;
+            }
+        }
+    }
+    (order, equal)
 }
 
 /// A parsed, checked list in key order, ready to be written in the allow-list layout.
@@ -242,6 +319,40 @@ struct Sorted {
     parser: Parser,
     /// Sender indices in key order.
     order: Vec<u32>,
+    took: Took,
+}
+
+/// How long each step of reading a senders file took: logged at debug level, so a start can be timed step by step
+/// without a profiler (research/027).
+#[derive(Debug, Default, Clone, Copy)]
+struct Took {
+    /// Reading and parsing the lines.
+    parse: Duration,
+    /// The duplicate-name check.
+    names: Duration,
+    /// The key order and the duplicate-key check.
+    keys: Duration,
+    /// Writing the index (its sync aside).
+    write: Duration,
+    sync: Duration,
+    /// Mapping the new index and checking it.
+    map: Duration,
+}
+
+impl Took {
+    fn log(&self, senders: usize) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        tracing::debug!(
+            senders,
+            parse_ms = ms(self.parse),
+            names_ms = ms(self.names),
+            keys_ms = ms(self.keys),
+            write_ms = ms(self.write),
+            sync_ms = ms(self.sync),
+            map_ms = ms(self.map),
+            "senders file read and indexed"
+        );
+    }
 }
 
 impl Parser {
@@ -371,6 +482,7 @@ impl Parser {
                 max: u32::MAX as usize,
             });
         }
+        let started = Instant::now();
         // Duplicate names first, through (32-bit hash, index) pairs: 8 bytes per sender, where names of equal hash
         // are put in name order so that equal names sit side by side.
         let mut by_name: Vec<(u32, u32)> = (0..n)
@@ -395,43 +507,21 @@ impl Parser {
             }
         }
         drop(by_name);
-        // Then the key order: a radix sort of the indices by the keys' first 8 bytes (8 bytes per sender beside
-        // the keys, where sorting (prefix, index) pairs took 20; research/002, reload memory).
-        let mut order = order_by_prefix(&self.keys);
-        // Equal 64-bit prefixes (in practice only duplicate keys) are ordered by the whole key.
-        let prefix = |i: u32| -> [u8; 8] {
-            self.keys[i as usize][..8]
-                .try_into()
-                .expect("a key has 32 bytes")
-        };
-        let mut at = 0;
-        while at < order.len() {
-            let mut end = at + 1;
-            while end < order.len() && prefix(order[end]) == prefix(order[at]) {
-                end += 1;
-            }
-            if end - at > 1 {
-                let keys = &self.keys;
-                order[at..end].sort_unstable_by(|a, b| {
-                    keys[*a as usize].cmp(&keys[*b as usize]).then(a.cmp(b))
-                });
-                for w in at + 1..end {
-                    let (first, dup) = (order[w - 1] as usize, order[w] as usize);
-                    if self.keys[first] == self.keys[dup] {
-                        let (first, dup) = (first.min(dup), first.max(dup));
-                        self.problems.push(LineProblem {
-                            line: self.lines[dup] as usize,
-                            what: format!(
-                                "duplicate key: line {} ({}) has the same public key; each sender needs its own key pair",
-                                self.lines[first],
-                                self.name(first)
-                            ),
-                        });
-                    }
-                }
-            }
-            at = end;
+        let names = started.elapsed();
+        let started = Instant::now();
+        let (order, equal) = order_by_key(&self.keys);
+        for (first, dup) in equal {
+            let (first, dup) = (first as usize, dup as usize);
+            self.problems.push(LineProblem {
+                line: self.lines[dup] as usize,
+                what: format!(
+                    "duplicate key: line {} ({}) has the same public key; each sender needs its own key pair",
+                    self.lines[first],
+                    self.name(first)
+                ),
+            });
         }
+        let keys = started.elapsed();
         if !self.problems.is_empty() {
             let mut problems = std::mem::take(&mut self.problems);
             problems.sort_by_key(|p| p.line);
@@ -446,6 +536,11 @@ impl Parser {
         Ok(Sorted {
             parser: self,
             order,
+            took: Took {
+                names,
+                keys,
+                ..Took::default()
+            },
         })
     }
 }
@@ -522,15 +617,23 @@ pub fn load_indexed(path: &Path, state_dir: &Path) -> Result<(AllowList, IndexUs
     {
         return Ok((list, IndexUse::Mapped));
     }
-    // The index is written straight into its mapped file, so a reload of a million lines holds the parser's arrays
-    // and nothing else (issue 8, item 7; research/009).
+    // The index is written from the parser's arrays through a small buffer, so a reload of a million lines holds
+    // those arrays and nothing else (issue 8, item 7; research/009, 018).
     let sorted = read_sorted(path, file)?;
+    let started = Instant::now();
     match write_index(&index, &sorted, stamp) {
-        Ok(()) => {
+        Ok(sync) => {
+            let mut took = sorted.took;
+            took.write = started.elapsed() - sync;
+            took.sync = sync;
+            let n = sorted.order.len();
             // The parser's arrays go before the new index is mapped and checked, so the two are never resident
             // together (research/018).
             drop(sorted);
+            let started = Instant::now();
             if let Some(list) = map_index(&index) {
+                took.map = started.elapsed();
+                took.log(n);
                 return Ok((list, IndexUse::Rebuilt));
             }
             tracing::warn!(
@@ -554,8 +657,8 @@ pub fn load_indexed(path: &Path, state_dir: &Path) -> Result<(AllowList, IndexUs
 
 /// Writes the index beside its final name — allocated first (a full disk is an error here, before any of it is
 /// written), written through a buffer, synced — and renames it into place, so a crash leaves either the old index
-/// or the whole new one.
-fn write_index(path: &Path, sorted: &Sorted, stamp: SourceStamp) -> std::io::Result<()> {
+/// or the whole new one. Returns how long the sync took.
+fn write_index(path: &Path, sorted: &Sorted, stamp: SourceStamp) -> std::io::Result<Duration> {
     use std::os::fd::AsRawFd;
     let tmp = path.with_extension("idx.tmp");
     let file = std::fs::OpenOptions::new()
@@ -578,9 +681,12 @@ fn write_index(path: &Path, sorted: &Sorted, stamp: SourceStamp) -> std::io::Res
         sorted.in_order(),
         &file,
     )?;
+    let started = Instant::now();
     file.sync_all()?;
+    let sync = started.elapsed();
     drop(file);
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, path)?;
+    Ok(sync)
 }
 
 #[cfg(test)]
@@ -704,26 +810,65 @@ mod tests {
     }
 
     #[test]
-    fn the_radix_order_is_the_order_of_the_key_prefixes() {
+    fn the_key_order_is_the_order_of_the_keys_and_equal_keys_are_paired() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let keys: Vec<PublicKeyBytes> = (0..5000)
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // Even keys, keys sharing their first 16 bits or 8 bytes, and equal keys (three of one, two of another).
+        let mut keys: Vec<PublicKeyBytes> = (0..5000)
             .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
                 let mut k = [0u8; 32];
-                k[..8].copy_from_slice(&x.to_be_bytes());
-                if i % 10 == 0 {
-                    k[..8].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, (i % 3) as u8]); // shared prefixes
+                for c in k.chunks_mut(8) {
+                    c.copy_from_slice(&next().to_be_bytes());
                 }
-                k[8..16].copy_from_slice(&(i as u64).to_be_bytes());
+                if i % 10 == 0 {
+                    k[..8].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, (i % 3) as u8]);
+                }
+                if i % 7 == 0 {
+                    k[..2].copy_from_slice(&[0xab, 0xcd]);
+                }
                 k
             })
             .collect();
-        let got = order_by_prefix(&keys);
-        let mut want: Vec<u32> = (0..keys.len() as u32).collect();
-        want.sort_by_key(|&i| (keys[i as usize][..8].to_vec(), i));
-        assert_eq!(got, want);
+        keys[4000] = keys[17];
+        keys[4999] = keys[17];
+        keys[3000] = keys[2];
+        for n in [0, 1, 2, 3, 17, 1000, 5000] {
+            let keys = &keys[..n];
+            let (got, equal) = order_by_key(keys);
+            let mut want: Vec<u32> = (0..n as u32).collect();
+            want.sort_by_key(|&i| (keys[i as usize], i));
+            assert_eq!(got, want, "{n} keys");
+            let want_equal: Vec<(u32, u32)> = want
+                .windows(2)
+                .filter(|w| keys[w[0] as usize] == keys[w[1] as usize])
+                .map(|w| (w[0], w[1]))
+                .collect();
+            let mut equal = equal;
+            equal.sort();
+            let mut want_equal = want_equal;
+            want_equal.sort();
+            assert_eq!(equal, want_equal, "{n} keys");
+        }
+        let (_, mut equal) = order_by_key(&keys);
+        equal.sort();
+        assert_eq!(equal, vec![(2, 3000), (17, 4000), (4000, 4999)]);
+        // Every key in one bucket: still the order of the keys.
+        let same: Vec<PublicKeyBytes> = keys
+            .iter()
+            .map(|k| {
+                let mut k = *k;
+                k[..4].copy_from_slice(&[9, 9, 9, 9]);
+                k
+            })
+            .collect();
+        let mut want: Vec<u32> = (0..same.len() as u32).collect();
+        want.sort_by_key(|&i| (same[i as usize], i));
+        assert_eq!(order_by_key(&same).0, want);
     }
 
     #[test]

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""research/027: time from start to "ready" of nodes whose 1M-line senders file changed since their last start,
+for several builds side by side. Usage: ready.py ROUNDS LABEL=BINARY [LABEL=BINARY ...] [--senders N]
+
+One senders file of N random keys (default 1M). Each round appends one line (so every build's index is stale),
+reads the file once plainly (the machine's own floor: 1 MiB reads of the cached file, as the node does), then
+starts each build in turn — the order rotates every round — each with a state directory of its own, and measures
+the wall time from the start to "ready" on its stdout and the node's CPU time until then (all its threads, from
+/proc/PID/stat). With a build that logs its phases at debug level (fields `NAME_ms=`), they are kept too.
+Prints one JSON line per start, one per plain read, and at the end whether every build's index of the last
+file is the same bytes."""
+import base64, json, os, re, shutil, subprocess, sys, tempfile, time
+
+def main():
+    args = sys.argv[1:]
+    n = 1_000_000
+    if "--senders" in args:
+        i = args.index("--senders")
+        n = int(args[i + 1])
+        del args[i:i + 2]
+    rounds = int(args[0])
+    builds = [a.split("=", 1) for a in args[1:]]
+    d = tempfile.mkdtemp(prefix="ready027-", dir="/tmp")
+    senders = os.path.join(d, "senders")
+    with open(senders, "w") as f:
+        for i in range(n):
+            # Random bytes are a valid X25519 public key for the list (low-order points aside: vanishingly rare).
+            f.write(f"dev-{i} {base64.b64encode(os.urandom(32)).decode()}\n")
+    tick = os.sysconf("SC_CLK_TCK")
+    for r in range(1, rounds + 1):
+        with open(senders, "a") as f:
+            f.write(f"extra-{r} {base64.b64encode(os.urandom(32)).decode()}\n")
+        t = time.monotonic()
+        c = time.process_time()
+        with open(senders, "rb", buffering=0) as f:
+            while f.read(1 << 20):
+                pass
+        print(json.dumps({"label": "plain-read", "round": r, "senders": n, "ready_s": time.monotonic() - t,
+                          "cpu_s": time.process_time() - c,
+                          "load_1m": float(open("/proc/loadavg").read().split()[0])}), flush=True)
+        k = (r - 1) % len(builds)
+        for label, binary in builds[k:] + builds[:k]:
+            state = os.path.join(d, "state-" + label)
+            err = os.path.join(d, "err-" + label)
+            load = float(open("/proc/loadavg").read().split()[0])
+            t = time.monotonic()
+            with open(err, "w") as e:
+                p = subprocess.Popen([binary, "--senders", senders, "--state", state, "--bind", "127.0.0.1",
+                                      "--link-port", "0", "--http-port", "0"], stdout=subprocess.PIPE, stderr=e,
+                                     text=True, env={**os.environ, "RUST_LOG": "warn,pure_serve::senders=debug"})
+                for line in p.stdout:
+                    if line.strip() == "ready":
+                        break
+                secs = time.monotonic() - t
+                fields = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
+                cpu = (int(fields[11]) + int(fields[12])) / tick
+                p.terminate()
+                p.wait()
+            phases = {}
+            for line in open(err):
+                for k2, v in re.findall(r"(\w+_ms)=([0-9.]+)", line):
+                    phases[k2] = round(float(v), 1)
+            print(json.dumps({"label": label, "round": r, "senders": n, "ready_s": secs, "cpu_s": cpu,
+                              "load_1m": load, **phases}), flush=True)
+    # Every build indexed the same last file: their indexes must be the same bytes.
+    idx = {label: open(os.path.join(d, "state-" + label, "senders.idx"), "rb").read() for label, _ in builds}
+    same = len(set(idx.values())) == 1
+    print(json.dumps({"label": "check", "indexes_identical": same, "index_bytes": len(next(iter(idx.values())))}),
+          flush=True)
+    shutil.rmtree(d)
+
+main()
