@@ -88,11 +88,87 @@ impl fmt::Display for BadLines<'_> {
 
 /// Whether `name` is a valid sender name: 1–64 of letters, digits and `._:@-` (also used by the apps file's `accept`).
 pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_NAME_LEN
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._:@-".contains(&b))
+    valid_name_bytes(name.as_bytes())
+}
+
+fn valid_name_bytes(name: &[u8]) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME_LEN && name.iter().all(|&b| NAME_BYTES[b as usize])
+}
+
+/// Which bytes a name may have: letters, digits and `._:@-` (a table: a million names are checked at a start).
+const NAME_BYTES: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b':' | b'@' | b'-');
+        b += 1;
+    }
+    t
+};
+
+/// The name and key of a line that is exactly a good sender — a valid name, ASCII white space, and a key in the one
+/// form a 32-byte key takes in standard base64 (43 characters and `=`) that is neither all zeros nor a low-order
+/// point — or `None`, and then [`Parser::line`] checks the line in full to say what is wrong. Nearly every line of
+/// a big file is one of these, so they are taken as bytes, without `from_utf8` or the base64 crate's general
+/// decoder (research/027: 0.18 s of a start with a million lines went on parsing them).
+fn plain_sender(content: &[u8]) -> Option<(&[u8], PublicKeyBytes)> {
+    let name_len = content.iter().position(u8::is_ascii_whitespace)?;
+    let (name, rest) = content.split_at(name_len);
+    if !valid_name_bytes(name) {
+        return None;
+    }
+    let key = decode_key(rest.trim_ascii_start())?;
+    if key == [0u8; 32] || crypto::is_low_order(&key) {
+        return None;
+    }
+    Some((name, key))
+}
+
+/// Standard base64 value of each byte, or `INVALID`.
+const BASE64_VALUES: [u8; 256] = {
+    const INVALID: u8 = 0xff;
+    let mut t = [INVALID; 256];
+    let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut i = 0;
+    while i < 64 {
+        t[alphabet[i] as usize] = i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// A 32-byte key from exactly its canonical standard base64 (44 bytes: 43 characters, the last with its two
+/// unused bits zero, then `=`), the only text the base64 crate's `STANDARD` decodes to 32 bytes; anything else is
+/// `None` (the crate then says what is wrong). Written here because the general decoder was 5 % of a start with a
+/// million lines (research/027); `plain_sender_keys_are_what_base64_decodes` checks it against the crate.
+fn decode_key(text: &[u8]) -> Option<PublicKeyBytes> {
+    let text: &[u8; 44] = text.try_into().ok()?;
+    if text[43] != b'=' {
+        return None;
+    }
+    let mut key = [0u8; 32];
+    let mut bad = 0u8;
+    let v = |i: usize, bad: &mut u8| {
+        let x = BASE64_VALUES[text[i] as usize];
+        *bad |= x;
+        u32::from(x)
+    };
+    for g in 0..10 {
+        let at = 4 * g;
+        let n = v(at, &mut bad) << 18
+            | v(at + 1, &mut bad) << 12
+            | v(at + 2, &mut bad) << 6
+            | v(at + 3, &mut bad);
+        key[3 * g..3 * g + 3].copy_from_slice(&n.to_be_bytes()[1..]);
+    }
+    let n = v(40, &mut bad) << 18 | v(41, &mut bad) << 12 | v(42, &mut bad) << 6;
+    // A valid value is below 64: any invalid one (0xff) sets the top bits.
+    if bad & 0xc0 != 0 || n & 0xff != 0 {
+        return None;
+    }
+    key[30..32].copy_from_slice(&n.to_be_bytes()[1..3]);
+    Some(key)
 }
 
 /// Reads and checks a senders file into an in-memory list (for `check`, tests, and when no index can be kept).
@@ -123,7 +199,8 @@ fn read_sorted(path: &Path, file: files::Opened) -> Result<Sorted, SendersError>
 }
 
 /// Feeds every line of `text` to the parser, each without its `\n`; a line longer than [`MAX_LINE_BYTES`] is
-/// counted and reported, and not kept.
+/// counted and reported, and not kept. Lines wholly inside the reader's buffer are parsed where they lie; only a
+/// line cut by the buffer's end is copied.
 fn read_lines(text: &mut impl BufRead, parser: &mut Parser) -> std::io::Result<()> {
     let mut line = Vec::with_capacity(256);
     let mut too_long = false;
@@ -137,7 +214,23 @@ fn read_lines(text: &mut impl BufRead, parser: &mut Parser) -> std::io::Result<(
             }
             return Ok(());
         }
-        let (part, end, used) = match buf.iter().position(|&b| b == b'\n') {
+        if line.is_empty() && !too_long {
+            let mut start = 0;
+            for end in memchr::memchr_iter(b'\n', buf) {
+                let whole = &buf[start..end];
+                if whole.len() > MAX_LINE_BYTES {
+                    parser.too_long_line();
+                } else {
+                    parser.line(whole);
+                }
+                start = end + 1;
+            }
+            if start > 0 {
+                text.consume(start);
+                continue;
+            }
+        }
+        let (part, end, used) = match memchr::memchr(b'\n', buf) {
             Some(at) => (&buf[..at], true, at + 1),
             None => (buf, false, buf.len()),
         };
@@ -178,9 +271,9 @@ fn shown(name: &str) -> String {
 }
 
 /// FNV-1a: a fast hash to bring equal names next to each other when sorting; equality is then checked in full.
-fn name_hash(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+fn name_hash(name: &[u8]) -> u64 {
+    name.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }
 
@@ -211,9 +304,44 @@ struct Parser {
     too_many: bool,
 }
 
-/// Bits of a key's start that choose its bucket in [`order_by_key`]: 65,536 buckets (256 KB of counts), about 15
-/// keys each at a million senders.
-const KEY_BUCKET_BITS: u32 = 16;
+/// At most this many bits choose a bucket in [`scatter`]: 65,536 buckets (256 KB of counts), about 15 senders each
+/// at a million.
+const MAX_BUCKET_BITS: u32 = 16;
+
+/// Bits of bucket for `n` items: about one bucket per item up to [`MAX_BUCKET_BITS`].
+fn bucket_bits(n: usize) -> u32 {
+    n.max(1).ilog2().min(MAX_BUCKET_BITS)
+}
+
+/// The items `item(i)` of `0..n` grouped by bucket `bucket(i)` (below `1 << bits`), in index order within each,
+/// and where each bucket starts (`starts[b]..starts[b + 1]`). Two passes over the indices in order (a count and a
+/// scatter), so whatever `bucket` and `item` read is read in file order; `item` gives the bucket too, so that what
+/// both need is computed once in the second pass.
+fn scatter<T: Copy + Default>(
+    n: usize,
+    bits: u32,
+    bucket: impl Fn(usize) -> usize,
+    item: impl Fn(usize) -> (usize, T),
+) -> (Vec<T>, Vec<u32>) {
+    // `starts[b + 1]` counts bucket b, then is summed into where bucket b + 1 starts; during the scatter
+    // `starts[b]` is bucket b's next free place, after it where bucket b + 1 starts: shifted back at the end.
+    let mut starts = vec![0u32; (1 << bits) + 1];
+    for i in 0..n {
+        starts[bucket(i) + 1] += 1;
+    }
+    for b in 1..starts.len() {
+        starts[b] += starts[b - 1];
+    }
+    let mut items = vec![T::default(); n];
+    for i in 0..n {
+        let (b, it) = item(i);
+        items[starts[b] as usize] = it;
+        starts[b] += 1;
+    }
+    starts.rotate_right(1);
+    starts[0] = 0;
+    (items, starts)
+}
 
 /// Buckets of [`order_by_key`] bigger than this are sorted without a scratch copy (only a crafted file has them).
 const BIG_BUCKET: usize = 4096;
@@ -221,46 +349,19 @@ const BIG_BUCKET: usize = 4096;
 /// The indices `0..keys.len()` in key order (equal keys in index order), and each pair of equal keys side by side
 /// in it as (earlier index, later index).
 ///
-/// The indices are bucketed by the keys' first 16 bits in one scatter, both of its passes reading the keys in file
-/// order, and then each bucket is sorted by whole key. A least-significant-byte-first radix sort of the
-/// permutation took 8 passes, each reading the 32 MB of keys in random order twice: at a million senders it was
-/// the largest part of a start (research/027). Keys are public keys, so the buckets are even; a file made to put
-/// every key in one bucket only makes that bucket a comparison sort of them all, O(n log n) still. Memory: the
-/// order and the counts, no scratch copy.
+/// The indices are bucketed by the keys' first 16 bits ([`scatter`]), then each bucket is sorted by whole key. A
+/// least-significant-byte-first radix sort of the permutation took 8 passes, each reading the 32 MB of keys in
+/// random order twice: at a million senders it was the largest part of a start (research/027). Keys are public
+/// keys, so the buckets are even; a file made to put every key in one bucket only makes that bucket a comparison
+/// sort of them all, O(n log n) still. Memory: the order (4 B per sender) and the counts (256 KB), where the radix
+/// sort had a scratch copy of the order too.
 fn order_by_key(keys: &[PublicKeyBytes]) -> (Vec<u32>, Vec<(u32, u32)>) {
-    let n = keys.len();
-    let bits = (n.max(1).ilog2()).min(KEY_BUCKET_BITS);
-    let bucket =
-        |k: &PublicKeyBytes| (u32::from_be_bytes([k[0], k[1], k[2], k[3]]) >> (32 - bits)) as usize;
-    // `starts[b]` is where bucket `b` starts once the counts are summed; during the scatter it is the next free
-    // place, so after it `starts[b]` is where bucket `b + 1` starts.
-    let mut starts = vec![0u32; (1 << bits) + 1];
-    if bits == 0 {
-        starts[1] = n as u32;
-    } else {
-        for k in keys {
-            starts[bucket(k) + 1] += 1;
-        }
-        for b in 1..starts.len() {
-            starts[b] += starts[b - 1];
-        }
-    }
-    let mut order = vec![0u32; n];
-    if bits == 0 {
-        order
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, o)| *o = i as u32);
-    } else {
-        for (i, k) in keys.iter().enumerate() {
-            let b = bucket(k);
-            order[starts[b] as usize] = i as u32;
-            starts[b] += 1;
-        }
-        // Shift back: bucket b now starts at starts[b - 1].
-        starts.rotate_right(1);
-        starts[0] = 0;
-    }
+    let bits = bucket_bits(keys.len());
+    let bucket = |i: usize| {
+        let k = &keys[i];
+        (u64::from(u32::from_be_bytes([k[0], k[1], k[2], k[3]])) >> (32 - bits)) as usize
+    };
+    let (mut order, starts) = scatter(keys.len(), bits, bucket, |i| (bucket(i), i as u32));
     let mut equal = Vec::new();
     // A bucket's (first 8 bytes, index) pairs: each key is read once, in a loop of independent loads, and sorted
     // in the cache; only equal 8-byte starts (in practice only equal keys) are compared whole.
@@ -368,14 +469,20 @@ impl Parser {
         }
     }
 
-    fn name(&self, i: usize) -> &str {
+    /// The name of sender `i`, as bytes: hashed, compared and written as such, since only names that passed
+    /// `valid_name_bytes` (ASCII) are pushed.
+    fn name_bytes(&self, i: usize) -> &[u8] {
         let start = if i == 0 {
             0
         } else {
             self.name_ends[i - 1] as usize
         };
-        // Only names that passed `valid_name` (ASCII) are pushed.
-        std::str::from_utf8(&self.names[start..self.name_ends[i] as usize]).unwrap_or("")
+        &self.names[start..self.name_ends[i] as usize]
+    }
+
+    /// The name of sender `i`, for messages.
+    fn name(&self, i: usize) -> &str {
+        std::str::from_utf8(self.name_bytes(i)).unwrap_or("")
     }
 
     /// Counts a line longer than [`MAX_LINE_BYTES`] and reports it.
@@ -390,6 +497,19 @@ impl Parser {
         });
     }
 
+    /// Takes a sender whose name and key passed their checks.
+    fn push(&mut self, name: &[u8], key: PublicKeyBytes, line: usize) {
+        let end = self.names.len() + name.len();
+        let Ok(end) = u32::try_from(end) else {
+            self.too_many = true;
+            return;
+        };
+        self.keys.push(key);
+        self.names.extend_from_slice(name);
+        self.name_ends.push(end);
+        self.lines.push(u32::try_from(line).unwrap_or(u32::MAX));
+    }
+
     /// Takes the next line of the file (without its `\n`).
     fn line(&mut self, raw: &[u8]) {
         self.line += 1;
@@ -400,7 +520,7 @@ impl Parser {
         } else {
             raw
         };
-        let content = match raw.iter().position(|&b| b == b'#') {
+        let content = match memchr::memchr(b'#', raw) {
             Some(at) => &raw[..at],
             None => raw,
         };
@@ -408,6 +528,11 @@ impl Parser {
         if content.is_empty() {
             return;
         }
+        if let Some((name, key)) = plain_sender(content) {
+            self.push(name, key, line);
+            return;
+        }
+        // Not a plain sender line: the same checks in full, to say what is wrong.
         let Ok(content) = std::str::from_utf8(content) else {
             self.problems.push(LineProblem {
                 line,
@@ -447,17 +572,9 @@ impl Parser {
                  copy the key again"
             ),
             Ok(32) => {
-                let end = self.names.len() + name.len();
-                let Ok(end) = u32::try_from(end) else {
-                    self.too_many = true;
-                    return;
-                };
                 let mut k = [0u8; 32];
                 k.copy_from_slice(&key_buf[..32]);
-                self.keys.push(k);
-                self.names.extend_from_slice(name.as_bytes());
-                self.name_ends.push(end);
-                self.lines.push(u32::try_from(line).unwrap_or(u32::MAX));
+                self.push(name.as_bytes(), k, line);
                 return;
             }
             Ok(n) => format!("public key of {name} decodes to {n} bytes, a key is 32 bytes"),
@@ -486,16 +603,19 @@ impl Parser {
         // Duplicate names first, through (32-bit hash, index) pairs: 8 bytes per sender, where names of equal hash
         // are put in name order so that equal names sit side by side.
         let mut by_name: Vec<(u32, u32)> = (0..n)
-            .map(|i| (name_hash(self.name(i)) as u32, i as u32))
+            .map(|i| (name_hash(self.name_bytes(i)) as u32, i as u32))
             .collect();
         by_name.sort_unstable_by(|a, b| {
             a.0.cmp(&b.0)
-                .then_with(|| self.name(a.1 as usize).cmp(self.name(b.1 as usize)))
+                .then_with(|| {
+                    self.name_bytes(a.1 as usize)
+                        .cmp(self.name_bytes(b.1 as usize))
+                })
                 .then(a.1.cmp(&b.1))
         });
         for w in by_name.windows(2) {
             let (first, dup) = (w[0].1 as usize, w[1].1 as usize);
-            if w[0].0 == w[1].0 && self.name(first) == self.name(dup) {
+            if w[0].0 == w[1].0 && self.name_bytes(first) == self.name_bytes(dup) {
                 self.problems.push(LineProblem {
                     line: self.lines[dup] as usize,
                     what: format!(
@@ -551,11 +671,11 @@ impl Sorted {
     }
 
     /// The senders in key order, as (name, key).
-    fn in_order(&self) -> impl Iterator<Item = (&str, &PublicKeyBytes)> {
+    fn in_order(&self) -> impl Iterator<Item = (&[u8], &PublicKeyBytes)> {
         let p = &self.parser;
         self.order
             .iter()
-            .map(|&i| (p.name(i as usize), &p.keys[i as usize]))
+            .map(|&i| (p.name_bytes(i as usize), &p.keys[i as usize]))
     }
 
     /// Writes the list in the allow-list layout into `out` (exactly [`Sorted::encoded_len`] bytes).
@@ -869,6 +989,188 @@ mod tests {
         let mut want: Vec<u32> = (0..same.len() as u32).collect();
         want.sort_by_key(|&i| (same[i as usize], i));
         assert_eq!(order_by_key(&same).0, want);
+    }
+
+    /// A bad file is reported whole: every problem with its line, in line order, with the line each repeat repeats.
+    #[test]
+    fn a_bad_file_is_reported_with_every_line_in_line_order() {
+        let mut text = String::new();
+        for i in 0..3000u32 {
+            let mut key = [3u8; 32];
+            key[..4].copy_from_slice(&i.wrapping_mul(2_654_435_761).to_be_bytes());
+            let name = match i {
+                1000 | 2500 => "dev-7".to_string(),
+                _ => format!("dev-{i}"),
+            };
+            let key = match i {
+                1200 | 2900 => {
+                    let mut k = [3u8; 32];
+                    k[..4].copy_from_slice(&5u32.wrapping_mul(2_654_435_761).to_be_bytes());
+                    k
+                }
+                _ => key,
+            };
+            if i == 2000 {
+                text.push_str("broken\n");
+            }
+            text.push_str(&format!("{name} {}\n", encode_key(&key)));
+        }
+        let err = parse(Path::new("s"), text.as_bytes()).unwrap_err();
+        let SendersError::Bad { problems, more, .. } = &err else {
+            panic!("{err}");
+        };
+        let got: Vec<(usize, &str)> = problems.iter().map(|p| (p.line, p.what.as_str())).collect();
+        assert_eq!(*more, 0);
+        assert_eq!(
+            got,
+            vec![
+                (
+                    1001,
+                    "duplicate name dev-7: line 8 already has it; each sender needs its own name"
+                ),
+                (
+                    1201,
+                    "duplicate key: line 6 (dev-5) has the same public key; each sender needs its own key pair"
+                ),
+                (
+                    2001,
+                    "has 1 field, expected 2: a name and a base64 public key"
+                ),
+                (
+                    2502,
+                    "duplicate name dev-7: line 1001 already has it; each sender needs its own name"
+                ),
+                (
+                    2902,
+                    "duplicate key: line 1201 (dev-1200) has the same public key; each sender needs its own key pair"
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn plain_sender_keys_are_what_base64_decodes() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let standard = |text: &[u8]| {
+            let mut buf = [0u8; 48];
+            match STANDARD.decode_slice(text, &mut buf) {
+                Ok(32) => Some(<[u8; 32]>::try_from(&buf[..32]).unwrap()),
+                _ => None,
+            }
+        };
+        for _ in 0..2000 {
+            let mut key = [0u8; 32];
+            for c in key.chunks_mut(8) {
+                c.copy_from_slice(&next().to_le_bytes());
+            }
+            let good = encode_key(&key).into_bytes();
+            assert_eq!(decode_key(&good), Some(key));
+            // One byte changed to any value, at a random place and at the last two: the same verdict as the crate.
+            for at in [(next() % 44) as usize, 42, 43] {
+                let mut text = good.clone();
+                text[at] = next() as u8;
+                assert_eq!(
+                    decode_key(&text),
+                    standard(&text),
+                    "{:?}",
+                    String::from_utf8_lossy(&text)
+                );
+            }
+            // The last character's unused bits set: the crate refuses it, and so does this.
+            let mut text = good.clone();
+            let last = BASE64_VALUES[text[42] as usize] | 1;
+            text[42] =
+                b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[last as usize];
+            assert_eq!((decode_key(&text), standard(&text)), (None, None));
+        }
+        for text in [&b""[..], b"=", &[b'A'; 44], &[b'A'; 45], &[b'A'; 43]] {
+            assert_eq!(decode_key(text), standard(text));
+        }
+        let mut every = *b"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+        for b in 0..=255u8 {
+            for at in [0, 41, 42] {
+                let mut t = every;
+                t[at] = b;
+                assert_eq!(decode_key(&t), standard(&t), "byte {b} at {at}");
+            }
+        }
+        every[0] = b'B';
+        assert!(decode_key(&every).is_some());
+    }
+
+    /// The plain path takes a line only when the full checks would take the same sender from it.
+    #[test]
+    fn plain_sender_takes_only_what_the_full_checks_take() {
+        let full = |content: &[u8]| -> Option<(String, PublicKeyBytes)> {
+            let content = std::str::from_utf8(content).ok()?;
+            let mut fields = content.split_ascii_whitespace();
+            let (Some(name), Some(key), None) = (fields.next(), fields.next(), fields.next())
+            else {
+                return None;
+            };
+            if !valid_name(name) {
+                return None;
+            }
+            let mut buf = [0u8; 48];
+            let key: PublicKeyBytes = match STANDARD.decode_slice(key, &mut buf) {
+                Ok(32) => buf[..32].try_into().unwrap(),
+                _ => return None,
+            };
+            if key == [0; 32] || crypto::is_low_order(&key) {
+                return None;
+            }
+            Some((name.to_string(), key))
+        };
+        let key = k(7);
+        let mut low = [0u8; 32];
+        low[0] = 1;
+        let lines: Vec<Vec<u8>> = [
+            format!("alpha {key}"),
+            format!("alpha\t{key}"),
+            format!("alpha \t\x0c\r {key}"),
+            format!("alpha\x0b{key}"),
+            format!("alpha\u{a0}{key}"),
+            format!("alpha {key} extra"),
+            format!("alpha {key} "),
+            format!("alpha  {key}x"),
+            format!("al pha {key}"),
+            format!("a.b_c:d@e-f {key}"),
+            format!("{} {key}", "n".repeat(64)),
+            format!("{} {key}", "n".repeat(65)),
+            format!("é {key}"),
+            format!("alpha {}", k(0)),
+            format!("alpha {}", encode_key(&low)),
+            format!("alpha {}", &key[..43]),
+            format!("alpha {}=", &key[..43]),
+            "alpha".to_string(),
+            format!(" {key}"),
+        ]
+        .into_iter()
+        .map(String::into_bytes)
+        .chain([[b"alpha \xff".as_slice(), key.as_bytes()].concat()])
+        .collect();
+        for line in &lines {
+            let content = line.trim_ascii();
+            let plain =
+                plain_sender(content).map(|(n, k)| (String::from_utf8(n.to_vec()).unwrap(), k));
+            if plain.is_some() {
+                assert_eq!(plain, full(content), "{:?}", String::from_utf8_lossy(line));
+            }
+        }
+        // The common shapes do take the plain path.
+        for line in &lines[..3] {
+            assert!(
+                plain_sender(line.trim_ascii()).is_some(),
+                "{:?}",
+                String::from_utf8_lossy(line)
+            );
+        }
     }
 
     #[test]

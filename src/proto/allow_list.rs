@@ -139,7 +139,7 @@ impl AllowList {
             entries.len(),
             names_len,
             stamp,
-            entries.iter().map(|(n, k)| (*n, k)),
+            entries.iter().map(|(n, k)| (n.as_bytes(), k)),
         )
     }
 
@@ -148,7 +148,7 @@ impl AllowList {
         count: usize,
         names_len: usize,
         stamp: SourceStamp,
-        sorted: impl Iterator<Item = (&'a str, &'a PublicKeyBytes)>,
+        sorted: impl Iterator<Item = (&'a [u8], &'a PublicKeyBytes)>,
     ) -> Vec<u8> {
         let mut out = vec![0u8; Self::encoded_len(count, names_len)];
         Self::encode_sorted_into(count, names_len, stamp, sorted, &mut out);
@@ -160,13 +160,13 @@ impl AllowList {
         HEADER_LEN + 36 * count + names_len
     }
 
-    /// [`AllowList::encode_sorted`] into `out`, which is exactly [`AllowList::encoded_len`] bytes (a mapped file,
-    /// so a big list is written without a copy in the heap).
+    /// [`AllowList::encode_sorted`] into `out`, which is exactly [`AllowList::encoded_len`] bytes. Names are bytes
+    /// here (the senders file's parser checked them to be ASCII), so none is checked to be UTF-8 again.
     pub fn encode_sorted_into<'a>(
         count: usize,
         names_len: usize,
         stamp: SourceStamp,
-        sorted: impl Iterator<Item = (&'a str, &'a PublicKeyBytes)>,
+        sorted: impl Iterator<Item = (&'a [u8], &'a PublicKeyBytes)>,
         out: &mut [u8],
     ) {
         let n = count;
@@ -175,7 +175,7 @@ impl AllowList {
         let mut end = 0usize;
         for (i, (name, key)) in sorted.take(n).enumerate() {
             out[keys_at + 32 * i..keys_at + 32 * (i + 1)].copy_from_slice(key);
-            out[names_at + end..names_at + end + name.len()].copy_from_slice(name.as_bytes());
+            out[names_at + end..names_at + end + name.len()].copy_from_slice(name);
             end += name.len();
             out[ends_at + 4 * i..ends_at + 4 * (i + 1)]
                 .copy_from_slice(&(end as u32).to_le_bytes());
@@ -199,7 +199,7 @@ impl AllowList {
         count: usize,
         names_len: usize,
         stamp: SourceStamp,
-        sorted: impl Iterator<Item = (&'a str, &'a PublicKeyBytes)>,
+        sorted: impl Iterator<Item = (&'a [u8], &'a PublicKeyBytes)>,
         file: &std::fs::File,
     ) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
@@ -239,7 +239,7 @@ impl AllowList {
         let mut end = 0u32;
         for (name, key) in sorted.take(count) {
             keys.put(key)?;
-            names.put(name.as_bytes())?;
+            names.put(name)?;
             end += name.len() as u32;
             ends.put(&end.to_le_bytes())?;
         }
@@ -485,7 +485,7 @@ mod tests {
             mtime_ns: 4,
             ctime_ns: 5,
         };
-        let sorted = || entries.iter().map(|(n, k)| (n.as_str(), k));
+        let sorted = || entries.iter().map(|(n, k)| (n.as_bytes(), k));
         let mut in_place = vec![0u8; AllowList::encoded_len(entries.len(), names_len)];
         AllowList::encode_sorted_into(entries.len(), names_len, stamp, sorted(), &mut in_place);
         let dir = tempfile::tempdir().unwrap();
