@@ -34,6 +34,15 @@ pub const MAX_LINE_BYTES: usize = 64 << 10;
 /// Problems beyond this many are summarised, so a wholly wrong file does not flood the terminal.
 const MAX_REPORTED: usize = 20;
 
+/// Senders from which the checks and the writing of the index use a second core (a thread costs ~50 µs to start).
+const PARALLEL_FROM: usize = 4096;
+
+/// A short-lived helper thread of reading a senders file, beside the one reading it (at start, the main thread;
+/// on reload, `pure-reload`).
+fn helper() -> std::thread::Builder {
+    std::thread::Builder::new().name("pure-senders".into())
+}
+
 /// File name of the mapped allow-list under the state directory.
 pub const INDEX_FILE: &str = "senders.idx";
 
@@ -591,11 +600,13 @@ impl Parser {
     /// Each pair of senders with the same name, as (earlier index, later index), a name's third sender paired with
     /// its second.
     ///
-    /// Through (32-bit hash, index) pairs, 8 bytes per sender, bucketed by the hash's top bits ([`scatter`], which
-    /// hashes every name twice rather than hold a second array) and sorted within each bucket; names of equal hash
-    /// are then put in name order, so that equal names sit side by side. A comparison sort of all the pairs was
-    /// 50 ms of a start at a million senders (research/027). A file made to give its names one hash only makes a
-    /// bucket a comparison sort of them all.
+    /// Equal names have equal hashes, so the names are first told apart by hash alone: 48 bits of each name's hash,
+    /// bucketed by 16 of them ([`scatter`], which hashes every name twice rather than hold a second array) and the
+    /// other 32 sorted within each bucket — 4 bytes per sender, read in file order. Only names whose hash another
+    /// name has too (the repeated names, and by chance about one pair in 500 files of a million) are then looked
+    /// up in one more pass and compared whole. A comparison sort of (hash, index) pairs of every name, 8 bytes per
+    /// sender, was 50 ms of a start at a million senders (research/027). A file made to give its names one hash
+    /// only makes a bucket a comparison sort of them all.
     fn duplicate_names(&self) -> Vec<(u32, u32)> {
         use std::hash::BuildHasher;
         self.duplicate_names_by(|name| NAME_HASH.hash_one(name))
@@ -607,42 +618,57 @@ impl Parser {
         let bits = bucket_bits(n);
         let hash = |i: usize| hash(self.name_bytes(i));
         let bucket_of = |h: u64| (h >> 32 >> (32 - bits)) as usize;
-        let (mut by_name, starts) = scatter(
+        // The 48 bits compared: the bucket's and the low 32.
+        let key = |h: u64| (bucket_of(h) as u64) << 32 | (h & 0xffff_ffff);
+        let (mut low, starts) = scatter(
             n,
             bits,
             |i| bucket_of(hash(i)),
             |i| {
                 let h = hash(i);
-                (bucket_of(h), (h as u32, i as u32))
+                (bucket_of(h), h as u32)
             },
         );
-        let mut equal = Vec::new();
+        let mut shared = Vec::new();
         for b in 0..starts.len() - 1 {
-            let span = &mut by_name[starts[b] as usize..starts[b + 1] as usize];
+            let span = &mut low[starts[b] as usize..starts[b + 1] as usize];
             if span.len() < 2 {
                 continue;
             }
             span.sort_unstable();
-            let mut at = 0;
-            while at < span.len() {
-                let end = at + span[at..].iter().take_while(|p| p.0 == span[at].0).count();
-                if end - at > 1 {
-                    let run = &mut span[at..end];
-                    run.sort_unstable_by(|x, y| {
-                        self.name_bytes(x.1 as usize)
-                            .cmp(self.name_bytes(y.1 as usize))
-                            .then(x.1.cmp(&y.1))
-                    });
-                    for w in run.windows(2) {
-                        if self.name_bytes(w[0].1 as usize) == self.name_bytes(w[1].1 as usize) {
-                            equal.push((w[0].1, w[1].1));
-                        }
-                    }
+            for w in span.windows(2) {
+                if w[0] == w[1] && shared.last() != Some(&((b as u64) << 32 | u64::from(w[0]))) {
+                    shared.push((b as u64) << 32 | u64::from(w[0]));
                 }
-                at = end;
             }
         }
-        equal
+        drop(low);
+        if shared.is_empty() {
+            return Vec::new();
+        }
+        // `shared` is in order: by bucket, then by the low bits.
+        let mut same_hash: Vec<(u64, u32)> = (0..n)
+            .filter_map(|i| {
+                let k = key(hash(i));
+                shared.binary_search(&k).is_ok().then_some((k, i as u32))
+            })
+            .collect();
+        same_hash.sort_unstable_by(|x, y| {
+            x.0.cmp(&y.0)
+                .then_with(|| {
+                    self.name_bytes(x.1 as usize)
+                        .cmp(self.name_bytes(y.1 as usize))
+                })
+                .then(x.1.cmp(&y.1))
+        });
+        same_hash
+            .windows(2)
+            .filter(|w| {
+                w[0].0 == w[1].0
+                    && self.name_bytes(w[0].1 as usize) == self.name_bytes(w[1].1 as usize)
+            })
+            .map(|w| (w[0].1, w[1].1))
+            .collect()
     }
 
     /// Checks duplicates and sorts by key, or reports every problem.
@@ -655,8 +681,29 @@ impl Parser {
                 max: u32::MAX as usize,
             });
         }
-        let started = Instant::now();
-        for (first, dup) in self.duplicate_names() {
+        // The duplicate-name check and the key order are independent: on two cores at once for a big file. The
+        // peak stays that of one: 4 bytes per sender each (research/027).
+        let this = &self;
+        let (same_names, names, (order, same_keys), keys) = std::thread::scope(|s| {
+            let check_names = move || {
+                let started = Instant::now();
+                (this.duplicate_names(), started.elapsed())
+            };
+            let beside = (n >= PARALLEL_FROM)
+                .then(|| helper().spawn_scoped(s, check_names).ok())
+                .flatten();
+            let started = Instant::now();
+            let ordered = order_by_key(&this.keys);
+            let keys = started.elapsed();
+            let (same_names, names) = match beside {
+                Some(thread) => thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                None => check_names(),
+            };
+            (same_names, names, ordered, keys)
+        });
+        for (first, dup) in same_names {
             let (first, dup) = (first as usize, dup as usize);
             self.problems.push(LineProblem {
                 line: self.lines[dup] as usize,
@@ -667,10 +714,7 @@ impl Parser {
                 ),
             });
         }
-        let names = started.elapsed();
-        let started = Instant::now();
-        let (order, equal) = order_by_key(&self.keys);
-        for (first, dup) in equal {
+        for (first, dup) in same_keys {
             let (first, dup) = (first as usize, dup as usize);
             self.problems.push(LineProblem {
                 line: self.lines[dup] as usize,
@@ -681,7 +725,6 @@ impl Parser {
                 ),
             });
         }
-        let keys = started.elapsed();
         if !self.problems.is_empty() {
             let mut problems = std::mem::take(&mut self.problems);
             problems.sort_by_key(|p| p.line);
@@ -834,13 +877,34 @@ fn write_index(path: &Path, sorted: &Sorted, stamp: SourceStamp) -> std::io::Res
         return Err(std::io::Error::from_raw_os_error(rc));
     }
     // Written, not mapped: the pages go to the page cache and never count in the node's memory (research/018).
-    AllowList::encode_sorted_to_file(
-        sorted.order.len(),
-        sorted.parser.names.len(),
-        stamp,
-        sorted.in_order(),
-        &file,
-    )?;
+    // The keys and the names are gathered in key order from all over the parser's arrays, a cache miss or two per
+    // sender each: for a big file, on two cores at once, each section by positional writes of its own.
+    let (p, order, count) = (&sorted.parser, &sorted.order, sorted.order.len());
+    AllowList::write_header_to_file(count, p.names.len(), stamp, &file)?;
+    let keys =
+        || AllowList::write_keys_to_file(count, order.iter().map(|&i| &p.keys[i as usize]), &file);
+    let names = || {
+        AllowList::write_names_to_file(
+            count,
+            order.iter().map(|&i| p.name_bytes(i as usize)),
+            &file,
+        )
+    };
+    if count >= PARALLEL_FROM {
+        std::thread::scope(|s| match helper().spawn_scoped(s, names) {
+            Ok(thread) => {
+                let keys = keys();
+                let names = thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                keys.and(names)
+            }
+            Err(_) => keys().and_then(|()| names()),
+        })?;
+    } else {
+        keys()?;
+        names()?;
+    }
     let started = Instant::now();
     file.sync_all()?;
     let sync = started.elapsed();
@@ -946,7 +1010,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("senders");
         let mut text = String::from("\u{feff}# many\r\n\n");
-        for i in 0..2000u32 {
+        // More than PARALLEL_FROM senders: checked and written on two threads.
+        for i in 0..5000u32 {
             let mut key = [0u8; 32];
             key[..4].copy_from_slice(&i.to_be_bytes());
             key[31] = 0x40;
@@ -959,14 +1024,14 @@ mod tests {
         text.push_str(&format!("last {}", k(9))); // no newline at the end
         std::fs::write(&file, &text).unwrap();
         let (list, how) = load_indexed(&file, dir.path()).unwrap();
-        assert_eq!((list.len(), how), (2001, IndexUse::Rebuilt));
+        assert_eq!((list.len(), how), (5001, IndexUse::Rebuilt));
         let stamp = stamp_of(&std::fs::metadata(&file).unwrap());
         let want = encode(&file, text.as_bytes(), stamp).unwrap();
         assert_eq!(std::fs::read(dir.path().join(INDEX_FILE)).unwrap(), want);
         // A bad line is named with the same line number either way.
         std::fs::write(&file, format!("{text}\nbroken\n")).unwrap();
         let err = load_indexed(&file, dir.path()).unwrap_err().to_string();
-        assert!(err.contains("senders:2004: has 1 field"), "{err}");
+        assert!(err.contains("senders:5004: has 1 field"), "{err}");
     }
 
     #[test]
@@ -1051,7 +1116,7 @@ mod tests {
         }
         let want = vec![(3, 1500), (17, 2000), (2000, 2999)];
         type Hash = fn(&[u8]) -> u64;
-        let hashes: [(&str, Hash); 4] = [
+        let hashes: [(&str, Hash); 6] = [
             ("foldhash", |n| {
                 use std::hash::BuildHasher;
                 NAME_HASH.hash_one(n)
@@ -1059,6 +1124,11 @@ mod tests {
             ("one hash", |_| 7),
             ("one bucket", |n| n.len() as u64),
             ("few", |n| u64::from(n.last().copied().unwrap_or(0)) << 60),
+            ("low bits alike", |n| (n.len() as u64) << 56 | 5),
+            ("buckets alike", |n| {
+                use std::hash::BuildHasher;
+                NAME_HASH.hash_one(n) & 0xffff_ffff
+            }),
         ];
         for (what, hash) in hashes {
             let mut got = p.duplicate_names_by(hash);
@@ -1071,7 +1141,8 @@ mod tests {
     #[test]
     fn a_bad_file_is_reported_with_every_line_in_line_order() {
         let mut text = String::new();
-        for i in 0..3000u32 {
+        // More than PARALLEL_FROM senders: the checks run on two threads.
+        for i in 0..5000u32 {
             let mut key = [3u8; 32];
             key[..4].copy_from_slice(&i.wrapping_mul(2_654_435_761).to_be_bytes());
             let name = match i {

@@ -81,6 +81,41 @@ pub enum AllowListError {
     Names(u64),
 }
 
+/// Bytes bound for one place in a file, written by position when the buffer is full.
+struct Section<'f> {
+    file: &'f std::fs::File,
+    at: u64,
+    buf: Vec<u8>,
+}
+
+impl<'f> Section<'f> {
+    const BUF: usize = 256 << 10;
+
+    fn new(file: &'f std::fs::File, at: usize) -> Self {
+        Section {
+            file,
+            at: at as u64,
+            buf: Vec::with_capacity(Self::BUF),
+        }
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if self.buf.len() + bytes.len() > self.buf.capacity() {
+            self.flush()?;
+        }
+        self.buf.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(&self.buf, self.at)?;
+        self.at += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
 /// The bytes behind a list: a `Vec` made in memory, or a read-only mapping of `senders.idx`.
 pub type Backing = Box<dyn AsRef<[u8]> + Send + Sync>;
 
@@ -199,53 +234,55 @@ impl AllowList {
         count: usize,
         names_len: usize,
         stamp: SourceStamp,
-        sorted: impl Iterator<Item = (&'a [u8], &'a PublicKeyBytes)>,
+        sorted: impl Iterator<Item = (&'a [u8], &'a PublicKeyBytes)> + Clone,
+        file: &std::fs::File,
+    ) -> std::io::Result<()> {
+        Self::write_header_to_file(count, names_len, stamp, file)?;
+        Self::write_keys_to_file(count, sorted.clone().map(|(_, k)| k), file)?;
+        Self::write_names_to_file(count, sorted.map(|(n, _)| n), file)
+    }
+
+    /// The header of the layout, at the start of `file` (see [`AllowList::encode_sorted_to_file`]).
+    pub fn write_header_to_file(
+        count: usize,
+        names_len: usize,
+        stamp: SourceStamp,
         file: &std::fs::File,
     ) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
-        /// Bytes bound for one place in the file, written when the buffer is full.
-        struct Section<'f> {
-            file: &'f std::fs::File,
-            at: u64,
-            buf: Vec<u8>,
+        file.write_all_at(&Self::header(count, names_len, stamp), 0)
+    }
+
+    /// The keys section of a list of `count` senders, from the keys in order, into `file`. The sections are
+    /// written apart so that the keys and the names can be written on two threads at once (research/027).
+    pub fn write_keys_to_file<'a>(
+        count: usize,
+        keys: impl Iterator<Item = &'a PublicKeyBytes>,
+        file: &std::fs::File,
+    ) -> std::io::Result<()> {
+        let mut section = Section::new(file, HEADER_LEN);
+        for key in keys.take(count) {
+            section.put(key)?;
         }
-        impl Section<'_> {
-            fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-                if self.buf.len() + bytes.len() > self.buf.capacity() {
-                    self.flush()?;
-                }
-                self.buf.extend_from_slice(bytes);
-                Ok(())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                self.file.write_all_at(&self.buf, self.at)?;
-                self.at += self.buf.len() as u64;
-                self.buf.clear();
-                Ok(())
-            }
-        }
-        const BUF: usize = 256 << 10;
-        let section = |at: usize| Section {
-            file,
-            at: at as u64,
-            buf: Vec::with_capacity(BUF),
-        };
-        file.write_all_at(&Self::header(count, names_len, stamp), 0)?;
-        let (mut keys, mut ends, mut names) = (
-            section(HEADER_LEN),
-            section(HEADER_LEN + 32 * count),
-            section(HEADER_LEN + 36 * count),
-        );
+        section.flush()
+    }
+
+    /// The name ends and the names of a list of `count` senders, from the names in key order, into `file`.
+    pub fn write_names_to_file<'a>(
+        count: usize,
+        names: impl Iterator<Item = &'a [u8]>,
+        file: &std::fs::File,
+    ) -> std::io::Result<()> {
+        let mut ends = Section::new(file, HEADER_LEN + 32 * count);
+        let mut arena = Section::new(file, HEADER_LEN + 36 * count);
         let mut end = 0u32;
-        for (name, key) in sorted.take(count) {
-            keys.put(key)?;
-            names.put(name)?;
+        for name in names.take(count) {
+            arena.put(name)?;
             end += name.len() as u32;
             ends.put(&end.to_le_bytes())?;
         }
-        keys.flush()?;
         ends.flush()?;
-        names.flush()
+        arena.flush()
     }
 
     /// Builds a list in memory from (name, key) pairs with unique names and keys.
