@@ -365,6 +365,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     });
     // The loop is gone: link requests still queued were answered 503. Let requests in progress finish, then stop.
     http.stop();
+    // A senders index written at this start or a reload may still be syncing: in place before the process ends, or
+    // the next start would parse the file again (src/senders.rs, `sync_then_rename`).
+    crate::senders::wait_index_synced();
     let counters = counters?;
     tracing::info!(
         stored = counters.stored_records,
