@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """research/027: time from start to "ready" of nodes whose 1M-line senders file changed since their last start,
-for several builds side by side. Usage: ready.py ROUNDS LABEL=BINARY [LABEL=BINARY ...] [--senders N]
+for several builds side by side. Usage: ready.py ROUNDS LABEL=BINARY [LABEL=BINARY ...] [--senders N] [--nice N]
 
 One senders file of N random keys (default 1M). Each round appends one line (so every build's index is stale),
 reads the file once plainly (the machine's own floor: 1 MiB reads of the cached file, as the node does), then
@@ -8,7 +8,8 @@ starts each build in turn — the order rotates every round — each with a stat
 the wall time from the start to "ready" on its stdout and the node's CPU time until then (all its threads, from
 /proc/PID/stat). With a build that logs its phases at debug level (fields `NAME_ms=`), they are kept too.
 Prints one JSON line per start, one per plain read, and at the end whether every build's index of the last
-file is the same bytes."""
+file is the same bytes. With --nice -20 (root) the nodes run at the highest priority, so that a machine shared with
+other work comes as near a quiet one as it can without stopping that work (the load average is still noted)."""
 import base64, json, os, re, shutil, subprocess, sys, tempfile, time
 
 def main():
@@ -17,6 +18,11 @@ def main():
     if "--senders" in args:
         i = args.index("--senders")
         n = int(args[i + 1])
+        del args[i:i + 2]
+    nice = 0
+    if "--nice" in args:
+        i = args.index("--nice")
+        nice = int(args[i + 1])
         del args[i:i + 2]
     rounds = int(args[0])
     builds = [a.split("=", 1) for a in args[1:]]
@@ -47,7 +53,8 @@ def main():
             with open(err, "w") as e:
                 p = subprocess.Popen([binary, "--senders", senders, "--state", state, "--bind", "127.0.0.1",
                                       "--link-port", "0", "--http-port", "0"], stdout=subprocess.PIPE, stderr=e,
-                                     text=True, env={**os.environ, "RUST_LOG": "warn,pure_serve::senders=debug"})
+                                     text=True, env={**os.environ, "RUST_LOG": "warn,pure_serve::senders=debug"},
+                                     preexec_fn=(lambda: os.nice(nice)) if nice else None)
                 for line in p.stdout:
                     if line.strip() == "ready":
                         break
@@ -61,7 +68,7 @@ def main():
                 for k2, v in re.findall(r"(\w+_ms)=([0-9.]+)", line):
                     phases[k2] = round(float(v), 1)
             print(json.dumps({"label": label, "round": r, "senders": n, "ready_s": secs, "cpu_s": cpu,
-                              "load_1m": load, **phases}), flush=True)
+                              "load_1m": load, "nice": nice, **phases}), flush=True)
     # Every build indexed the same last file: their indexes must be the same bytes.
     idx = {label: open(os.path.join(d, "state-" + label, "senders.idx"), "rb").read() for label, _ in builds}
     same = len(set(idx.values())) == 1
