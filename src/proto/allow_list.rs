@@ -295,6 +295,13 @@ impl AllowList {
         Self::from_backing(Box::new(bytes)).expect("an encoded list is well formed")
     }
 
+    /// The stamp in a list's header (its first [`HEADER_LEN`] bytes), if they are a list's header: enough to tell
+    /// whether a list was made from a file as it is now before the whole list is checked.
+    pub fn header_stamp(header: &[u8]) -> Option<SourceStamp> {
+        (header.len() >= HEADER_LEN && &header[0..8] == MAGIC)
+            .then(|| SourceStamp::read(&header[24..64]))
+    }
+
     /// Checks and adopts bytes in the list's layout (from memory or a mapped file). O(n) checks, no copies: a
     /// damaged file is refused here rather than trusted later.
     pub fn from_backing(backing: Backing) -> Result<Self, AllowListError> {

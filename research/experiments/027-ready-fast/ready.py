@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """research/027: time from start to "ready" of nodes whose 1M-line senders file changed since their last start,
-for several builds side by side. Usage: ready.py ROUNDS LABEL=BINARY [LABEL=BINARY ...] [--senders N] [--nice N]
+for several builds side by side. Usage: ready.py ROUNDS LABEL=BINARY [LABEL=BINARY ...] [--senders N] [--nice N] [--wait-quiet SHARE]
 
 One senders file of N random keys (default 1M). Each round appends one line (so every build's index is stale),
 reads the file once plainly (the machine's own floor: 1 MiB reads of the cached file, as the node does), then
@@ -9,8 +9,28 @@ the wall time from the start to "ready" on its stdout and the node's CPU time un
 /proc/PID/stat). With a build that logs its phases at debug level (fields `NAME_ms=`), they are kept too.
 Prints one JSON line per start, one per plain read, and at the end whether every build's index of the last
 file is the same bytes. With --nice -20 (root) the nodes run at the highest priority, so that a machine shared with
-other work comes as near a quiet one as it can without stopping that work (the load average is still noted)."""
+other work comes as near a quiet one as it can without stopping that work (the load average is still noted).
+With --wait-quiet 0.9 each round waits (up to 30 minutes) until the CPU was 90 % idle over 2 s, and notes it."""
 import base64, json, os, re, shutil, subprocess, sys, tempfile, time
+
+def cpu_idle(seconds):
+    """The share of the machine's CPU time that was idle over the next `seconds` (/proc/stat)."""
+    def read():
+        v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+        return v[3] + v[4], sum(v)
+    i0, t0 = read()
+    time.sleep(seconds)
+    i1, t1 = read()
+    return (i1 - i0) / max(1, t1 - t0)
+
+def wait_quiet(share, give_up=1800):
+    """Waits until the CPU was at least `share` idle over 2 s (other work on the machine paused), at most
+    `give_up` seconds; returns the idle share seen."""
+    start = time.monotonic()
+    while True:
+        idle = cpu_idle(2)
+        if idle >= share or time.monotonic() - start > give_up:
+            return round(idle, 3)
 
 def main():
     args = sys.argv[1:]
@@ -18,6 +38,11 @@ def main():
     if "--senders" in args:
         i = args.index("--senders")
         n = int(args[i + 1])
+        del args[i:i + 2]
+    quiet = None
+    if "--wait-quiet" in args:
+        i = args.index("--wait-quiet")
+        quiet = float(args[i + 1])
         del args[i:i + 2]
     nice = 0
     if "--nice" in args:
@@ -34,6 +59,7 @@ def main():
             f.write(f"dev-{i} {base64.b64encode(os.urandom(32)).decode()}\n")
     tick = os.sysconf("SC_CLK_TCK")
     for r in range(1, rounds + 1):
+        idle = wait_quiet(quiet) if quiet is not None else None
         with open(senders, "a") as f:
             f.write(f"extra-{r} {base64.b64encode(os.urandom(32)).decode()}\n")
         t = time.monotonic()
@@ -68,7 +94,7 @@ def main():
                 for k2, v in re.findall(r"(\w+_ms)=([0-9.]+)", line):
                     phases[k2] = round(float(v), 1)
             print(json.dumps({"label": label, "round": r, "senders": n, "ready_s": secs, "cpu_s": cpu,
-                              "load_1m": load, "nice": nice, **phases}), flush=True)
+                              "load_1m": load, "nice": nice, "idle_before": idle, **phases}), flush=True)
     # Every build indexed the same last file: their indexes must be the same bytes.
     idx = {label: open(os.path.join(d, "state-" + label, "senders.idx"), "rb").read() for label, _ in builds}
     same = len(set(idx.values())) == 1
