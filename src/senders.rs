@@ -11,7 +11,7 @@
 
 use std::fmt;
 use std::fs::File;
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
@@ -191,21 +191,139 @@ pub fn load(path: &Path) -> Result<AllowList, SendersError> {
     Ok(AllowList::from_backing(Box::new(bytes)).expect("a freshly encoded list is well formed"))
 }
 
+/// Files of at least this many bytes are read and parsed in two halves on two threads: below it a thread costs more
+/// than it saves.
+const HALVES_FROM_BYTES: u64 = 1 << 20;
+
 /// Reads an opened senders file line by line into the parser's flat arrays, and checks and sorts it: the text is
-/// never held whole (issue 8, item 7), and at most the file's limit is read (crate::files).
+/// never held whole (issue 8, item 7), and at most the file's limit is read (crate::files). A big file is read and
+/// parsed in two halves at once, one per core, and the halves joined before the checks, so the result and every
+/// problem with its line are as from one pass (research/023 tried this first, when the parse was slower and the
+/// rest of the work larger, and measured no gain at loads 3–5; research/027 brought it back).
 fn read_sorted(path: &Path, file: files::Opened) -> Result<Sorted, SendersError> {
     let started = Instant::now();
-    let mut parser = Parser::with_capacity((file.metadata().len() / 46) as usize + 1);
+    let len = file.metadata().len();
+    let mut parser = Parser::with_capacity((len / 46) as usize + 1);
+    let split = if len >= HALVES_FROM_BYTES {
+        split_at_line(&file, len)
+    } else {
+        None
+    };
+    let second = match split {
+        Some(at) => Some((
+            at,
+            file.reader_from(at).map_err(|e| files::FileError::Read {
+                spec: &files::SENDERS,
+                path: path.to_path_buf(),
+                source: e,
+            })?,
+        )),
+        None => None,
+    };
     let mut reader = file.reader();
-    let mut buffered = std::io::BufReader::with_capacity(1 << 20, &mut reader);
-    let read = read_lines(&mut buffered, &mut parser);
-    drop(buffered);
-    read.map_err(|e| reader.error(e))?;
+    let Some((at, mut tail)) = second else {
+        let mut buffered = std::io::BufReader::with_capacity(1 << 20, &mut reader);
+        let read = read_lines(&mut buffered, &mut parser);
+        drop(buffered);
+        read.map_err(|e| reader.error(e))?;
+        reader.finish()?;
+        let parse = started.elapsed();
+        let mut sorted = parser.finish(path)?;
+        sorted.took.parse = parse;
+        return Ok(sorted);
+    };
+    let (first, second) = {
+        // Behind a lock only so that this thread can read it if no helper thread can be started.
+        let tail_reader = Mutex::new(&mut tail);
+        let read_tail = || {
+            let mut tail = tail_reader.lock().unwrap_or_else(PoisonError::into_inner);
+            // Sized for its half; its lines are numbered from 1 and renumbered when the halves are joined.
+            let mut parser = Parser::with_capacity(((len - at) / 46) as usize + 1);
+            parser.strip_bom = false;
+            let mut buffered = std::io::BufReader::with_capacity(1 << 19, &mut **tail);
+            read_lines(&mut buffered, &mut parser).map(|()| parser)
+        };
+        std::thread::scope(|s| {
+            let beside = helper().spawn_scoped(s, read_tail);
+            let mut head = (&mut reader).take(at);
+            let mut buffered = std::io::BufReader::with_capacity(1 << 19, &mut head);
+            let read = read_lines(&mut buffered, &mut parser);
+            drop(buffered);
+            let second = match beside {
+                Ok(thread) => thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(_) => read_tail(),
+            };
+            (read, second)
+        })
+    };
+    first.map_err(|e| reader.error(e))?;
     reader.finish()?;
+    let second = second.map_err(|e| tail.error(e))?;
+    tail.finish()?;
+    parser.append(second);
     let parse = started.elapsed();
     let mut sorted = parser.finish(path)?;
     sorted.took.parse = parse;
     Ok(sorted)
+}
+
+/// Where the second half of a file starts: just after the first `\n` at or past its middle, or `None` when no
+/// line ends within [`MAX_LINE_BYTES`] of the middle (then the file is parsed in one pass).
+fn split_at_line(file: &files::Opened, len: u64) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let mid = len / 2;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut at = mid;
+    while at < len && at - mid <= MAX_LINE_BYTES as u64 {
+        let n = file.file().read_at(&mut buf, at).ok()?;
+        if n == 0 {
+            return None;
+        }
+        if let Some(i) = memchr::memchr(b'\n', &buf[..n]) {
+            return Some(at + i as u64 + 1).filter(|&s| s < len);
+        }
+        at += n as u64;
+    }
+    None
+}
+
+/// Appends `src` to `dst` through `map`, a block at a time, giving the pages of each copied block of `src` back to
+/// the system as it goes: `dst`'s new pages become resident as `src`'s are released, so the copy raises the
+/// resident size by one block, not by the whole of `src` (the reload's peak, research/018).
+fn append_releasing<T: Copy>(dst: &mut Vec<T>, src: Vec<T>, map: impl Fn(T) -> T) {
+    const BLOCK_BYTES: usize = 1 << 20;
+    let per_block = (BLOCK_BYTES / std::mem::size_of::<T>().max(1)).max(1);
+    dst.reserve(src.len());
+    let page = 4096usize;
+    let base = src.as_ptr() as usize;
+    let mut released = base.next_multiple_of(page);
+    let ptr = src.as_ptr();
+    let mut start = 0;
+    while start < src.len() {
+        let stop = (start + per_block).min(src.len());
+        // SAFETY: `start..stop` is within `src`, whose buffer is alive until the drop below; it is read through
+        // the raw pointer only, so no reference into it is held while its pages are released.
+        dst.extend((start..stop).map(|i| map(unsafe { ptr.add(i).read() })));
+        let end = (base + stop * std::mem::size_of::<T>()) / page * page;
+        if end > released {
+            // SAFETY: `released..end` is whole pages inside `src`'s buffer (rounded in from both ends) that are
+            // read no more. MADV_DONTNEED on private anonymous memory keeps the range mapped and makes it read
+            // back as zeros, a valid value of the plain `Copy` data appended here (keys, bytes, offsets), and
+            // the allocator's own bookkeeping lies outside the rounded range.
+            unsafe {
+                libc::madvise(
+                    released as *mut libc::c_void,
+                    end - released,
+                    libc::MADV_DONTNEED,
+                )
+            };
+            released = end;
+        }
+        start = stop;
+    }
+    drop(src);
 }
 
 /// Feeds every line of `text` to the parser, each without its `\n`; a line longer than [`MAX_LINE_BYTES`] is
@@ -311,6 +429,8 @@ struct Parser {
     line: usize,
     /// Set when the names outgrow the layout's 4-byte offsets (more than 4 GiB of names).
     too_many: bool,
+    /// Whether a byte order mark is taken off the first line: not in the second half of a file.
+    strip_bom: bool,
 }
 
 /// At most this many bits choose a bucket in [`scatter`]: 65,536 buckets (256 KB of counts), about 15 senders each
@@ -473,7 +593,44 @@ impl Parser {
             problems: Vec::new(),
             line: 0,
             too_many: false,
+            strip_bom: true,
         }
+    }
+
+    /// Appends the parse of the lines that follow this one's (the second half of the file), renumbering its lines
+    /// and name offsets. Each array of `next` is copied into this one's spare room (sized for the whole file) a
+    /// block at a time, and the block's pages given back as it goes, so the join holds no second copy of the
+    /// halves' keys (the reload's peak, research/018 and 023).
+    fn append(&mut self, next: Parser) {
+        let lines = u32::try_from(self.line).unwrap_or(u32::MAX);
+        let names = u32::try_from(self.names.len()).ok();
+        let Parser {
+            keys,
+            names: next_names,
+            name_ends,
+            lines: next_lines,
+            problems,
+            line,
+            too_many,
+            strip_bom: _,
+        } = next;
+        append_releasing(&mut self.keys, keys, |k| k);
+        match names.and_then(|base| {
+            let last = name_ends.last().copied().unwrap_or(0);
+            base.checked_add(last).map(|_| base)
+        }) {
+            Some(base) => append_releasing(&mut self.name_ends, name_ends, |e| e + base),
+            None => self.too_many = true,
+        }
+        append_releasing(&mut self.names, next_names, |b| b);
+        append_releasing(&mut self.lines, next_lines, |l| l.saturating_add(lines));
+        self.problems
+            .extend(problems.into_iter().map(|p| LineProblem {
+                line: p.line + self.line,
+                what: p.what,
+            }));
+        self.line += line;
+        self.too_many |= too_many;
     }
 
     /// The name of sender `i`, as bytes: hashed, compared and written as such, since only names that passed
@@ -522,7 +679,7 @@ impl Parser {
         self.line += 1;
         let line = self.line;
         // A byte order mark some editors put first is not part of the first name.
-        let raw = if line == 1 {
+        let raw = if line == 1 && self.strip_bom {
             raw.strip_prefix(b"\xef\xbb\xbf").unwrap_or(raw)
         } else {
             raw
@@ -1110,6 +1267,80 @@ mod tests {
         std::fs::write(&file, format!("{text}\nbroken\n")).unwrap();
         let err = load_indexed(&file, dir.path()).unwrap_err().to_string();
         assert!(err.contains("senders:5004: has 1 field"), "{err}");
+    }
+
+    /// A file big enough to be parsed in two halves: `n` good lines, a byte order mark first, no `\n` last.
+    fn big_text(n: u32) -> String {
+        let mut text = String::from("\u{feff}# many\r\n\n");
+        for i in 0..n {
+            let mut key = [0u8; 32];
+            key[..4].copy_from_slice(&i.to_be_bytes());
+            key[31] = 0x40;
+            text.push_str(&format!(
+                "dev-{i} {}{}\n",
+                encode_key(&key),
+                if i % 7 == 0 { " # c" } else { "" }
+            ));
+        }
+        text.push_str(&format!("last {}", k(9)));
+        text
+    }
+
+    #[test]
+    fn a_file_read_in_halves_is_the_same_list_and_the_same_problems_as_one_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("senders");
+        let text = big_text(40_000);
+        assert!(text.len() as u64 >= 2 * HALVES_FROM_BYTES, "{}", text.len());
+        std::fs::write(&file, &text).unwrap();
+        let f = files::open(&file, &files::SENDERS).unwrap();
+        let at = split_at_line(&f, text.len() as u64).unwrap() as usize;
+        assert_eq!(text.as_bytes()[at - 1], b'\n');
+        drop(f);
+        let (list, how) = load_indexed(&file, dir.path()).unwrap();
+        assert_eq!((list.len(), how), (40_001, IndexUse::Rebuilt));
+        wait_index_synced();
+        let stamp = stamp_of(&std::fs::metadata(&file).unwrap());
+        let good_index = encode(&file, text.as_bytes(), stamp).unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join(INDEX_FILE)).unwrap(),
+            good_index
+        );
+
+        // Problems in both halves, and duplicates across them: each with its line, in line order. Line 1 is the
+        // comment, 2 blank, line 3 + i is dev-i; the split is near line 20,000.
+        let mut lines: Vec<String> = text.split('\n').map(String::from).collect();
+        lines[4] = "broken".into(); // line 5, first half
+        lines[30_002] = format!("dev-5 {}", k(3)); // line 30,003: name of line 8
+        lines[30_003] = format!("again {}", lines[9].split(' ').nth(1).unwrap()); // line 30,004: key of line 10
+        lines[35_000] = "x y z".into(); // line 35,001
+        lines[20] = format!("early {}", lines[36_002].split(' ').nth(1).unwrap()); // line 21: key of 36,003
+        let bad = lines.join("\n");
+        let at = text.len() / 2;
+        let split_line = bad[..at].matches('\n').count() + 1;
+        assert!((5..30_003).contains(&split_line), "{split_line}");
+        std::fs::write(&file, &bad).unwrap();
+        let err = load_indexed(&file, dir.path()).unwrap_err().to_string();
+        let want = [
+            "senders:5: has 1 field",
+            "senders:30003: duplicate name dev-5: line 8 already has it",
+            "senders:30004: duplicate key: line 10 (dev-7)",
+            "senders:35001: has 3 fields",
+            "senders:36003: duplicate key: line 21 (early)",
+        ];
+        let mut from = 0;
+        for w in want {
+            let found = err[from..]
+                .find(w)
+                .unwrap_or_else(|| panic!("{w} not in order in {err}"));
+            from += found + w.len();
+        }
+        assert!(err.contains("has 5 bad lines"), "{err}");
+        // Refused: the index of the good file is left as it was.
+        assert_eq!(
+            std::fs::read(dir.path().join(INDEX_FILE)).unwrap(),
+            good_index
+        );
     }
 
     #[test]
