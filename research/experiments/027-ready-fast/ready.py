@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """research/027: time from start to "ready" of nodes whose 1M-line senders file changed since their last start,
-for several builds side by side. Usage: ready.py ROUNDS LABEL=BINARY [LABEL=BINARY ...] [--senders N] [--nice N] [--wait-quiet SHARE]
+for several builds side by side. Usage: ready.py ROUNDS LABEL=BINARY [LABEL=BINARY ...] [--senders N] [--nice N] [--wait-quiet SHARE [--max-load L]]
 
 One senders file of N random keys (default 1M). Each round appends one line (so every build's index is stale),
 reads the file once plainly (the machine's own floor: 1 MiB reads of the cached file, as the node does), then
@@ -10,7 +10,8 @@ the wall time from the start to "ready" on its stdout and the node's CPU time un
 Prints one JSON line per start, one per plain read, and at the end whether every build's index of the last
 file is the same bytes. With --nice -20 (root) the nodes run at the highest priority, so that a machine shared with
 other work comes as near a quiet one as it can without stopping that work (the load average is still noted).
-With --wait-quiet 0.9 each round waits (up to 30 minutes) until the CPU was 90 % idle over 2 s, and notes it."""
+With --wait-quiet 0.9 each round waits (up to 30 minutes) until the CPU was 90 % idle over 2 s, and notes it;
+--max-load 1 waits for the 1-minute load average to be at most 1 too."""
 import base64, json, os, re, shutil, subprocess, sys, tempfile, time
 
 def cpu_idle(seconds):
@@ -23,13 +24,14 @@ def cpu_idle(seconds):
     i1, t1 = read()
     return (i1 - i0) / max(1, t1 - t0)
 
-def wait_quiet(share, give_up=1800):
-    """Waits until the CPU was at least `share` idle over 2 s (other work on the machine paused), at most
-    `give_up` seconds; returns the idle share seen."""
+def wait_quiet(share, max_load=None, give_up=1800):
+    """Waits until the CPU was at least `share` idle over 2 s (other work on the machine paused) and, with
+    `max_load`, the 1-minute load average is at most that, at most `give_up` seconds; returns the idle share seen."""
     start = time.monotonic()
     while True:
         idle = cpu_idle(2)
-        if idle >= share or time.monotonic() - start > give_up:
+        load = float(open("/proc/loadavg").read().split()[0])
+        if (idle >= share and (max_load is None or load <= max_load)) or time.monotonic() - start > give_up:
             return round(idle, 3)
 
 def main():
@@ -38,6 +40,11 @@ def main():
     if "--senders" in args:
         i = args.index("--senders")
         n = int(args[i + 1])
+        del args[i:i + 2]
+    max_load = None
+    if "--max-load" in args:
+        i = args.index("--max-load")
+        max_load = float(args[i + 1])
         del args[i:i + 2]
     quiet = None
     if "--wait-quiet" in args:
@@ -59,7 +66,7 @@ def main():
             f.write(f"dev-{i} {base64.b64encode(os.urandom(32)).decode()}\n")
     tick = os.sysconf("SC_CLK_TCK")
     for r in range(1, rounds + 1):
-        idle = wait_quiet(quiet) if quiet is not None else None
+        idle = wait_quiet(quiet, max_load) if quiet is not None else None
         with open(senders, "a") as f:
             f.write(f"extra-{r} {base64.b64encode(os.urandom(32)).decode()}\n")
         t = time.monotonic()
