@@ -9,6 +9,12 @@
 //! reload done ("reload" phase) is the whole parse-and-index path, and the resident peak above rest during it (mapped
 //! pages included) is what a reload costs in memory (research/018).
 //!
+//! Then ("changed" phase) the node is stopped, the senders file gets one more line, and the node is started again:
+//! the time to `ready` with a file that changed since the last start (issue 17: ≤ 0.30 s at a million senders) and
+//! the node's CPU time until then, beside the machine's own floor in the same run, a plain read of the same file in
+//! 1 MiB reads (the fastest of three: `plain_read_ms`, and `ready_per_plain_read`), so a slow or busy machine shows
+//! as such (research/027).
+//!
 //! Usage: cargo bench --bench idle_links -- [--senders N]... [--runs R] [--send] [--reload] [--bin PATH] [--label L]
 
 #[path = "util/process.rs"]
@@ -22,6 +28,37 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use process::{metric, par_map, proc_kb, read_banner};
+
+/// The CPU time of process `pid` so far, all its threads, those that ended included (/proc/PID/stat: clock ticks).
+fn cpu_so_far(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_secs_f64(ticks as f64 / per_second as f64)
+}
+
+/// Reads `path` whole in 1 MiB reads, as the node reads a senders file, and drops it: how long the machine takes
+/// (the fastest of three reads, so the floor is not one read's bad luck).
+fn plain_read(path: &Path) -> Duration {
+    use std::io::Read;
+    let mut buf = vec![0u8; 1 << 20];
+    (0..3)
+        .map(|_| {
+            let start = Instant::now();
+            let mut f = std::fs::File::open(path).unwrap();
+            while f.read(&mut buf).unwrap() > 0 {}
+            start.elapsed()
+        })
+        .min()
+        .unwrap()
+}
 use pure_serve::keys::encode_key;
 use pure_serve::proto::crypto::Identity;
 use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig};
@@ -283,6 +320,39 @@ fn main() {
             }
             node.child.kill().unwrap();
             node.child.wait().unwrap();
+            if n > 0 {
+                // A start with a file changed since the last start: parsed, checked and indexed again.
+                let path = dir.path().join("senders");
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&path)
+                    .unwrap();
+                writeln!(
+                    f,
+                    "added-before-start {}",
+                    encode_key(&pure_serve::proto::crypto::random_array())
+                )
+                .unwrap();
+                drop(f);
+                let plain = plain_read(&path);
+                let mut node = start_node(&a.bin, dir.path(), 1000);
+                let cpu = cpu_so_far(node.child.id());
+                println!(
+                    "{{\"bench\":\"idle_links\",\"label\":\"{}\",\"run\":{run},\"senders\":{n},\"phase\":\"changed\",\"ready_ms\":{:.1},\"cpu_to_ready_ms\":{:.0},\"plain_read_ms\":{:.1},\"ready_per_plain_read\":{:.1},\"load_1m\":{}}}",
+                    a.label,
+                    node.ready.as_secs_f64() * 1e3,
+                    cpu.as_secs_f64() * 1e3,
+                    plain.as_secs_f64() * 1e3,
+                    node.ready.as_secs_f64() / plain.as_secs_f64(),
+                    std::fs::read_to_string("/proc/loadavg")
+                        .unwrap()
+                        .split_whitespace()
+                        .next()
+                        .unwrap()
+                );
+                node.child.kill().unwrap();
+                node.child.wait().unwrap();
+            }
             std::io::stdout().flush().unwrap();
         }
     }

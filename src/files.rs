@@ -297,6 +297,11 @@ impl Opened {
         &self.meta
     }
 
+    /// The checked descriptor, for reads by position (`pread`) that leave the readers' places alone.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// Reads the file whole: at most its limit, or [`FileError::Grew`].
     pub fn read_all(self) -> Result<Vec<u8>, FileError> {
         let want = self.meta.len().min(self.spec.max_bytes) as usize;
@@ -314,17 +319,54 @@ impl Opened {
     pub fn reader(self) -> Bounded {
         let limit = self.spec.max_bytes.saturating_add(1);
         Bounded {
-            inner: self.file.take(limit),
+            inner: At {
+                file: self.file,
+                at: 0,
+            }
+            .take(limit),
             path: self.path,
             spec: self.spec,
         }
+    }
+
+    /// A second reader of the same file from byte `from` on, through its own descriptor of the same open file (so
+    /// it reads what the checked descriptor reads), sharing the limit: it stops after the limit + 1 - `from` bytes.
+    /// It lets two threads read the two halves of one file (crate::senders).
+    pub fn reader_from(&self, from: u64) -> io::Result<Bounded> {
+        let limit = self.spec.max_bytes.saturating_add(1).saturating_sub(from);
+        Ok(Bounded {
+            inner: At {
+                file: self.file.try_clone()?,
+                at: from,
+            }
+            .take(limit),
+            path: self.path.clone(),
+            spec: self.spec,
+        })
+    }
+}
+
+/// Reads by position (`pread`), not through the descriptor's shared offset, so two duplicated descriptors of one
+/// file can be read at once from two places.
+#[derive(Debug)]
+struct At {
+    file: File,
+    at: u64,
+}
+
+impl Read for At {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let n = self.file.read_at(buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
     }
 }
 
 /// A file being read, at most its kind's limit + 1 bytes.
 #[derive(Debug)]
 pub struct Bounded {
-    inner: Take<File>,
+    inner: Take<At>,
     path: PathBuf,
     spec: &'static FileSpec,
 }

@@ -271,8 +271,8 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         }
         _ => None,
     };
-    // Reading a big senders file for the first time takes a moment (about 0.7 s per million lines here); say so
-    // on a terminal, and only there: the journal gets the one line that follows.
+    // Reading a big senders file for the first time takes a moment (about 0.25 s per million lines here,
+    // research/027); say so on a terminal, and only there: the journal gets the one line that follows.
     let big_senders = settings.senders_file.as_ref().and_then(|p| {
         let size = std::fs::metadata(p).ok()?.len();
         (size >= 8 << 20 && std::io::stderr().is_terminal()).then_some((p.clone(), size))
@@ -365,6 +365,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     });
     // The loop is gone: link requests still queued were answered 503. Let requests in progress finish, then stop.
     http.stop();
+    // A senders index written at this start or a reload may still be syncing: in place before the process ends, or
+    // the next start would parse the file again (src/senders.rs, `sync_then_rename`).
+    crate::senders::wait_index_synced();
     let counters = counters?;
     tracing::info!(
         stored = counters.stored_records,

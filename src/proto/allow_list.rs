@@ -81,6 +81,41 @@ pub enum AllowListError {
     Names(u64),
 }
 
+/// Bytes bound for one place in a file, written by position when the buffer is full.
+struct Section<'f> {
+    file: &'f std::fs::File,
+    at: u64,
+    buf: Vec<u8>,
+}
+
+impl<'f> Section<'f> {
+    const BUF: usize = 256 << 10;
+
+    fn new(file: &'f std::fs::File, at: usize) -> Self {
+        Section {
+            file,
+            at: at as u64,
+            buf: Vec::with_capacity(Self::BUF),
+        }
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if self.buf.len() + bytes.len() > self.buf.capacity() {
+            self.flush()?;
+        }
+        self.buf.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(&self.buf, self.at)?;
+        self.at += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
 /// The bytes behind a list: a `Vec` made in memory, or a read-only mapping of `senders.idx`.
 pub type Backing = Box<dyn AsRef<[u8]> + Send + Sync>;
 
@@ -139,7 +174,7 @@ impl AllowList {
             entries.len(),
             names_len,
             stamp,
-            entries.iter().map(|(n, k)| (*n, k)),
+            entries.iter().map(|(n, k)| (n.as_bytes(), k)),
         )
     }
 
@@ -148,7 +183,7 @@ impl AllowList {
         count: usize,
         names_len: usize,
         stamp: SourceStamp,
-        sorted: impl Iterator<Item = (&'a str, &'a PublicKeyBytes)>,
+        sorted: impl Iterator<Item = (&'a [u8], &'a PublicKeyBytes)>,
     ) -> Vec<u8> {
         let mut out = vec![0u8; Self::encoded_len(count, names_len)];
         Self::encode_sorted_into(count, names_len, stamp, sorted, &mut out);
@@ -160,13 +195,13 @@ impl AllowList {
         HEADER_LEN + 36 * count + names_len
     }
 
-    /// [`AllowList::encode_sorted`] into `out`, which is exactly [`AllowList::encoded_len`] bytes (a mapped file,
-    /// so a big list is written without a copy in the heap).
+    /// [`AllowList::encode_sorted`] into `out`, which is exactly [`AllowList::encoded_len`] bytes. Names are bytes
+    /// here (the senders file's parser checked them to be ASCII), so none is checked to be UTF-8 again.
     pub fn encode_sorted_into<'a>(
         count: usize,
         names_len: usize,
         stamp: SourceStamp,
-        sorted: impl Iterator<Item = (&'a str, &'a PublicKeyBytes)>,
+        sorted: impl Iterator<Item = (&'a [u8], &'a PublicKeyBytes)>,
         out: &mut [u8],
     ) {
         let n = count;
@@ -175,7 +210,7 @@ impl AllowList {
         let mut end = 0usize;
         for (i, (name, key)) in sorted.take(n).enumerate() {
             out[keys_at + 32 * i..keys_at + 32 * (i + 1)].copy_from_slice(key);
-            out[names_at + end..names_at + end + name.len()].copy_from_slice(name.as_bytes());
+            out[names_at + end..names_at + end + name.len()].copy_from_slice(name);
             end += name.len();
             out[ends_at + 4 * i..ends_at + 4 * (i + 1)]
                 .copy_from_slice(&(end as u32).to_le_bytes());
@@ -199,53 +234,55 @@ impl AllowList {
         count: usize,
         names_len: usize,
         stamp: SourceStamp,
-        sorted: impl Iterator<Item = (&'a str, &'a PublicKeyBytes)>,
+        sorted: impl Iterator<Item = (&'a [u8], &'a PublicKeyBytes)> + Clone,
+        file: &std::fs::File,
+    ) -> std::io::Result<()> {
+        Self::write_header_to_file(count, names_len, stamp, file)?;
+        Self::write_keys_to_file(count, sorted.clone().map(|(_, k)| k), file)?;
+        Self::write_names_to_file(count, sorted.map(|(n, _)| n), file)
+    }
+
+    /// The header of the layout, at the start of `file` (see [`AllowList::encode_sorted_to_file`]).
+    pub fn write_header_to_file(
+        count: usize,
+        names_len: usize,
+        stamp: SourceStamp,
         file: &std::fs::File,
     ) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
-        /// Bytes bound for one place in the file, written when the buffer is full.
-        struct Section<'f> {
-            file: &'f std::fs::File,
-            at: u64,
-            buf: Vec<u8>,
+        file.write_all_at(&Self::header(count, names_len, stamp), 0)
+    }
+
+    /// The keys section of a list of `count` senders, from the keys in order, into `file`. The sections are
+    /// written apart so that the keys and the names can be written on two threads at once (research/027).
+    pub fn write_keys_to_file<'a>(
+        count: usize,
+        keys: impl Iterator<Item = &'a PublicKeyBytes>,
+        file: &std::fs::File,
+    ) -> std::io::Result<()> {
+        let mut section = Section::new(file, HEADER_LEN);
+        for key in keys.take(count) {
+            section.put(key)?;
         }
-        impl Section<'_> {
-            fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-                if self.buf.len() + bytes.len() > self.buf.capacity() {
-                    self.flush()?;
-                }
-                self.buf.extend_from_slice(bytes);
-                Ok(())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                self.file.write_all_at(&self.buf, self.at)?;
-                self.at += self.buf.len() as u64;
-                self.buf.clear();
-                Ok(())
-            }
-        }
-        const BUF: usize = 256 << 10;
-        let section = |at: usize| Section {
-            file,
-            at: at as u64,
-            buf: Vec::with_capacity(BUF),
-        };
-        file.write_all_at(&Self::header(count, names_len, stamp), 0)?;
-        let (mut keys, mut ends, mut names) = (
-            section(HEADER_LEN),
-            section(HEADER_LEN + 32 * count),
-            section(HEADER_LEN + 36 * count),
-        );
+        section.flush()
+    }
+
+    /// The name ends and the names of a list of `count` senders, from the names in key order, into `file`.
+    pub fn write_names_to_file<'a>(
+        count: usize,
+        names: impl Iterator<Item = &'a [u8]>,
+        file: &std::fs::File,
+    ) -> std::io::Result<()> {
+        let mut ends = Section::new(file, HEADER_LEN + 32 * count);
+        let mut arena = Section::new(file, HEADER_LEN + 36 * count);
         let mut end = 0u32;
-        for (name, key) in sorted.take(count) {
-            keys.put(key)?;
-            names.put(name.as_bytes())?;
+        for name in names.take(count) {
+            arena.put(name)?;
             end += name.len() as u32;
             ends.put(&end.to_le_bytes())?;
         }
-        keys.flush()?;
         ends.flush()?;
-        names.flush()
+        arena.flush()
     }
 
     /// Builds a list in memory from (name, key) pairs with unique names and keys.
@@ -256,6 +293,13 @@ impl AllowList {
         );
         // Just encoded by `encode`, so it is well formed.
         Self::from_backing(Box::new(bytes)).expect("an encoded list is well formed")
+    }
+
+    /// The stamp in a list's header (its first [`HEADER_LEN`] bytes), if they are a list's header: enough to tell
+    /// whether a list was made from a file as it is now before the whole list is checked.
+    pub fn header_stamp(header: &[u8]) -> Option<SourceStamp> {
+        (header.len() >= HEADER_LEN && &header[0..8] == MAGIC)
+            .then(|| SourceStamp::read(&header[24..64]))
     }
 
     /// Checks and adopts bytes in the list's layout (from memory or a mapped file). O(n) checks, no copies: a
@@ -485,7 +529,7 @@ mod tests {
             mtime_ns: 4,
             ctime_ns: 5,
         };
-        let sorted = || entries.iter().map(|(n, k)| (n.as_str(), k));
+        let sorted = || entries.iter().map(|(n, k)| (n.as_bytes(), k));
         let mut in_place = vec![0u8; AllowList::encoded_len(entries.len(), names_len)];
         AllowList::encode_sorted_into(entries.len(), names_len, stamp, sorted(), &mut in_place);
         let dir = tempfile::tempdir().unwrap();
