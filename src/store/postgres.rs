@@ -6,7 +6,7 @@
 //! queue and an eventfd ([`TurnStore::wake_fd`]) once COMMIT has returned — what the database made durable.
 //!
 //! A part is applied as docs/scale-out.md specifies ("A turn: one transaction per app"): the turn's new sources
-//! made beforehand, then BEGIN and the source rows locked `FOR UPDATE` in id order (one wait); the frames cut
+//! made beforehand, then BEGIN and the source rows locked `FOR UPDATE` in name order (one wait); the frames cut
 //! under the locks against the heard sequences found there, by the same code as SQLite's ([`super::cut_flow`]);
 //! then the heard sequences moved **conditionally** (`WHERE heard = old`), the app's head row updated last (so
 //! positions become visible in commit order), the chunks inserted from arrays, the outlets' progress, COMMIT (one
@@ -134,6 +134,11 @@ CREATE TABLE IF NOT EXISTS down_counts (
     waiting BIGINT NOT NULL
 );
 ";
+
+/// Every statement of the node is a lookup by key, and its plans are made once per connection, often while the tables
+/// are small: a sequential scan chosen then would read every row on every turn once they are large (research/030).
+/// So the node's connections never prefer one while an index can serve.
+const PLANS: &str = "SET enable_seqscan = off";
 
 /// The channel a push notifies the fleet's other nodes on (docs/scale-out.md, "Downlink on a fleet").
 const DOWN_CHANNEL: &str = "pure_downlink";
@@ -902,10 +907,10 @@ async fn make_conn_within(
     });
     client
         .batch_execute(&format!(
-            "SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'"
+            "SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'; {PLANS}"
         ))
         .await
-        .map_err(db_err(t, "setting idle_in_transaction_session_timeout"))?;
+        .map_err(db_err(t, "setting the session's parameters"))?;
     let sync: String = client
         .query_one("SHOW synchronous_commit", &[])
         .await
@@ -999,9 +1004,13 @@ async fn make_conn_within(
              ON CONFLICT (app, name) DO NOTHING",
         )
         .await?,
+        // One index probe per name, locked in the names' order (sorted: every node locks a turn's rows in one
+        // order). A filter over the app's rows, planned while `sources` was small, compared every source with
+        // every name: seconds a turn at 100k sources (research/030).
         lock_sources: p(
-            "SELECT id, name, heard FROM sources WHERE app = $1 AND name = ANY($2::text[]) \
-             ORDER BY id FOR UPDATE",
+            "SELECT s.id, s.name, s.heard FROM unnest($2::text[]) AS n(name) \
+             CROSS JOIN LATERAL (SELECT id, name, heard FROM sources \
+                 WHERE app = $1 AND name = n.name FOR UPDATE) s",
         )
         .await?,
         // The heard sequences moved only where they are still what the cut was made against; if any is not,
@@ -1648,6 +1657,8 @@ impl PgReader {
             tokio::spawn(async move {
                 let _ = connection.await;
             });
+            // The feed's and the leases' statements are prepared once too (see PLANS).
+            client.batch_execute(PLANS).await?;
             Ok(client)
         };
         let client = match deadline {
