@@ -1154,8 +1154,9 @@ impl Host {
     }
 
     /// Whether [`Host::turn`] takes the node core's turn now. Always on the host's own files (a turn waits there
-    /// for the oldest sync when too many are behind); on a shared store only while fewer than [`MAX_UNSYNCED`]
-    /// turns wait for their outcome, so that the loop never waits on the database (`shared.rs`).
+    /// for the oldest sync when too many are behind); on a shared store only while at most [`MAX_UNSYNCED`] turns
+    /// wait for their outcome (so at most one more is handed over: as on its own files, where the turn after the
+    /// fourth waits for the oldest), so that the loop never waits on the database (`shared.rs`).
     pub fn can_take_turn(&self) -> bool {
         self.shared.is_none() || self.unsynced.len() <= MAX_UNSYNCED
     }

@@ -3,7 +3,7 @@
 //! Here the host holds no store of its own: every turn goes to the [`TurnStore`] as owned parts, one per app, and
 //! is **finished** when that store hands back its outcome (the database's COMMIT returned), in the order the turns
 //! were submitted, exactly as a SQLite turn is finished when its sync is done. The receive loop never waits on a
-//! round trip: it polls [`TurnStore::wake_fd`] beside its socket, as it polls the sync thread's. While
+//! round trip: it polls [`TurnStore::wake_fd`] beside its socket, as it polls the sync thread's. While more than
 //! [`super::MAX_UNSYNCED`] turns wait for their outcome the host takes no new one ([`Host::can_take_turn`]), but
 //! for a turn that filled within a batch the loop was reading: the node core's turn fills and, once full, the loop
 //! stops reading its socket until an outcome comes, and serves everything else meanwhile (a slow or unreachable
