@@ -380,12 +380,16 @@ fn two_postgres_engines_pushing_to_one_sender_give_each_sequence_once_and_tell_e
         max_records: 1 << 20,
         ..DownLimits::default()
     };
+    // Both listen before either pushes: a notification reaches only the connections listening when it commits.
+    let both_open = std::sync::Arc::new(std::sync::Barrier::new(2));
     let threads: Vec<_> = (0..2u8)
         .map(|w| {
             let url = cluster.url();
+            let both_open = both_open.clone();
             std::thread::spawn(move || {
                 let apps = vec!["a".to_string(), "b".to_string()];
                 let mut engine = PostgresTurns::open(&url, None, &apps).unwrap();
+                both_open.wait();
                 let mut given = Vec::new();
                 for k in 0..PUSHES {
                     let mut push = push_of("dev", &[b"x", b"y"], limits);
