@@ -625,6 +625,19 @@ fn send_given_two_addresses_moves_to_the_other_when_a_node_stops_answering() {
         std::thread::sleep(Duration::from_millis(5));
     }
     a.signal(libc::SIGKILL);
+    // Its sender is acked by the other node within 2 s of the kill (BRIEF.md): b stores its first record by then.
+    let killed = Instant::now();
+    let before = stored_by(&b);
+    while stored_by(&b) == before {
+        assert!(killed.elapsed() < DEADLINE, "b stored nothing");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let moved = killed.elapsed();
+    eprintln!("b stored the sender's next records {moved:?} after a's SIGKILL");
+    assert!(
+        moved < Duration::from_secs(2),
+        "the sender was acked by the other node only {moved:?} after the first was killed"
+    );
     let (ok, said) = ops_util::finish_send(send);
     assert!(ok, "{said}");
     assert!(

@@ -43,7 +43,7 @@ pub struct SendArgs {
     #[arg(long, value_name = "PUBKEY")]
     pub node: String,
     /// The node's link address. Several, comma-separated (or a name with several addresses), for the nodes of
-    /// one fleet (docs/scale-out.md): the first is used until it answers nothing for 3 s while records wait, then
+    /// one fleet (docs/scale-out.md): the first is used until it answers nothing for 1 s while records wait, then
     /// the next, and so on round; nothing is stored twice whichever node stores it.
     #[arg(long, value_name = "HOST:PORT[,HOST:PORT…]")]
     pub to: String,
@@ -197,7 +197,7 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
             moves_told = link.moves();
             eprintln!(
                 "the node at {was_at} answered nothing for {} s; trying {}",
-                crate::sender::MOVE_AFTER.as_secs(),
+                crate::sender::MOVE_AFTER.as_secs_f64(),
                 link.address()
             );
         }
