@@ -493,15 +493,12 @@ fn one_device_dir(extra_apps: Option<&str>) -> (tempfile::TempDir, Identity, Pat
     (dir, id, senders, extra)
 }
 
-fn part_live(a: &Args) {
-    let (dir, id, senders, _) = one_device_dir(None);
-    let node = Node::start(&a.bin, &dir.path().join("state"), &senders, 0, &[]);
-    // The node's own commit and round trip, the other way: one record at a time from the same device on a live run
-    // → its stored ack (docs/protocol.md 5.3), on the same node and disk, before the downlink starts.
+/// 200 records, one at a time, from the device on a live run to `node`: each one's time to its stored ack, ms.
+fn uplink_stored_acks(id: &Identity, node: &Node) -> Vec<f64> {
     let mut uplink = UdpLink::connect(id.clone(), node.public, node.link).unwrap();
     uplink.sender().open_flow("main", FlowStart::Probe).unwrap();
     uplink.deliver(Some(Duration::from_secs(10))).unwrap();
-    let mut stored_ack: Vec<f64> = (0..200)
+    (0..200)
         .map(|k| {
             uplink
                 .sender()
@@ -512,8 +509,15 @@ fn part_live(a: &Args) {
             assert_eq!(out.unacked, 0);
             ms(t.elapsed())
         })
-        .collect();
-    drop(uplink);
+        .collect()
+}
+
+fn part_live(a: &Args) {
+    let (dir, id, senders, _) = one_device_dir(None);
+    let node = Node::start(&a.bin, &dir.path().join("state"), &senders, 0, &[]);
+    // The node's own commit and round trip, the other way: one record at a time from the same device on a live run
+    // → its stored ack (docs/protocol.md 5.3), on the same node and disk, before the downlink starts.
+    let mut stored_ack = uplink_stored_acks(&id, &node);
     let (stop_tx, stop_rx) = mpsc::channel();
     let handed = listening_device(id, &node, stop_rx);
     std::thread::sleep(Duration::from_millis(300));
@@ -573,22 +577,7 @@ fn part_fleet(a: &Args) {
     let na = Node::start(&a.bin, &dir.path().join("a"), &senders, 0, &extra);
     let nb = Node::start(&a.bin, &dir.path().join("b"), &senders, 0, &extra);
     // B's own commit and round trip, the other way, as in `live`.
-    let mut uplink = UdpLink::connect(id.clone(), nb.public, nb.link).unwrap();
-    uplink.sender().open_flow("main", FlowStart::Probe).unwrap();
-    uplink.deliver(Some(Duration::from_secs(10))).unwrap();
-    let mut stored_ack: Vec<f64> = (0..200)
-        .map(|k| {
-            uplink
-                .sender()
-                .queue("main", format!("up {k}").into_bytes())
-                .unwrap();
-            let t = Instant::now();
-            let out = uplink.deliver(Some(Duration::from_secs(10))).unwrap();
-            assert_eq!(out.unacked, 0);
-            ms(t.elapsed())
-        })
-        .collect();
-    drop(uplink);
+    let mut stored_ack = uplink_stored_acks(&id, &nb);
     let (stop_tx, stop_rx) = mpsc::channel();
     let handed = listening_device(id, &nb, stop_rx);
     std::thread::sleep(Duration::from_millis(300));
@@ -612,15 +601,7 @@ fn part_fleet(a: &Args) {
         std::thread::sleep(Duration::from_millis(5));
     }
     // One commit of the database: an autocommitted one-row INSERT, from a client of the bench's own.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut commit: Vec<f64> = rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+    let mut commit: Vec<f64> = pg_util::sql(&cluster.conninfo(), async |client| {
         client
             .batch_execute("CREATE TABLE commit_probe (x INTEGER)")
             .await

@@ -55,6 +55,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use devices::{Driven, drive};
+use pg_util::sql;
 use process::{metric, par_map, process_cpu, wait_with_cpu};
 use pure_serve::keys::{encode_key, write_new_identity};
 use pure_serve::proto::crypto::Identity;
@@ -118,20 +119,6 @@ fn postmaster_pid(cluster: &pg_util::PgCluster) -> u32 {
         .next()
         .and_then(|l| l.trim().parse().ok())
         .expect("a pid")
-}
-
-fn sql<T>(conninfo: &str, f: impl AsyncFnOnce(&tokio_postgres::Client) -> T) -> T {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
-            .await
-            .expect("connect to the bench's cluster");
-        tokio::spawn(conn);
-        f(&client).await
-    })
 }
 
 /// CPU time (user + system) of this process so far, its ended threads included (a `dbN` run's engine threads end

@@ -433,15 +433,7 @@ fn push_at(state: &Path, records: &[String]) -> std::ops::RangeInclusive<u64> {
 
 /// The downlink rows the database holds, and its kept count of them.
 fn downlink_rows(cluster: &pg_util::PgCluster) -> (i64, i64) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+    pg_util::sql(&cluster.conninfo(), async |client| {
         let rows: i64 = client
             .query_one("SELECT count(*) FROM downlink", &[])
             .await

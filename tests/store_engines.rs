@@ -467,15 +467,7 @@ fn two_postgres_engines_pushing_to_one_sender_give_each_sequence_once_and_tell_e
 
 /// The one text value `sql` selects, by a client of the test's own.
 fn one_row(conninfo: &str, sql: &str) -> String {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+    pg_util::sql(conninfo, async |client| {
         client.query_one(sql, &[]).await.unwrap().get(0)
     })
 }
@@ -490,15 +482,7 @@ type Contents = (
 /// Reads what the database holds of one app: (source, first_seq, count, pos, body) in position order, and the
 /// sources' heard sequences.
 fn pg_contents(conninfo: &str, app: &str) -> Contents {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+    pg_util::sql(conninfo, async |client| {
         let chunks = client
             .query(
                 "SELECT s.name, c.first_seq, c.count, c.pos, c.body FROM chunks c JOIN sources s ON s.id = c.source \
@@ -720,6 +704,7 @@ fn a_postgres_url_that_cannot_be_reached_stops_the_open_with_its_reason() {
 /// acknowledged position is written, and a lease the database let expire is taken over from that position.
 #[test]
 fn outlet_leases_are_held_by_one_node_at_a_time_and_taken_over_once_expired() {
+    use pure_serve::store::engine::OutboxConn as _;
     use pure_serve::store::lease::{OutletKey, Renewal};
     use pure_serve::store::postgres::leases::LeaseConn;
     use std::time::{Duration, Instant};

@@ -42,15 +42,7 @@ pub fn start_node(
 /// The device's records in app `main` as the database holds them: (seq, payload, pos) in position order, the
 /// heard sequence of `dev`, and the app's head.
 pub fn stored(cluster: &pg_util::PgCluster) -> (Vec<(u64, String, i64)>, i64, i64) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+    pg_util::sql(&cluster.conninfo(), async |client| {
         let rows = client
             .query(
                 "SELECT c.first_seq, c.count, c.pos, c.body FROM chunks c JOIN sources s ON s.id = c.source \
@@ -177,15 +169,7 @@ fn outlets_column<T: for<'a> tokio_postgres::types::FromSql<'a>>(
     cluster: &pg_util::PgCluster,
     column: &str,
 ) -> Vec<T> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&cluster.conninfo(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+    pg_util::sql(&cluster.conninfo(), async |client| {
         client
             .query(&format!("SELECT {column} FROM outlets ORDER BY name"), &[])
             .await

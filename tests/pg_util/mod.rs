@@ -44,6 +44,22 @@ fn find_bin() -> Option<PathBuf> {
     versions.pop().map(|(_, b)| b)
 }
 
+/// Runs `f` with a client of the caller's own connected to `conninfo`, on a runtime made for the call: for the
+/// tests' and benches' reads and writes of a cluster beside the nodes.
+pub fn sql<T>(conninfo: &str, f: impl AsyncFnOnce(&tokio_postgres::Client) -> T) -> T {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test's cluster");
+        tokio::spawn(conn);
+        f(&client).await
+    })
+}
+
 impl PgCluster {
     /// Starts a cluster, or says why not: `None` (skip) only when PostgreSQL is not installed and not required.
     pub fn start(test: &str) -> Option<PgCluster> {

@@ -125,16 +125,18 @@ impl LeaseConn {
             lease,
         })
     }
+}
 
+impl crate::store::engine::OutboxConn for LeaseConn {
     /// Bounds every later wait to end within `within` from now (`None`: no bound but the network's).
-    pub fn within(&self, within: Option<Duration>) {
+    fn within(&self, within: Option<Duration>) {
         self.reader
             .deadline
             .set(within.map(|d| tokio::time::Instant::now() + d));
     }
 
     /// Runs `renewal` (one wait: its three statements pipelined).
-    pub fn renew(&mut self, renewal: &Renewal) -> Result<Renewed, StoreError> {
+    fn renew(&mut self, renewal: &Renewal) -> Result<Renewed, StoreError> {
         let (apps, names, acked) = arrays(&renewal.outlets);
         let lease_ms = self.lease.as_millis() as i64;
         let mut distinct = apps.clone();
@@ -168,7 +170,7 @@ impl LeaseConn {
     }
 
     /// Gives back the leases of `outlets` that this node holds, writing what their far sides acknowledged.
-    pub fn release(&self, outlets: &[(OutletKey, u64)]) -> Result<(), StoreError> {
+    fn release(&self, outlets: &[(OutletKey, u64)]) -> Result<(), StoreError> {
         let (apps, names, acked) = arrays(outlets);
         let args: [&(dyn ToSql + Sync); 4] = [&self.node_id, &apps, &names, &acked];
         self.reader.wait(
@@ -180,7 +182,7 @@ impl LeaseConn {
 
     /// Where outlet `start.name` of `app` starts: the row already kept for it, or `start` kept now (its `start`
     /// field `0` meaning the app's head now, docs/apps.md `from = "next"`). The caller compares the kind and target.
-    pub fn start_of(&self, app: &str, start: &OutletStart) -> Result<OutletStart, StoreError> {
+    fn start_of(&self, app: &str, start: &OutletStart) -> Result<OutletStart, StoreError> {
         let given: Option<i64> = (start.start > 0).then_some(start.start as i64);
         let keep_args: [&(dyn ToSql + Sync); 6] = [
             &app,
@@ -216,7 +218,7 @@ impl LeaseConn {
 
     /// The heard sequence of source `source` in app `app` (0 if it has stored nothing there): where an inner
     /// outlet's destination holds its source.
-    pub fn heard_of(&self, app: &str, source: &str) -> Result<u64, StoreError> {
+    fn heard_of(&self, app: &str, source: &str) -> Result<u64, StoreError> {
         let c = &self.reader.client;
         let row = self.reader.wait(
             "reading a heard sequence",
@@ -229,38 +231,6 @@ impl LeaseConn {
     }
 
     /// As [`PgReader::read_from`], for a held outlet's feed.
-    pub fn read_from(
-        &self,
-        app: &str,
-        from: u64,
-        max_records: u64,
-        max_bytes: usize,
-    ) -> Result<Vec<Chunk>, StoreError> {
-        self.reader.read_from(app, from, max_records, max_bytes)
-    }
-}
-
-impl crate::store::engine::OutboxConn for LeaseConn {
-    fn within(&self, within: Option<Duration>) {
-        LeaseConn::within(self, within)
-    }
-
-    fn renew(&mut self, renewal: &Renewal) -> Result<Renewed, StoreError> {
-        LeaseConn::renew(self, renewal)
-    }
-
-    fn release(&self, outlets: &[(OutletKey, u64)]) -> Result<(), StoreError> {
-        LeaseConn::release(self, outlets)
-    }
-
-    fn start_of(&self, app: &str, start: &OutletStart) -> Result<OutletStart, StoreError> {
-        LeaseConn::start_of(self, app, start)
-    }
-
-    fn heard_of(&self, app: &str, source: &str) -> Result<u64, StoreError> {
-        LeaseConn::heard_of(self, app, source)
-    }
-
     fn read_from(
         &self,
         app: &str,
@@ -268,6 +238,6 @@ impl crate::store::engine::OutboxConn for LeaseConn {
         max_records: u64,
         max_bytes: usize,
     ) -> Result<Vec<Chunk>, StoreError> {
-        LeaseConn::read_from(self, app, from, max_records, max_bytes)
+        self.reader.read_from(app, from, max_records, max_bytes)
     }
 }
