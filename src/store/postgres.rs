@@ -814,20 +814,11 @@ impl Worker {
             };
             match try_push(&target, conn, app_id, push).await {
                 Ok(done) => return Ok(done),
-                Err(Refused::Retry) if tries + 1 < RETRIES => {
-                    tries += 1;
-                    let ms = 1 + (crate::store::now_ms() as u64 % 7) * (tries as u64);
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                }
                 Err(Refused::Retry) => {
-                    let e = StoreError::DatabaseRefused {
-                        url: target.shown.clone(),
-                        why: format!(
-                            "it refused a push {RETRIES} times in a row (serialization failures or deadlocks), so \
-                             nothing of it was queued"
-                        ),
-                    };
-                    return Err((e, false));
+                    if !pause_to_retry(&mut tries).await {
+                        let e = refused_too_often(&target, "a push", "nothing of it was queued");
+                        return Err((e, false));
+                    }
                 }
                 Err(Refused::Failed(e)) => return Err((e, false)),
                 Err(Refused::Unknown(e)) => return Err((e, true)),
@@ -847,24 +838,40 @@ impl Worker {
             };
             match try_part(&target, conn, app_id, part).await {
                 Ok(applied) => return Ok(applied),
-                Err(Refused::Retry) if tries + 1 < RETRIES => {
-                    tries += 1;
-                    // A short, varying pause, so that two nodes refused together do not collide again.
-                    let ms = 1 + (crate::store::now_ms() as u64 % 7) * (tries as u64);
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                }
                 Err(Refused::Retry) => {
-                    return Err(StoreError::DatabaseRefused {
-                        url: target.shown.clone(),
-                        why: format!(
-                            "it refused a turn {RETRIES} times in a row (serialization failures or deadlocks), so \
-                             the turn is not acknowledged and its senders send again"
-                        ),
-                    });
+                    if !pause_to_retry(&mut tries).await {
+                        return Err(refused_too_often(
+                            &target,
+                            "a turn",
+                            "the turn is not acknowledged and its senders send again",
+                        ));
+                    }
                 }
                 Err(Refused::Failed(e) | Refused::Unknown(e)) => return Err(e),
             }
         }
+    }
+}
+
+/// After a refusal a new try may cure: waits a short, varying pause (so that two nodes refused together do not
+/// collide again) and says to try again, or says to stop once [`RETRIES`] tries were refused.
+async fn pause_to_retry(tries: &mut u32) -> bool {
+    *tries += 1;
+    if *tries >= RETRIES {
+        return false;
+    }
+    let ms = 1 + (crate::store::now_ms() as u64 % 7) * (*tries as u64);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    true
+}
+
+/// [`RETRIES`] tries of `what` were refused by serialization failures or deadlocks; `so` says what follows.
+fn refused_too_often(target: &Target, what: &str, so: &str) -> StoreError {
+    StoreError::DatabaseRefused {
+        url: target.shown.clone(),
+        why: format!(
+            "it refused {what} {RETRIES} times in a row (serialization failures or deadlocks), so {so}"
+        ),
     }
 }
 
