@@ -378,16 +378,58 @@ fn rest_done_count(n: usize, first: &[usize]) -> usize {
 /// One push of `body` on the push socket; returns when the node answered (200 expected).
 fn push_http(socket: &Path, to: &str, body: &[u8]) {
     let mut s = UnixStream::connect(socket).unwrap();
-    write!(
-        s,
+    // One write, as a client that builds its request first sends it (curl does): a request in pieces costs the
+    // server a read and a wake per piece.
+    let mut request = format!(
         "POST /push?app=main&to={to} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     )
-    .unwrap();
-    s.write_all(body).unwrap();
+    .into_bytes();
+    request.extend_from_slice(body);
+    s.write_all(&request).unwrap();
     let mut answer = String::new();
     s.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// A pusher that keeps one connection to the push socket for all its pushes (HTTP/1.1 keep-alive), as a program on
+/// the node's machine would rather than connect for each.
+struct KeptPusher {
+    stream: std::io::BufReader<UnixStream>,
+}
+
+impl KeptPusher {
+    fn connect(socket: &Path) -> Self {
+        KeptPusher {
+            stream: std::io::BufReader::new(UnixStream::connect(socket).unwrap()),
+        }
+    }
+
+    fn push(&mut self, to: &str, body: &[u8]) {
+        use std::io::BufRead;
+        let mut request = format!(
+            "POST /push?app=main&to={to} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        request.extend_from_slice(body);
+        self.stream.get_mut().write_all(&request).unwrap();
+        let (mut status, mut length) = (String::new(), 0usize);
+        self.stream.read_line(&mut status).unwrap();
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        loop {
+            let mut line = String::new();
+            self.stream.read_line(&mut line).unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap();
+            }
+        }
+        let mut answer = vec![0u8; length];
+        self.stream.read_exact(&mut answer).unwrap();
+    }
 }
 
 fn push_command(bin: &str, state: &Path, to: &str, body: &[u8]) {
@@ -523,7 +565,8 @@ fn part_live(a: &Args) {
     std::thread::sleep(Duration::from_millis(300));
     let socket = node.state.join("push.sock");
     let to = name(0);
-    let measure = |count: usize, how: &str| {
+    // `kept`: push over that connection; else `how` says: a connection per push ("socket"), or `pure-serve push`.
+    let measure = |count: usize, how: &str, mut kept: Option<&mut KeptPusher>| {
         let mut total = Vec::new();
         let mut answered = Vec::new();
         for k in 0..count {
@@ -531,6 +574,8 @@ fn part_live(a: &Args) {
             let body = format!("live {k}\n");
             if how == "socket" {
                 push_http(&socket, &to, body.as_bytes());
+            } else if let Some(kept) = kept.as_mut() {
+                kept.push(&to, body.as_bytes());
             } else {
                 push_command(&a.bin, &node.state, &to, body.as_bytes());
             }
@@ -541,8 +586,10 @@ fn part_live(a: &Args) {
         }
         (total, answered)
     };
-    let (mut socket_total, mut socket_answer) = measure(200, "socket");
-    let (mut cmd_total, mut cmd_answer) = measure(50, "command");
+    let (mut socket_total, mut socket_answer) = measure(200, "socket", None);
+    let mut kept = KeptPusher::connect(&socket);
+    let (mut kept_total, mut kept_answer) = measure(200, "kept", Some(&mut kept));
+    let (mut cmd_total, mut cmd_answer) = measure(50, "command", None);
     let fsync = fdatasync_ms(&node.state, 200);
     let rtt = udp_rtt_ms(200);
     emit(
@@ -551,6 +598,10 @@ fn part_live(a: &Args) {
         json!({
             "socket_p50_ms": percentile(&mut socket_total, 0.5), "socket_p99_ms": percentile(&mut socket_total, 0.99),
             "socket_answer_p50_ms": percentile(&mut socket_answer, 0.5),
+            "kept_p50_ms": percentile(&mut kept_total, 0.5), "kept_p99_ms": percentile(&mut kept_total, 0.99),
+            "kept_answer_p50_ms": percentile(&mut kept_answer, 0.5),
+            "kept_p50_over_uplink_stored_ack_p50":
+                percentile(&mut kept_total, 0.5) / percentile(&mut stored_ack, 0.5),
             "command_p50_ms": percentile(&mut cmd_total, 0.5), "command_p99_ms": percentile(&mut cmd_total, 0.99),
             "command_answer_p50_ms": percentile(&mut cmd_answer, 0.5),
             "fdatasync_p50_ms": fsync, "udp_rtt_p50_ms": rtt,

@@ -22,7 +22,7 @@ mod outlet_util;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ops_util::{NodeProcess, keygen};
+use ops_util::{NodeProcess, keygen, push};
 use outlet_util::{args, assert_sent, metric, records, spawn_send, start, wait_until};
 
 fn root() -> bool {
@@ -185,6 +185,11 @@ fn one_store_fails_its_app_stops_alone(setup: impl FnOnce(&Path, &Path) -> Box<d
     assert_eq!(health(&node).0, 200);
 
     fault.start();
+    // A push to the failing app, taken by the turn that finds its store failing or refused once it is known to:
+    // nothing is queued either way (docs/downlink.md, exit 75).
+    let (code, out) = push(&state, "bad", "d-bad", b"during the fault\n");
+    assert_eq!(code, 75, "{out}");
+    assert!(out.contains("nothing was queued"), "{out}");
     let mut stuck = send(&key_bad, "bad", "d-bad", BEFORE + 1, DURING);
     wait_until("/healthz to name app bad", || {
         let (code, body) = health(&node);
@@ -226,6 +231,10 @@ fn one_store_fails_its_app_stops_alone(setup: impl FnOnce(&Path, &Path) -> Box<d
     );
     wait_until("/healthz 200 again", || health(&node).0 == 200);
     assert_eq!(can_store(&node, "bad"), 1.0);
+    // The push during the fault left nothing: the first one after it is numbered 1.
+    let (code, out) = push(&state, "bad", "d-bad", b"after the fault\n");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(": sequence 1\n"), "{out}");
     assert_all_once(&state, "bad", "d-bad", BEFORE + DURING);
     assert_all_once(&state, "good", "d-good", BEFORE + DURING);
     assert!(

@@ -2003,8 +2003,14 @@ impl Sim {
     }
 
     /// Queues `n` downlink records for `device` in app `main`'s store, as `push` does, and tells the node core.
-    /// Returns the payloads by sequence.
-    fn push(&mut self, device: usize, n: usize, pushed: &mut BTreeMap<(usize, u64), Vec<u8>>) {
+    /// Adds the payloads to `pushed` by sequence; returns whether the node core put a read of a listening session
+    /// into its turn (the host answers such a push without a read again).
+    fn push(
+        &mut self,
+        device: usize,
+        n: usize,
+        pushed: &mut BTreeMap<(usize, u64), Vec<u8>>,
+    ) -> bool {
         let name = format!("dev{device}");
         let payloads: Vec<Vec<u8>> = (0..n)
             .map(|k| {
@@ -2031,7 +2037,7 @@ impl Sim {
             pushed.insert((device, first + k as u64), p);
         }
         let sender = self.sender_index(device);
-        self.node.downlink_queued(self.now, sender, 0);
+        self.node.downlink_queued(self.now, sender, 0)
     }
 
     /// The downlink records device's program was handed, in the order it was handed them.
@@ -2167,7 +2173,15 @@ fn downlink_pushed_to_a_live_session_goes_out_without_the_devices_next_packet() 
     sim.run_for(Duration::from_millis(20));
     assert!(sim.all_idle(), "the LISTEN was answered: nothing waits");
     let sent_before = sim.devices[0].sent.len();
-    sim.push(0, 3, &mut pushed);
+    assert!(
+        sim.push(0, 3, &mut pushed),
+        "the session's read rides the push's turn"
+    );
+    let sender = sim.sender_index(0);
+    assert!(
+        !sim.node.downlink_queued(sim.now, sender, 0),
+        "a read on its way is not asked for twice"
+    );
     // One turn and the DOWN; the device's acknowledging LISTEN follows it, nothing before it.
     sim.run_for(Duration::from_millis(5));
     assert_eq!(sim.handed(0).len(), 3, "{:?}", sim.node.counters());

@@ -19,9 +19,10 @@
 //! and nothing of that app's unsynced turns is acked.
 //!
 //! **Pushes** of downlink records (docs/downlink.md, "Queueing records") come between turns ([`Host::push`]): each
-//! is queued in its app's store in a transaction of its own, rides with the next turn to the sync thread, and is
-//! answered when that turn is finished, so "queued" means on disk, as an ack does. Only then is the node core told,
-//! so a live session of the sender is sent the records in the turn after.
+//! waits for the next turn and is queued in its app's transaction of that turn, ahead of the LISTEN reads the node
+//! core put into it (a live listening session of the sender gets one when the push is taken), and is answered when
+//! that turn is finished, so "queued" means on disk, as an ack does, and the records go out to a live session in
+//! the same finish: one commit and one sync for both (`host/pushes.rs`, research/032).
 //!
 //! Apps are fair to each other because each has its share of a turn (`turn_records`, enforced by the node core for
 //! direct input and here for inner input), and an app whose outlet is further behind than its `max_lag_records`
@@ -35,19 +36,20 @@ use std::time::{Duration, Instant};
 
 use super::config::{Accept, AppConfig, AppsConfig, OutletKind};
 use crate::common::figures::{AppFigures, OutletFigures};
-use crate::common::push::{PushAnswer, PushBound, PushRequest};
+use crate::common::push::{PushAnswer, PushRequest};
 use crate::common::wake::Wake;
 use crate::outlets::{Outlet, Target};
-use crate::proto::allow_list::SenderIndex;
 use crate::proto::node::{AppAccept, HostedApp, Node};
 use crate::proto::turn::{AppIndex, Committed};
 use crate::proto::wire::{Forwarded, RecordFormat};
-use crate::store::downlink::{DownRefusal, Pushed};
+use crate::store::downlink::{DownPush, PushOutcome};
 use crate::store::engine::TurnStore;
 use crate::store::sync::{SyncFiles, Synced, Syncer};
 use crate::store::{self, AppStore, Chunk, Piece, StoreError, Stores};
+use pushes::TurnPush;
 
 pub mod outbox;
+mod pushes;
 mod shared;
 
 /// Records read back from a store for one outlet in one turn when it is catching up.
@@ -333,29 +335,12 @@ struct Unsynced {
     /// The node core's turn, if it had one.
     turn: Option<u64>,
     parts: Vec<CommittedPart>,
-    /// Pushes committed before the turn's commits: answered when it is finished.
-    pushes: Vec<PendingPush>,
+    /// Pushes the turn's transactions carried (on the host's own files; a shared store's are in `shared`), and
+    /// their outcomes by app: answered when it is finished.
+    pushes: Vec<TurnPush>,
+    pushed: Vec<(AppIndex, Vec<PushOutcome>)>,
     /// On a shared store: what the turn's outcome is turned into the node core's with (its parts come with it).
     shared: Option<shared::SharedTurn>,
-}
-
-/// A push whose records are committed and wait for their sync.
-struct PendingPush {
-    app: AppIndex,
-    sender: SenderIndex,
-    queued: PushAnswer,
-    answer: tokio::sync::oneshot::Sender<PushAnswer>,
-}
-
-impl PendingPush {
-    /// The app's store failed before the push was synced: whether its records survive depends on what the disk
-    /// kept.
-    fn fail(self, app: &str, why: &str) {
-        let _ = self.answer.send(PushAnswer::Unavailable(format!(
-            "app {app} cannot store ({why}): the records were committed but not yet on disk when it failed, so they \
-             may or may not be queued once its store is back; pushing them again may queue them twice"
-        )));
-    }
 }
 
 pub struct Host {
@@ -377,8 +362,6 @@ pub struct Host {
     next_outlet_id: u64,
     /// How outlets are fed: [`FeedMode::Chunks`] always, but for research/006 ([`Host::set_feed_mode`]).
     feed_mode: FeedMode,
-    /// Pushes committed since the last turn: they ride with the next one to the sync thread.
-    pushes: Vec<PendingPush>,
     /// The store shared with the other nodes of a fleet, when the apps are stored there rather than in files of
     /// this host's own (`shared.rs`).
     shared: Option<Box<dyn TurnStore + Send>>,
@@ -389,8 +372,8 @@ pub struct Host {
     outbox_wake: Option<Arc<Wake>>,
     /// On a shared store: the inner outlets' batches the outbox read, for the next turn.
     inner_queue: Option<Arc<outbox::InnerQueue>>,
-    /// On a shared store: pushes taken since the last turn, which the next one hands the store (`shared.rs`).
-    shared_pushes: Vec<shared::SharedPush>,
+    /// Pushes taken since the last turn, which the next one hands the store (`pushes.rs`).
+    turn_pushes: Vec<TurnPush>,
 }
 
 /// How the host hands records to its link, wire and webhook outlets. The daemon always feeds [`FeedMode::Chunks`];
@@ -530,12 +513,11 @@ impl Host {
             wake,
             next_outlet_id: 1,
             feed_mode: FeedMode::Chunks,
-            pushes: Vec::new(),
             shared: None,
             shared_connections: 0,
             outbox_wake,
             inner_queue: None,
-            shared_pushes: Vec::new(),
+            turn_pushes: Vec::new(),
         };
         let mut changes = OutletChanges::default();
         for app in &config.apps {
@@ -847,10 +829,21 @@ impl Host {
             });
         }
         let mut parts = Vec::new();
-        let mut failed_commits: Vec<(AppIndex, StoreError)> = Vec::new();
+        let mut failed_commits: Vec<(AppIndex, Arc<StoreError>)> = Vec::new();
+        let mut taken_pushes = Vec::new();
+        let mut pushed: Vec<(AppIndex, Vec<PushOutcome>)> = Vec::new();
+        let mut waiting_pushes = std::mem::take(&mut self.turn_pushes);
         for (i, pieces) in per_app.iter_mut().enumerate() {
             let app = &mut self.apps[i];
-            if app.failure.is_some() {
+            let app_pushes = pushes::extract(&mut waiting_pushes, &mut [], i as AppIndex);
+            if let Some(f) = &app.failure {
+                for p in app_pushes {
+                    p.unavailable(format!(
+                        "app {} cannot store now ({}): nothing was queued; push again once it stores",
+                        app.config.name,
+                        f.words()
+                    ));
+                }
                 continue;
             }
             let progress: Vec<(String, u64)> = app
@@ -862,7 +855,11 @@ impl Host {
             let write_progress = !progress.is_empty()
                 && (!pieces.is_empty()
                     || now.saturating_duration_since(app.last_progress_write) >= PROGRESS_EVERY);
-            if pieces.is_empty() && !write_progress && fetches[i].is_empty() {
+            if pieces.is_empty()
+                && !write_progress
+                && fetches[i].is_empty()
+                && app_pushes.is_empty()
+            {
                 continue;
             }
             let progress_refs: Vec<(&str, u64)> = if write_progress {
@@ -872,9 +869,41 @@ impl Host {
             };
             let keep_new = !app.outlets.is_empty();
             let Some(store) = self.stores.app_mut(i as AppIndex) else {
+                for p in app_pushes {
+                    p.unavailable(format!(
+                        "app {}'s store is not open: nothing was queued; push again in a moment",
+                        app.config.name
+                    ));
+                }
                 continue;
             };
-            match store.apply_with_down(pieces, &progress_refs, keep_new, &fetches[i]) {
+            let to_queue: Vec<&DownPush> =
+                app_pushes.iter().filter_map(TurnPush::records).collect();
+            let commits = store.commits();
+            let result = store
+                .apply_with_down(pieces, &progress_refs, keep_new, &fetches[i], &to_queue)
+                .map_err(Arc::new);
+            if !app_pushes.is_empty() {
+                let outcomes = match &result {
+                    Ok(applied) => applied
+                        .down
+                        .pushes
+                        .iter()
+                        .map(|(done, expired)| PushOutcome::Done(done.clone(), *expired))
+                        .collect(),
+                    Err(e) => {
+                        // Committed, then failed (a checkpoint, the file replaced): the records may be kept.
+                        let failed = PushOutcome::Failed {
+                            error: e.clone(),
+                            maybe_queued: store.commits() > commits,
+                        };
+                        vec![failed; app_pushes.len()]
+                    }
+                };
+                pushed.push((i as AppIndex, outcomes));
+                taken_pushes.extend(app_pushes);
+            }
+            match result {
                 Ok(applied) => {
                     if write_progress {
                         app.last_progress_write = now;
@@ -910,9 +939,11 @@ impl Host {
                 Err(e) => failed_commits.push((i as AppIndex, e)),
             }
         }
+        // Every app had its turn at the pushes; none is left, but none is lost either.
+        self.turn_pushes.extend(waiting_pushes);
         for (app, e) in failed_commits {
             if matches!(
-                e,
+                *e,
                 StoreError::Checkpoint { .. }
                     | StoreError::Sync { .. }
                     | StoreError::ReadOnly { .. }
@@ -928,23 +959,16 @@ impl Host {
         self.check_lag(node);
         let seq = self.next_seq;
         self.next_seq += 1;
-        let mut files: SyncFiles = parts
+        let files: SyncFiles = parts
             .iter()
             .filter_map(|p| self.stores.app(p.app)?.sync_item(p.app))
             .collect();
-        let pushes = std::mem::take(&mut self.pushes);
-        for p in &pushes {
-            if !files.iter().any(|(a, _)| *a == p.app)
-                && let Some(item) = self.stores.app(p.app).and_then(|s| s.sync_item(p.app))
-            {
-                files.push(item);
-            }
-        }
         let unsynced = Unsynced {
             seq,
             turn: turn.as_ref().map(|t| t.id),
             parts,
-            pushes,
+            pushes: taken_pushes,
+            pushed,
             shared: None,
         };
         match &self.syncer {
@@ -961,8 +985,9 @@ impl Host {
         report
     }
 
-    /// Queues a push's records for its sender in the app's store, in a transaction of its own (module docs). The
-    /// answer goes out when the next turn is finished, or now if the push is refused or cannot be queued.
+    /// Takes a push of records for its sender: they are queued in the app's store with the next turn
+    /// (`pushes.rs`), and the answer goes out when that turn is finished, or now if the push names no app or
+    /// sender it may go to, or its app cannot store.
     pub fn push(&mut self, node: &mut Node, request: PushRequest, now: Instant) {
         let PushRequest {
             app,
@@ -1005,87 +1030,33 @@ impl Host {
             )));
             return;
         }
-        let limits = a.config.downlink;
-        if self.shared.is_some() {
-            // Queued in the database with the next turn, before its parts, so a LISTEN of this session read in
-            // that turn finds the records (shared.rs).
-            node.downlink_queued(now, sender, i as AppIndex);
-            self.shared_pushes.push(shared::SharedPush::new(
-                i as AppIndex,
-                sender,
-                crate::store::downlink::DownPush {
-                    sender: to,
-                    key: *node.senders().key(sender),
-                    records,
-                    limits,
-                },
-                answer,
-            ));
-            return;
-        }
-        let Some(store) = self.stores.app_mut(i as AppIndex) else {
+        if self.shared.is_none() && self.stores.app(i as AppIndex).is_none() {
             let _ = answer.send(PushAnswer::Unavailable(format!(
                 "app {app}'s store is not open: nothing was queued; push again in a moment"
             )));
             return;
-        };
-        match store.queue_down(&to, &records, &limits) {
-            Ok((queued, expired)) => {
-                self.apps[i].down_expired += expired;
-                match queued {
-                    Pushed::Queued { first, count } => {
-                        // A live listening session reads the records in the turn that syncs them, so they go out
-                        // after that one commit rather than a commit later (research/024). They are sent only
-                        // after the sync, as every answer of a turn. The call at finish covers a session whose
-                        // read was already on its way now.
-                        node.downlink_queued(now, sender, i as AppIndex);
-                        self.pushes.push(PendingPush {
-                            app: i as AppIndex,
-                            sender,
-                            queued: PushAnswer::Queued {
-                                first,
-                                count,
-                                expired,
-                            },
-                            answer,
-                        })
-                    }
-                    Pushed::Refused(r) => {
-                        self.apps[i].down_refused += records.len() as u64;
-                        let bound = match r {
-                            DownRefusal::TooLarge { .. } => PushBound::TooLarge,
-                            DownRefusal::Records { .. } => PushBound::MaxRecords,
-                            DownRefusal::Bytes { .. } => PushBound::MaxBytes,
-                        };
-                        let _ = answer.send(PushAnswer::Refused {
-                            bound,
-                            why: format!("nothing was queued for {to} in app {app}: {r}"),
-                        });
-                    }
-                }
-            }
-            Err(e) => {
-                let _ = answer.send(PushAnswer::Unavailable(format!(
-                    "app {app} could not queue: {e}; nothing was queued"
-                )));
-                if matches!(
-                    e,
-                    StoreError::Checkpoint { .. }
-                        | StoreError::Sync { .. }
-                        | StoreError::ReadOnly { .. }
-                ) {
-                    self.disk_fault(i as AppIndex, &e, node, now);
-                } else {
-                    self.apps[i].turns_failed += 1;
-                    self.fail_app(i as AppIndex, &e, node, now);
-                }
-            }
         }
+        // Queued with the next turn, ahead of its LISTEN reads, so that a live listening session's read, put into
+        // that turn now, finds the records (pushes.rs).
+        let read_with_it = node.downlink_queued(now, sender, i as AppIndex);
+        let push = crate::store::downlink::DownPush {
+            sender: to,
+            key: *node.senders().key(sender),
+            records,
+            limits: a.config.downlink,
+        };
+        self.turn_pushes.push(TurnPush::new(
+            i as AppIndex,
+            sender,
+            push,
+            answer,
+            read_with_it,
+        ));
     }
 
-    /// Whether pushes wait for a turn to take them to the sync thread.
+    /// Whether pushes wait for a turn to take them to their store.
     pub fn has_pushes(&self) -> bool {
-        !self.pushes.is_empty() || !self.shared_pushes.is_empty()
+        !self.turn_pushes.is_empty()
     }
 
     /// Finishes every turn whose sync is done (module docs, 4–5); returns whether any was. Call when
@@ -1231,18 +1202,19 @@ impl Host {
         if let Some(c) = &committed {
             node.handle_committed(c);
         }
-        for p in unsynced.pushes {
-            if let Some((_, e)) = failed.iter().find(|(a, _)| *a == p.app) {
-                let name = self.apps[p.app as usize].config.name.clone();
-                p.fail(&name, &e.to_string());
-                continue;
+        // A push whose store's sync failed may or may not have kept its records.
+        let mut pushed = unsynced.pushed;
+        for (app, outcomes) in &mut pushed {
+            if let Some((_, e)) = failed.iter().find(|(a, _)| a == app) {
+                for o in outcomes.iter_mut().filter(|o| o.done().is_some()) {
+                    *o = PushOutcome::Failed {
+                        error: e.clone(),
+                        maybe_queued: true,
+                    };
+                }
             }
-            node.downlink_queued(now, p.sender, p.app);
-            if let PushAnswer::Queued { count, .. } = p.queued {
-                self.apps[p.app as usize].down_queued += count;
-            }
-            let _ = p.answer.send(p.queued);
         }
+        self.answer_pushes(unsynced.pushes, pushed, node, now);
         self.finished_seq = unsynced.seq;
         self.feed_outlets(&new_chunks);
         self.check_lag(node);
@@ -1313,12 +1285,18 @@ impl Host {
             .unwrap_or_default();
         for later in &mut self.unsynced {
             later.parts.retain(|p| p.app != app);
-            for p in extract(&mut later.pushes, app) {
-                p.fail(&name, &why);
+            for p in pushes::extract(&mut later.pushes, &mut later.pushed, app) {
+                p.unavailable(format!(
+                    "app {name} cannot store ({why}): the records were committed but not yet on disk when it \
+                     failed, so they may or may not be queued once its store is back; pushing them again may queue \
+                     them twice"
+                ));
             }
         }
-        for p in extract(&mut self.pushes, app) {
-            p.fail(&name, &why);
+        for p in pushes::extract(&mut self.turn_pushes, &mut [], app) {
+            p.unavailable(format!(
+                "app {name} cannot store now ({why}): nothing was queued; push again once it stores"
+            ));
         }
         // Read again from the store when the app is back.
         for inner in self.inner.iter_mut().filter(|x| x.dest == app) {
@@ -1803,15 +1781,6 @@ impl Host {
 }
 
 /// `chunk` cut into chunks of one record each (research/006's [`FeedMode`]s).
-/// Takes the pushes of `app` out of `pushes`.
-fn extract(pushes: &mut Vec<PendingPush>, app: AppIndex) -> Vec<PendingPush> {
-    let (of_app, rest) = std::mem::take(pushes)
-        .into_iter()
-        .partition(|p| p.app == app);
-    *pushes = rest;
-    of_app
-}
-
 fn single_records(chunk: &Chunk) -> impl Iterator<Item = Chunk> + '_ {
     (0u64..).zip(chunk.records()).map(move |(k, record)| {
         let mut body = Vec::with_capacity(record.len() + 3);

@@ -1262,20 +1262,24 @@ impl Node {
 
     /// Records were queued for `sender` on `app` (and committed): a live session of it that listens on the app
     /// and has nothing unacknowledged is sent them in the next turn, without waiting for the device
-    /// (docs/protocol.md 12.3, "pushed to a live session"). A sender with no live session costs a lookup.
-    pub fn downlink_queued(&mut self, now: Instant, sender: SenderIndex, app: AppIndex) {
+    /// (docs/protocol.md 12.3, "pushed to a live session"). A sender with no live session costs a lookup. Returns
+    /// whether a read was put into that turn (none is when the session's read is already on its way, when it has
+    /// records unacknowledged, or when no session of the sender listens on the app).
+    pub fn downlink_queued(&mut self, now: Instant, sender: SenderIndex, app: AppIndex) -> bool {
         self.clock = Some(now);
         if sender >= self.senders.len() as SenderIndex {
-            return;
+            return false;
         }
         let key_id = crypto::key_id(self.senders.key(sender));
         let mut ids = std::mem::take(&mut self.found);
         self.sessions.ids_of(key_id, sender, &mut ids);
+        let mut read = false;
         for &id in &ids {
-            self.fetch_again(id, app, false);
+            read |= self.fetch_again(id, app, false);
         }
         ids.clear();
         self.found = ids;
+        read
     }
 
     /// Puts a read of (session, app) into the turn being filled, from the device's last `heard`, when the session

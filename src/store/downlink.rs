@@ -1,7 +1,7 @@
 //! Downlink records in an app's store (docs/store.md, "Downlink"; docs/protocol.md 12): a row per waiting record,
-//! per (sender, sequence), and per sender the next sequence to give. Queueing is one transaction of its own;
-//! deleting what a device has and reading what waits for it happen in the app's transaction of a turn, beside its
-//! records and heard sequences, so a turn that fails deletes nothing.
+//! per (sender, sequence), and per sender the next sequence to give. Queueing a push, deleting what a device has and
+//! reading what waits for it happen in the app's transaction of a turn, beside its records and heard sequences (the
+//! pushes first, so the turn's reads find them), so a turn that fails queues and deletes nothing.
 //!
 //! Nothing here is held in memory per sender: an idle device's waiting records are rows on disk, read when its
 //! LISTEN asks.
@@ -110,6 +110,16 @@ pub enum Pushed {
     Refused(DownRefusal),
 }
 
+impl Pushed {
+    /// How many records it queued.
+    pub fn queued(&self) -> u64 {
+        match self {
+            Pushed::Queued { count, .. } => *count,
+            Pushed::Refused(_) => 0,
+        }
+    }
+}
+
 /// A downlink read of a turn, for one sender of the app (from the turn's [`crate::proto::turn::DownFetch`] at
 /// `index`).
 #[derive(Debug, Clone)]
@@ -159,8 +169,9 @@ impl OwnedFetch {
     }
 }
 
-/// A push carried by a turn's part (a fleet's store applies it in a transaction of its own before the part's, so a
-/// LISTEN of the same turn reads it): records for one sender, queued all or nothing within `limits`.
+/// A push carried by a turn's part (SQLite queues it in the part's transaction, a fleet's store in a transaction of
+/// its own before the part's; either way a LISTEN of the same turn reads it): records for one sender, queued all
+/// or nothing within `limits`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DownPush {
     /// The sender's name, as in the senders file (the flow's key in the store).
@@ -171,8 +182,8 @@ pub struct DownPush {
     pub limits: DownLimits,
 }
 
-/// What became of one push a turn's part carried (pushes are transactions of their own, so their outcomes are apart
-/// from the part's).
+/// What became of one push a turn's part carried (a fleet's pushes are transactions of their own, so their outcomes
+/// are apart from the part's; on SQLite a push fails with its part).
 #[derive(Debug, Clone)]
 pub enum PushOutcome {
     /// Committed (and, on SQLite, synced): what it did, and how many of its sender's records expired and were
@@ -205,13 +216,18 @@ pub struct DownApplied {
     /// Records waiting in the app after this work, where the engine said it (a fleet's store returns its kept
     /// count whenever it changes it; `None`: not said).
     pub waiting: Option<u64>,
+    /// The outcome of each push the transaction carried, in order: what it did, and how many of its sender's
+    /// records expired and were deleted by it (on SQLite only: a fleet's pushes are transactions of their own).
+    pub pushes: Vec<(Pushed, u64)>,
 }
 
-/// Runs the fetches in the app's open transaction.
+/// Runs the fetches in the app's open transaction. `swept`: senders whose expired records this transaction deleted
+/// already, at the same `now` (its pushes').
 pub(super) fn apply_fetches(
     tx: &Transaction<'_>,
     fetches: &[Fetch<'_>],
     now: i64,
+    swept: &[&str],
 ) -> rusqlite::Result<DownApplied> {
     let mut out = DownApplied::default();
     if fetches.is_empty() {
@@ -240,15 +256,19 @@ pub(super) fn apply_fetches(
             out.delivered += delivered.execute(params![f.source, heard])? as u64;
             ack.execute(params![f.source, heard])?;
         }
-        out.expired += expired.execute(params![f.source, now])? as u64;
+        if !swept.contains(&f.source) {
+            out.expired += expired.execute(params![f.source, now])? as u64;
+        }
         let mut records = Vec::new();
         let mut used = 0usize;
         let mut rows = read.query(params![f.source, heard])?;
+        let mut full = false;
         while let Some(row) = rows.next()? {
             let seq: i64 = row.get(0)?;
             let payload: Vec<u8> = row.get(1)?;
             let len = crate::proto::wire::record_len(&payload);
             if used + len > f.room {
+                full = true;
                 break;
             }
             used += len;
@@ -257,11 +277,19 @@ pub(super) fn apply_fetches(
                 payload,
             });
         }
-        let last: Option<i64> = last.query_row([f.source], |r| r.get(0))?;
+        drop(rows);
+        // Everything above `heard` was read (and nothing at or below it is left): the last record read is the last
+        // waiting; only a read that filled its room asks the store.
+        let last = if full {
+            let last: Option<i64> = last.query_row([f.source], |r| r.get(0))?;
+            last.map_or(0, |l| l as u64)
+        } else {
+            records.last().map_or(0, |r| r.seq)
+        };
         out.reads.push(FetchRead {
             index: f.index,
             after: heard as u64,
-            last: last.map_or(0, |l| l as u64),
+            last,
             records,
         });
     }
@@ -269,115 +297,107 @@ pub(super) fn apply_fetches(
     Ok(out)
 }
 
+/// Queues `payloads` for `sender` in the app's open transaction, all or nothing: each gets the flow's next sequence.
+/// Expired records of the sender are deleted first (the second value counts them), so they do not hold its room; a
+/// refused push keeps those deletions and writes nothing else.
+pub(super) fn queue_in(
+    tx: &Transaction<'_>,
+    sender: &str,
+    payloads: &[Vec<u8>],
+    limits: &DownLimits,
+    now: i64,
+) -> rusqlite::Result<(Pushed, u64)> {
+    if let Some((index, p)) = payloads
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.len() > MAX_DOWN_PAYLOAD)
+    {
+        let refused = DownRefusal::TooLarge {
+            index,
+            len: p.len(),
+        };
+        return Ok((Pushed::Refused(refused), 0));
+    }
+    let expired = tx
+        .prepare_cached(
+            "DELETE FROM downlink WHERE sender = ?1 AND expires_at IS NOT NULL AND expires_at <= ?2",
+        )?
+        .execute(params![sender, now])? as u64;
+    let (waiting, bytes): (i64, i64) = tx
+        .prepare_cached(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM downlink WHERE sender = ?1",
+        )?
+        .query_row([sender], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let (waiting, bytes) = (waiting as u64, bytes as u64);
+    let adding: u64 = payloads.iter().map(|p| p.len() as u64).sum();
+    let refusal = if waiting + payloads.len() as u64 > limits.max_records {
+        Some(DownRefusal::Records {
+            waiting,
+            max: limits.max_records,
+        })
+    } else if bytes + adding > limits.max_bytes {
+        Some(DownRefusal::Bytes {
+            waiting: bytes,
+            max: limits.max_bytes,
+        })
+    } else {
+        None
+    };
+    if let Some(r) = refusal {
+        change_count(tx, -(expired as i64))?;
+        return Ok((Pushed::Refused(r), expired));
+    }
+    let next: i64 = tx
+        .prepare_cached("SELECT next_seq FROM down_flows WHERE sender = ?1")?
+        .query_row([sender], |r| r.get(0))
+        .optional()?
+        .unwrap_or(1);
+    let expires = limits
+        .expiry_ms
+        .map(|e| now.saturating_add(e.min(i64::MAX as u64) as i64));
+    let mut put = tx.prepare_cached(
+        "INSERT INTO downlink (sender, seq, payload, queued_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    for (i, p) in payloads.iter().enumerate() {
+        put.execute(params![sender, next + i as i64, p, now, expires])?;
+    }
+    tx.prepare_cached(
+        "INSERT INTO down_flows (sender, next_seq, acked) VALUES (?1, ?2, 0)
+         ON CONFLICT (sender) DO UPDATE SET next_seq = excluded.next_seq",
+    )?
+    .execute(params![sender, next + payloads.len() as i64])?;
+    change_count(tx, payloads.len() as i64 - expired as i64)?;
+    let queued = Pushed::Queued {
+        first: next as u64,
+        count: payloads.len() as u64,
+    };
+    Ok((queued, expired))
+}
+
 impl AppStore {
-    /// Queues `payloads` for `sender`, all or nothing, in one transaction of its own (the caller syncs it before it
-    /// says they are queued): each gets the flow's next sequence. Expired records of the sender are deleted first
-    /// (and counted in the second value), so they do not hold its room.
+    /// Queues `payloads` for `sender` in a transaction of its own (the caller syncs it before it says they are
+    /// queued), as [`queue_in`] says. A turn's pushes go in the turn's own transaction instead
+    /// ([`AppStore::apply_with_down`]).
     pub fn queue_down(
         &mut self,
         sender: &str,
         payloads: &[Vec<u8>],
         limits: &DownLimits,
     ) -> Result<(Pushed, u64), StoreError> {
-        if let Some((index, p)) = payloads
-            .iter()
-            .enumerate()
-            .find(|(_, p)| p.len() > MAX_DOWN_PAYLOAD)
-        {
-            return Ok((
-                Pushed::Refused(DownRefusal::TooLarge {
-                    index,
-                    len: p.len(),
-                }),
-                0,
-            ));
-        }
         let path = self.path.clone();
         let sql = |source| StoreError::Sqlite {
             path: path.clone(),
             source,
         };
         self.before_commit()?;
-        let now = now_ms();
         let tx = self.conn.transaction().map_err(sql)?;
-        let expired = tx
-            .execute(
-                "DELETE FROM downlink WHERE sender = ?1 AND expires_at IS NOT NULL AND expires_at <= ?2",
-                params![sender, now],
-            )
-            .map_err(sql)? as u64;
-        let (waiting, bytes): (i64, i64) = tx
-            .query_row(
-                "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM downlink WHERE sender = ?1",
-                [sender],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .map_err(sql)?;
-        let (waiting, bytes) = (waiting as u64, bytes as u64);
-        let adding: u64 = payloads.iter().map(|p| p.len() as u64).sum();
-        let refusal = if waiting + payloads.len() as u64 > limits.max_records {
-            Some(DownRefusal::Records {
-                waiting,
-                max: limits.max_records,
-            })
-        } else if bytes + adding > limits.max_bytes {
-            Some(DownRefusal::Bytes {
-                waiting: bytes,
-                max: limits.max_bytes,
-            })
-        } else {
-            None
-        };
-        if let Some(r) = refusal {
-            // The expiries are kept: they are true whatever the push.
-            change_count(&tx, -(expired as i64)).map_err(sql)?;
-            tx.commit().map_err(sql)?;
-            self.after_commit()?;
-            self.open_wal_for_sync()?;
-            self.down_waiting = self.down_waiting.saturating_sub(expired);
-            return Ok((Pushed::Refused(r), expired));
-        }
-        let next: i64 = tx
-            .query_row(
-                "SELECT next_seq FROM down_flows WHERE sender = ?1",
-                [sender],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(sql)?
-            .unwrap_or(1);
-        let expires = limits
-            .expiry_ms
-            .map(|e| now.saturating_add(e.min(i64::MAX as u64) as i64));
-        {
-            let mut put = tx
-                .prepare_cached(
-                    "INSERT INTO downlink (sender, seq, payload, queued_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-                )
-                .map_err(sql)?;
-            for (i, p) in payloads.iter().enumerate() {
-                put.execute(params![sender, next + i as i64, p, now, expires])
-                    .map_err(sql)?;
-            }
-        }
-        tx.execute(
-            "INSERT INTO down_flows (sender, next_seq, acked) VALUES (?1, ?2, 0)
-             ON CONFLICT (sender) DO UPDATE SET next_seq = excluded.next_seq",
-            params![sender, next + payloads.len() as i64],
-        )
-        .map_err(sql)?;
-        change_count(&tx, payloads.len() as i64 - expired as i64).map_err(sql)?;
+        let (pushed, expired) = queue_in(&tx, sender, payloads, limits, now_ms()).map_err(sql)?;
         tx.commit().map_err(sql)?;
+        self.commits += 1;
         self.after_commit()?;
         self.open_wal_for_sync()?;
-        self.down_waiting = (self.down_waiting + payloads.len() as u64).saturating_sub(expired);
-        Ok((
-            Pushed::Queued {
-                first: next as u64,
-                count: payloads.len() as u64,
-            },
-            expired,
-        ))
+        self.down_waiting = (self.down_waiting + pushed.queued()).saturating_sub(expired);
+        Ok((pushed, expired))
     }
 
     /// Downlink records waiting in this app, for all senders (kept as a count, not read per scrape).
@@ -497,7 +517,7 @@ mod tests {
         );
         // The device has 1: it is deleted, 2 read; room for one record only.
         let applied = s
-            .apply_with_down(&mut [], &[], false, &[fetch("dev", 1, 3)])
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 1, 3)], &[])
             .unwrap();
         assert_eq!(applied.down.delivered, 1);
         assert_eq!(
@@ -519,7 +539,7 @@ mod tests {
             Pushed::Queued { first: 3, count: 1 }
         );
         // A device that has more than this store knows of (9) moves the numbering past it.
-        s.apply_with_down(&mut [], &[], false, &[fetch("dev", 9, 100)])
+        s.apply_with_down(&mut [], &[], false, &[fetch("dev", 9, 100)], &[])
             .unwrap();
         assert!(s.down_records("dev").unwrap().is_empty());
         assert_eq!(
@@ -529,6 +549,113 @@ mod tests {
                 count: 1
             }
         );
+    }
+
+    fn push_of(sender: &str, records: &[&[u8]], limits: DownLimits) -> DownPush {
+        DownPush {
+            sender: sender.to_string(),
+            key: [0; 32],
+            records: records.iter().map(|r| r.to_vec()).collect(),
+            limits,
+        }
+    }
+
+    #[test]
+    fn a_push_in_the_turns_transaction_is_read_by_the_same_turns_listen() {
+        let mut s = AppStore::open_in_memory("down").unwrap();
+        let limits = DownLimits::default();
+        // A push and the live session's read in one transaction: the read finds the pushed records.
+        let push = push_of("dev", &[b"one", b"two"], limits);
+        let commits = s.commits();
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 0, 1000)], &[&push])
+            .unwrap();
+        assert_eq!(s.commits(), commits + 1, "one transaction for both");
+        assert_eq!(
+            applied.down.pushes,
+            vec![(Pushed::Queued { first: 1, count: 2 }, 0)]
+        );
+        let read = &applied.down.reads[0];
+        assert_eq!((read.after, read.last), (0, 2));
+        let seqs: Vec<u64> = read.records.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [1, 2]);
+        assert_eq!(s.down_waiting(), 2);
+        assert_eq!(s.count_down_waiting(), 2);
+        // A read with room for one record says the last waiting from the store, not from what it read.
+        let push = push_of("dev", &[b"three"], limits);
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 1, 5)], &[&push])
+            .unwrap();
+        assert_eq!(applied.down.delivered, 1);
+        let read = &applied.down.reads[0];
+        assert_eq!((read.after, read.last, read.records.len()), (1, 3, 1));
+        assert_eq!(s.down_waiting(), 2);
+        assert_eq!(s.count_down_waiting(), 2);
+        // Refused pushes write nothing, and their outcome says why, in order.
+        let over = push_of(
+            "dev",
+            &[b"x"],
+            DownLimits {
+                max_records: 2,
+                ..limits
+            },
+        );
+        let too_large = DownPush {
+            records: vec![vec![0; MAX_DOWN_PAYLOAD + 1]],
+            ..push_of("dev", &[], limits)
+        };
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[], &[&over, &too_large])
+            .unwrap();
+        assert_eq!(
+            applied.down.pushes[0].0,
+            Pushed::Refused(DownRefusal::Records { waiting: 2, max: 2 })
+        );
+        assert!(matches!(
+            applied.down.pushes[1].0,
+            Pushed::Refused(DownRefusal::TooLarge { index: 0, .. })
+        ));
+        assert_eq!(s.count_down_waiting(), 2);
+    }
+
+    #[test]
+    fn a_record_expired_is_never_read_beside_a_push_that_was_refused_for_size() {
+        // The size refusal looks at no record of its sender, so the read beside it must still delete the expired.
+        let mut s = AppStore::open_in_memory("expiry").unwrap();
+        let short = DownLimits {
+            expiry_ms: Some(1),
+            ..DownLimits::default()
+        };
+        s.queue_down("dev", &[b"old".to_vec()], &short).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let too_large = DownPush {
+            records: vec![vec![0; MAX_DOWN_PAYLOAD + 1]],
+            ..push_of("dev", &[], DownLimits::default())
+        };
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 0, 1000)], &[&too_large])
+            .unwrap();
+        assert!(applied.down.reads[0].records.is_empty());
+        assert_eq!(applied.down.expired, 1);
+        // A push that was taken swept its sender: the read beside it finds no expired record left to send.
+        s.queue_down("dev", &[b"old".to_vec()], &short).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let push = push_of("dev", &[b"new"], DownLimits::default());
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 0, 1000)], &[&push])
+            .unwrap();
+        assert_eq!(
+            applied.down.pushes[0].1, 1,
+            "the push deleted the expired record"
+        );
+        let payloads: Vec<&[u8]> = applied.down.reads[0]
+            .records
+            .iter()
+            .map(|r| r.payload.as_slice())
+            .collect();
+        assert_eq!(payloads, [b"new".as_slice()]);
+        assert_eq!(s.count_down_waiting(), 1);
+        assert_eq!(s.down_waiting(), 1);
     }
 
     #[test]
@@ -547,7 +674,7 @@ mod tests {
             // Refused: nothing counted.
             s.queue_down("b", &[b"4".to_vec(), b"5".to_vec()], &limits)
                 .unwrap();
-            s.apply_with_down(&mut [], &[], false, &[fetch("a", 1, 100)])
+            s.apply_with_down(&mut [], &[], false, &[fetch("a", 1, 100)], &[])
                 .unwrap();
             assert_eq!(s.down_waiting(), 2);
             assert_eq!(s.count_down_waiting(), 2);
@@ -576,7 +703,7 @@ mod tests {
         s.queue_down("dev", &[b"old".to_vec()], &limits).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(5));
         let applied = s
-            .apply_with_down(&mut [], &[], false, &[fetch("dev", 0, 1000)])
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 0, 1000)], &[])
             .unwrap();
         assert_eq!(applied.down.expired, 1);
         assert_eq!(applied.down.reads[0].records, vec![]);

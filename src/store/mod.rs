@@ -318,6 +318,9 @@ pub struct AppStore {
     head: u64,
     /// Downlink records waiting in the store, all senders (docs/store.md, "Downlink"); 0 for readers.
     down_waiting: u64,
+    /// Transactions of this connection that committed: a caller that got an error tells by it whether the error
+    /// came before the commit (nothing of it happened) or after (it is in the `-wal`, not yet known durable).
+    commits: u64,
 }
 
 /// A store checkpoints after a commit once this many frames were added to its `-wal` since its last checkpoint
@@ -613,6 +616,11 @@ impl AppStore {
         Ok(())
     }
 
+    /// How many transactions of this store committed ([`AppStore::apply_with_down`] says what for).
+    pub fn commits(&self) -> u64 {
+        self.commits
+    }
+
     /// What to sync for the commits made so far (`None`: nothing to sync, a store in memory).
     pub fn sync_item(&self, app: AppIndex) -> Option<(AppIndex, Arc<sync::StoreFiles>)> {
         Some((app, self.files.clone()?))
@@ -766,6 +774,7 @@ impl AppStore {
             frames_at_checkpoint: 0,
             head: head.max(1) as u64,
             down_waiting: 0,
+            commits: 0,
         };
         store.down_waiting = store.load_down_waiting()?;
         Ok(store)
@@ -846,6 +855,7 @@ impl AppStore {
             wal_frames: Arc::new(AtomicU32::new(0)),
             frames_at_checkpoint: 0,
             down_waiting: 0,
+            commits: 0,
             head: 1,
         };
         store.head = store.read_head()?;
@@ -892,20 +902,23 @@ impl AppStore {
         outlets: &[(&str, u64)],
         keep_new: bool,
     ) -> Result<Applied, StoreError> {
-        self.apply_with_down(pieces, outlets, keep_new, &[])
+        self.apply_with_down(pieces, outlets, keep_new, &[], &[])
     }
 
-    /// [`AppStore::apply`], with the turn's downlink fetches of this app in the same transaction: what each device
-    /// has is deleted and what waits for it read (docs/protocol.md 12.3).
+    /// [`AppStore::apply`], with the turn's downlink work of this app in the same transaction: its pushes queued
+    /// first, each all or nothing (their outcomes in `down.pushes`, in order), then its fetches, so a LISTEN of the
+    /// same turn reads what the pushes queued: what each device has is deleted and what waits for it read
+    /// (docs/protocol.md 12.3). One commit and one sync make a push durable and send it (research/032).
     pub fn apply_with_down(
         &mut self,
         pieces: &mut [Piece<'_>],
         outlets: &[(&str, u64)],
         keep_new: bool,
         fetches: &[downlink::Fetch<'_>],
+        pushes: &[&downlink::DownPush],
     ) -> Result<Applied, StoreError> {
         let mut applied = Applied::default();
-        if pieces.is_empty() && outlets.is_empty() && fetches.is_empty() {
+        if pieces.is_empty() && outlets.is_empty() && fetches.is_empty() && pushes.is_empty() {
             return Ok(applied);
         }
         // Sorting a flow's frames by first_seq makes reordering within a turn free (protocol.md 5.2, 3).
@@ -1008,15 +1021,40 @@ impl AppStore {
                         .map_err(sql)?;
                 }
             }
-            applied.down = downlink::apply_fetches(&tx, fetches, stored_at).map_err(sql)?;
+            let mut pushed = Vec::with_capacity(pushes.len());
+            for p in pushes {
+                pushed.push(
+                    downlink::queue_in(&tx, &p.sender, &p.records, &p.limits, stored_at)
+                        .map_err(sql)?,
+                );
+            }
+            // A push refused for a record's size did not look at its sender's records (downlink::queue_in).
+            let swept: Vec<&str> = pushes
+                .iter()
+                .zip(&pushed)
+                .filter(|(_, (done, _))| {
+                    !matches!(
+                        done,
+                        downlink::Pushed::Refused(downlink::DownRefusal::TooLarge { .. })
+                    )
+                })
+                .map(|(p, _)| p.sender.as_str())
+                .collect();
+            applied.down = downlink::apply_fetches(&tx, fetches, stored_at, &swept).map_err(sql)?;
+            applied.down.pushes = pushed;
         }
         tx.commit().map_err(sql)?;
+        self.commits += 1;
         self.after_commit()?;
         self.open_wal_for_sync()?;
         self.head = head;
-        self.down_waiting = self
-            .down_waiting
-            .saturating_sub(applied.down.delivered + applied.down.expired);
+        let (queued, push_expired) = applied
+            .down
+            .pushes
+            .iter()
+            .fold((0, 0), |(q, e), (p, x)| (q + p.queued(), e + x));
+        self.down_waiting = (self.down_waiting + queued)
+            .saturating_sub(applied.down.delivered + applied.down.expired + push_expired);
         // SQLite's own checkpoint would run here, inside the commit, and ignore its errors (store/sync.rs).
         if self.checkpoint_due() {
             self.checkpoint()?;
@@ -1564,7 +1602,7 @@ impl Stores {
             if pieces.is_empty() && fetches[i].is_empty() {
                 continue;
             }
-            let applied = store.apply_with_down(pieces, &[], false, &fetches[i])?;
+            let applied = store.apply_with_down(pieces, &[], false, &fetches[i], &[])?;
             store.sync()?;
             committed.add(i as AppIndex, &applied, turn, senders);
         }

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use super::downlink::PushOutcome;
+use super::downlink::{DownPush, PushOutcome};
 use super::engine::{AppTurn, TurnOutcome, TurnStore};
 use super::sync::{SyncFiles, Syncer};
 use super::{Piece, StoreError, Stores};
@@ -91,24 +91,31 @@ impl TurnStore for SqliteTurns {
                 apps.push((part.app, Err(closed)));
                 continue;
             };
-            // Pushes first, each in a transaction of its own, so that a LISTEN of this turn reads them. A push's
-            // commit is not durable until the turn's sync: its outcome is made Failed if that sync fails.
-            let mut pushed = Vec::with_capacity(part.pushes.len());
-            for p in &part.pushes {
-                pushed.push(match store.queue_down(&p.sender, &p.records, &p.limits) {
-                    Ok((done, expired)) => PushOutcome::Done(done, expired),
-                    Err(e) => PushOutcome::Failed {
-                        error: Arc::new(e),
-                        maybe_queued: true,
-                    },
-                });
-            }
             let mut pieces: Vec<Piece<'_>> = part.pieces.iter().map(|p| p.as_piece()).collect();
             let outlets: Vec<(&str, u64)> =
                 part.outlets.iter().map(|(n, a)| (n.as_str(), *a)).collect();
             let fetches: Vec<_> = part.fetches.iter().map(|f| f.as_fetch()).collect();
-            let result = store.apply_with_down(&mut pieces, &outlets, part.keep_new, &fetches);
-            if (result.is_ok() || !pushed.is_empty())
+            // Pushes in the part's own transaction, before its fetches, so that a LISTEN of this turn reads them.
+            // Their commit is not durable until the turn's sync: their outcomes are made Failed if that sync fails.
+            let to_queue: Vec<&DownPush> = part.pushes.iter().collect();
+            let commits = store.commits();
+            let mut result = store
+                .apply_with_down(&mut pieces, &outlets, part.keep_new, &fetches, &to_queue)
+                .map_err(Arc::new);
+            let pushed: Vec<PushOutcome> = match &mut result {
+                Ok(applied) => std::mem::take(&mut applied.down.pushes)
+                    .into_iter()
+                    .map(|(done, expired)| PushOutcome::Done(done, expired))
+                    .collect(),
+                Err(e) => {
+                    let failed = PushOutcome::Failed {
+                        error: e.clone(),
+                        maybe_queued: store.commits() > commits,
+                    };
+                    vec![failed; to_queue.len()]
+                }
+            };
+            if (result.is_ok() || store.commits() > commits)
                 && let Some(item) = store.sync_item(part.app)
             {
                 files.push(item);
@@ -116,7 +123,7 @@ impl TurnStore for SqliteTurns {
             if !pushed.is_empty() {
                 pushes.push((part.app, pushed));
             }
-            apps.push((part.app, result.map_err(Arc::new)));
+            apps.push((part.app, result));
         }
         let outcome = TurnOutcome { seq, apps, pushes };
         match &self.syncer {

@@ -34,19 +34,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::outbox::{FleetInner, FleetOutlet, InnerBatch, InnerQueue};
+use super::pushes::TurnPush;
 use super::{Failure, Host, OutletChanges, RETRY_MAX, TurnReport, Unsynced};
 use crate::apps::config::{AppsConfig, StartFrom};
-use crate::common::push::{PushAnswer, PushBound};
 use crate::proto::allow_list::AllowList;
-use crate::proto::allow_list::SenderIndex;
 use crate::proto::node::Node;
 use crate::proto::turn::{AppIndex, Committed, Turn};
 use crate::proto::wire::RecordFormat;
-use crate::store::downlink::{DownPush, DownRefusal, OwnedFetch, PushOutcome, Pushed};
+use crate::store::downlink::{OwnedFetch, PushOutcome};
 use crate::store::engine::{AppTurn, DownNotice, OwnedPiece, TurnOutcome, TurnStore};
 use crate::store::lease::OutletKey;
 use crate::store::{self, Applied, StoreError};
-use tokio::sync::oneshot;
 
 /// What a turn handed to the shared store needs once its outcome is back.
 pub(super) struct SharedTurn {
@@ -56,41 +54,7 @@ pub(super) struct SharedTurn {
     /// Inner outlets' batches in this turn, by destination: answered when it is finished.
     inner: Vec<(AppIndex, Arc<InnerBatch>)>,
     /// Pushes in this turn, in the order their parts carry them: answered when it is finished.
-    pushes: Vec<SharedPush>,
-}
-
-/// A push on a shared store: its records ride with the next turn, and its answer waits for that turn's outcome.
-pub(in crate::apps) struct SharedPush {
-    app: AppIndex,
-    sender: SenderIndex,
-    /// Until the next turn hands it to the store.
-    push: Option<DownPush>,
-    /// The sender's name, for the answer.
-    to: String,
-    records: u64,
-    answer: oneshot::Sender<PushAnswer>,
-}
-
-impl SharedPush {
-    pub(in crate::apps) fn new(
-        app: AppIndex,
-        sender: SenderIndex,
-        push: DownPush,
-        answer: oneshot::Sender<PushAnswer>,
-    ) -> Self {
-        SharedPush {
-            app,
-            sender,
-            records: push.records.len() as u64,
-            to: push.sender.clone(),
-            push: Some(push),
-            answer,
-        }
-    }
-
-    fn unavailable(self, words: String) {
-        let _ = self.answer.send(PushAnswer::Unavailable(words));
-    }
+    pushes: Vec<TurnPush>,
 }
 
 impl Host {
@@ -230,9 +194,9 @@ impl Host {
 
     /// The pushes taken since the last turn, each added to its app's part (a part made for an app that has none in
     /// this turn); a push whose app cannot store now is answered at once.
-    fn take_pushes(&mut self, parts: &mut Vec<AppTurn>) -> Vec<SharedPush> {
+    fn take_pushes(&mut self, parts: &mut Vec<AppTurn>) -> Vec<TurnPush> {
         let mut taken = Vec::new();
-        for mut p in std::mem::take(&mut self.shared_pushes) {
+        for mut p in std::mem::take(&mut self.turn_pushes) {
             let a = &self.apps[p.app as usize];
             if let Some(f) = &a.failure {
                 let words = format!(
@@ -253,83 +217,10 @@ impl Host {
                     parts.len() - 1
                 }
             };
-            parts[at].pushes.extend(p.push.take());
+            parts[at].pushes.extend(p.take());
             taken.push(p);
         }
         taken
-    }
-
-    /// Answers a turn's pushes from their outcomes: each app's pushes in the order its part carried them.
-    fn answer_pushes(
-        &mut self,
-        pushes: Vec<SharedPush>,
-        mut pushed: Vec<(AppIndex, Vec<PushOutcome>)>,
-        node: &mut Node,
-        now: Instant,
-    ) {
-        for list in &mut pushed {
-            list.1.reverse();
-        }
-        for p in pushes {
-            let i = p.app as usize;
-            let name = self.apps[i].config.name.clone();
-            let outcome = pushed
-                .iter_mut()
-                .find(|(a, _)| *a == p.app)
-                .and_then(|(_, list)| list.pop());
-            let (done, expired) = match outcome {
-                Some(PushOutcome::Done(done, expired)) => (done, expired),
-                Some(PushOutcome::Failed {
-                    error,
-                    maybe_queued: false,
-                }) => {
-                    p.unavailable(format!(
-                        "app {name} could not queue ({error}): nothing was queued; push again once it stores"
-                    ));
-                    continue;
-                }
-                Some(PushOutcome::Failed { error, .. }) => {
-                    p.unavailable(format!(
-                        "app {name} could not queue ({error}): the records may or may not be queued (the database \
-                         may have committed them before the connection was lost); pushing them again may queue them \
-                         twice"
-                    ));
-                    continue;
-                }
-                None => {
-                    p.unavailable(format!(
-                        "app {name}: the store ended before it answered this push; it may or may not be queued"
-                    ));
-                    continue;
-                }
-            };
-            let a = &mut self.apps[i];
-            a.down_expired += expired;
-            match done {
-                Pushed::Queued { first, count } => {
-                    a.down_queued += count;
-                    // A session whose read was already on its way when the push came reads again.
-                    node.downlink_queued(now, p.sender, p.app);
-                    let _ = p.answer.send(PushAnswer::Queued {
-                        first,
-                        count,
-                        expired,
-                    });
-                }
-                Pushed::Refused(r) => {
-                    a.down_refused += p.records;
-                    let bound = match r {
-                        DownRefusal::TooLarge { .. } => PushBound::TooLarge,
-                        DownRefusal::Records { .. } => PushBound::MaxRecords,
-                        DownRefusal::Bytes { .. } => PushBound::MaxBytes,
-                    };
-                    let _ = p.answer.send(PushAnswer::Refused {
-                        bound,
-                        why: format!("nothing was queued for {} in app {name}: {r}", p.to),
-                    });
-                }
-            }
-        }
     }
 
     /// Pushes other nodes of the fleet committed: a session of their sender here that listens on the app reads
@@ -426,6 +317,7 @@ impl Host {
             turn: turn.as_ref().map(|t| t.id),
             parts: Vec::new(),
             pushes: Vec::new(),
+            pushed: Vec::new(),
             shared: Some(SharedTurn {
                 turn,
                 senders,

@@ -1,0 +1,163 @@
+//! Pushes of downlink records on their way through a turn (docs/downlink.md, "Queueing records"), the same on the
+//! host's own files and on a fleet's store. A push the loop takes waits in the host for the next turn, rides in its
+//! app's part ahead of the part's LISTEN reads (so that a live session's read in the same turn finds its records),
+//! and is answered from that turn's outcome, once it is durable: on the host's own files it is written in the app's
+//! transaction of the turn and answered after that transaction's sync, one commit and one sync for the push and its
+//! delivery (research/032); on a fleet's store it is a transaction of its own ahead of the part's
+//! (docs/scale-out.md, "Downlink on a fleet").
+
+use std::time::Instant;
+
+use super::Host;
+use crate::common::push::{PushAnswer, PushBound};
+use crate::proto::allow_list::SenderIndex;
+use crate::proto::node::Node;
+use crate::proto::turn::AppIndex;
+use crate::store::downlink::{DownPush, DownRefusal, PushOutcome, Pushed};
+use tokio::sync::oneshot;
+
+/// A push taken by the loop: its records ride with the next turn, and its answer waits for that turn's outcome.
+pub(in crate::apps) struct TurnPush {
+    pub(super) app: AppIndex,
+    sender: SenderIndex,
+    /// Until the next turn hands it to the store.
+    push: Option<DownPush>,
+    /// The sender's name, for the answer.
+    to: String,
+    records: u64,
+    answer: oneshot::Sender<PushAnswer>,
+    /// Whether a read of the sender's listening session rides the same turn after the push (the node core put it
+    /// there when the push was taken): then the records go out when the turn is finished, and nothing need be
+    /// read again. Else a session whose read was already on its way reads again once the push is answered.
+    read_with_it: bool,
+}
+
+impl TurnPush {
+    pub(in crate::apps) fn new(
+        app: AppIndex,
+        sender: SenderIndex,
+        push: DownPush,
+        answer: oneshot::Sender<PushAnswer>,
+        read_with_it: bool,
+    ) -> Self {
+        TurnPush {
+            app,
+            sender,
+            records: push.records.len() as u64,
+            to: push.sender.clone(),
+            push: Some(push),
+            answer,
+            read_with_it,
+        }
+    }
+
+    /// The records to queue, until the turn's store takes them ([`TurnPush::take`]).
+    pub(super) fn records(&self) -> Option<&DownPush> {
+        self.push.as_ref()
+    }
+
+    /// Hands the records to a store that owns what it applies (a fleet's).
+    pub(super) fn take(&mut self) -> Option<DownPush> {
+        self.push.take()
+    }
+
+    /// Answers that nothing was queued, and why.
+    pub(super) fn unavailable(self, words: String) {
+        let _ = self.answer.send(PushAnswer::Unavailable(words));
+    }
+}
+
+/// Takes the pushes of `app` out of `pushes` and the outcomes beside them out of `pushed` (each app's in the order
+/// its part carried them).
+pub(super) fn extract(
+    pushes: &mut Vec<TurnPush>,
+    pushed: &mut [(AppIndex, Vec<PushOutcome>)],
+    app: AppIndex,
+) -> Vec<TurnPush> {
+    for (a, list) in pushed.iter_mut() {
+        if *a == app {
+            list.clear();
+        }
+    }
+    let (of_app, rest) = std::mem::take(pushes)
+        .into_iter()
+        .partition(|p| p.app == app);
+    *pushes = rest;
+    of_app
+}
+
+impl Host {
+    /// Answers a turn's pushes from their outcomes: each app's pushes in the order its part carried them.
+    pub(super) fn answer_pushes(
+        &mut self,
+        pushes: Vec<TurnPush>,
+        mut pushed: Vec<(AppIndex, Vec<PushOutcome>)>,
+        node: &mut Node,
+        now: Instant,
+    ) {
+        for list in &mut pushed {
+            list.1.reverse();
+        }
+        for p in pushes {
+            let i = p.app as usize;
+            let name = self.apps[i].config.name.clone();
+            let outcome = pushed
+                .iter_mut()
+                .find(|(a, _)| *a == p.app)
+                .and_then(|(_, list)| list.pop());
+            let (done, expired) = match outcome {
+                Some(PushOutcome::Done(done, expired)) => (done, expired),
+                Some(PushOutcome::Failed {
+                    error,
+                    maybe_queued: false,
+                }) => {
+                    p.unavailable(format!(
+                        "app {name} could not queue ({error}): nothing was queued; push again once it stores"
+                    ));
+                    continue;
+                }
+                Some(PushOutcome::Failed { error, .. }) => {
+                    p.unavailable(format!(
+                        "app {name} could not queue ({error}): the records may or may not be queued (the store may \
+                         have committed them before it failed); pushing them again may queue them twice"
+                    ));
+                    continue;
+                }
+                None => {
+                    p.unavailable(format!(
+                        "app {name}: the store ended before it answered this push; it may or may not be queued"
+                    ));
+                    continue;
+                }
+            };
+            let a = &mut self.apps[i];
+            a.down_expired += expired;
+            match done {
+                Pushed::Queued { first, count } => {
+                    a.down_queued += count;
+                    if !p.read_with_it {
+                        node.downlink_queued(now, p.sender, p.app);
+                    }
+                    let queued = PushAnswer::Queued {
+                        first,
+                        count,
+                        expired,
+                    };
+                    let _ = p.answer.send(queued);
+                }
+                Pushed::Refused(r) => {
+                    a.down_refused += p.records;
+                    let bound = match r {
+                        DownRefusal::TooLarge { .. } => PushBound::TooLarge,
+                        DownRefusal::Records { .. } => PushBound::MaxRecords,
+                        DownRefusal::Bytes { .. } => PushBound::MaxBytes,
+                    };
+                    let _ = p.answer.send(PushAnswer::Refused {
+                        bound,
+                        why: format!("nothing was queued for {} in app {name}: {r}", p.to),
+                    });
+                }
+            }
+        }
+    }
+}
