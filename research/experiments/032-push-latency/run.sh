@@ -1,5 +1,5 @@
 #!/bin/sh
-# research/032: benches/downlink --only live with several node builds, ROUNDS rounds, the order rotating each round;
+# research/032: benches/downlink --only PART (default live; PART=fleet in the environment) with several node builds, ROUNDS rounds, the order rotating each round;
 # each JSON line gets its build's name. Usage: run.sh BENCH ROUNDS OUT NAME=BIN [NAME=BIN ...]
 # BENCH is the built bench (cargo bench --no-run --bench downlink prints its path).
 set -eu
@@ -11,6 +11,6 @@ for r in $(seq "$ROUNDS"); do
     idx=$(( (i + r - 1) % n + 1 ))
     eval pair=\${$idx}
     name=${pair%%=*}; bin=${pair#*=}
-    "$BENCH" --only live --round "$r" --bin "$bin" | sed "s/^{/{\"build\":\"$name\",/" >> "$OUT"
+    "$BENCH" --only "${PART:-live}" --round "$r" --bin "$bin" | sed "s/^{/{\"build\":\"$name\",/" >> "$OUT"
   done
 done
