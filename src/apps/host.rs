@@ -42,7 +42,7 @@ use crate::outlets::{Outlet, Target};
 use crate::proto::node::{AppAccept, HostedApp, Node};
 use crate::proto::turn::{AppIndex, Committed};
 use crate::proto::wire::{Forwarded, RecordFormat};
-use crate::store::downlink::{DownPush, PushOutcome};
+use crate::store::downlink::{self, DownPush, PushOutcome};
 use crate::store::engine::TurnStore;
 use crate::store::sync::{SyncFiles, Synced, Syncer};
 use crate::store::{self, AppStore, Chunk, Piece, StoreError, Stores};
@@ -884,22 +884,9 @@ impl Host {
                 .apply_with_down(pieces, &progress_refs, keep_new, &fetches[i], &to_queue)
                 .map_err(Arc::new);
             if !app_pushes.is_empty() {
-                let outcomes = match &result {
-                    Ok(applied) => applied
-                        .down
-                        .pushes
-                        .iter()
-                        .map(|(done, expired)| PushOutcome::Done(done.clone(), *expired))
-                        .collect(),
-                    Err(e) => {
-                        // Committed, then failed (a checkpoint, the file replaced): the records may be kept.
-                        let failed = PushOutcome::Failed {
-                            error: e.clone(),
-                            maybe_queued: store.commits() > commits,
-                        };
-                        vec![failed; app_pushes.len()]
-                    }
-                };
+                // An error after the commit (a checkpoint, the file replaced) may leave the records kept.
+                let committed = store.commits() > commits;
+                let outcomes = downlink::outcomes_of(&result, app_pushes.len(), committed);
                 pushed.push((i as AppIndex, outcomes));
                 taken_pushes.extend(app_pushes);
             }

@@ -197,6 +197,31 @@ pub enum PushOutcome {
     },
 }
 
+/// The outcomes of the `count` pushes one transaction of a turn carried ([`super::AppStore::apply_with_down`]):
+/// what each did, or, if the transaction failed, that it did not, and whether it may have been kept all the same
+/// (`committed`: the store committed it before the error, as [`super::AppStore::commits`] tells).
+pub fn outcomes_of(
+    result: &Result<super::Applied, std::sync::Arc<StoreError>>,
+    count: usize,
+    committed: bool,
+) -> Vec<PushOutcome> {
+    match result {
+        Ok(applied) => applied
+            .down
+            .pushes
+            .iter()
+            .map(|(done, expired)| PushOutcome::Done(done.clone(), *expired))
+            .collect(),
+        Err(error) => {
+            let failed = PushOutcome::Failed {
+                error: error.clone(),
+                maybe_queued: committed,
+            };
+            vec![failed; count]
+        }
+    }
+}
+
 impl PushOutcome {
     /// What it did, if it was done.
     pub fn done(&self) -> Option<(&Pushed, u64)> {

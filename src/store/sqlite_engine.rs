@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use super::downlink::{DownPush, PushOutcome};
+use super::downlink::{DownPush, PushOutcome, outcomes_of};
 use super::engine::{AppTurn, TurnOutcome, TurnStore};
 use super::sync::{SyncFiles, Syncer};
 use super::{Piece, StoreError, Stores};
@@ -99,22 +99,10 @@ impl TurnStore for SqliteTurns {
             // Their commit is not durable until the turn's sync: their outcomes are made Failed if that sync fails.
             let to_queue: Vec<&DownPush> = part.pushes.iter().collect();
             let commits = store.commits();
-            let mut result = store
+            let result = store
                 .apply_with_down(&mut pieces, &outlets, part.keep_new, &fetches, &to_queue)
                 .map_err(Arc::new);
-            let pushed: Vec<PushOutcome> = match &mut result {
-                Ok(applied) => std::mem::take(&mut applied.down.pushes)
-                    .into_iter()
-                    .map(|(done, expired)| PushOutcome::Done(done, expired))
-                    .collect(),
-                Err(e) => {
-                    let failed = PushOutcome::Failed {
-                        error: e.clone(),
-                        maybe_queued: store.commits() > commits,
-                    };
-                    vec![failed; to_queue.len()]
-                }
-            };
+            let pushed = outcomes_of(&result, to_queue.len(), store.commits() > commits);
             if (result.is_ok() || store.commits() > commits)
                 && let Some(item) = store.sync_item(part.app)
             {
