@@ -1041,11 +1041,6 @@ impl Host {
         ));
     }
 
-    /// Whether pushes wait for a turn to take them to their store.
-    pub fn has_pushes(&self) -> bool {
-        !self.turn_pushes.is_empty()
-    }
-
     /// Finishes every turn whose sync is done (module docs, 4–5); returns whether any was. Call when
     /// [`Host::sync_fd`] is readable (it is cheap otherwise too).
     pub fn poll_synced(&mut self, node: &mut Node) -> bool {
