@@ -23,9 +23,10 @@
 //! the host finishes its turns and tells its senders NOT_STORED while the database is away, and the first try that
 //! gets through is counted ([`TurnStore::connections`]), which has the host probe its failed apps at once.
 //!
-//! Downlink (docs/scale-out.md, "Downlink on a fleet"): a part's pushes each run in a transaction of their own
-//! before the part's, numbered under their flow's row lock, and notify the other nodes on [`DOWN_CHANNEL`]; the
-//! part's LISTENs read, acknowledge and delete in its transaction. Every connection `LISTEN`s on that channel: its
+//! Downlink (docs/scale-out.md, "Downlink on a fleet"): a part of pushes and LISTENs only runs both in one
+//! transaction, the pushes first ([`try_down_part`]); a part that also stores records runs its pushes each in a
+//! transaction of its own before the part's. Either way a push is numbered under its flow's row lock and notifies
+//! the other nodes on [`DOWN_CHANNEL`], and the part's LISTENs read, acknowledge and delete in its transaction. Every connection `LISTEN`s on that channel: its
 //! task hands what it hears to the worker, which keeps other nodes' pushes for the host
 //! ([`TurnStore::down_notices`]) and drops its own (by the backend's pid).
 
@@ -560,7 +561,7 @@ impl Worker {
                     if !part.pushes.is_empty() {
                         pushes.push((part.app, pushed));
                     }
-                    apps.push((part.app, r.map_err(Arc::new)));
+                    apps.push((part.app, r));
                 }
                 lock(&done.outcomes).push_back(TurnOutcome { seq, apps, pushes });
                 done.changed.notify_all();
@@ -753,9 +754,29 @@ impl Worker {
     async fn apply_part(
         &mut self,
         part: &AppTurn,
-    ) -> (Result<Applied, StoreError>, Vec<PushOutcome>) {
+    ) -> (Result<Applied, Arc<StoreError>>, Vec<PushOutcome>) {
         if part.is_probe() {
-            return (self.probe(part.app).await, Vec::new());
+            return (self.probe(part.app).await.map_err(Arc::new), Vec::new());
+        }
+        if !part.pushes.is_empty() && part.pieces.is_empty() && part.outlets.is_empty() {
+            // The usual part of a push: the push, and the LISTEN of the session it was made for; one transaction.
+            return match self.apply_down_part(part).await {
+                Ok(mut applied) => {
+                    let pushed = std::mem::take(&mut applied.down.pushes)
+                        .into_iter()
+                        .map(|(done, expired)| PushOutcome::Done(done, expired))
+                        .collect();
+                    (Ok(applied), pushed)
+                }
+                Err((e, maybe_queued)) => {
+                    let e = Arc::new(e);
+                    let failed = PushOutcome::Failed {
+                        error: e.clone(),
+                        maybe_queued,
+                    };
+                    (Err(e), vec![failed; part.pushes.len()])
+                }
+            };
         }
         let mut pushed = Vec::with_capacity(part.pushes.len());
         let mut waiting = None;
@@ -781,7 +802,7 @@ impl Worker {
             applied.down.waiting = applied.down.waiting.or(waiting);
             applied
         });
-        (result, pushed)
+        (result.map_err(Arc::new), pushed)
     }
 
     /// One push in a transaction of its own (docs/scale-out.md, "Downlink on a fleet"), tried again as a part is:
@@ -814,6 +835,31 @@ impl Worker {
             };
             match try_push(&target, conn, app_id, push).await {
                 Ok(done) => return Ok(done),
+                Err(Refused::Retry) => {
+                    if !pause_to_retry(&mut tries).await {
+                        let e = refused_too_often(&target, "a push", "nothing of it was queued");
+                        return Err((e, false));
+                    }
+                }
+                Err(Refused::Failed(e)) => return Err((e, false)),
+                Err(Refused::Unknown(e)) => return Err((e, true)),
+            }
+        }
+    }
+
+    /// A part of pushes and LISTENs in one transaction ([`try_down_part`]), tried again as a part is; or why not, and
+    /// whether its pushes may have been committed all the same.
+    async fn apply_down_part(&mut self, part: &AppTurn) -> Result<Applied, (StoreError, bool)> {
+        let mut tries = 0;
+        loop {
+            let target = self.target.clone();
+            let conn = self.connection().map_err(|e| (e, false))?;
+            let app_id = match conn.app_ids.get(part.app as usize) {
+                Some(&id) if id >= 0 => id,
+                _ => return Err((StoreError::Closed { app: part.app }, false)),
+            };
+            match try_down_part(&target, conn, app_id, part).await {
+                Ok(applied) => return Ok(applied),
                 Err(Refused::Retry) => {
                     if !pause_to_retry(&mut tries).await {
                         let e = refused_too_often(&target, "a push", "nothing of it was queued");
@@ -1502,6 +1548,337 @@ impl FetchArgs {
         }
         out
     }
+}
+
+/// What one statement of a pipelined wait answered ([`in_order`]).
+enum Answer {
+    /// A statement that changes rows, or BEGIN or COMMIT, without rows to read.
+    Done,
+    Row(Option<tokio_postgres::Row>),
+    Rows(Vec<tokio_postgres::Row>),
+}
+
+type Sent<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Answer, tokio_postgres::Error>> + Send + 'a>,
+>;
+
+/// Waits for every statement of `sent`, first polled in their order (so that they are sent, and run, in that
+/// order: tokio-postgres sends a statement when its future is first polled), and returns their answers in order,
+/// or the first error in that order (every statement's answer is waited for first, as with `join!`).
+async fn in_order(mut sent: Vec<Sent<'_>>) -> Result<Vec<Answer>, tokio_postgres::Error> {
+    use std::task::Poll;
+    let mut out: Vec<Option<Result<Answer, tokio_postgres::Error>>> =
+        sent.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in sent.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(r) => *o = Some(r),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter()
+        .map(|o| o.expect("every future was waited for"))
+        .collect()
+}
+
+/// One try of a part that carries pushes and nothing to store besides LISTENs (docs/scale-out.md, "Downlink on a
+/// fleet"): the pushes and the LISTENs in one transaction, the pushes first, so that the LISTENs read them; one
+/// COMMIT for both. What it did, with each push's outcome in `down.pushes` in the part's order.
+async fn try_down_part(
+    target: &Target,
+    conn: &mut Conn,
+    app_id: i32,
+    part: &AppTurn,
+) -> Result<Applied, Refused> {
+    let fail = |doing: &'static str| {
+        move |e: tokio_postgres::Error| {
+            if retryable(&e) {
+                Refused::Retry
+            } else {
+                Refused::Failed(db_err(target, doing)(e))
+            }
+        }
+    };
+    let c = &conn.client;
+    let st = &conn.st;
+    let ds = &st.down;
+    let now = crate::store::now_ms();
+    let too_large = |p: &DownPush| {
+        p.records
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.len() > MAX_DOWN_PAYLOAD)
+            .map(|(index, r)| DownRefusal::TooLarge {
+                index,
+                len: r.len(),
+            })
+    };
+    let mut pushing: Vec<&str> = part
+        .pushes
+        .iter()
+        .filter(|p| too_large(p).is_none())
+        .map(|p| p.sender.as_str())
+        .collect();
+    pushing.sort_unstable();
+    pushing.dedup();
+    let fetches = FetchArgs::of(&part.fetches);
+    // Every flow row the transaction writes, locked first and in name order, as every node locks them.
+    let mut flows: Vec<&str> = pushing
+        .iter()
+        .copied()
+        .chain(fetches.senders.iter().map(String::as_str))
+        .collect();
+    flows.sort_unstable();
+    flows.dedup();
+    let flow_args: Vec<[&(dyn ToSql + Sync); 2]> =
+        flows.iter().map(|s| [&app_id as _, s as _]).collect();
+    let push_args: Vec<[&(dyn ToSql + Sync); 2]> =
+        pushing.iter().map(|s| [&app_id as _, s as _]).collect();
+    let expire_args: Vec<[&(dyn ToSql + Sync); 3]> = pushing
+        .iter()
+        .map(|s| [&app_id as _, s as _, &now as _])
+        .collect();
+    // First wait: the pushed flows' rows (autocommit, before the transaction), BEGIN, the flows locked, each pushed
+    // sender's expired records deleted and what is left counted.
+    let mut first: Vec<Sent<'_>> = Vec::new();
+    for a in &push_args {
+        first.push(Box::pin(async {
+            c.execute(&ds.add_flow, a).await.map(|_| Answer::Done)
+        }));
+    }
+    first.push(Box::pin(async {
+        c.execute(&st.begin, &[]).await.map(|_| Answer::Done)
+    }));
+    for a in &flow_args {
+        first.push(Box::pin(async {
+            c.query_opt(&ds.lock_flow, a).await.map(Answer::Row)
+        }));
+    }
+    for a in &expire_args {
+        first.push(Box::pin(async {
+            c.query_opt(&ds.expire, a).await.map(Answer::Row)
+        }));
+    }
+    for a in &push_args {
+        first.push(Box::pin(async {
+            c.query_opt(&ds.waiting, a).await.map(Answer::Row)
+        }));
+    }
+    let answers = match in_order(first).await {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = c.execute(&st.rollback, &[]).await;
+            return Err(fail("locking downlink flows")(e));
+        }
+    };
+    let row_at = |k: usize| match &answers[k] {
+        Answer::Row(Some(r)) => Some(r),
+        _ => None,
+    };
+    let locked_at = push_args.len() + 1;
+    let expired_at = locked_at + flows.len();
+    let waiting_at = expired_at + pushing.len();
+    // Per pushed sender: its next sequence, what expired (told by its first push), what waits (records, bytes).
+    let mut state: HashMap<&str, (i64, i64, u64, u64)> = HashMap::new();
+    for (k, s) in pushing.iter().enumerate() {
+        let at = flows
+            .binary_search(s)
+            .expect("a pushed sender's flow is locked");
+        let (Some(next), Some(expired), Some(left)) = (
+            row_at(locked_at + at),
+            row_at(expired_at + k),
+            row_at(waiting_at + k),
+        ) else {
+            // Its flow row is not there though it was just made (the tables emptied under the node?): again.
+            let _ = c.execute(&st.rollback, &[]).await;
+            return Err(Refused::Retry);
+        };
+        state.insert(
+            s,
+            (
+                next.get::<_, i64>(0),
+                expired.get::<_, i64>(0),
+                left.get::<_, i64>(0).max(0) as u64,
+                left.get::<_, i64>(1).max(0) as u64,
+            ),
+        );
+    }
+    // In the node: each push against its sender's bounds, after the pushes before it in the part.
+    let mut outcomes: Vec<(Pushed, u64)> = Vec::with_capacity(part.pushes.len());
+    let mut queued: Vec<(&DownPush, i64)> = Vec::new();
+    let mut delta: i64 = 0;
+    let mut expired_any = false;
+    for p in &part.pushes {
+        if let Some(r) = too_large(p) {
+            outcomes.push((Pushed::Refused(r), 0));
+            continue;
+        }
+        let s = state
+            .get_mut(p.sender.as_str())
+            .expect("its sender's state");
+        let expired = std::mem::take(&mut s.1);
+        expired_any |= expired > 0;
+        delta -= expired;
+        let adding: u64 = p.records.iter().map(|r| r.len() as u64).sum();
+        let n = p.records.len() as u64;
+        let refusal = if s.2 + n > p.limits.max_records {
+            Some(DownRefusal::Records {
+                waiting: s.2,
+                max: p.limits.max_records,
+            })
+        } else if s.3 + adding > p.limits.max_bytes {
+            Some(DownRefusal::Bytes {
+                waiting: s.3,
+                max: p.limits.max_bytes,
+            })
+        } else {
+            None
+        };
+        if let Some(r) = refusal {
+            outcomes.push((Pushed::Refused(r), expired as u64));
+            continue;
+        }
+        queued.push((p, s.0));
+        outcomes.push((
+            Pushed::Queued {
+                first: s.0 as u64,
+                count: n,
+            },
+            expired as u64,
+        ));
+        s.0 += n as i64;
+        s.2 += n;
+        s.3 += adding;
+        delta += n as i64;
+    }
+    // Second wait: the queued pushes' records, their flows' next sequences, the count, the other nodes told; then the
+    // LISTENs (read first, as in a part), and COMMIT.
+    use base64::Engine as _;
+    struct Queued<'a> {
+        insert: [&'a (dyn ToSql + Sync); 6],
+        move_next: [&'a (dyn ToSql + Sync); 3],
+        notify: [&'a (dyn ToSql + Sync); 2],
+    }
+    let expires: Vec<Option<i64>> = queued
+        .iter()
+        .map(|(p, _)| {
+            p.limits
+                .expiry_ms
+                .map(|e| now.saturating_add(e.min(i64::MAX as u64) as i64))
+        })
+        .collect();
+    let records: Vec<Vec<&[u8]>> = queued
+        .iter()
+        .map(|(p, _)| p.records.iter().map(Vec::as_slice).collect())
+        .collect();
+    let counts: Vec<i64> = queued.iter().map(|(p, _)| p.records.len() as i64).collect();
+    let payloads: Vec<String> = queued
+        .iter()
+        .map(|(p, _)| {
+            let key = base64::engine::general_purpose::STANDARD.encode(p.key);
+            format!("{app_id} {key} {}", p.sender)
+        })
+        .collect();
+    let args: Vec<Queued<'_>> = queued
+        .iter()
+        .enumerate()
+        .map(|(k, (p, next))| Queued {
+            insert: [&app_id, &p.sender, next, &records[k], &now, &expires[k]],
+            move_next: [&app_id, &p.sender, &counts[k]],
+            notify: [&DOWN_CHANNEL, &payloads[k]],
+        })
+        .collect();
+    let count_args: [&(dyn ToSql + Sync); 2] = [&app_id, &delta];
+    let ack_args: [&(dyn ToSql + Sync); 3] = [&app_id, &fetches.senders, &fetches.heard];
+    let delete_args: [&(dyn ToSql + Sync); 4] = [&app_id, &fetches.senders, &fetches.heard, &now];
+    let read_args: [&(dyn ToSql + Sync); 5] = [
+        &app_id,
+        &fetches.read_senders,
+        &fetches.read_heard,
+        &fetches.read_limit,
+        &now,
+    ];
+    let mut second: Vec<Sent<'_>> = Vec::new();
+    for a in &args {
+        second.push(Box::pin(async {
+            c.execute(&ds.insert, &a.insert).await.map(|_| Answer::Done)
+        }));
+        second.push(Box::pin(async {
+            c.execute(&ds.move_next, &a.move_next)
+                .await
+                .map(|_| Answer::Done)
+        }));
+    }
+    let counted = !queued.is_empty() || expired_any;
+    if counted {
+        second.push(Box::pin(async {
+            c.query_opt(&ds.count, &count_args).await.map(Answer::Row)
+        }));
+    }
+    for a in &args {
+        second.push(Box::pin(async {
+            c.execute(&ds.notify, &a.notify).await.map(|_| Answer::Done)
+        }));
+    }
+    let listening = !part.fetches.is_empty();
+    if listening {
+        second.push(Box::pin(async {
+            c.query(&ds.read, &read_args).await.map(Answer::Rows)
+        }));
+        second.push(Box::pin(async {
+            c.execute(&ds.ack, &ack_args).await.map(|_| Answer::Done)
+        }));
+        second.push(Box::pin(async {
+            c.query_one(&ds.delete, &delete_args)
+                .await
+                .map(|r| Answer::Row(Some(r)))
+        }));
+    }
+    second.push(Box::pin(async {
+        c.execute(&st.commit, &[]).await.map(|_| Answer::Done)
+    }));
+    let answers = match in_order(second).await {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = c.execute(&st.rollback, &[]).await;
+            // COMMIT was sent in this wait: a connection lost now leaves it unknown whether the pushes committed.
+            return Err(if e.is_closed() {
+                Refused::Unknown(db_err(target, "queueing downlink records")(e))
+            } else {
+                fail("queueing downlink records")(e)
+            });
+        }
+    };
+    let mut applied = Applied::default();
+    let mut at = 2 * args.len();
+    let mut waiting = None;
+    if counted {
+        if let Answer::Row(Some(row)) = &answers[at] {
+            waiting = Some(row.get::<_, i64>(0).max(0) as u64);
+        }
+        at += 1;
+    }
+    at += args.len();
+    if listening {
+        let (Answer::Rows(read), Answer::Row(Some(deleted))) = (&answers[at], &answers[at + 2])
+        else {
+            unreachable!("the read answers rows and the delete one row, as their futures say");
+        };
+        applied.down = fetches.applied(&part.fetches, deleted, read);
+    }
+    applied.down.waiting = applied.down.waiting.or(waiting);
+    applied.down.pushes = outcomes;
+    Ok(applied)
 }
 
 /// One try of a push's transaction (docs/scale-out.md, "Downlink on a fleet"): what it did, with the sender's
