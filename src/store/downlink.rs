@@ -66,6 +66,45 @@ impl Default for DownLimits {
     }
 }
 
+impl DownLimits {
+    /// When a record queued at `now` (ms since the Unix epoch) expires, if it does.
+    pub fn expires_at(&self, now: i64) -> Option<i64> {
+        self.expiry_ms
+            .map(|e| now.saturating_add(e.min(i64::MAX as u64) as i64))
+    }
+
+    /// Whether `records` would pass a bound of one sender that has `waiting` records of `bytes` payload bytes
+    /// waiting: the bound they would pass, or none.
+    pub fn passed_by(&self, records: &[Vec<u8>], waiting: u64, bytes: u64) -> Option<DownRefusal> {
+        let adding: u64 = records.iter().map(|p| p.len() as u64).sum();
+        if waiting + records.len() as u64 > self.max_records {
+            Some(DownRefusal::Records {
+                waiting,
+                max: self.max_records,
+            })
+        } else if bytes + adding > self.max_bytes {
+            Some(DownRefusal::Bytes {
+                waiting: bytes,
+                max: self.max_bytes,
+            })
+        } else {
+            None
+        }
+    }
+}
+
+/// The first record of `records` larger than a downlink record may be, refused before anything is queued.
+pub fn too_large(records: &[Vec<u8>]) -> Option<DownRefusal> {
+    records
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.len() > MAX_DOWN_PAYLOAD)
+        .map(|(index, p)| DownRefusal::TooLarge {
+            index,
+            len: p.len(),
+        })
+}
+
 /// Why a push was refused: nothing of it was queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DownRefusal {
@@ -332,15 +371,7 @@ pub(super) fn queue_in(
     limits: &DownLimits,
     now: i64,
 ) -> rusqlite::Result<(Pushed, u64)> {
-    if let Some((index, p)) = payloads
-        .iter()
-        .enumerate()
-        .find(|(_, p)| p.len() > MAX_DOWN_PAYLOAD)
-    {
-        let refused = DownRefusal::TooLarge {
-            index,
-            len: p.len(),
-        };
+    if let Some(refused) = too_large(payloads) {
         return Ok((Pushed::Refused(refused), 0));
     }
     let expired = tx
@@ -353,21 +384,7 @@ pub(super) fn queue_in(
             "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM downlink WHERE sender = ?1",
         )?
         .query_row([sender], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let (waiting, bytes) = (waiting as u64, bytes as u64);
-    let adding: u64 = payloads.iter().map(|p| p.len() as u64).sum();
-    let refusal = if waiting + payloads.len() as u64 > limits.max_records {
-        Some(DownRefusal::Records {
-            waiting,
-            max: limits.max_records,
-        })
-    } else if bytes + adding > limits.max_bytes {
-        Some(DownRefusal::Bytes {
-            waiting: bytes,
-            max: limits.max_bytes,
-        })
-    } else {
-        None
-    };
+    let refusal = limits.passed_by(payloads, waiting as u64, bytes as u64);
     if let Some(r) = refusal {
         change_count(tx, -(expired as i64))?;
         return Ok((Pushed::Refused(r), expired));
@@ -377,9 +394,7 @@ pub(super) fn queue_in(
         .query_row([sender], |r| r.get(0))
         .optional()?
         .unwrap_or(1);
-    let expires = limits
-        .expiry_ms
-        .map(|e| now.saturating_add(e.min(i64::MAX as u64) as i64));
+    let expires = limits.expires_at(now);
     let mut put = tx.prepare_cached(
         "INSERT INTO downlink (sender, seq, payload, queued_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;

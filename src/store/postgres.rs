@@ -44,8 +44,7 @@ use tokio_postgres::{Client, NoTls, Statement};
 pub mod leases;
 
 use super::downlink::{
-    DownApplied, DownPush, DownRefusal, FetchRead, MAX_DOWN_PAYLOAD, OwnedFetch, PushOutcome,
-    Pushed,
+    DownApplied, DownPush, FetchRead, OwnedFetch, PushOutcome, Pushed, too_large,
 };
 use super::engine::{AppTurn, DownNotice, TurnOutcome, TurnStore};
 use super::{Applied, Chunk, Piece, StoreError};
@@ -521,6 +520,27 @@ enum Refused {
     Unknown(StoreError),
 }
 
+/// What a failed statement of a transaction means for it: a try again if one may cure it, else the failure.
+fn refusal<'a>(
+    target: &'a Target,
+    doing: &'static str,
+) -> impl Fn(tokio_postgres::Error) -> Refused + 'a {
+    move |e| {
+        if retryable(&e) {
+            Refused::Retry
+        } else {
+            Refused::Failed(db_err(target, doing)(e))
+        }
+    }
+}
+
+/// What a push's `pg_notify` says (docs/scale-out.md): the app's id, the sender's public key in base64, its name.
+fn notice_of(app_id: i32, push: &DownPush) -> String {
+    use base64::Engine as _;
+    let key = base64::engine::general_purpose::STANDARD.encode(push.key);
+    format!("{app_id} {key} {}", push.sender)
+}
+
 fn retryable(e: &tokio_postgres::Error) -> bool {
     matches!(
         e.code(),
@@ -813,18 +833,50 @@ impl Worker {
         app: AppIndex,
         push: &DownPush,
     ) -> Result<(Pushed, u64, Option<u64>), (StoreError, bool)> {
-        if let Some((index, p)) = push
-            .records
-            .iter()
-            .enumerate()
-            .find(|(_, p)| p.len() > MAX_DOWN_PAYLOAD)
-        {
-            let refused = Pushed::Refused(DownRefusal::TooLarge {
-                index,
-                len: p.len(),
-            });
-            return Ok((refused, 0, None));
+        if let Some(refused) = too_large(&push.records) {
+            return Ok((Pushed::Refused(refused), 0, None));
         }
+        self.until_done(
+            app,
+            "a push",
+            "nothing of it was queued",
+            async |t, c, id| try_push(t, c, id, push).await,
+        )
+        .await
+    }
+
+    /// A part of pushes and LISTENs in one transaction ([`try_down_part`]), tried again as a part is; or why not, and
+    /// whether its pushes may have been committed all the same.
+    async fn apply_down_part(&mut self, part: &AppTurn) -> Result<Applied, (StoreError, bool)> {
+        self.until_done(
+            part.app,
+            "a push",
+            "nothing of it was queued",
+            async |t, c, id| try_down_part(t, c, id, part).await,
+        )
+        .await
+    }
+
+    /// A part's records, outlets and LISTENs in one transaction.
+    async fn apply_turn_part(&mut self, part: &AppTurn) -> Result<Applied, StoreError> {
+        let said = "the turn is not acknowledged and its senders send again";
+        self.until_done(part.app, "a turn", said, async |t, c, id| {
+            try_part(t, c, id, part).await
+        })
+        .await
+        .map_err(|(e, _)| e)
+    }
+
+    /// Tries `attempt` (a transaction of app `app` on the connection) until it is done, fails, or was refused
+    /// [`RETRIES`] times (then `what` was refused too often, and `then` says what that means): what it did, or why
+    /// not and whether it may have committed all the same (its connection was lost after COMMIT was sent).
+    async fn until_done<T>(
+        &mut self,
+        app: AppIndex,
+        what: &'static str,
+        then: &'static str,
+        mut attempt: impl AsyncFnMut(&Target, &mut Conn, i32) -> Result<T, Refused>,
+    ) -> Result<T, (StoreError, bool)> {
         let mut tries = 0;
         loop {
             let target = self.target.clone();
@@ -833,67 +885,15 @@ impl Worker {
                 Some(&id) if id >= 0 => id,
                 _ => return Err((StoreError::Closed { app }, false)),
             };
-            match try_push(&target, conn, app_id, push).await {
+            match attempt(&target, conn, app_id).await {
                 Ok(done) => return Ok(done),
                 Err(Refused::Retry) => {
                     if !pause_to_retry(&mut tries).await {
-                        let e = refused_too_often(&target, "a push", "nothing of it was queued");
-                        return Err((e, false));
+                        return Err((refused_too_often(&target, what, then), false));
                     }
                 }
                 Err(Refused::Failed(e)) => return Err((e, false)),
                 Err(Refused::Unknown(e)) => return Err((e, true)),
-            }
-        }
-    }
-
-    /// A part of pushes and LISTENs in one transaction ([`try_down_part`]), tried again as a part is; or why not, and
-    /// whether its pushes may have been committed all the same.
-    async fn apply_down_part(&mut self, part: &AppTurn) -> Result<Applied, (StoreError, bool)> {
-        let mut tries = 0;
-        loop {
-            let target = self.target.clone();
-            let conn = self.connection().map_err(|e| (e, false))?;
-            let app_id = match conn.app_ids.get(part.app as usize) {
-                Some(&id) if id >= 0 => id,
-                _ => return Err((StoreError::Closed { app: part.app }, false)),
-            };
-            match try_down_part(&target, conn, app_id, part).await {
-                Ok(applied) => return Ok(applied),
-                Err(Refused::Retry) => {
-                    if !pause_to_retry(&mut tries).await {
-                        let e = refused_too_often(&target, "a push", "nothing of it was queued");
-                        return Err((e, false));
-                    }
-                }
-                Err(Refused::Failed(e)) => return Err((e, false)),
-                Err(Refused::Unknown(e)) => return Err((e, true)),
-            }
-        }
-    }
-
-    /// A part's records, outlets and LISTENs in one transaction.
-    async fn apply_turn_part(&mut self, part: &AppTurn) -> Result<Applied, StoreError> {
-        let mut tries = 0;
-        loop {
-            let target = self.target.clone();
-            let conn = self.connection()?;
-            let app_id = match conn.app_ids.get(part.app as usize) {
-                Some(&id) if id >= 0 => id,
-                _ => return Err(StoreError::Closed { app: part.app }),
-            };
-            match try_part(&target, conn, app_id, part).await {
-                Ok(applied) => return Ok(applied),
-                Err(Refused::Retry) => {
-                    if !pause_to_retry(&mut tries).await {
-                        return Err(refused_too_often(
-                            &target,
-                            "a turn",
-                            "the turn is not acknowledged and its senders send again",
-                        ));
-                    }
-                }
-                Err(Refused::Failed(e) | Refused::Unknown(e)) => return Err(e),
             }
         }
     }
@@ -1216,15 +1216,7 @@ async fn try_part(
     app_id: i32,
     part: &AppTurn,
 ) -> Result<Applied, Refused> {
-    let fail = |doing: &'static str| {
-        move |e: tokio_postgres::Error| {
-            if retryable(&e) {
-                Refused::Retry
-            } else {
-                Refused::Failed(db_err(target, doing)(e))
-            }
-        }
-    };
+    let fail = |doing| refusal(target, doing);
     let mut pieces: Vec<Piece<'_>> = part.pieces.iter().map(|p| p.as_piece()).collect();
     // Sorting a flow's frames by first_seq makes reordering within a turn free (protocol.md 5.2, 3); sources in
     // name order, so that rows are made in one order by every node.
@@ -1243,15 +1235,11 @@ async fn try_part(
     // each as it is for the reads.
     let fetches = FetchArgs::of(&part.fetches);
     let ds = &st.down;
-    let ack_args: [&(dyn ToSql + Sync); 3] = [&app_id, &fetches.senders, &fetches.heard];
-    let delete_args: [&(dyn ToSql + Sync); 4] = [&app_id, &fetches.senders, &fetches.heard, &now];
-    let read_args: [&(dyn ToSql + Sync); 5] = [
-        &app_id,
-        &fetches.read_senders,
-        &fetches.read_heard,
-        &fetches.read_limit,
-        &now,
-    ];
+    let ListenArgs {
+        ack: ack_args,
+        delete: delete_args,
+        read: read_args,
+    } = fetches.args(&app_id, &now);
     if pieces.is_empty() && part.outlets.is_empty() && !part.fetches.is_empty() {
         // LISTENs only: nothing is decided between the reads and the COMMIT, so the COMMIT rides the same wait, one
         // round trip for the part (research/032). A statement that fails aborts the transaction, and the COMMIT
@@ -1457,6 +1445,13 @@ async fn try_part(
 }
 
 /// The arrays a part's LISTENs are given to the database as (docs/scale-out.md, "Downlink on a fleet").
+/// The parameters of a part's three LISTEN statements (docs/scale-out.md, "A LISTEN").
+struct ListenArgs<'a> {
+    ack: [&'a (dyn ToSql + Sync); 3],
+    delete: [&'a (dyn ToSql + Sync); 4],
+    read: [&'a (dyn ToSql + Sync); 5],
+}
+
 struct FetchArgs {
     /// Per sender, in name order, the highest `heard` of the turn's LISTENs.
     senders: Vec<String>,
@@ -1496,6 +1491,20 @@ impl FetchArgs {
                 .iter()
                 .map(|f| f.room.min(i32::MAX as usize) as i32)
                 .collect(),
+        }
+    }
+
+    fn args<'a>(&'a self, app_id: &'a i32, now: &'a i64) -> ListenArgs<'a> {
+        ListenArgs {
+            ack: [app_id, &self.senders, &self.heard],
+            delete: [app_id, &self.senders, &self.heard, now],
+            read: [
+                app_id,
+                &self.read_senders,
+                &self.read_heard,
+                &self.read_limit,
+                now,
+            ],
         }
     }
 
@@ -1600,33 +1609,15 @@ async fn try_down_part(
     app_id: i32,
     part: &AppTurn,
 ) -> Result<Applied, Refused> {
-    let fail = |doing: &'static str| {
-        move |e: tokio_postgres::Error| {
-            if retryable(&e) {
-                Refused::Retry
-            } else {
-                Refused::Failed(db_err(target, doing)(e))
-            }
-        }
-    };
+    let fail = |doing| refusal(target, doing);
     let c = &conn.client;
     let st = &conn.st;
     let ds = &st.down;
     let now = crate::store::now_ms();
-    let too_large = |p: &DownPush| {
-        p.records
-            .iter()
-            .enumerate()
-            .find(|(_, r)| r.len() > MAX_DOWN_PAYLOAD)
-            .map(|(index, r)| DownRefusal::TooLarge {
-                index,
-                len: r.len(),
-            })
-    };
     let mut pushing: Vec<&str> = part
         .pushes
         .iter()
-        .filter(|p| too_large(p).is_none())
+        .filter(|p| too_large(&p.records).is_none())
         .map(|p| p.sender.as_str())
         .collect();
     pushing.sort_unstable();
@@ -1719,7 +1710,7 @@ async fn try_down_part(
     let mut delta: i64 = 0;
     let mut expired_any = false;
     for p in &part.pushes {
-        if let Some(r) = too_large(p) {
+        if let Some(r) = too_large(&p.records) {
             outcomes.push((Pushed::Refused(r), 0));
             continue;
         }
@@ -1731,19 +1722,7 @@ async fn try_down_part(
         delta -= expired;
         let adding: u64 = p.records.iter().map(|r| r.len() as u64).sum();
         let n = p.records.len() as u64;
-        let refusal = if s.2 + n > p.limits.max_records {
-            Some(DownRefusal::Records {
-                waiting: s.2,
-                max: p.limits.max_records,
-            })
-        } else if s.3 + adding > p.limits.max_bytes {
-            Some(DownRefusal::Bytes {
-                waiting: s.3,
-                max: p.limits.max_bytes,
-            })
-        } else {
-            None
-        };
+        let refusal = p.limits.passed_by(&p.records, s.2, s.3);
         if let Some(r) = refusal {
             outcomes.push((Pushed::Refused(r), expired as u64));
             continue;
@@ -1763,7 +1742,6 @@ async fn try_down_part(
     }
     // Second wait: the queued pushes' records, their flows' next sequences, the count, the other nodes told; then the
     // LISTENs (read first, as in a part), and COMMIT.
-    use base64::Engine as _;
     struct Queued<'a> {
         insert: [&'a (dyn ToSql + Sync); 6],
         move_next: [&'a (dyn ToSql + Sync); 3],
@@ -1771,24 +1749,14 @@ async fn try_down_part(
     }
     let expires: Vec<Option<i64>> = queued
         .iter()
-        .map(|(p, _)| {
-            p.limits
-                .expiry_ms
-                .map(|e| now.saturating_add(e.min(i64::MAX as u64) as i64))
-        })
+        .map(|(p, _)| p.limits.expires_at(now))
         .collect();
     let records: Vec<Vec<&[u8]>> = queued
         .iter()
         .map(|(p, _)| p.records.iter().map(Vec::as_slice).collect())
         .collect();
     let counts: Vec<i64> = queued.iter().map(|(p, _)| p.records.len() as i64).collect();
-    let payloads: Vec<String> = queued
-        .iter()
-        .map(|(p, _)| {
-            let key = base64::engine::general_purpose::STANDARD.encode(p.key);
-            format!("{app_id} {key} {}", p.sender)
-        })
-        .collect();
+    let payloads: Vec<String> = queued.iter().map(|(p, _)| notice_of(app_id, p)).collect();
     let args: Vec<Queued<'_>> = queued
         .iter()
         .enumerate()
@@ -1799,15 +1767,11 @@ async fn try_down_part(
         })
         .collect();
     let count_args: [&(dyn ToSql + Sync); 2] = [&app_id, &delta];
-    let ack_args: [&(dyn ToSql + Sync); 3] = [&app_id, &fetches.senders, &fetches.heard];
-    let delete_args: [&(dyn ToSql + Sync); 4] = [&app_id, &fetches.senders, &fetches.heard, &now];
-    let read_args: [&(dyn ToSql + Sync); 5] = [
-        &app_id,
-        &fetches.read_senders,
-        &fetches.read_heard,
-        &fetches.read_limit,
-        &now,
-    ];
+    let ListenArgs {
+        ack: ack_args,
+        delete: delete_args,
+        read: read_args,
+    } = fetches.args(&app_id, &now);
     let mut second: Vec<Sent<'_>> = Vec::new();
     for a in &args {
         second.push(Box::pin(async {
@@ -1889,15 +1853,7 @@ async fn try_push(
     app_id: i32,
     push: &DownPush,
 ) -> Result<(Pushed, u64, Option<u64>), Refused> {
-    let fail = |doing: &'static str| {
-        move |e: tokio_postgres::Error| {
-            if retryable(&e) {
-                Refused::Retry
-            } else {
-                Refused::Failed(db_err(target, doing)(e))
-            }
-        }
-    };
+    let fail = |doing| refusal(target, doing);
     let c = &conn.client;
     let st = &conn.st;
     let ds = &st.down;
@@ -1922,20 +1878,7 @@ async fn try_push(
     };
     let waiting = left.get::<_, i64>(0).max(0) as u64;
     let bytes = left.get::<_, i64>(1).max(0) as u64;
-    let adding: u64 = push.records.iter().map(|p| p.len() as u64).sum();
-    let refusal = if waiting + push.records.len() as u64 > push.limits.max_records {
-        Some(DownRefusal::Records {
-            waiting,
-            max: push.limits.max_records,
-        })
-    } else if bytes + adding > push.limits.max_bytes {
-        Some(DownRefusal::Bytes {
-            waiting: bytes,
-            max: push.limits.max_bytes,
-        })
-    } else {
-        None
-    };
+    let refusal = push.limits.passed_by(&push.records, waiting, bytes);
     // After COMMIT was sent: a connection lost now leaves it unknown whether the push committed.
     let ended = |e: tokio_postgres::Error| async {
         let _ = c.execute(&st.rollback, &[]).await;
@@ -1970,17 +1913,10 @@ async fn try_push(
         return Ok((Pushed::Refused(r), expired as u64, count));
     }
     let n = push.records.len() as i64;
-    let expires = push
-        .limits
-        .expiry_ms
-        .map(|e| now.saturating_add(e.min(i64::MAX as u64) as i64));
+    let expires = push.limits.expires_at(now);
     let records: Vec<&[u8]> = push.records.iter().map(Vec::as_slice).collect();
     let delta = n - expired;
-    use base64::Engine as _;
-    let payload = format!(
-        "{app_id} {} {sender}",
-        base64::engine::general_purpose::STANDARD.encode(push.key)
-    );
+    let payload = notice_of(app_id, push);
     let insert_args: [&(dyn ToSql + Sync); 6] = [&app_id, &sender, &next, &records, &now, &expires];
     let move_args: [&(dyn ToSql + Sync); 3] = [&app_id, &sender, &n];
     let count_args: [&(dyn ToSql + Sync); 2] = [&app_id, &delta];
