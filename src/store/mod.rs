@@ -1031,14 +1031,8 @@ impl AppStore {
             // A push refused for a record's size did not look at its sender's records (downlink::queue_in).
             let swept: Vec<&str> = pushes
                 .iter()
-                .zip(&pushed)
-                .filter(|(_, (done, _))| {
-                    !matches!(
-                        done,
-                        downlink::Pushed::Refused(downlink::DownRefusal::TooLarge { .. })
-                    )
-                })
-                .map(|(p, _)| p.sender.as_str())
+                .filter(|p| downlink::too_large(&p.records).is_none())
+                .map(|p| p.sender.as_str())
                 .collect();
             applied.down = downlink::apply_fetches(&tx, fetches, stored_at, &swept).map_err(sql)?;
             applied.down.pushes = pushed;

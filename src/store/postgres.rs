@@ -44,7 +44,7 @@ use tokio_postgres::{Client, NoTls, Statement};
 pub mod leases;
 
 use super::downlink::{
-    DownApplied, DownPush, FetchRead, OwnedFetch, PushOutcome, Pushed, too_large,
+    DownApplied, DownPush, FetchRead, OwnedFetch, PushOutcome, Pushed, outcomes_of, too_large,
 };
 use super::engine::{AppTurn, DownNotice, TurnOutcome, TurnStore};
 use super::{Applied, Chunk, Piece, StoreError};
@@ -780,23 +780,12 @@ impl Worker {
         }
         if !part.pushes.is_empty() && part.pieces.is_empty() && part.outlets.is_empty() {
             // The usual part of a push: the push, and the LISTEN of the session it was made for; one transaction.
-            return match self.apply_down_part(part).await {
-                Ok(mut applied) => {
-                    let pushed = std::mem::take(&mut applied.down.pushes)
-                        .into_iter()
-                        .map(|(done, expired)| PushOutcome::Done(done, expired))
-                        .collect();
-                    (Ok(applied), pushed)
-                }
-                Err((e, maybe_queued)) => {
-                    let e = Arc::new(e);
-                    let failed = PushOutcome::Failed {
-                        error: e.clone(),
-                        maybe_queued,
-                    };
-                    (Err(e), vec![failed; part.pushes.len()])
-                }
+            let (result, maybe_queued) = match self.apply_down_part(part).await {
+                Ok(applied) => (Ok(applied), false),
+                Err((e, maybe_queued)) => (Err(Arc::new(e)), maybe_queued),
             };
+            let pushed = outcomes_of(&result, part.pushes.len(), maybe_queued);
+            return (result, pushed);
         }
         let mut pushed = Vec::with_capacity(part.pushes.len());
         let mut waiting = None;
