@@ -179,6 +179,14 @@ impl RecordQueue {
     fn begin(&self, i: usize) -> usize {
         if i == 0 { self.start } else { self.ends[i - 1] }
     }
+    /// The bytes of the records before the `i`-th, in their frame form.
+    fn bytes_before(&self, i: usize) -> usize {
+        self.begin(i) - self.start
+    }
+    /// The bytes of every record queued, in their frame form.
+    fn queued_bytes(&self) -> usize {
+        self.bytes.len() - self.start
+    }
     /// The `i`-th record's bytes, without its length.
     #[cfg(test)]
     fn get(&self, i: usize) -> &[u8] {
@@ -322,6 +330,8 @@ pub struct Sender {
     max_datagram: usize,
     allow_oversize: bool,
     window: u64,
+    /// The same bound in bytes (`set_window_bytes`).
+    window_bytes: usize,
     flows: Vec<Flow>,
     /// Send time per packet number not yet answered, oldest first; an entry is removed once an ECHO reaches it.
     sent_times: VecDeque<(u64, Instant)>,
@@ -379,6 +389,7 @@ impl Sender {
                 .clamp(wire::MIN_SENDER_DATAGRAM, wire::MAX_DATAGRAM),
             allow_oversize: config.allow_oversize,
             window: config.window.max(1),
+            window_bytes: usize::MAX,
             flows: Vec::new(),
             sent_times: VecDeque::new(),
             largest_echo: None,
@@ -408,6 +419,12 @@ impl Sender {
     /// already in flight stay so.
     pub fn set_window(&mut self, window: u64) {
         self.window = window.max(1);
+    }
+
+    /// Bounds a flow's records in flight in bytes too (each with its length varint; no bound unless set), so a
+    /// window of many records stays a few megabytes when the records are long. At least one datagram's worth.
+    pub fn set_window_bytes(&mut self, bytes: usize) {
+        self.window_bytes = bytes.max(wire::MAX_ACCEPTED_DATAGRAM);
     }
 
     pub fn stats(&self) -> &SenderStats {
@@ -579,6 +596,11 @@ impl Sender {
         self.flows.iter().map(|f| f.records.len()).sum()
     }
 
+    /// The bytes of every record not yet acknowledged (each with its length varint), all flows together.
+    pub fn unacked_bytes(&self) -> usize {
+        self.flows.iter().map(|f| f.records.queued_bytes()).sum()
+    }
+
     /// The highest sequence of `app` the node acknowledged, once known.
     pub fn stored_through(&self, app: &str) -> Option<u64> {
         let f = &self.flows[self.flow_index(app)?];
@@ -652,6 +674,24 @@ impl Sender {
 
     /// Builds the next datagram into `out` (cleared first). Returns false when there is nothing to send now.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
+        self.poll_transmit_padded(now, out, None)
+    }
+
+    /// The size of a full datagram (its cookie prefix included): what [`Sender::poll_transmit_padded`] pads to.
+    pub fn datagram_size(&self) -> usize {
+        self.max_datagram
+    }
+
+    /// [`Sender::poll_transmit`] for a driver that sends datagrams of one size together (UDP GSO: every segment
+    /// but the last of one size): a datagram that comes within `slack` bytes of [`Sender::datagram_size`] is
+    /// padded to exactly that size with PADDING (protocol.md 5), so a run of full datagrams has one size whatever
+    /// its records' lengths. A shorter datagram is left as it is. `None` pads as `poll_transmit` does.
+    pub fn poll_transmit_padded(
+        &mut self,
+        now: Instant,
+        out: &mut Vec<u8>,
+        slack: Option<usize>,
+    ) -> bool {
         let wants = self
             .flows
             .iter()
@@ -717,13 +757,21 @@ impl Sender {
             // Count how many records fit from the cursor, then write them.
             let first = f.cursor;
             let start_idx = (first - f.acked - 1) as usize;
-            let room = limit.saturating_sub(out.len() + frame_overhead(f.app.as_bytes(), first));
+            let in_flight_bytes = f.records.bytes_before(start_idx);
+            let room = limit
+                .saturating_sub(out.len() + frame_overhead(f.app.as_bytes(), first))
+                .min(self.window_bytes.saturating_sub(in_flight_bytes));
             let may = usize::try_from(window - f.in_flight()).unwrap_or(usize::MAX);
             let mut count = f.records.fit(start_idx, may, room);
             // One record that does not fit even an empty datagram of the usual size goes alone in a larger one,
             // when this sender may (a forwarding node, protocol.md 5.4); `queue` let only such records in.
             let alone = out.len() == wire::SENDER_HEADER_LEN;
-            if count == 0 && alone && self.allow_oversize && start_idx < f.records.len() {
+            if count == 0
+                && alone
+                && self.allow_oversize
+                && start_idx < f.records.len()
+                && in_flight_bytes < self.window_bytes
+            {
                 let hard_room = wire::MAX_ACCEPTED_DATAGRAM
                     - wire::TAG_LEN
                     - wire::SENDER_HEADER_LEN
@@ -753,6 +801,12 @@ impl Sender {
             wire::MIN_SENDER_DATAGRAM
         }
         .max(wire::MIN_SENDER_DATAGRAM);
+        // Within `slack` of a full datagram: full, so it goes out with the full ones in one GSO send.
+        let full = self.max_datagram - cookie_room;
+        let target = match slack {
+            Some(slack) if out.len() + wire::TAG_LEN + slack >= full => target.max(full),
+            _ => target,
+        };
         while out.len() + wire::TAG_LEN < target {
             out.push(wire::FRAME_PADDING);
         }
@@ -1205,6 +1259,87 @@ mod tests {
         q.release(q.len() + 5);
         assert!(q.is_empty());
         assert_eq!((q.start, q.bytes.len()), (0, 0));
+    }
+
+    /// Opens the sealed datagram `out` of sender `s` and returns its plaintext after the header.
+    fn opened(node: &Identity, device: &Identity, run_id: u64, out: &[u8]) -> Vec<u8> {
+        let shared = node.shared_secret(device.public()).unwrap();
+        let key = crypto::sender_to_node_key(&shared, run_id, device.public(), node.public());
+        let header = wire::SenderHeader::parse(&out[..wire::SENDER_HEADER_LEN]).unwrap();
+        let mut p = out.to_vec();
+        let len =
+            crypto::open(&key, header.packet_number, &mut p, wire::SENDER_HEADER_LEN).unwrap();
+        p[wire::SENDER_HEADER_LEN..wire::SENDER_HEADER_LEN + len].to_vec()
+    }
+
+    #[test]
+    fn a_datagram_near_full_is_padded_to_full_and_a_short_one_is_not() {
+        let node = Identity::generate();
+        let device = Identity::generate();
+        let mut config = SenderConfig::new(device.clone(), *node.public());
+        config.run_id = 5;
+        let mut s = Sender::new(config).unwrap();
+        s.open_flow("main", FlowStart::At(1)).unwrap();
+        // Records of 41 bytes (42 with the length): a datagram's room is not a multiple of them.
+        for i in 0..100u32 {
+            s.queue("main", format!("{i:041}").into_bytes()).unwrap();
+        }
+        let now = Instant::now();
+        let slack = s.datagram_size() / 16;
+        let mut out = Vec::new();
+        assert!(s.poll_transmit_padded(now, &mut out, Some(slack)));
+        assert_eq!(out.len(), s.datagram_size(), "padded to full");
+        let plain = opened(&node, &device, 5, &out);
+        let frames = wire::parse_sender_frames(&plain).unwrap();
+        let stored: u64 = frames
+            .iter()
+            .map(|f| match f {
+                wire::SenderFrame::Data(d) => d.count,
+                _ => 0,
+            })
+            .sum();
+        assert!(stored > 20, "the full datagram carries records: {stored}");
+        // Without padding the same records make a shorter datagram.
+        let mut t = Sender::new(SenderConfig::new(device.clone(), *node.public())).unwrap();
+        t.open_flow("main", FlowStart::At(1)).unwrap();
+        for i in 0..100u32 {
+            t.queue("main", format!("{i:041}").into_bytes()).unwrap();
+        }
+        let mut plain_out = Vec::new();
+        assert!(t.poll_transmit(now, &mut plain_out));
+        assert!(
+            plain_out.len() < t.datagram_size() && plain_out.len() + slack >= t.datagram_size()
+        );
+        // What is left after full datagrams is shorter than full less the slack: not padded.
+        while s.poll_transmit_padded(now, &mut out, Some(slack)) && out.len() == s.datagram_size() {
+        }
+        assert!(
+            out.len() + slack < s.datagram_size(),
+            "the last one is short: {}",
+            out.len()
+        );
+        assert!(!s.poll_transmit_padded(now, &mut out, Some(slack)));
+    }
+
+    #[test]
+    fn the_window_in_bytes_bounds_what_is_in_flight() {
+        let node = Identity::generate();
+        let mut s = Sender::new(SenderConfig::new(Identity::generate(), *node.public())).unwrap();
+        s.open_flow("main", FlowStart::At(1)).unwrap();
+        for _ in 0..20 {
+            s.queue("main", vec![7u8; 1000]).unwrap();
+        }
+        // 1,002 bytes a record in frame form: a bound of 4,000 bytes lets three be in flight, not four.
+        s.set_window_bytes(4_000);
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let mut sent = 0;
+        while s.poll_transmit(now, &mut out) {
+            sent += 1;
+        }
+        assert_eq!(sent, 3, "one record a datagram, three in 4,000 bytes");
+        assert_eq!(s.flows[0].in_flight(), 3);
+        assert_eq!(s.unacked_bytes(), 20 * 1002);
     }
 
     #[test]

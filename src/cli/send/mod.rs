@@ -22,12 +22,16 @@ use clap::Args;
 use crate::sender::{SenderEvent, UdpLink};
 use heard::HeardFile;
 
-/// Records in flight at once: four of the node's turns (protocol.md 6), so the link goes on while the node syncs a
-/// turn and acknowledges it only then. The library's default is one turn's share (research/022).
-const SEND_WINDOW: u64 = 65_536;
-/// Records queued in the sender at most (twice the window, so acks always find more to send); what is read beyond
-/// waits in blocks.
+/// Records in flight at once: sixteen of the node's turns (protocol.md 6), so the link goes on while the node syncs
+/// the turns before and acknowledges each only then, also when the sync waits for a core (research/033). The
+/// library's default is one turn's share (research/022).
+const SEND_WINDOW: u64 = 262_144;
+/// The same bound in bytes, so long lines do not put hundreds of megabytes in flight.
+const SEND_WINDOW_BYTES: usize = 8 << 20;
+/// Records queued in the sender at most (twice the window, so acks always find more to send), and bytes; what is
+/// read beyond waits in blocks.
 const LINE_QUEUE: usize = 2 * SEND_WINDOW as usize;
+const LINE_QUEUE_BYTES: usize = 2 * SEND_WINDOW_BYTES;
 /// Bytes of standard input one read takes at most, and blocks read ahead of the link at most.
 const BLOCK: usize = 256 << 10;
 const BLOCKS_AHEAD: usize = 4;
@@ -146,6 +150,7 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
     };
     let listening = downlink.is_some();
     link.sender().set_window(SEND_WINDOW);
+    link.sender().set_window_bytes(SEND_WINDOW_BYTES);
     let mut input = LineInput::spawn()?;
     let no_progress_limit = (args.timeout > 0.0).then(|| Duration::from_secs_f64(args.timeout));
     let progress = std::io::stderr().is_terminal();
@@ -516,7 +521,8 @@ impl LineInput {
     ) -> anyhow::Result<bool> {
         loop {
             let room = LINE_QUEUE.saturating_sub(sender.unacked_total());
-            if room == 0 {
+            // Checked between blocks: the queue may pass its bytes by one block at most.
+            if room == 0 || sender.unacked_bytes() >= LINE_QUEUE_BYTES {
                 return Ok(true);
             }
             let Some((buf, len, pos)) = &mut self.block else {
