@@ -235,3 +235,93 @@ fn a_device_command_killed_mid_flow_goes_on_from_its_heard_file_and_skips_nothin
     assert!(second.iter().zip(&all[kept..]).all(|(a, b)| a == b));
     assert_eq!(device.kept(), 300);
 }
+
+/// What the outside testers found could lose or double a record on the device side (docs/downlink.md, "Receiving
+/// on a device"): a standard output that goes nowhere, a handler that fails, and two runs on one heard file.
+#[test]
+fn a_record_is_handed_over_only_where_it_is_kept_and_one_heard_file_serves_one_run_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (device, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    push(&state, "kitchen-1", b"one\ntwo\nthree\n");
+
+    // Standard output is /dev/null (as when it was closed): refused before anything is acknowledged.
+    let out = device
+        .command(&node, &[])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("/dev/null") && err.contains("--exec"), "{err}");
+
+    // --exec: each record handed to the handler; kept as heard only once it exits 0.
+    let got = dir.path().join("handled");
+    let handler = format!(
+        "cat >> {0}; echo \" $PURE_APP $PURE_SEQ\" >> {0}; [ \"$PURE_SEQ\" != 5 ]",
+        got.display()
+    );
+    let out = output_within(&mut device.command(&node, &["--exec", &handler]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(out.stdout, b"", "nothing printed with --exec");
+    assert!(
+        err.contains("handed 3 downlink records of app main to"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&got).unwrap(),
+        "one main 1\ntwo main 2\nthree main 3\n"
+    );
+    assert_eq!(device.kept(), 3);
+
+    // The handler fails on record 5: the run stops, 4 is kept, and 5 comes again to the next run, once.
+    push(&state, "kitchen-1", b"four\nfive\nsix\n");
+    let out = output_within(&mut device.command(&node, &["--exec", &handler]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("failed") && err.contains("downlink record 5") && err.contains("again"),
+        "{err}"
+    );
+    assert_eq!(device.kept(), 4);
+    let (out, err) = device.run(&node);
+    assert_eq!(out, "five\nsix\n", "{err}");
+    assert!(err.contains("printed 2 downlink records"), "{err}");
+
+    // Two runs on one heard file: the second is refused while the first holds it, and works once it ended.
+    push(&state, "kitchen-1", b"seven\n");
+    let (mut first, lines) = device.spawn(&node, &["--stay", "forever"]);
+    // Printed: the first run holds the file.
+    assert_eq!(lines.recv_timeout(DEADLINE).unwrap(), "seven");
+    let lock = format!("{}.lock", device.heard.display());
+    let out = output_within(&mut device.command(&node, &[]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("in use by another") && err.contains(&lock),
+        "{err}"
+    );
+    first.kill().unwrap();
+    first.wait().unwrap();
+    device.run(&node);
+}
+
+/// A heard file that cannot be made stops the run before it asks, naming the file (not "kept in" a path that does
+/// not exist).
+#[test]
+fn a_heard_file_that_cannot_be_made_stops_the_run_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut device, senders) = setup(dir.path());
+    device.heard = dir.path().join("no-such-dir").join("main.heard");
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let out = output_within(&mut device.command(&node, &[]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no-such-dir/main.heard"), "{err}");
+    assert!(!err.contains("kept in"), "{err}");
+}

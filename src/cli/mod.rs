@@ -80,16 +80,18 @@ pub enum Command {
         seq 1 1000 | pure-serve send --key device.key --node NODE_PUBLIC_KEY --to 192.0.2.1:7380\n  \
         tail -f readings.log | pure-serve send --key device.key --node NODE_PUBLIC_KEY --to node.lan:7380 --timeout 0\n  \
         pure-serve send --key device.key --node NODE_PUBLIC_KEY --to node.lan:7380 --listen main \\\n      \
-        --heard-file main.heard --stay forever < /dev/null | while read -r cmd; do handle \"$cmd\"; done\n\n\
+        --heard-file main.heard --stay forever --exec 'apply-setting' < /dev/null\n\n\
         The first packet asks the node where this sender's records of the app stand, so records continue after\n\
-        what an earlier run stored. Up to 65,536 records are in flight at once (four of a node's turns, so the\n\
-        link goes on while the node syncs a turn). Exit status: 0 when every record is stored, 1 otherwise (the\n\
-        message says how many were not acknowledged and why).\n\n\
+        what an earlier run stored. Up to 262,144 records (and 8 MiB of them) are in flight at once (sixteen of a\n\
+        node's turns, so the link goes on while the node syncs the turns before). Exit status: 0 when every record\n\
+        is stored, 1 otherwise (the message says how many were not acknowledged and why).\n\n\
         Downlink (docs/downlink.md): --listen APP also prints the app's records queued for this device (pure-serve\n\
-        push on the node), each once and in order, on standard output; the rest goes to standard error.\n\
-        --heard-file keeps what was printed, so the next run goes on after it. Without --stay the command exits\n\
-        once nothing more waits (a device that wakes on a schedule); with --stay it prints pushed records as they\n\
-        come.")]
+        push on the node), each once and in order, on standard output; the rest goes to standard error. A record\n\
+        is handed over once written there (a pipe's reader that dies loses what it had not handled); --exec CMD\n\
+        runs CMD per record instead and hands the record over only when CMD exits 0. --heard-file keeps what was\n\
+        handed over, so the next run goes on after it; one run at a time uses it. Without --stay the command\n\
+        exits once nothing more waits (a device that wakes on a schedule); with --stay it takes pushed records as\n\
+        they come.")]
     Send(send::SendArgs),
     /// Queue downlink records for one sender through the running node (one line of standard input each).
     #[command(after_help = "Examples:\n  \

@@ -59,11 +59,20 @@ pub struct SendArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
     pub timeout: f64,
     /// Also receive this app's downlink records (docs/downlink.md) and print each on standard output, its bytes
-    /// and a newline, once and in order. Everything else this command says then goes to standard error.
+    /// and a newline, once and in order. Everything else this command says then goes to standard error. A record
+    /// counts as handed over once it is written to standard output: a reader on a pipe that dies loses what it had
+    /// not handled yet (--exec hands each record over only when its handler succeeds).
     #[arg(long, value_name = "APP")]
     pub listen: Option<String>,
-    /// Keep the sequence of the last downlink record printed in FILE (one number; created if missing), so the next
-    /// run prints nothing twice. It is written after the records are printed: a kill in between prints them again.
+    /// Instead of printing the records, run CMD (with `sh -c`) once per record, the record's bytes on its standard
+    /// input (no newline added), PURE_APP and PURE_SEQ in its environment. A record counts as handed over (and is
+    /// kept in --heard-file) only once CMD exits 0; if it fails the run stops (exit 1) and the record is given
+    /// again to the next run.
+    #[arg(long, value_name = "CMD", requires = "listen")]
+    pub exec: Option<String>,
+    /// Keep the sequence of the last downlink record printed in FILE (one number; made at the start if missing), so
+    /// the next run prints nothing twice. It is written after the records are printed: a kill in between prints them
+    /// again. One run at a time: a run holds FILE.lock, and a second run on the same file is refused.
     /// Without it every run starts from 0 and is given whatever still waits (what earlier runs acknowledged was
     /// deleted by the node).
     #[arg(long, value_name = "FILE", requires = "listen")]
@@ -357,6 +366,8 @@ struct Downlink {
     app: String,
     out: std::io::BufWriter<std::io::Stdout>,
     heard_file: Option<HeardFile>,
+    /// `--exec`: the handler run per record instead of printing it.
+    exec: Option<String>,
     /// The sequence of the last record printed.
     heard: u64,
     printed: u64,
@@ -378,6 +389,13 @@ impl Downlink {
                 args.ask_every
             );
         }
+        if args.exec.is_none() && stdout_is_null() {
+            bail!(
+                "--listen prints the downlink records on standard output, which is /dev/null (or was closed): \
+                 they would be lost once printed, since the node deletes what the device has; give standard \
+                 output a file or a pipe, or hand each record to a program with --exec"
+            );
+        }
         let heard_file = args
             .heard_file
             .as_deref()
@@ -389,6 +407,7 @@ impl Downlink {
             app: app.to_string(),
             out: std::io::BufWriter::new(std::io::stdout()),
             heard_file,
+            exec: args.exec.clone(),
             heard,
             printed: 0,
             stay: args.stay,
@@ -399,6 +418,16 @@ impl Downlink {
     }
 
     fn print(&mut self, seq: u64, payload: &[u8]) -> anyhow::Result<()> {
+        if let Some(cmd) = &self.exec {
+            run_handler(cmd, &self.app, seq, payload)?;
+            self.heard = seq;
+            self.printed += 1;
+            // Kept at once: a later record's failure must not give this one again.
+            if let Some(f) = &mut self.heard_file {
+                f.keep(seq)?;
+            }
+            return Ok(());
+        }
         self.out
             .write_all(payload)
             .and_then(|()| self.out.write_all(b"\n"))
@@ -438,10 +467,23 @@ impl Downlink {
     }
 
     fn summary(&self) -> String {
+        let records = if self.printed == 1 {
+            "record"
+        } else {
+            "records"
+        };
+        let verb = match &self.exec {
+            Some(cmd) => format!(
+                "handed {} downlink {records} of app {} to `{cmd}`",
+                self.printed, self.app
+            ),
+            None => format!(
+                "printed {} downlink {records} of app {}",
+                self.printed, self.app
+            ),
+        };
         format!(
-            "printed {} downlink records of app {}; heard {}{}",
-            self.printed,
-            self.app,
+            "{verb}; heard {}{}",
             self.heard,
             self.heard_file.as_ref().map_or(String::new(), |_| format!(
                 ", kept in {}",
@@ -455,6 +497,47 @@ impl Downlink {
             .as_ref()
             .map_or(String::new(), |f| f.path().display().to_string())
     }
+}
+
+/// Runs `--exec`'s handler for one record and waits for it; an error unless it exits 0.
+fn run_handler(cmd: &str, app: &str, seq: u64, payload: &[u8]) -> anyhow::Result<()> {
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .env("PURE_APP", app)
+        .env("PURE_SEQ", seq.to_string())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start --exec {cmd:?} with sh -c"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A handler that does not read its record is its own business: only its exit status counts.
+        let _ = stdin.write_all(payload);
+    }
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for --exec {cmd:?}"))?;
+    if !status.success() {
+        bail!(
+            "--exec {cmd:?} failed ({status}) for downlink record {seq} of app {app}: it was not kept as heard, \
+             so the node gives it again to the next run; fix the handler and run again"
+        );
+    }
+    Ok(())
+}
+
+/// Whether standard output is /dev/null: where the program's standard library put it if it was closed at start,
+/// or where the user sent it.
+fn stdout_is_null() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(null) = std::fs::metadata("/dev/null") else {
+        return false;
+    };
+    // SAFETY: fstat of descriptor 1 into a zeroed stat this function owns.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(1, &mut st) } != 0 {
+        return false;
+    }
+    st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == null.rdev()
 }
 
 const STDOUT_GONE: &str = "writing a downlink record to standard output (its reader is gone?); it was not kept as \
