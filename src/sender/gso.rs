@@ -6,8 +6,9 @@
 //! Written here rather than taken from quinn-udp, which does the same for quinn: its socket state makes the socket
 //! non-blocking and turns on GRO and packet-info control messages for its own receive path, where [`UdpLink`] is a
 //! blocking driver that reads plain datagrams. What it needs is one `sendmsg` with one control message, and to stop
-//! using GSO where the kernel or the device refuses it (`EIO` where the device cannot checksum a GSO buffer,
-//! `EINVAL` or `ENOPROTOOPT` on older kernels), sending the same datagrams one by one instead.
+//! using GSO where the kernel, the route or the device refuses it (`EIO` where the device cannot checksum a GSO
+//! buffer, `EINVAL` or `ENOPROTOOPT` on older kernels, `EMSGSIZE` on a route whose MTU is below the datagram size,
+//! where a lone datagram would be fragmented), sending the same datagrams one by one instead.
 //!
 //! [`UdpLink`]: super::UdpLink
 
@@ -127,11 +128,12 @@ fn stop_or_fail(e: io::Error) -> io::Result<Sent> {
     }
 }
 
-/// Errors that say this kernel, route or device does not do GSO (the datagrams themselves are fine).
+/// Errors that say this kernel, route or device does not do GSO (the datagrams themselves are fine): `EMSGSIZE`
+/// where a segment is larger than the route's MTU (a GSO segment is never fragmented, where a lone datagram is).
 fn gso_refused(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP | libc::EMSGSIZE)
     )
 }
 
