@@ -364,7 +364,7 @@ fn render_apps(out: &mut String, s: &Snapshot) {
         (
             "pure_downlink_waiting",
             "gauge",
-            "Downlink records queued in the app's store for its senders and not yet delivered or expired.",
+            "Downlink records queued in the app's store for its senders and not yet deleted (delivered, or expired: an expired record counts until its sender next asks or is pushed to).",
             |a| a.down_waiting,
         ),
         (
