@@ -328,6 +328,20 @@ fn the_status_page_in_a_real_browser() {
                 .as_str()
                 .is_some_and(|l| l.starts_with("0 records"))
     });
+    // Downlink: two records pushed for `dev` wait for it, on the page as in /metrics.
+    let (code, said) = ops_util::push(&node.state, "sensors", "dev", b"rate=10\nreboot\n");
+    assert_eq!(code, 0, "{said}");
+    wait_for("the page to show the downlink records waiting", || {
+        read()["cards"]["sensors"]["downlink"]
+            .as_str()
+            .is_some_and(|d| {
+                d.starts_with("2 waiting · 2 queued, 0 delivered, 0 expired, 0 refused")
+            })
+    });
+    assert_eq!(
+        node.metric("pure_downlink_waiting{app=\"sensors\"}"),
+        Some(2.0)
+    );
     let v = read();
     let metrics = node.http_get("/metrics").1;
     let metric = |series: &str| -> f64 {

@@ -328,6 +328,17 @@ pub struct AppStatus {
     /// ok, paused (warn) or cannot_store (fail).
     pub severity: &'static str,
     pub history: Option<Vec<Option<f64>>>,
+    pub downlink: DownlinkStatus,
+}
+
+/// An app's downlink (docs/downlink.md), the figures of its `pure_downlink_*` series.
+#[derive(Debug, Serialize)]
+pub struct DownlinkStatus {
+    pub waiting: u64,
+    pub queued_total: u64,
+    pub delivered_total: u64,
+    pub expired_total: u64,
+    pub refused_total: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -535,6 +546,13 @@ pub fn report(
             turns_failed_total: a.turns_failed,
             severity,
             history: chart(&a.name, "", a.head),
+            downlink: DownlinkStatus {
+                waiting: a.down_waiting,
+                queued_total: a.down_queued,
+                delivered_total: a.down_delivered,
+                expired_total: a.down_expired,
+                refused_total: a.down_refused,
+            },
         });
         for o in &a.outlets {
             let failing = o.status == "failing";
