@@ -325,3 +325,46 @@ fn a_heard_file_that_cannot_be_made_stops_the_run_at_once() {
     assert!(err.contains("no-such-dir/main.heard"), "{err}");
     assert!(!err.contains("kept in"), "{err}");
 }
+
+/// A turn that only reads downlink for a device's LISTENs is answered once committed, without a sync of its own
+/// (docs/store.md, "Downlink"): a device draining records one per answer costs the node no sync per record; a
+/// LISTEN that raises the flow's next number (the device has more than the node knows of) is synced before its
+/// answer, so a push after a power cut cannot be numbered below what the device has.
+#[test]
+fn draining_records_costs_no_sync_per_answer_and_a_raised_number_is_synced_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (device, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let syncs = || {
+        node.metric("pure_store_syncs_total")
+            .expect("pure_store_syncs_total")
+    };
+    // 40 records of 1000 bytes: one per answer of a 1200-byte room.
+    let records: Vec<String> = (0..40)
+        .map(|i| format!("{i:04}{}", "x".repeat(996)))
+        .collect();
+    push(&state, "kitchen-1", (records.join("\n") + "\n").as_bytes());
+    let before = syncs();
+    let (out, err) = device.run(&node);
+    assert_eq!(out, records.join("\n") + "\n", "{err}");
+    assert_eq!(device.kept(), 40);
+    let drained = syncs() - before;
+    assert!(
+        drained <= 2.0,
+        "40 answers of LISTENs alone took {drained} syncs"
+    );
+
+    // A device whose heard file says 100 (the node lost its queue): its LISTEN raises the flow's next number,
+    // synced before the answer, and the next push is numbered above what the device has.
+    std::fs::write(&device.heard, "100\n").unwrap();
+    let before = syncs();
+    let (out, err) = device.run(&node);
+    assert_eq!(out, "", "{err}");
+    assert!(syncs() > before, "the raise was not synced");
+    let (code, said) = ops_util::push(&state, "main", "kitchen-1", b"after\n");
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("sequence 101"), "{said}");
+    let (out, err) = device.run(&node);
+    assert_eq!(out, "after\n", "{err}");
+}

@@ -788,6 +788,11 @@ impl Host {
         self.feed_mode = mode;
     }
 
+    /// Syncs of the node's own stores so far (`None` on a fleet's store, whose commits are the database's).
+    pub fn store_syncs(&self) -> Option<u64> {
+        self.syncer.as_ref().map(Syncer::syncs)
+    }
+
     /// Runs one turn (module docs): applies and commits, and hands the commits to the sync thread. `node` gets the
     /// outcome of its turn when the turn is finished: here if nothing waits for a sync, else in
     /// [`Host::poll_synced`]. Waits for the oldest turn's sync only when [`MAX_UNSYNCED`] turns wait.
@@ -833,6 +838,11 @@ impl Host {
         let mut taken_pushes = Vec::new();
         let mut pushed: Vec<(AppIndex, Vec<PushOutcome>)> = Vec::new();
         let mut waiting_pushes = std::mem::take(&mut self.turn_pushes);
+        // Whether the turn's answers must wait for its sync: it stored records, queued pushes or raised a downlink
+        // flow's next number. A turn that only read downlink for LISTENs (deleting what devices have, reading
+        // what waits, all of it synced by earlier turns) is answered once committed, when no earlier turn waits
+        // for its sync (docs/store.md, "Downlink").
+        let mut answer_after_sync = false;
         for (i, pieces) in per_app.iter_mut().enumerate() {
             let app = &mut self.apps[i];
             let app_pushes = pushes::extract(&mut waiting_pushes, &mut [], i as AppIndex);
@@ -879,6 +889,7 @@ impl Host {
             };
             let to_queue: Vec<&DownPush> =
                 app_pushes.iter().filter_map(TurnPush::records).collect();
+            answer_after_sync |= !pieces.is_empty() || !app_pushes.is_empty();
             let commits = store.commits();
             let result = store
                 .apply_with_down(pieces, &progress_refs, keep_new, &fetches[i], &to_queue)
@@ -892,6 +903,7 @@ impl Host {
             }
             match result {
                 Ok(applied) => {
+                    answer_after_sync |= applied.down.raised;
                     if write_progress {
                         app.last_progress_write = now;
                         for o in &mut app.outlets {
@@ -959,8 +971,11 @@ impl Host {
             shared: None,
         };
         match &self.syncer {
-            // In order: a turn with nothing to sync is finished here only when no earlier one waits.
-            Some(syncer) if !files.is_empty() || !self.unsynced.is_empty() => {
+            // In order: a turn with nothing to sync, or nothing that must be synced before its answers, is finished
+            // here only when no earlier one waits. What it wrote is synced with the next turn that syncs its store.
+            Some(syncer)
+                if (!files.is_empty() && answer_after_sync) || !self.unsynced.is_empty() =>
+            {
                 syncer.submit(seq, files);
                 self.unsynced.push_back(unsynced);
             }
@@ -1176,7 +1191,7 @@ impl Host {
                 c.stored_records += part.outcome.stored_records;
                 c.duplicate_records += part.outcome.duplicate_records;
                 c.gap_records += part.outcome.gap_records;
-                // The downlink read goes out only once its deletions are on disk, like an ACK.
+                // Reads for LISTENs go out with the turn's answers: after its sync if it needed one.
                 c.down.extend(part.outcome.down);
             }
             new_chunks[i] = part.new_chunks;

@@ -53,6 +53,8 @@ pub struct Snapshot {
     pub last_reload: Option<LastReload>,
     /// Connections made to the fleet's database so far (`None`: the apps are stored in SQLite files).
     pub store_connections: Option<u64>,
+    /// Syncs of the stores' `-wal` files by `pure-sync` so far (`None`: on a fleet's database).
+    pub store_syncs: Option<u64>,
 }
 
 /// What the last reload did, for the status page.

@@ -227,6 +227,16 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
         family(&mut out, name, kind, help);
         let _ = writeln!(out, "{name} {value}");
     }
+    if let Some(n) = s.store_syncs {
+        family(
+            &mut out,
+            "pure_store_syncs_total",
+            "counter",
+            "Syncs (fdatasync) of the apps' stores' -wal files: one per store per group of turns. A turn that only \
+             read downlink for devices needs none (on an SD card, each is a write the card wears by).",
+        );
+        let _ = writeln!(out, "pure_store_syncs_total {n}");
+    }
     if let Some(n) = s.store_connections {
         family(
             &mut out,

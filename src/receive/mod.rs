@@ -1125,6 +1125,7 @@ impl ReadyNode {
             s.commit_seconds = self.commit_time.as_secs_f64();
             s.x25519_budget = self.node.x25519_budget();
             s.store_connections = self.host.store_connections();
+            s.store_syncs = self.host.store_syncs();
             if s.node_key.is_empty() {
                 s.node_key = self.public_key();
                 s.link_addr = Some(self.local_addr());

@@ -283,6 +283,10 @@ pub struct DownApplied {
     /// The outcome of each push the transaction carried, in order: what it did, and how many of its sender's
     /// records expired and were deleted by it (on SQLite only: a fleet's pushes are transactions of their own).
     pub pushes: Vec<(Pushed, u64)>,
+    /// A LISTEN said its device has more than this store numbered, so the flow's next number was raised
+    /// (docs/protocol.md 12.5). The raise must be on disk before the answer goes out: a push numbered below it
+    /// after a power cut would be taken by the device as a record it has.
+    pub raised: bool,
 }
 
 /// Runs the fetches in the app's open transaction. `swept`: senders whose expired records this transaction deleted
@@ -302,13 +306,18 @@ pub(super) fn apply_fetches(
     let mut expired = tx.prepare_cached(
         "DELETE FROM downlink WHERE sender = ?1 AND expires_at IS NOT NULL AND expires_at <= ?2",
     )?;
+    // The device's heard, where the flow's next number is above it already (the usual case: one statement).
+    let mut ack = tx.prepare_cached(
+        "UPDATE down_flows SET acked = ?2 WHERE sender = ?1 AND acked < ?2 AND next_seq > ?2",
+    )?;
+    // Else: is there a flow that has it already, or must its next number be raised?
+    let mut flow = tx.prepare_cached("SELECT next_seq FROM down_flows WHERE sender = ?1")?;
     // A device that has more than this node knows of (the node lost its queue): later records are numbered
     // above what it has, so they are not taken as duplicates (docs/protocol.md 12.5).
-    let mut ack = tx.prepare_cached(
+    let mut raise = tx.prepare_cached(
         "INSERT INTO down_flows (sender, next_seq, acked) VALUES (?1, ?2 + 1, ?2)
-         ON CONFLICT (sender) DO UPDATE SET acked = excluded.acked,
-             next_seq = MAX(next_seq, excluded.next_seq)
-         WHERE excluded.acked > acked",
+         ON CONFLICT (sender) DO UPDATE SET acked = MAX(acked, excluded.acked),
+             next_seq = MAX(next_seq, excluded.next_seq)",
     )?;
     let mut read = tx.prepare_cached(
         "SELECT seq, payload FROM downlink WHERE sender = ?1 AND seq > ?2 ORDER BY seq",
@@ -318,7 +327,13 @@ pub(super) fn apply_fetches(
         let heard = f.heard.min(super::MAX_SEQ) as i64;
         if heard > 0 {
             out.delivered += delivered.execute(params![f.source, heard])? as u64;
-            ack.execute(params![f.source, heard])?;
+            if ack.execute(params![f.source, heard])? == 0 {
+                let next: Option<i64> = flow.query_row([f.source], |r| r.get(0)).optional()?;
+                if next.is_none_or(|n| n <= heard) {
+                    raise.execute(params![f.source, heard])?;
+                    out.raised = true;
+                }
+            }
         }
         if !swept.contains(&f.source) {
             out.expired += expired.execute(params![f.source, now])? as u64;

@@ -204,6 +204,8 @@ struct Shared {
 
 struct Inner {
     state: Mutex<Shared>,
+    /// Syncs of a store's `-wal` made so far (one per store per group of jobs), for `pure_store_syncs_total`.
+    syncs: std::sync::atomic::AtomicU64,
     /// Signals the thread that a job was queued (or to stop), and a waiter that a job finished.
     changed: Condvar,
     wake: Wake,
@@ -219,6 +221,7 @@ impl Syncer {
     pub fn start() -> io::Result<Self> {
         let inner = Arc::new(Inner {
             state: Mutex::new(Shared::default()),
+            syncs: std::sync::atomic::AtomicU64::new(0),
             changed: Condvar::new(),
             wake: Wake::new()?,
         });
@@ -259,6 +262,11 @@ impl Syncer {
         }
         drop(s);
         self.done()
+    }
+
+    /// Syncs of a store's `-wal` made so far.
+    pub fn syncs(&self) -> u64 {
+        self.inner.syncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Readable when a job finished: the receive loop polls it beside its socket.
@@ -304,6 +312,9 @@ fn run(inner: &Inner) {
                     continue;
                 }
                 synced.push(key);
+                inner
+                    .syncs
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Err(e) = files.sync_wal() {
                     failed.push((key, Arc::new(e)));
                 }
