@@ -355,3 +355,59 @@ fn a_reload_of_the_apps_file_applies_and_says_new_downlink_bounds() {
     let (code, out) = push(&state, "main", "kitchen-1", b"a\nb\nc\n");
     assert_eq!(code, 0, "{out}");
 }
+
+/// Black-box findings, item 9: a refusal by a per-sender bound says the push's own size beside what waits, names
+/// the app's own table, gives the fix, and says (and answers, `expired`) what expired records the refused push
+/// deleted.
+#[test]
+fn a_refusal_says_the_push_the_table_the_fix_and_what_it_deleted_as_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = setup(dir.path());
+    let apps = dir.path().join("apps.toml");
+    std::fs::write(
+        &apps,
+        "[apps.sensors]\n[apps.sensors.downlink]\nmax_records = 3\nmax_bytes = 100\nexpiry_seconds = 1\n",
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    let _node = NodeProcess::start(
+        &state,
+        &[
+            "--senders",
+            senders.to_str().unwrap(),
+            "--apps",
+            apps.to_str().unwrap(),
+        ],
+        None,
+    );
+    let (code, out) = push(&state, "sensors", "kitchen-1", b"a\nb\n");
+    assert_eq!(code, 0, "{out}");
+    std::thread::sleep(Duration::from_millis(1100));
+    // The two expired; the push of 4 is refused all the same, and deleted them.
+    let (code, out) = push(&state, "sensors", "kitchen-1", b"1\n2\n3\n4\n");
+    assert_eq!(code, 65, "{out}");
+    for words in [
+        "this push has 4 records; 0 already wait for kitchen-1; at most 3 may wait",
+        "max_records in [apps.sensors.downlink] of the apps file",
+        "push fewer at once, wait until the device takes what waits, or raise max_records and reload",
+        "this push deleted 2 of kitchen-1's records that had expired unsent",
+    ] {
+        assert!(out.contains(words), "{words:?} not in {out}");
+    }
+    let socket = state.join("push.sock");
+    let (status, body) = post_raw(&socket, "/push?app=sensors&to=kitchen-1", &[b'b'; 101]);
+    assert_eq!(status, 409, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (v["refused"].as_str(), v["expired"].as_u64()),
+        (Some("max_bytes"), Some(0)),
+        "{body}"
+    );
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("this push has 101 bytes of records; 0 bytes already wait"),
+        "{body}"
+    );
+}

@@ -86,8 +86,13 @@ pub enum PushAnswer {
         count: u64,
         expired: u64,
     },
-    /// Nothing queued: a bound would be passed.
-    Refused { bound: PushBound, why: String },
+    /// Nothing queued: a bound would be passed. `expired`: the sender's records that expired and were deleted by
+    /// this push all the same (its transaction committed them).
+    Refused {
+        bound: PushBound,
+        why: String,
+        expired: u64,
+    },
     /// No such app, or no such sender for it.
     NotFound(String),
     /// Nothing queued: the app's store failed, or the node is stopping. The same push later may succeed.

@@ -280,14 +280,18 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
                 "expired": expired,
             }),
         ),
-        Ok(Ok(PushAnswer::Refused { bound, why })) => {
+        Ok(Ok(PushAnswer::Refused {
+            bound,
+            why,
+            expired,
+        })) => {
             let status = match bound {
                 crate::common::push::PushBound::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
                 _ => StatusCode::CONFLICT,
             };
             json(
                 status,
-                serde_json::json!({ "error": why, "refused": bound.word() }),
+                serde_json::json!({ "error": why, "refused": bound.word(), "expired": expired }),
             )
         }
         Ok(Ok(PushAnswer::NotFound(why))) => error(StatusCode::NOT_FOUND, why),

@@ -13,7 +13,7 @@ use crate::common::push::{PushAnswer, PushBound};
 use crate::proto::allow_list::SenderIndex;
 use crate::proto::node::Node;
 use crate::proto::turn::AppIndex;
-use crate::store::downlink::{DownPush, DownRefusal, PushOutcome, Pushed};
+use crate::store::downlink::{DownPush, DownRefusal, MAX_DOWN_PAYLOAD, PushOutcome, Pushed};
 use tokio::sync::oneshot;
 
 /// A push taken by the loop: its records ride with the next turn, and its answer waits for that turn's outcome.
@@ -65,6 +65,55 @@ impl TurnPush {
     pub(super) fn unavailable(self, words: String) {
         let _ = self.answer.send(PushAnswer::Unavailable(words));
     }
+}
+
+/// Why a push was refused, said to its pusher: what it would have made wait against the bound, where the bound is
+/// set, and what to do; and the expired records the refused push deleted, if it did.
+pub(super) fn refusal_words(app: &str, to: &str, refusal: &DownRefusal, expired: u64) -> String {
+    let why = match refusal {
+        DownRefusal::TooLarge { index, len } => format!(
+            "record {} of this push is {len} bytes, above the downlink limit of {MAX_DOWN_PAYLOAD} bytes per record \
+             (fixed: a record must fit one datagram to the device): split it into records of at most \
+             {MAX_DOWN_PAYLOAD} bytes, or send the device a reference to fetch it by",
+            index + 1
+        ),
+        DownRefusal::Records {
+            pushing,
+            waiting,
+            max,
+        } => format!(
+            "this push has {pushing} {}; {waiting} already wait{} for {to}; at most {max} may wait (max_records \
+             in [apps.{app}.downlink] of the apps file): push fewer at once, wait until the device takes what \
+             waits, or raise max_records and reload the node (SIGHUP)",
+            plural(*pushing, "record", "records"),
+            if *waiting == 1 { "s" } else { "" },
+        ),
+        DownRefusal::Bytes {
+            pushing,
+            waiting,
+            max,
+        } => format!(
+            "this push has {pushing} {} of records; {waiting} {} already wait{} for {to}; at most {max} may wait \
+             (max_bytes in [apps.{app}.downlink] of the apps file): push fewer or smaller records, wait until the \
+             device takes what waits, or raise max_bytes and reload the node (SIGHUP)",
+            plural(*pushing, "byte", "bytes"),
+            plural(*waiting, "byte", "bytes"),
+            if *waiting == 1 { "s" } else { "" },
+        ),
+    };
+    let swept = if expired > 0 {
+        format!(
+            " (this push deleted {expired} of {to}'s {} that had expired unsent)",
+            plural(expired, "record", "records")
+        )
+    } else {
+        String::new()
+    };
+    format!("nothing was queued for {to} in app {app}: {why}{swept}")
+}
+
+fn plural(n: u64, one: &'static str, many: &'static str) -> &'static str {
+    if n == 1 { one } else { many }
 }
 
 /// Takes the pushes of `app` out of `pushes` and the outcomes beside them out of `pushed` (each app's in the order
@@ -154,10 +203,72 @@ impl Host {
                     };
                     let _ = p.answer.send(PushAnswer::Refused {
                         bound,
-                        why: format!("nothing was queued for {} in app {name}: {r}", p.to),
+                        why: refusal_words(&name, &p.to, &r, expired),
+                        expired,
                     });
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refusal says the push's own size beside what waits, names the app's own table, gives the fix, and says
+    /// what expired records the refused push deleted.
+    #[test]
+    fn a_refusal_says_the_push_the_table_the_fix_and_what_expired() {
+        let why = refusal_words(
+            "sensors",
+            "hall",
+            &DownRefusal::Records {
+                pushing: 6,
+                waiting: 0,
+                max: 5,
+            },
+            5,
+        );
+        for words in [
+            "nothing was queued for hall in app sensors",
+            "this push has 6 records; 0 already wait for hall; at most 5 may wait",
+            "max_records in [apps.sensors.downlink] of the apps file",
+            "push fewer at once, wait until the device takes what waits, or raise max_records and reload",
+            "this push deleted 5 of hall's records that had expired unsent",
+        ] {
+            assert!(why.contains(words), "{words:?} not in {why:?}");
+        }
+        let why = refusal_words(
+            "sensors",
+            "hall",
+            &DownRefusal::Bytes {
+                pushing: 120,
+                waiting: 1,
+                max: 100,
+            },
+            0,
+        );
+        for words in [
+            "this push has 120 bytes of records; 1 byte already waits for hall; at most 100 may wait",
+            "max_bytes in [apps.sensors.downlink]",
+            "raise max_bytes and reload",
+        ] {
+            assert!(why.contains(words), "{words:?} not in {why:?}");
+        }
+        assert!(!why.contains("expired"), "{why}");
+        let why = refusal_words(
+            "sensors",
+            "hall",
+            &DownRefusal::TooLarge {
+                index: 1,
+                len: 1025,
+            },
+            0,
+        );
+        assert!(
+            why.contains("record 2 of this push is 1025 bytes") && why.contains("split it"),
+            "{why}"
+        );
     }
 }
