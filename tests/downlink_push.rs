@@ -356,6 +356,82 @@ fn a_reload_of_the_apps_file_applies_and_says_new_downlink_bounds() {
     assert_eq!(code, 0, "{out}");
 }
 
+/// What the push socket answers requests it does not take (black-box findings, items 5, 7 and 8): another path or
+/// method is 400 with a JSON error (404 means only "no such app or sender"), a repeated `app` or `to` is refused
+/// rather than the last one taken, and a body past 4 MiB is 413 with `"refused":"too_large"`; `push` refuses more
+/// than 4 MiB itself (65).
+#[test]
+fn the_push_socket_answers_400_for_another_path_method_or_a_repeated_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let _node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let socket = state.join("push.sock");
+    let raw = |request: &[u8]| {
+        let mut s = UnixStream::connect(&socket).unwrap();
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        s.write_all(request).unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        let status: u16 = answer[9..12].parse().unwrap();
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (status, body)
+    };
+    let json_error = |body: &str| {
+        serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+    };
+    for request in [
+        "GET /push?app=main&to=kitchen-1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "PUT /push?app=main&to=kitchen-1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx",
+        "POST /other?app=main&to=kitchen-1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx",
+        "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    ] {
+        let (status, body) = raw(request.as_bytes());
+        assert_eq!(status, 400, "{request}: {body}");
+        let why = json_error(&body).unwrap_or_else(|| panic!("{request}: not JSON: {body}"));
+        assert!(
+            why.contains("serves POST /push?app=APP&to=SENDER only"),
+            "{why}"
+        );
+    }
+    // Not HTTP at all: the HTTP library's 400, with no body (as documented).
+    let (status, _) = raw(b"GARBAGE\r\n\r\n");
+    assert_eq!(status, 400);
+    // A name given twice: refused whole, nothing queued for either.
+    for target in [
+        "/push?app=main&to=kitchen-1&to=other",
+        "/push?app=main&app=main&to=kitchen-1",
+    ] {
+        let (status, body) = post_raw(&socket, target, b"plus\n");
+        assert_eq!(status, 400, "{target}: {body}");
+        assert!(
+            json_error(&body).is_some_and(|w| w.contains("is given twice")),
+            "{body}"
+        );
+    }
+    // A body past 4 MiB, said by its Content-Length before it is read: 413 refused too_large.
+    let (status, body) = raw(
+        b"POST /push?app=main&to=kitchen-1 HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\
+          Connection: close\r\n\r\n",
+    );
+    assert_eq!(status, 413, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["refused"].as_str(), Some("too_large"), "{body}");
+    // Nothing of those was queued: the next push is sequence 1.
+    let (code, out) = push(&state, "main", "kitchen-1", b"first\n");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(": sequence 1\n"), "{out}");
+    // Standard input past 4 MiB: refused by the command itself, 65, saying the limit.
+    let (code, out) = push(&state, "main", "kitchen-1", &vec![b'x'; (4 << 20) + 1]);
+    assert_eq!(code, 65, "{out}");
+    assert!(
+        out.contains("4 MiB") && out.contains("push the records in parts"),
+        "{out}"
+    );
+}
+
 /// Black-box findings, item 9: a refusal by a per-sender bound says the push's own size beside what waits, names
 /// the app's own table, gives the fix, and says (and answers, `expired`) what expired records the refused push
 /// deleted.

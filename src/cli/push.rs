@@ -103,7 +103,8 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
         .context("cannot read standard input")?;
     if body.len() > MAX_PUSH_BODY {
         return Err(PushError::Refused(format!(
-            "standard input is more than {MAX_PUSH_BODY} bytes, the most one push takes: push it in parts"
+            "standard input is more than {MAX_PUSH_BODY} bytes (4 MiB), the most one push takes: nothing was \
+             queued; push the records in parts"
         ))
         .into());
     }

@@ -183,17 +183,34 @@ fn error(status: StatusCode, why: impl Into<String>) -> Answer {
     json(status, serde_json::json!({ "error": why.into() }))
 }
 
+/// The answer to a body past [`MAX_PUSH_BODY`]: refused `too_large` like a record too large, so a client that reads
+/// `refused` of a 413 finds it; not counted in the app's refused records (the body is not read, so neither are its
+/// records).
+fn push_too_large() -> Answer {
+    json(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        serde_json::json!({
+            "error": format!(
+                "this push is more than {MAX_PUSH_BODY} bytes (4 MiB), the most one push takes: nothing was \
+                 queued; push the records in parts"
+            ),
+            "refused": "too_large",
+            "expired": 0,
+        }),
+    )
+}
+
 async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
-    if req.uri().path() != "/push" {
+    // 400, not 404 or 405: a 404 of the push socket means no such app or sender (docs/downlink.md).
+    if req.uri().path() != "/push" || req.method() != Method::POST {
         return error(
-            StatusCode::NOT_FOUND,
-            "the push socket serves POST /push?app=APP&to=SENDER only (docs/downlink.md)",
-        );
-    }
-    if req.method() != Method::POST {
-        return error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "/push takes POST, with the records as the body, one per line",
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{} {}: the push socket serves POST /push?app=APP&to=SENDER only, with the records as the body, one \
+                 per line (docs/downlink.md)",
+                req.method(),
+                req.uri().path()
+            ),
         );
     }
     let (app, to) = match target(req.uri().query().unwrap_or("")) {
@@ -201,10 +218,7 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     if req.body().size_hint().lower() > MAX_PUSH_BODY as u64 {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("a push is at most {MAX_PUSH_BODY} bytes: push in parts"),
-        );
+        return push_too_large();
     }
     let body = match tokio::time::timeout(
         shared.limits.request_deadline,
@@ -214,10 +228,7 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
     {
         Ok(Ok(c)) => c.to_bytes(),
         Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("a push is at most {MAX_PUSH_BODY} bytes: push in parts"),
-            );
+            return push_too_large();
         }
         Ok(Err(e)) => {
             return error(
@@ -318,11 +329,19 @@ fn target(query: &str) -> Result<(String, String), String> {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let v =
             percent_decode(v).ok_or_else(|| format!("{k}: not a percent-encoded UTF-8 value"))?;
-        match k {
-            "app" => app = Some(v),
-            "to" => to = Some(v),
+        let slot = match k {
+            "app" => &mut app,
+            "to" => &mut to,
             _ => return Err(format!("unknown parameter {k:?}: a push takes app and to")),
+        };
+        // Refused, not "the last wins": a push goes to one sender of one app, and a guess could queue records for
+        // the wrong device.
+        if slot.is_some() {
+            return Err(format!(
+                "{k} is given twice: a push names one app and one sender (push to each in a request of its own)"
+            ));
         }
+        *slot = Some(v);
     }
     match (app, to) {
         (Some(a), Some(t)) if !a.is_empty() && !t.is_empty() => Ok((a, t)),
@@ -398,5 +417,16 @@ mod tests {
         assert!(target("app=main&to=x&from=y").unwrap_err().contains("from"));
         assert!(target("app=%zz&to=x").is_err());
         assert!(target("app=%ff&to=x").is_err());
+        // Named twice, even the same: refused, never the last one taken.
+        assert!(
+            target("app=main&to=a&to=b")
+                .unwrap_err()
+                .contains("to is given twice")
+        );
+        assert!(
+            target("app=main&app=main&to=a")
+                .unwrap_err()
+                .contains("app is given twice")
+        );
     }
 }
