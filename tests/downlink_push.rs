@@ -356,6 +356,122 @@ fn a_reload_of_the_apps_file_applies_and_says_new_downlink_bounds() {
     assert_eq!(code, 0, "{out}");
 }
 
+/// `pure-serve push` on `socket` with `stdin`: its exit status and everything it printed.
+fn push_on(socket: &Path, stdin: &[u8]) -> (i32, String) {
+    use std::process::Stdio;
+    let mut child = Command::new(bin())
+        .args(["push", "--to", "kitchen-1", "--socket"])
+        .arg(socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let stdin = stdin.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(&stdin);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// Reads one request (head and a Content-Length body) from `s`, as a node does before it queues anything.
+fn read_request(s: &mut UnixStream) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the request ended early");
+        got.extend_from_slice(&buf[..n]);
+        if let Some(k) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break k + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    while got.len() < head_end + len {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the body ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// A stand-in for a node on `socket` that serves one connection with `serve`.
+fn one_connection(
+    socket: &Path,
+    serve: impl FnOnce(UnixStream) + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    let _ = std::fs::remove_file(socket);
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        serve(s);
+    })
+}
+
+/// Black-box findings, item 1: a node killed after it took a push and before it answered made `push` exit 69 "no
+/// node answers … start the node", which the doc said meant nothing was queued, and a router pushed the record a
+/// second time. Now a connection cut after the push was sent (or a node that says it does not know) is 74, "may or
+/// may not be queued", apart from 69 (nothing was sent) and 75 (nothing was queued).
+#[test]
+fn a_push_cut_off_after_it_was_sent_may_be_queued_and_exits_74_apart_from_69_and_75() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("push.sock");
+    // The whole request read, then the connection closed without an answer: as a node killed after it queued.
+    let node = one_connection(&socket, |mut s| read_request(&mut s));
+    let (code, out) = push_on(&socket, b"reboot\n");
+    node.join().unwrap();
+    assert_eq!(code, 74, "{out}");
+    assert!(
+        out.contains("closed the connection after the push was sent")
+            && out.contains("may or may not be queued")
+            && out.contains("at least once"),
+        "{out}"
+    );
+    assert!(!out.contains("start the node"), "{out}");
+    // The node answers that its store may have kept them (500): 74 too, with its words.
+    let node = one_connection(&socket, |mut s| {
+        read_request(&mut s);
+        let body = "{\"error\":\"app main could not queue (a failed sync): the records may or may not be queued\",\
+                    \"maybe_queued\":true}\n";
+        let _ = write!(
+            s,
+            "HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+    });
+    let (code, out) = push_on(&socket, b"reboot\n");
+    node.join().unwrap();
+    assert_eq!(code, 74, "{out}");
+    assert!(out.contains("a failed sync"), "{out}");
+    // Closed before anything of the push was read, small or large: nothing queued, 75, maybe busy.
+    for body in [b"reboot\n".to_vec(), vec![b'x'; 3 << 20]] {
+        let node = one_connection(&socket, drop);
+        let (code, out) = push_on(&socket, &body);
+        node.join().unwrap();
+        assert_eq!(code, 75, "{} bytes: {out}", body.len());
+        assert!(
+            out.contains("nothing was queued") && out.contains("may be busy"),
+            "{out}"
+        );
+    }
+    // Nothing listens: nothing was sent, 69.
+    std::fs::remove_file(&socket).unwrap();
+    let (code, out) = push_on(&socket, b"reboot\n");
+    assert_eq!(code, 69, "{out}");
+    assert!(out.contains("nothing was sent"), "{out}");
+}
+
 /// What the push socket answers requests it does not take (black-box findings, items 5, 7 and 8): another path or
 /// method is 400 with a JSON error (404 means only "no such app or sender"), a repeated `app` or `to` is refused
 /// rather than the last one taken, and a body past 4 MiB is 413 with `"refused":"too_large"`; `push` refuses more

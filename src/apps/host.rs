@@ -1268,7 +1268,7 @@ impl Host {
         for later in &mut self.unsynced {
             later.parts.retain(|p| p.app != app);
             for p in pushes::extract(&mut later.pushes, &mut later.pushed, app) {
-                p.unavailable(format!(
+                p.maybe_queued(format!(
                     "app {name} cannot store ({why}): the records were committed but not yet on disk when it \
                      failed, so they may or may not be queued once its store is back; pushing them again may queue \
                      them twice"

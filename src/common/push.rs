@@ -97,6 +97,9 @@ pub enum PushAnswer {
     NotFound(String),
     /// Nothing queued: the app's store failed, or the node is stopping. The same push later may succeed.
     Unavailable(String),
+    /// The push may or may not be queued: its store failed after it may have committed it (a failed sync, a
+    /// checkpoint, a fleet's connection lost after its COMMIT was sent). Pushing it again may queue it twice.
+    MaybeQueued(String),
 }
 
 /// Why a push was not queued for the loop.

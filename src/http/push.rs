@@ -27,9 +27,9 @@ use super::serve::stopping;
 use super::{HttpError, Shared};
 use crate::common::push::{MAX_PUSH_BODY, PushAnswer, PushRefused, PushRequest};
 
-/// Push connections open at once; more are closed at once. Pushers are the node's own machine's programs, so a
+/// Push connections open at once; more are closed at once (`pure-serve push` says the node may be busy). Pushers are the node's own machine's programs, so a
 /// few suffice, and a runaway one cannot take the process's descriptors.
-const MAX_PUSH_CONNECTIONS: usize = 32;
+pub const MAX_PUSH_CONNECTIONS: usize = 32;
 
 /// How long a push waits for its answer: a commit and one sync, or the wait for a sync in flight before it.
 const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
@@ -280,22 +280,38 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
         }
     }
     match tokio::time::timeout(ANSWER_WITHIN, rx).await {
-        Ok(Ok(PushAnswer::Queued {
+        Ok(Ok(a)) => http_answer(&app, &to, a),
+        Ok(Err(_)) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the node stopped before the push was applied: nothing was queued",
+        ),
+        Err(_) => maybe_queued(format!(
+            "no answer within {} s (the store may be slow or its disk failing): the records may or may not be \
+             queued; pushing them again may queue them twice",
+            ANSWER_WITHIN.as_secs()
+        )),
+    }
+}
+
+/// The HTTP answer to what became of a push to `to` in `app` (docs/downlink.md, "The push socket's requests").
+fn http_answer(app: &str, to: &str, a: PushAnswer) -> Answer {
+    match a {
+        PushAnswer::Queued {
             first,
             count,
             expired,
-        })) => json(
+        } => json(
             StatusCode::OK,
             serde_json::json!({
                 "app": app, "to": to, "first": first, "last": first + count - 1, "count": count,
                 "expired": expired,
             }),
         ),
-        Ok(Ok(PushAnswer::Refused {
+        PushAnswer::Refused {
             bound,
             why,
             expired,
-        })) => {
+        } => {
             let status = match bound {
                 crate::common::push::PushBound::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
                 _ => StatusCode::CONFLICT,
@@ -305,21 +321,19 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
                 serde_json::json!({ "error": why, "refused": bound.word(), "expired": expired }),
             )
         }
-        Ok(Ok(PushAnswer::NotFound(why))) => error(StatusCode::NOT_FOUND, why),
-        Ok(Ok(PushAnswer::Unavailable(why))) => error(StatusCode::SERVICE_UNAVAILABLE, why),
-        Ok(Err(_)) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the node stopped before the push was applied: nothing was queued",
-        ),
-        Err(_) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "no answer within {} s (the store may be slow or its disk failing): the records may or may not be \
-                 queued",
-                ANSWER_WITHIN.as_secs()
-            ),
-        ),
+        PushAnswer::NotFound(why) => error(StatusCode::NOT_FOUND, why),
+        PushAnswer::Unavailable(why) => error(StatusCode::SERVICE_UNAVAILABLE, why),
+        PushAnswer::MaybeQueued(why) => maybe_queued(why),
     }
+}
+
+/// The answer to a push whose outcome the node does not know: 500, apart from 503's "nothing was queued", so that a
+/// client can tell "push again" from "pushing again may queue twice" by the status alone.
+fn maybe_queued(why: String) -> Answer {
+    json(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        serde_json::json!({ "error": why, "maybe_queued": true }),
+    )
 }
 
 /// `app` and `to` from a query string, percent-decoded.
@@ -428,5 +442,59 @@ mod tests {
                 .unwrap_err()
                 .contains("app is given twice")
         );
+    }
+
+    fn status_and_json(a: Answer) -> (u16, serde_json::Value) {
+        let status = a.status().as_u16();
+        let body = body_of(a);
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    fn body_of(a: Answer) -> Vec<u8> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(a.into_body().collect())
+            .unwrap()
+            .to_bytes()
+            .to_vec()
+    }
+
+    /// Each outcome has a status a client can act on alone: 500 only where the records may or may not be queued,
+    /// 503 only where nothing was; a refusal names its bound and what the push deleted as expired.
+    #[test]
+    fn each_outcome_has_its_own_status() {
+        let (status, v) = status_and_json(http_answer(
+            "main",
+            "dev",
+            PushAnswer::MaybeQueued("may or may not".into()),
+        ));
+        assert_eq!(
+            (status, v["maybe_queued"].as_bool()),
+            (500, Some(true)),
+            "{v}"
+        );
+        let (status, _) = status_and_json(http_answer(
+            "main",
+            "dev",
+            PushAnswer::Unavailable("nothing".into()),
+        ));
+        assert_eq!(status, 503);
+        let (status, v) = status_and_json(http_answer(
+            "main",
+            "dev",
+            PushAnswer::Refused {
+                bound: crate::common::push::PushBound::MaxRecords,
+                why: "w".into(),
+                expired: 5,
+            },
+        ));
+        assert_eq!(status, 409);
+        assert_eq!(
+            (v["refused"].as_str(), v["expired"].as_u64()),
+            (Some("max_records"), Some(5))
+        );
+        let (status, v) = status_and_json(push_too_large());
+        assert_eq!((status, v["refused"].as_str()), (413, Some("too_large")));
     }
 }

@@ -65,6 +65,11 @@ impl TurnPush {
     pub(super) fn unavailable(self, words: String) {
         let _ = self.answer.send(PushAnswer::Unavailable(words));
     }
+
+    /// Answers that the records may or may not be queued (the store may have kept them before it failed), and why.
+    pub(super) fn maybe_queued(self, words: String) {
+        let _ = self.answer.send(PushAnswer::MaybeQueued(words));
+    }
 }
 
 /// Why a push was refused, said to its pusher: what it would have made wait against the bound, where the bound is
@@ -135,6 +140,40 @@ pub(super) fn extract(
     of_app
 }
 
+/// What a push's pusher is told of its outcome in app `app` (none: the store ended before it said).
+pub(super) fn answer_of(outcome: Option<&PushOutcome>, app: &str, to: &str) -> PushAnswer {
+    match outcome {
+        Some(PushOutcome::Done(Pushed::Queued { first, count }, expired)) => PushAnswer::Queued {
+            first: *first,
+            count: *count,
+            expired: *expired,
+        },
+        Some(PushOutcome::Done(Pushed::Refused(r), expired)) => PushAnswer::Refused {
+            bound: match r {
+                DownRefusal::TooLarge { .. } => PushBound::TooLarge,
+                DownRefusal::Records { .. } => PushBound::MaxRecords,
+                DownRefusal::Bytes { .. } => PushBound::MaxBytes,
+            },
+            why: refusal_words(app, to, r, *expired),
+            expired: *expired,
+        },
+        Some(PushOutcome::Failed {
+            error,
+            maybe_queued: false,
+        }) => PushAnswer::Unavailable(format!(
+            "app {app} could not queue ({error}): nothing was queued; push again once it stores"
+        )),
+        Some(PushOutcome::Failed { error, .. }) => PushAnswer::MaybeQueued(format!(
+            "app {app} could not queue ({error}): the records may or may not be queued (the store may have \
+             committed them before it failed); pushing them again may queue them twice"
+        )),
+        None => PushAnswer::MaybeQueued(format!(
+            "app {app}: the store ended before it answered this push: the records may or may not be queued; \
+             pushing them again may queue them twice"
+        )),
+    }
+}
+
 impl Host {
     /// Answers a turn's pushes from their outcomes: each app's pushes in the order its part carried them.
     pub(super) fn answer_pushes(
@@ -149,65 +188,25 @@ impl Host {
         }
         for p in pushes {
             let i = p.app as usize;
-            let name = self.apps[i].config.name.clone();
             let outcome = pushed
                 .iter_mut()
                 .find(|(a, _)| *a == p.app)
                 .and_then(|(_, list)| list.pop());
-            let (done, expired) = match outcome {
-                Some(PushOutcome::Done(done, expired)) => (done, expired),
-                Some(PushOutcome::Failed {
-                    error,
-                    maybe_queued: false,
-                }) => {
-                    p.unavailable(format!(
-                        "app {name} could not queue ({error}): nothing was queued; push again once it stores"
-                    ));
-                    continue;
-                }
-                Some(PushOutcome::Failed { error, .. }) => {
-                    p.unavailable(format!(
-                        "app {name} could not queue ({error}): the records may or may not be queued (the store may \
-                         have committed them before it failed); pushing them again may queue them twice"
-                    ));
-                    continue;
-                }
-                None => {
-                    p.unavailable(format!(
-                        "app {name}: the store ended before it answered this push; it may or may not be queued"
-                    ));
-                    continue;
-                }
-            };
             let a = &mut self.apps[i];
-            a.down_expired += expired;
-            match done {
-                Pushed::Queued { first, count } => {
-                    a.down_queued += count;
-                    if !p.read_with_it {
-                        node.downlink_queued(now, p.sender, p.app);
+            let answer = answer_of(outcome.as_ref(), &a.config.name, &p.to);
+            if let Some((done, expired)) = outcome.as_ref().and_then(PushOutcome::done) {
+                a.down_expired += expired;
+                match done {
+                    Pushed::Queued { count, .. } => {
+                        a.down_queued += count;
+                        if !p.read_with_it {
+                            node.downlink_queued(now, p.sender, p.app);
+                        }
                     }
-                    let queued = PushAnswer::Queued {
-                        first,
-                        count,
-                        expired,
-                    };
-                    let _ = p.answer.send(queued);
-                }
-                Pushed::Refused(r) => {
-                    a.down_refused += p.records;
-                    let bound = match r {
-                        DownRefusal::TooLarge { .. } => PushBound::TooLarge,
-                        DownRefusal::Records { .. } => PushBound::MaxRecords,
-                        DownRefusal::Bytes { .. } => PushBound::MaxBytes,
-                    };
-                    let _ = p.answer.send(PushAnswer::Refused {
-                        bound,
-                        why: refusal_words(&name, &p.to, &r, expired),
-                        expired,
-                    });
+                    Pushed::Refused(_) => a.down_refused += p.records,
                 }
             }
+            let _ = p.answer.send(answer);
         }
     }
 }
@@ -215,21 +214,56 @@ impl Host {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::StoreError;
+
+    fn failed(maybe_queued: bool) -> PushOutcome {
+        PushOutcome::Failed {
+            error: std::sync::Arc::new(StoreError::FailedEarlier {
+                path: "main.sqlite".into(),
+            }),
+            maybe_queued,
+        }
+    }
+
+    /// A store that may have kept the records before it failed is told apart from one that kept nothing: the
+    /// pusher may not push again as if nothing were queued (docs/downlink.md, exit 74 and 500).
+    #[test]
+    fn a_push_the_store_may_have_kept_is_answered_maybe_queued() {
+        assert!(matches!(
+            answer_of(Some(&failed(true)), "main", "dev"),
+            PushAnswer::MaybeQueued(w) if w.contains("may or may not be queued")
+        ));
+        assert!(matches!(
+            answer_of(None, "main", "dev"),
+            PushAnswer::MaybeQueued(w) if w.contains("may or may not be queued")
+        ));
+        assert!(matches!(
+            answer_of(Some(&failed(false)), "main", "dev"),
+            PushAnswer::Unavailable(w) if w.contains("nothing was queued")
+        ));
+    }
 
     /// A refusal says the push's own size beside what waits, names the app's own table, gives the fix, and says
     /// what expired records the refused push deleted.
     #[test]
     fn a_refusal_says_the_push_the_table_the_fix_and_what_expired() {
-        let why = refusal_words(
+        let refused = |r: DownRefusal, expired: u64| match answer_of(
+            Some(&PushOutcome::Done(Pushed::Refused(r), expired)),
             "sensors",
             "hall",
-            &DownRefusal::Records {
+        ) {
+            PushAnswer::Refused { why, expired, .. } => (why, expired),
+            other => panic!("{other:?}"),
+        };
+        let (why, expired) = refused(
+            DownRefusal::Records {
                 pushing: 6,
                 waiting: 0,
                 max: 5,
             },
             5,
         );
+        assert_eq!(expired, 5);
         for words in [
             "nothing was queued for hall in app sensors",
             "this push has 6 records; 0 already wait for hall; at most 5 may wait",
@@ -239,10 +273,8 @@ mod tests {
         ] {
             assert!(why.contains(words), "{words:?} not in {why:?}");
         }
-        let why = refusal_words(
-            "sensors",
-            "hall",
-            &DownRefusal::Bytes {
+        let (why, _) = refused(
+            DownRefusal::Bytes {
                 pushing: 120,
                 waiting: 1,
                 max: 100,
@@ -257,10 +289,8 @@ mod tests {
             assert!(why.contains(words), "{words:?} not in {why:?}");
         }
         assert!(!why.contains("expired"), "{why}");
-        let why = refusal_words(
-            "sensors",
-            "hall",
-            &DownRefusal::TooLarge {
+        let (why, _) = refused(
+            DownRefusal::TooLarge {
                 index: 1,
                 len: 1025,
             },
