@@ -548,6 +548,52 @@ fn the_push_socket_answers_400_for_another_path_method_or_a_repeated_name() {
     );
 }
 
+/// Black-box findings, item 6: the 33rd connection at once was closed unanswered and `push` said "no node answers
+/// … start the node" (69). It is answered 503 "busy" at once, and `push` exits 75: try again.
+#[test]
+fn a_connection_past_the_bound_is_answered_busy_and_push_exits_75() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let _node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let socket = state.join("push.sock");
+    // 32 connections that send nothing (each is held up to 10 s, the head's timeout).
+    let idle: Vec<UnixStream> = (0..32)
+        .map(|_| UnixStream::connect(&socket).unwrap())
+        .collect();
+    // Until the node has taken all 32: then one more is answered busy.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (status, body) = loop {
+        let (status, body) = post_raw(&socket, "/push?app=main&to=kitchen-1", b"x\n");
+        if status == 503 || Instant::now() >= deadline {
+            break (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status, 503, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let why = v["error"].as_str().unwrap();
+    assert!(why.contains("busy") && why.contains("32"), "{why}");
+    let (code, out) = push(&state, "main", "kitchen-1", b"x\n");
+    assert_eq!(code, 75, "{out}");
+    assert!(
+        out.contains("busy") && out.contains("nothing was queued"),
+        "{out}"
+    );
+    assert!(!out.contains("start the node"), "{out}");
+    drop(idle);
+    // The bound frees with the connections.
+    let deadline = Instant::now() + DEADLINE;
+    let (code, out) = loop {
+        let (code, out) = push(&state, "main", "kitchen-1", b"after\n");
+        if code == 0 || Instant::now() >= deadline {
+            break (code, out);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, 0, "{out}");
+}
+
 /// Black-box findings, item 9: a refusal by a per-sender bound says the push's own size beside what waits, names
 /// the app's own table, gives the fix, and says (and answers, `expired`) what expired records the refused push
 /// deleted.

@@ -100,8 +100,8 @@ pub enum Command {
         is live now and listening: pure-serve send --listen).\n\n\
         Exit status: 0 queued; 65 refused, nothing queued: a record above 1024 bytes, standard input above 4 MiB,\n\
         or the sender's max_records or max_bytes (the message names the bound, its table in the apps file and the\n\
-        fix); 67 no such app or sender; 69 could not connect to the socket, nothing was sent (no node there: the\n\
-        message says which path was tried); 74 the connection broke after the push was sent, or the node's\n\
+        fix); 67 no such app or sender; 69 could not connect to the socket, nothing was sent (no node there, or\n\
+        this user may not connect: the message says which); 74 the connection broke after the push was sent, or the node's\n\
         store failed as it queued: the records may or may not be queued, and pushing again may queue them\n\
         twice; 75 not queued now (the node is busy, its store failed, or it is stopping): nothing was\n\
         queued, push again. docs/downlink.md has the rest.")]

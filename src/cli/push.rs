@@ -61,6 +61,17 @@ pub enum PushError {
          node, or --socket PATH for a node started with --push-socket)"
     )]
     NoNode { path: PathBuf, why: String },
+    #[error(
+        "may not connect to the push socket {path} (permission denied): nothing was sent; run push as the node's \
+         user, or as a member of the node's group with the socket where that group may reach it (docs/downlink.md, \
+         \"Who may push\")"
+    )]
+    NotPermitted { path: PathBuf },
+    #[error(
+        "{path} is a directory, not a push socket: nothing was sent; name the node's state directory with --state \
+         {path} (its socket is push.sock in it), or the socket itself with --socket PATH"
+    )]
+    Directory { path: PathBuf },
     #[error("not queued now: {0}")]
     TryAgain(String),
     #[error("{0}")]
@@ -72,9 +83,29 @@ impl PushError {
         match self {
             PushError::Refused(_) => EXIT_REFUSED,
             PushError::NoSuch(_) => EXIT_NO_SUCH,
-            PushError::NoNode { .. } => EXIT_NO_NODE,
+            PushError::NoNode { .. }
+            | PushError::NotPermitted { .. }
+            | PushError::Directory { .. } => EXIT_NO_NODE,
             PushError::TryAgain(_) => EXIT_TRY_AGAIN,
             PushError::MaybeQueued(_) => EXIT_MAYBE_QUEUED,
+        }
+    }
+
+    /// Connecting to `path` failed with `e`: nothing was sent.
+    fn connect(path: &Path, e: &std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            PushError::NotPermitted {
+                path: path.to_path_buf(),
+            }
+        } else if path.is_dir() {
+            PushError::Directory {
+                path: path.to_path_buf(),
+            }
+        } else {
+            PushError::NoNode {
+                path: path.to_path_buf(),
+                why: e.to_string(),
+            }
         }
     }
 
@@ -295,10 +326,7 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
 async fn post(path: &Path, app: &str, to: &str, body: Vec<u8>) -> anyhow::Result<(u16, Bytes)> {
     let stream = tokio::net::UnixStream::connect(path)
         .await
-        .map_err(|e| PushError::NoNode {
-            path: path.to_path_buf(),
-            why: e.to_string(),
-        })?;
+        .map_err(|e| PushError::connect(path, &e))?;
     let progress = Arc::new(Progress::new(body.len() as u64));
     let watched = Watched {
         stream,

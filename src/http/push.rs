@@ -27,12 +27,43 @@ use super::serve::stopping;
 use super::{HttpError, Shared};
 use crate::common::push::{MAX_PUSH_BODY, PushAnswer, PushRefused, PushRequest};
 
-/// Push connections open at once; more are closed at once (`pure-serve push` says the node may be busy). Pushers are the node's own machine's programs, so a
-/// few suffice, and a runaway one cannot take the process's descriptors.
+/// Push connections open at once (docs/downlink.md, "The push socket's requests"); one more is answered 503
+/// ([`busy_answer`]) and closed. Pushers are the node's own machine's programs, so a few suffice, and a runaway one
+/// cannot take the process's descriptors.
 pub const MAX_PUSH_CONNECTIONS: usize = 32;
+
+/// Connections past the bound being answered busy at once, each for at most [`TURN_AWAY_WITHIN`]; past these, one
+/// gets what fits the socket's buffer and is closed at once.
+const MAX_TURNED_AWAY: usize = 32;
+
+/// How long a connection turned away is given to read its answer and finish sending its request, which is read
+/// and dropped: a Unix socket closed with bytes it has not read resets its peer, which may then lose the answer.
+const TURN_AWAY_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a push waits for its answer: a commit and one sync, or the wait for a sync in flight before it.
 const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The answer of a connection past [`MAX_PUSH_CONNECTIONS`], written at accept without parsing its request (which
+/// is never applied: nothing of it is queued), so that the pusher is told to try again rather than left to guess
+/// why the connection closed.
+fn busy_answer() -> Vec<u8> {
+    let body = serde_json::json!({
+        "error": format!(
+            "the node is busy: {MAX_PUSH_CONNECTIONS} push connections are open, the most it serves at once; \
+             nothing was queued: push again in a moment"
+        ),
+    });
+    let body = format!("{body}\n");
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// How often the log says that pushers are turned away at the bound.
+const BUSY_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The push socket, bound: its listener and where it is (removed when the server stops, if it is still ours).
 pub struct PushSocket {
@@ -117,6 +148,10 @@ pub(super) async fn accept_loop(
     mut closing: watch::Receiver<bool>,
 ) {
     let open = Arc::new(AtomicUsize::new(0));
+    let busy: Arc<[u8]> = busy_answer().into();
+    let turning_away = Arc::new(AtomicUsize::new(0));
+    let mut busy_logged: Option<std::time::Instant> = None;
+    let mut busy_since_log = 0u64;
     loop {
         let stream = tokio::select! {
             () = stopping(&mut closing) => break,
@@ -130,7 +165,28 @@ pub(super) async fn accept_loop(
             },
         };
         if open.load(Ordering::Relaxed) >= MAX_PUSH_CONNECTIONS {
-            // Dropped unanswered: a pusher over the bound sees the connection closed and may try again.
+            if turning_away.load(Ordering::Relaxed) < MAX_TURNED_AWAY {
+                turning_away.fetch_add(1, Ordering::Relaxed);
+                let (busy, turning_away) = (busy.clone(), turning_away.clone());
+                tokio::spawn(async move {
+                    turn_away(stream, &busy).await;
+                    turning_away.fetch_sub(1, Ordering::Relaxed);
+                });
+            } else {
+                // The answer fits the new socket's empty send buffer; the pusher may lose it to a reset, and then
+                // sees the connection closed before its push was read, which `pure-serve push` says is "busy".
+                let _ = stream.try_write(&busy);
+            }
+            busy_since_log += 1;
+            let now = std::time::Instant::now();
+            if busy_logged.is_none_or(|t| now.duration_since(t) >= BUSY_LOG_EVERY) {
+                tracing::warn!(
+                    "push socket: {MAX_PUSH_CONNECTIONS} connections are open, the most it serves; {busy_since_log} \
+                     pusher(s) answered 503 (busy) since this was last said"
+                );
+                busy_logged = Some(now);
+                busy_since_log = 0;
+            }
             continue;
         }
         open.fetch_add(1, Ordering::Relaxed);
@@ -144,6 +200,20 @@ pub(super) async fn accept_loop(
     if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == ino) {
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// Answers a connection past the bound `busy` and closes it once the pusher has closed its end, or after
+/// [`TURN_AWAY_WITHIN`]; what it sends meanwhile is read and dropped, never parsed.
+async fn turn_away(mut stream: tokio::net::UnixStream, busy: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let answer_and_drain = async {
+        stream.write_all(busy).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 8192];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, io::Error>(())
+    };
+    let _ = tokio::time::timeout(TURN_AWAY_WITHIN, answer_and_drain).await;
 }
 
 async fn serve(
@@ -496,5 +566,23 @@ mod tests {
         );
         let (status, v) = status_and_json(push_too_large());
         assert_eq!((status, v["refused"].as_str()), (413, Some("too_large")));
+    }
+
+    #[test]
+    fn the_busy_answer_is_whole_http_with_its_length() {
+        let busy = String::from_utf8(busy_answer()).unwrap();
+        let (head, body) = busy.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains(&MAX_PUSH_CONNECTIONS.to_string())
+        );
     }
 }
