@@ -594,6 +594,38 @@ fn a_connection_past_the_bound_is_answered_busy_and_push_exits_75() {
     assert_eq!(code, 0, "{out}");
 }
 
+/// Black-box findings, item 13: an empty push to an app or sender that does not exist was answered 200 (exit 0),
+/// so a typo went unnoticed until records were pushed. It is checked like any push and queues nothing.
+#[test]
+fn an_empty_push_checks_its_app_and_sender_and_queues_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let _node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let (code, out) = push(&state, "nope", "kitchen-1", b"");
+    assert_eq!(code, 67, "{out}");
+    assert!(out.contains("no app \"nope\""), "{out}");
+    let (code, out) = push(&state, "main", "kitchen-l", b"");
+    assert_eq!(code, 67, "{out}");
+    assert!(out.contains("no sender \"kitchen-l\""), "{out}");
+    let (code, out) = push(&state, "main", "kitchen-1", b"");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("nothing to queue"), "{out}");
+    let socket = state.join("push.sock");
+    let (status, body) = post_raw(&socket, "/push?app=nope&to=kitchen-1", b"");
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = post_raw(&socket, "/push?app=main&to=kitchen-1", b"");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"count\":0"), "{body}");
+    // Nothing was queued by them: the first record is sequence 1.
+    let (code, out) = push(&state, "main", "kitchen-1", b"first\n");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(": sequence 1\n"), "{out}");
+    // With no node, an empty push is no longer "ok": nothing could check it.
+    let (code, out) = push(&dir.path().join("none"), "main", "kitchen-1", b"");
+    assert_eq!(code, 69, "{out}");
+}
+
 /// Black-box findings, item 9: a refusal by a per-sender bound says the push's own size beside what waits, names
 /// the app's own table, gives the fix, and says (and answers, `expired`) what expired records the refused push
 /// deleted.

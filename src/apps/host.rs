@@ -974,7 +974,8 @@ impl Host {
 
     /// Takes a push of records for its sender: they are queued in the app's store with the next turn
     /// (`pushes.rs`), and the answer goes out when that turn is finished, or now if the push names no app or
-    /// sender it may go to, or its app cannot store.
+    /// sender it may go to, has no record (checked all the same, so that a typo is found before records are
+    /// pushed), or its app cannot store.
     pub fn push(&mut self, node: &mut Node, request: PushRequest, now: Instant) {
         let PushRequest {
             app,
@@ -1008,6 +1009,11 @@ impl Host {
                 "app {app} does not accept sender {to:?}: add it to accept in [apps.{app}] of the apps file and \
                  reload, or push in an app that accepts it"
             )));
+            return;
+        }
+        if records.is_empty() {
+            // Nothing to queue, whatever the store's state: the answer says only that the names are right.
+            let _ = answer.send(PushAnswer::Empty);
             return;
         }
         if let Some(f) = &a.failure {

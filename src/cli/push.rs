@@ -273,10 +273,7 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    if body.is_empty() {
-        println!("nothing to queue: standard input was empty");
-        return Ok(());
-    }
+    // An empty input is posted all the same: the node checks the app and the sender, so a typo is found now.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
@@ -293,6 +290,13 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
         200 => {
             let (first, last, count) = (field("first"), field("last"), field("count"));
             match (first, last, count) {
+                (Some(_), Some(_), Some(0)) => {
+                    println!(
+                        "nothing to queue: standard input was empty (app {} takes records for {})",
+                        args.app, args.to
+                    );
+                    Ok(())
+                }
                 (Some(f), Some(l), Some(c)) => {
                     let seqs = if c == 1 {
                         format!("sequence {f}")

@@ -86,6 +86,9 @@ pub enum PushAnswer {
         count: u64,
         expired: u64,
     },
+    /// A push of no record: the app and the sender were found and the app takes records for it; nothing was
+    /// queued (a typo in either is answered [`PushAnswer::NotFound`] as for a push of records).
+    Empty,
     /// Nothing queued: a bound would be passed. `expired`: the sender's records that expired and were deleted by
     /// this push all the same (its transaction committed them).
     Refused {

@@ -316,13 +316,8 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
             );
         }
     };
+    // A push of no record goes to the loop all the same, which checks its app and sender and queues nothing.
     let records = lines(&body);
-    if records.is_empty() {
-        return json(
-            StatusCode::OK,
-            serde_json::json!({ "app": app, "to": to, "first": 0, "last": 0, "count": 0, "expired": 0 }),
-        );
-    }
     let Some(inbox) = &shared.pushes else {
         return error(StatusCode::SERVICE_UNAVAILABLE, "this node takes no pushes");
     };
@@ -373,9 +368,13 @@ fn http_answer(app: &str, to: &str, a: PushAnswer) -> Answer {
         } => json(
             StatusCode::OK,
             serde_json::json!({
-                "app": app, "to": to, "first": first, "last": first + count - 1, "count": count,
+                "app": app, "to": to, "first": first, "last": first + count.max(1) - 1, "count": count,
                 "expired": expired,
             }),
+        ),
+        PushAnswer::Empty => json(
+            StatusCode::OK,
+            serde_json::json!({ "app": app, "to": to, "first": 0, "last": 0, "count": 0, "expired": 0 }),
         ),
         PushAnswer::Refused {
             bound,
@@ -563,6 +562,11 @@ mod tests {
         assert_eq!(
             (v["refused"].as_str(), v["expired"].as_u64()),
             (Some("max_records"), Some(5))
+        );
+        let (status, v) = status_and_json(http_answer("main", "dev", PushAnswer::Empty));
+        assert_eq!(
+            (status, v["count"].as_u64(), v["last"].as_u64()),
+            (200, Some(0), Some(0))
         );
         let (status, v) = status_and_json(push_too_large());
         assert_eq!((status, v["refused"].as_str()), (413, Some("too_large")));
