@@ -355,3 +355,329 @@ fn a_reload_of_the_apps_file_applies_and_says_new_downlink_bounds() {
     let (code, out) = push(&state, "main", "kitchen-1", b"a\nb\nc\n");
     assert_eq!(code, 0, "{out}");
 }
+
+/// `pure-serve push` on `socket` with `stdin`: its exit status and everything it printed.
+fn push_on(socket: &Path, stdin: &[u8]) -> (i32, String) {
+    use std::process::Stdio;
+    let mut child = Command::new(bin())
+        .args(["push", "--to", "kitchen-1", "--socket"])
+        .arg(socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let stdin = stdin.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(&stdin);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// Reads one request (head and a Content-Length body) from `s`, as a node does before it queues anything.
+fn read_request(s: &mut UnixStream) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the request ended early");
+        got.extend_from_slice(&buf[..n]);
+        if let Some(k) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break k + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    while got.len() < head_end + len {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the body ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// A stand-in for a node on `socket` that serves one connection with `serve`.
+fn one_connection(
+    socket: &Path,
+    serve: impl FnOnce(UnixStream) + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    let _ = std::fs::remove_file(socket);
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        serve(s);
+    })
+}
+
+/// Black-box findings, item 1: a node killed after it took a push and before it answered made `push` exit 69 "no
+/// node answers … start the node", which the doc said meant nothing was queued, and a router pushed the record a
+/// second time. Now a connection cut after the push was sent (or a node that says it does not know) is 74, "may or
+/// may not be queued", apart from 69 (nothing was sent) and 75 (nothing was queued).
+#[test]
+fn a_push_cut_off_after_it_was_sent_may_be_queued_and_exits_74_apart_from_69_and_75() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("push.sock");
+    // The whole request read, then the connection closed without an answer: as a node killed after it queued.
+    let node = one_connection(&socket, |mut s| read_request(&mut s));
+    let (code, out) = push_on(&socket, b"reboot\n");
+    node.join().unwrap();
+    assert_eq!(code, 74, "{out}");
+    assert!(
+        out.contains("closed the connection after the push was sent")
+            && out.contains("may or may not be queued")
+            && out.contains("at least once"),
+        "{out}"
+    );
+    assert!(!out.contains("start the node"), "{out}");
+    // The node answers that its store may have kept them (500): 74 too, with its words.
+    let node = one_connection(&socket, |mut s| {
+        read_request(&mut s);
+        let body = "{\"error\":\"app main could not queue (a failed sync): the records may or may not be queued\",\
+                    \"maybe_queued\":true}\n";
+        let _ = write!(
+            s,
+            "HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+    });
+    let (code, out) = push_on(&socket, b"reboot\n");
+    node.join().unwrap();
+    assert_eq!(code, 74, "{out}");
+    assert!(out.contains("a failed sync"), "{out}");
+    // Closed before anything of the push was read, small or large: nothing queued, 75, maybe busy.
+    for body in [b"reboot\n".to_vec(), vec![b'x'; 3 << 20]] {
+        let node = one_connection(&socket, drop);
+        let (code, out) = push_on(&socket, &body);
+        node.join().unwrap();
+        assert_eq!(code, 75, "{} bytes: {out}", body.len());
+        assert!(
+            out.contains("nothing was queued") && out.contains("may be busy"),
+            "{out}"
+        );
+    }
+    // Nothing listens: nothing was sent, 69.
+    std::fs::remove_file(&socket).unwrap();
+    let (code, out) = push_on(&socket, b"reboot\n");
+    assert_eq!(code, 69, "{out}");
+    assert!(out.contains("nothing was sent"), "{out}");
+}
+
+/// What the push socket answers requests it does not take (black-box findings, items 5, 7 and 8): another path or
+/// method is 400 with a JSON error (404 means only "no such app or sender"), a repeated `app` or `to` is refused
+/// rather than the last one taken, and a body past 4 MiB is 413 with `"refused":"too_large"`; `push` refuses more
+/// than 4 MiB itself (65).
+#[test]
+fn the_push_socket_answers_400_for_another_path_method_or_a_repeated_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let _node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let socket = state.join("push.sock");
+    let raw = |request: &[u8]| {
+        let mut s = UnixStream::connect(&socket).unwrap();
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        s.write_all(request).unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        let status: u16 = answer[9..12].parse().unwrap();
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (status, body)
+    };
+    let json_error = |body: &str| {
+        serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+    };
+    for request in [
+        "GET /push?app=main&to=kitchen-1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "PUT /push?app=main&to=kitchen-1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx",
+        "POST /other?app=main&to=kitchen-1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx",
+        "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    ] {
+        let (status, body) = raw(request.as_bytes());
+        assert_eq!(status, 400, "{request}: {body}");
+        let why = json_error(&body).unwrap_or_else(|| panic!("{request}: not JSON: {body}"));
+        assert!(
+            why.contains("serves POST /push?app=APP&to=SENDER only"),
+            "{why}"
+        );
+    }
+    // Not HTTP at all: the HTTP library's 400, with no body (as documented).
+    let (status, _) = raw(b"GARBAGE\r\n\r\n");
+    assert_eq!(status, 400);
+    // A name given twice: refused whole, nothing queued for either.
+    for target in [
+        "/push?app=main&to=kitchen-1&to=other",
+        "/push?app=main&app=main&to=kitchen-1",
+    ] {
+        let (status, body) = post_raw(&socket, target, b"plus\n");
+        assert_eq!(status, 400, "{target}: {body}");
+        assert!(
+            json_error(&body).is_some_and(|w| w.contains("is given twice")),
+            "{body}"
+        );
+    }
+    // A body past 4 MiB, said by its Content-Length before it is read: 413 refused too_large.
+    let (status, body) = raw(
+        b"POST /push?app=main&to=kitchen-1 HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\
+          Connection: close\r\n\r\n",
+    );
+    assert_eq!(status, 413, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["refused"].as_str(), Some("too_large"), "{body}");
+    // Nothing of those was queued: the next push is sequence 1.
+    let (code, out) = push(&state, "main", "kitchen-1", b"first\n");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(": sequence 1\n"), "{out}");
+    // Standard input past 4 MiB: refused by the command itself, 65, saying the limit.
+    let (code, out) = push(&state, "main", "kitchen-1", &vec![b'x'; (4 << 20) + 1]);
+    assert_eq!(code, 65, "{out}");
+    assert!(
+        out.contains("4 MiB") && out.contains("push the records in parts"),
+        "{out}"
+    );
+}
+
+/// Black-box findings, item 6: the 33rd connection at once was closed unanswered and `push` said "no node answers
+/// … start the node" (69). It is answered 503 "busy" at once, and `push` exits 75: try again.
+#[test]
+fn a_connection_past_the_bound_is_answered_busy_and_push_exits_75() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let _node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let socket = state.join("push.sock");
+    // 32 connections that send nothing (each is held up to 10 s, the head's timeout).
+    let idle: Vec<UnixStream> = (0..32)
+        .map(|_| UnixStream::connect(&socket).unwrap())
+        .collect();
+    // Until the node has taken all 32: then one more is answered busy.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (status, body) = loop {
+        let (status, body) = post_raw(&socket, "/push?app=main&to=kitchen-1", b"x\n");
+        if status == 503 || Instant::now() >= deadline {
+            break (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status, 503, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let why = v["error"].as_str().unwrap();
+    assert!(why.contains("busy") && why.contains("32"), "{why}");
+    let (code, out) = push(&state, "main", "kitchen-1", b"x\n");
+    assert_eq!(code, 75, "{out}");
+    assert!(
+        out.contains("busy") && out.contains("nothing was queued"),
+        "{out}"
+    );
+    assert!(!out.contains("start the node"), "{out}");
+    drop(idle);
+    // The bound frees with the connections.
+    let deadline = Instant::now() + DEADLINE;
+    let (code, out) = loop {
+        let (code, out) = push(&state, "main", "kitchen-1", b"after\n");
+        if code == 0 || Instant::now() >= deadline {
+            break (code, out);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, 0, "{out}");
+}
+
+/// Black-box findings, item 13: an empty push to an app or sender that does not exist was answered 200 (exit 0),
+/// so a typo went unnoticed until records were pushed. It is checked like any push and queues nothing.
+#[test]
+fn an_empty_push_checks_its_app_and_sender_and_queues_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let _node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let (code, out) = push(&state, "nope", "kitchen-1", b"");
+    assert_eq!(code, 67, "{out}");
+    assert!(out.contains("no app \"nope\""), "{out}");
+    let (code, out) = push(&state, "main", "kitchen-l", b"");
+    assert_eq!(code, 67, "{out}");
+    assert!(out.contains("no sender \"kitchen-l\""), "{out}");
+    let (code, out) = push(&state, "main", "kitchen-1", b"");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("nothing to queue"), "{out}");
+    let socket = state.join("push.sock");
+    let (status, body) = post_raw(&socket, "/push?app=nope&to=kitchen-1", b"");
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = post_raw(&socket, "/push?app=main&to=kitchen-1", b"");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"count\":0"), "{body}");
+    // Nothing was queued by them: the first record is sequence 1.
+    let (code, out) = push(&state, "main", "kitchen-1", b"first\n");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(": sequence 1\n"), "{out}");
+    // With no node, an empty push is no longer "ok": nothing could check it.
+    let (code, out) = push(&dir.path().join("none"), "main", "kitchen-1", b"");
+    assert_eq!(code, 69, "{out}");
+}
+
+/// Black-box findings, item 9: a refusal by a per-sender bound says the push's own size beside what waits, names
+/// the app's own table, gives the fix, and says (and answers, `expired`) what expired records the refused push
+/// deleted.
+#[test]
+fn a_refusal_says_the_push_the_table_the_fix_and_what_it_deleted_as_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = setup(dir.path());
+    let apps = dir.path().join("apps.toml");
+    std::fs::write(
+        &apps,
+        "[apps.sensors]\n[apps.sensors.downlink]\nmax_records = 3\nmax_bytes = 100\nexpiry_seconds = 1\n",
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    let _node = NodeProcess::start(
+        &state,
+        &[
+            "--senders",
+            senders.to_str().unwrap(),
+            "--apps",
+            apps.to_str().unwrap(),
+        ],
+        None,
+    );
+    let (code, out) = push(&state, "sensors", "kitchen-1", b"a\nb\n");
+    assert_eq!(code, 0, "{out}");
+    std::thread::sleep(Duration::from_millis(1100));
+    // The two expired; the push of 4 is refused all the same, and deleted them.
+    let (code, out) = push(&state, "sensors", "kitchen-1", b"1\n2\n3\n4\n");
+    assert_eq!(code, 65, "{out}");
+    for words in [
+        "this push has 4 records; 0 already wait for kitchen-1; at most 3 may wait",
+        "max_records in [apps.sensors.downlink] of the apps file",
+        "push fewer at once, wait until the device takes what waits, or raise max_records and reload",
+        "this push deleted 2 of kitchen-1's records that had expired unsent",
+    ] {
+        assert!(out.contains(words), "{words:?} not in {out}");
+    }
+    let socket = state.join("push.sock");
+    let (status, body) = post_raw(&socket, "/push?app=sensors&to=kitchen-1", &[b'b'; 101]);
+    assert_eq!(status, 409, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (v["refused"].as_str(), v["expired"].as_u64()),
+        (Some("max_bytes"), Some(0)),
+        "{body}"
+    );
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("this push has 101 bytes of records; 0 bytes already wait"),
+        "{body}"
+    );
+}

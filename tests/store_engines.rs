@@ -103,8 +103,13 @@ fn same_downlink_outcomes(store: &mut dyn TurnStore) {
         pushed,
         vec![
             Pushed::Queued { first: 1, count: 2 },
-            Pushed::Refused(DownRefusal::Records { waiting: 2, max: 3 }),
+            Pushed::Refused(DownRefusal::Records {
+                pushing: 2,
+                waiting: 2,
+                max: 3
+            }),
             Pushed::Refused(DownRefusal::Bytes {
+                pushing: 7,
                 waiting: 4,
                 max: 10
             }),

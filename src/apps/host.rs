@@ -989,7 +989,8 @@ impl Host {
 
     /// Takes a push of records for its sender: they are queued in the app's store with the next turn
     /// (`pushes.rs`), and the answer goes out when that turn is finished, or now if the push names no app or
-    /// sender it may go to, or its app cannot store.
+    /// sender it may go to, has no record (checked all the same, so that a typo is found before records are
+    /// pushed), or its app cannot store.
     pub fn push(&mut self, node: &mut Node, request: PushRequest, now: Instant) {
         let PushRequest {
             app,
@@ -1023,6 +1024,11 @@ impl Host {
                 "app {app} does not accept sender {to:?}: add it to accept in [apps.{app}] of the apps file and \
                  reload, or push in an app that accepts it"
             )));
+            return;
+        }
+        if records.is_empty() {
+            // Nothing to queue, whatever the store's state: the answer says only that the names are right.
+            let _ = answer.send(PushAnswer::Empty);
             return;
         }
         if let Some(f) = &a.failure {
@@ -1283,7 +1289,7 @@ impl Host {
         for later in &mut self.unsynced {
             later.parts.retain(|p| p.app != app);
             for p in pushes::extract(&mut later.pushes, &mut later.pushed, app) {
-                p.unavailable(format!(
+                p.maybe_queued(format!(
                     "app {name} cannot store ({why}): the records were committed but not yet on disk when it \
                      failed, so they may or may not be queued once its store is back; pushing them again may queue \
                      them twice"

@@ -99,9 +99,15 @@ pub enum Command {
         curl --unix-socket STATE/push.sock --data-binary @records 'http://node/push?app=main&to=kitchen-1'\n\n\
         All the lines are one push, queued all or nothing in the app's store and synced to disk before this\n\
         prints the sequences they were given; the device gets them the next time its link is live (at once if it\n\
-        is live now and listening: pure-serve send --listen). Exit status: 0 queued, 65 refused by a bound (the\n\
-        message names it and its key in the apps file), 67 no such app or sender, 69 no node on the socket, 75\n\
-        not queued now (its store failed, or the node is stopping): try again. docs/downlink.md has the rest.")]
+        is live now and listening: pure-serve send --listen). An empty standard input queues nothing, but the\n\
+        node checks the app and the sender all the same.\n\n\
+        Exit status: 0 queued; 65 refused, nothing queued: a record above 1024 bytes, standard input above 4 MiB,\n\
+        or the sender's max_records or max_bytes (the message names the bound, its table in the apps file and the\n\
+        fix); 67 no such app or sender; 69 could not connect to the socket, nothing was sent (no node there, or\n\
+        this user may not connect: the message says which); 74 the connection broke after the push was sent, or\n\
+        the node's store failed as it queued: the records may or may not be queued, and pushing again may queue\n\
+        them twice; 75 not queued now (the node is busy, its store failed, or it is stopping): nothing was\n\
+        queued, push again. docs/downlink.md has the rest.")]
     Push(push::PushArgs),
     /// Print stored records.
     #[command(after_help = "Examples:\n  \

@@ -6,17 +6,23 @@
 //! answer into a line and an exit status a script can act on.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 
-use anyhow::Context;
+use anyhow::Context as _;
 use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::common::push::MAX_PUSH_BODY;
+use crate::http::push::MAX_PUSH_CONNECTIONS;
 
 #[derive(Args, Debug)]
 pub struct PushArgs {
@@ -39,6 +45,8 @@ pub struct PushArgs {
 pub const EXIT_REFUSED: i32 = 65;
 pub const EXIT_NO_SUCH: i32 = 67;
 pub const EXIT_NO_NODE: i32 = 69;
+/// EX_IOERR: the connection broke after the push was sent, or the node does not know whether it kept the records.
+pub const EXIT_MAYBE_QUEUED: i32 = 74;
 pub const EXIT_TRY_AGAIN: i32 = 75;
 
 /// Why a push did not queue, with the exit status it gives.
@@ -49,12 +57,25 @@ pub enum PushError {
     #[error("{0}")]
     NoSuch(String),
     #[error(
-        "no node answers on {path} ({why}): start the node, or name its socket (--state DIR of the node, or \
-         --socket PATH for a node started with --push-socket)"
+        "no node answers on {path} ({why}): nothing was sent; start the node, or name its socket (--state DIR of the \
+         node, or --socket PATH for a node started with --push-socket)"
     )]
     NoNode { path: PathBuf, why: String },
+    #[error(
+        "may not connect to the push socket {path} (permission denied): nothing was sent; run push as the node's \
+         user, or as a member of the node's group with the socket where that group may reach it (docs/downlink.md, \
+         \"Who may push\")"
+    )]
+    NotPermitted { path: PathBuf },
+    #[error(
+        "{path} is a directory, not a push socket: nothing was sent; name the node's state directory with --state \
+         {path} (its socket is push.sock in it), or the socket itself with --socket PATH"
+    )]
+    Directory { path: PathBuf },
     #[error("not queued now: {0}")]
     TryAgain(String),
+    #[error("{0}")]
+    MaybeQueued(String),
 }
 
 impl PushError {
@@ -62,8 +83,50 @@ impl PushError {
         match self {
             PushError::Refused(_) => EXIT_REFUSED,
             PushError::NoSuch(_) => EXIT_NO_SUCH,
-            PushError::NoNode { .. } => EXIT_NO_NODE,
+            PushError::NoNode { .. }
+            | PushError::NotPermitted { .. }
+            | PushError::Directory { .. } => EXIT_NO_NODE,
             PushError::TryAgain(_) => EXIT_TRY_AGAIN,
+            PushError::MaybeQueued(_) => EXIT_MAYBE_QUEUED,
+        }
+    }
+
+    /// Connecting to `path` failed with `e`: nothing was sent.
+    fn connect(path: &Path, e: &std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            PushError::NotPermitted {
+                path: path.to_path_buf(),
+            }
+        } else if path.is_dir() {
+            PushError::Directory {
+                path: path.to_path_buf(),
+            }
+        } else {
+            PushError::NoNode {
+                path: path.to_path_buf(),
+                why: e.to_string(),
+            }
+        }
+    }
+
+    /// The connection broke (`why`) before a whole answer came. If the node cannot have read all of the request
+    /// ([`Progress::unread`]), it queued nothing (a node at its bound of connections closes one it does not
+    /// serve); else it may have queued the records before the connection closed.
+    fn broken(progress: &Progress, why: &str) -> Self {
+        if progress.unread() {
+            PushError::TryAgain(format!(
+                "the node closed the connection before it had read the push ({why}): nothing was queued; the node \
+                 may be busy (it serves at most {MAX_PUSH_CONNECTIONS} push connections at once) or stopping: push \
+                 again in a moment"
+            ))
+        } else {
+            PushError::MaybeQueued(format!(
+                "the node closed the connection after the push was sent, before it answered ({why}): the records \
+                 may or may not be queued (was the node stopped or killed? its log says). Pushing them again is at \
+                 least once: if they were queued, the device is handed them twice, with new sequences; push again \
+                 if a repeat does no harm, else look first at what the device got (docs/downlink.md, \
+                 \"pure-serve push\")"
+            ))
         }
     }
 }
@@ -73,6 +136,108 @@ pub fn exit_status(e: &anyhow::Error) -> i32 {
     e.chain()
         .find_map(|c| c.downcast_ref::<PushError>())
         .map_or(1, PushError::exit_status)
+}
+
+/// What became of the connection's bytes, for telling "not all sent" from "sent, not answered" when it breaks.
+#[derive(Debug)]
+struct Progress {
+    /// The request's body length: the whole request (head and body) is longer.
+    body: u64,
+    /// Bytes of the request the socket took.
+    written: AtomicU64,
+    /// A write of the request failed: the rest of it never reached the node.
+    write_failed: AtomicBool,
+    /// A read failed with ECONNRESET: on Linux a Unix stream socket closed with bytes it had not read (or never
+    /// accepted) resets its peer, and this client sends nothing after its request, so the node left some of it
+    /// unread.
+    reset: AtomicBool,
+}
+
+impl Progress {
+    fn new(body: u64) -> Self {
+        Progress {
+            body,
+            written: AtomicU64::new(0),
+            write_failed: AtomicBool::new(false),
+            reset: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the node cannot have read the whole request, so queued nothing.
+    fn unread(&self) -> bool {
+        self.write_failed.load(Ordering::Relaxed)
+            || self.reset.load(Ordering::Relaxed)
+            || self.written.load(Ordering::Relaxed) <= self.body
+    }
+}
+
+/// The socket, watched: what it took and how it failed are noted in [`Progress`].
+struct Watched {
+    stream: tokio::net::UnixStream,
+    progress: Arc<Progress>,
+}
+
+impl Watched {
+    fn noted(&self, r: Poll<std::io::Result<usize>>) -> Poll<std::io::Result<usize>> {
+        match &r {
+            Poll::Ready(Ok(n)) => {
+                self.progress
+                    .written
+                    .fetch_add(*n as u64, Ordering::Relaxed);
+            }
+            Poll::Ready(Err(_)) => self.progress.write_failed.store(true, Ordering::Relaxed),
+            Poll::Pending => {}
+        }
+        r
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if let Poll::Ready(Err(e)) = &r
+            && e.kind() == std::io::ErrorKind::ConnectionReset
+        {
+            self.progress.reset.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.noted(r)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.noted(r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }
 
 /// `app` and `to` as a query value: everything but unreserved characters percent-encoded.
@@ -103,14 +268,12 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
         .context("cannot read standard input")?;
     if body.len() > MAX_PUSH_BODY {
         return Err(PushError::Refused(format!(
-            "standard input is more than {MAX_PUSH_BODY} bytes, the most one push takes: push it in parts"
+            "standard input is more than {MAX_PUSH_BODY} bytes (4 MiB), the most one push takes: nothing was \
+             queued; push the records in parts"
         ))
         .into());
     }
-    if body.is_empty() {
-        println!("nothing to queue: standard input was empty");
-        return Ok(());
-    }
+    // An empty input is posted all the same: the node checks the app and the sender, so a typo is found now.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
@@ -127,6 +290,13 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
         200 => {
             let (first, last, count) = (field("first"), field("last"), field("count"));
             match (first, last, count) {
+                (Some(_), Some(_), Some(0)) => {
+                    println!(
+                        "nothing to queue: standard input was empty (app {} takes records for {})",
+                        args.app, args.to
+                    );
+                    Ok(())
+                }
                 (Some(f), Some(l), Some(c)) => {
                     let seqs = if c == 1 {
                         format!("sequence {f}")
@@ -152,26 +322,23 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
         409 | 413 => Err(PushError::Refused(error).into()),
         404 => Err(PushError::NoSuch(error).into()),
         503 => Err(PushError::TryAgain(error).into()),
+        500 => Err(PushError::MaybeQueued(error).into()),
         other => Err(anyhow::anyhow!("the node answered {other}: {error}")),
     }
 }
 
-async fn post(
-    path: &std::path::Path,
-    app: &str,
-    to: &str,
-    body: Vec<u8>,
-) -> anyhow::Result<(u16, Bytes)> {
-    let no_node = |why: String| PushError::NoNode {
-        path: path.to_path_buf(),
-        why,
-    };
+async fn post(path: &Path, app: &str, to: &str, body: Vec<u8>) -> anyhow::Result<(u16, Bytes)> {
     let stream = tokio::net::UnixStream::connect(path)
         .await
-        .map_err(|e| no_node(e.to_string()))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .map_err(|e| PushError::connect(path, &e))?;
+    let progress = Arc::new(Progress::new(body.len() as u64));
+    let watched = Watched {
+        stream,
+        progress: progress.clone(),
+    };
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(watched))
         .await
-        .map_err(|e| no_node(e.to_string()))?;
+        .map_err(|e| PushError::broken(&progress, &e.to_string()))?;
     tokio::spawn(conn);
     let request = Request::post(format!("/push?app={}&to={}", encode(app), encode(to)))
         .header(hyper::header::HOST, "pure-serve")
@@ -180,13 +347,13 @@ async fn post(
     let response = sender
         .send_request(request)
         .await
-        .map_err(|e| no_node(format!("the connection failed: {e}")))?;
+        .map_err(|e| PushError::broken(&progress, &e.to_string()))?;
     let status = response.status().as_u16();
     let answer = response
         .into_body()
         .collect()
         .await
-        .map_err(|e| no_node(format!("the answer did not arrive: {e}")))?
+        .map_err(|e| PushError::broken(&progress, &format!("the answer was cut: {e}")))?
         .to_bytes();
     Ok((status, answer))
 }

@@ -86,12 +86,23 @@ pub enum PushAnswer {
         count: u64,
         expired: u64,
     },
-    /// Nothing queued: a bound would be passed.
-    Refused { bound: PushBound, why: String },
+    /// A push of no record: the app and the sender were found and the app takes records for it; nothing was
+    /// queued (a typo in either is answered [`PushAnswer::NotFound`] as for a push of records).
+    Empty,
+    /// Nothing queued: a bound would be passed. `expired`: the sender's records that expired and were deleted by
+    /// this push all the same (its transaction committed them).
+    Refused {
+        bound: PushBound,
+        why: String,
+        expired: u64,
+    },
     /// No such app, or no such sender for it.
     NotFound(String),
     /// Nothing queued: the app's store failed, or the node is stopping. The same push later may succeed.
     Unavailable(String),
+    /// The push may or may not be queued: its store failed after it may have committed it (a failed sync, a
+    /// checkpoint, a fleet's connection lost after its COMMIT was sent). Pushing it again may queue it twice.
+    MaybeQueued(String),
 }
 
 /// Why a push was not queued for the loop.

@@ -27,12 +27,43 @@ use super::serve::stopping;
 use super::{HttpError, Shared};
 use crate::common::push::{MAX_PUSH_BODY, PushAnswer, PushRefused, PushRequest};
 
-/// Push connections open at once; more are closed at once. Pushers are the node's own machine's programs, so a
-/// few suffice, and a runaway one cannot take the process's descriptors.
-const MAX_PUSH_CONNECTIONS: usize = 32;
+/// Push connections open at once (docs/downlink.md, "The push socket's requests"); one more is answered 503
+/// ([`busy_answer`]) and closed. Pushers are the node's own machine's programs, so a few suffice, and a runaway one
+/// cannot take the process's descriptors.
+pub const MAX_PUSH_CONNECTIONS: usize = 32;
+
+/// Connections past the bound being answered busy at once, each for at most [`TURN_AWAY_WITHIN`]; past these, one
+/// gets what fits the socket's buffer and is closed at once.
+const MAX_TURNED_AWAY: usize = 32;
+
+/// How long a connection turned away is given to read its answer and finish sending its request, which is read
+/// and dropped: a Unix socket closed with bytes it has not read resets its peer, which may then lose the answer.
+const TURN_AWAY_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a push waits for its answer: a commit and one sync, or the wait for a sync in flight before it.
 const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The answer of a connection past [`MAX_PUSH_CONNECTIONS`], written at accept without parsing its request (which
+/// is never applied: nothing of it is queued), so that the pusher is told to try again rather than left to guess
+/// why the connection closed.
+fn busy_answer() -> Vec<u8> {
+    let body = serde_json::json!({
+        "error": format!(
+            "the node is busy: {MAX_PUSH_CONNECTIONS} push connections are open, the most it serves at once; \
+             nothing was queued: push again in a moment"
+        ),
+    });
+    let body = format!("{body}\n");
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// How often the log says that pushers are turned away at the bound.
+const BUSY_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The push socket, bound: its listener and where it is (removed when the server stops, if it is still ours).
 pub struct PushSocket {
@@ -117,6 +148,10 @@ pub(super) async fn accept_loop(
     mut closing: watch::Receiver<bool>,
 ) {
     let open = Arc::new(AtomicUsize::new(0));
+    let busy: Arc<[u8]> = busy_answer().into();
+    let turning_away = Arc::new(AtomicUsize::new(0));
+    let mut busy_logged: Option<std::time::Instant> = None;
+    let mut busy_since_log = 0u64;
     loop {
         let stream = tokio::select! {
             () = stopping(&mut closing) => break,
@@ -130,7 +165,28 @@ pub(super) async fn accept_loop(
             },
         };
         if open.load(Ordering::Relaxed) >= MAX_PUSH_CONNECTIONS {
-            // Dropped unanswered: a pusher over the bound sees the connection closed and may try again.
+            if turning_away.load(Ordering::Relaxed) < MAX_TURNED_AWAY {
+                turning_away.fetch_add(1, Ordering::Relaxed);
+                let (busy, turning_away) = (busy.clone(), turning_away.clone());
+                tokio::spawn(async move {
+                    turn_away(stream, &busy).await;
+                    turning_away.fetch_sub(1, Ordering::Relaxed);
+                });
+            } else {
+                // The answer fits the new socket's empty send buffer; the pusher may lose it to a reset, and then
+                // sees the connection closed before its push was read, which `pure-serve push` says is "busy".
+                let _ = stream.try_write(&busy);
+            }
+            busy_since_log += 1;
+            let now = std::time::Instant::now();
+            if busy_logged.is_none_or(|t| now.duration_since(t) >= BUSY_LOG_EVERY) {
+                tracing::warn!(
+                    "push socket: {MAX_PUSH_CONNECTIONS} connections are open, the most it serves; {busy_since_log} \
+                     pusher(s) answered 503 (busy) since this was last said"
+                );
+                busy_logged = Some(now);
+                busy_since_log = 0;
+            }
             continue;
         }
         open.fetch_add(1, Ordering::Relaxed);
@@ -144,6 +200,20 @@ pub(super) async fn accept_loop(
     if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == ino) {
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// Answers a connection past the bound `busy` and closes it once the pusher has closed its end, or after
+/// [`TURN_AWAY_WITHIN`]; what it sends meanwhile is read and dropped, never parsed.
+async fn turn_away(mut stream: tokio::net::UnixStream, busy: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let answer_and_drain = async {
+        stream.write_all(busy).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 8192];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, io::Error>(())
+    };
+    let _ = tokio::time::timeout(TURN_AWAY_WITHIN, answer_and_drain).await;
 }
 
 async fn serve(
@@ -183,17 +253,34 @@ fn error(status: StatusCode, why: impl Into<String>) -> Answer {
     json(status, serde_json::json!({ "error": why.into() }))
 }
 
+/// The answer to a body past [`MAX_PUSH_BODY`]: refused `too_large` like a record too large, so a client that reads
+/// `refused` of a 413 finds it; not counted in the app's refused records (the body is not read, so neither are its
+/// records).
+fn push_too_large() -> Answer {
+    json(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        serde_json::json!({
+            "error": format!(
+                "this push is more than {MAX_PUSH_BODY} bytes (4 MiB), the most one push takes: nothing was \
+                 queued; push the records in parts"
+            ),
+            "refused": "too_large",
+            "expired": 0,
+        }),
+    )
+}
+
 async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
-    if req.uri().path() != "/push" {
+    // 400, not 404 or 405: a 404 of the push socket means no such app or sender (docs/downlink.md).
+    if req.uri().path() != "/push" || req.method() != Method::POST {
         return error(
-            StatusCode::NOT_FOUND,
-            "the push socket serves POST /push?app=APP&to=SENDER only (docs/downlink.md)",
-        );
-    }
-    if req.method() != Method::POST {
-        return error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "/push takes POST, with the records as the body, one per line",
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{} {}: the push socket serves POST /push?app=APP&to=SENDER only, with the records as the body, one \
+                 per line (docs/downlink.md)",
+                req.method(),
+                req.uri().path()
+            ),
         );
     }
     let (app, to) = match target(req.uri().query().unwrap_or("")) {
@@ -201,10 +288,7 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     if req.body().size_hint().lower() > MAX_PUSH_BODY as u64 {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("a push is at most {MAX_PUSH_BODY} bytes: push in parts"),
-        );
+        return push_too_large();
     }
     let body = match tokio::time::timeout(
         shared.limits.request_deadline,
@@ -214,10 +298,7 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
     {
         Ok(Ok(c)) => c.to_bytes(),
         Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("a push is at most {MAX_PUSH_BODY} bytes: push in parts"),
-            );
+            return push_too_large();
         }
         Ok(Err(e)) => {
             return error(
@@ -235,13 +316,8 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
             );
         }
     };
+    // A push of no record goes to the loop all the same, which checks its app and sender and queues nothing.
     let records = lines(&body);
-    if records.is_empty() {
-        return json(
-            StatusCode::OK,
-            serde_json::json!({ "app": app, "to": to, "first": 0, "last": 0, "count": 0, "expired": 0 }),
-        );
-    }
     let Some(inbox) = &shared.pushes else {
         return error(StatusCode::SERVICE_UNAVAILABLE, "this node takes no pushes");
     };
@@ -269,42 +345,64 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
         }
     }
     match tokio::time::timeout(ANSWER_WITHIN, rx).await {
-        Ok(Ok(PushAnswer::Queued {
+        Ok(Ok(a)) => http_answer(&app, &to, a),
+        Ok(Err(_)) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the node stopped before the push was applied: nothing was queued",
+        ),
+        Err(_) => maybe_queued(format!(
+            "no answer within {} s (the store may be slow or its disk failing): the records may or may not be \
+             queued; pushing them again may queue them twice",
+            ANSWER_WITHIN.as_secs()
+        )),
+    }
+}
+
+/// The HTTP answer to what became of a push to `to` in `app` (docs/downlink.md, "The push socket's requests").
+fn http_answer(app: &str, to: &str, a: PushAnswer) -> Answer {
+    match a {
+        PushAnswer::Queued {
             first,
             count,
             expired,
-        })) => json(
+        } => json(
             StatusCode::OK,
             serde_json::json!({
-                "app": app, "to": to, "first": first, "last": first + count - 1, "count": count,
+                "app": app, "to": to, "first": first, "last": first + count.max(1) - 1, "count": count,
                 "expired": expired,
             }),
         ),
-        Ok(Ok(PushAnswer::Refused { bound, why })) => {
+        PushAnswer::Empty => json(
+            StatusCode::OK,
+            serde_json::json!({ "app": app, "to": to, "first": 0, "last": 0, "count": 0, "expired": 0 }),
+        ),
+        PushAnswer::Refused {
+            bound,
+            why,
+            expired,
+        } => {
             let status = match bound {
                 crate::common::push::PushBound::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
                 _ => StatusCode::CONFLICT,
             };
             json(
                 status,
-                serde_json::json!({ "error": why, "refused": bound.word() }),
+                serde_json::json!({ "error": why, "refused": bound.word(), "expired": expired }),
             )
         }
-        Ok(Ok(PushAnswer::NotFound(why))) => error(StatusCode::NOT_FOUND, why),
-        Ok(Ok(PushAnswer::Unavailable(why))) => error(StatusCode::SERVICE_UNAVAILABLE, why),
-        Ok(Err(_)) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the node stopped before the push was applied: nothing was queued",
-        ),
-        Err(_) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "no answer within {} s (the store may be slow or its disk failing): the records may or may not be \
-                 queued",
-                ANSWER_WITHIN.as_secs()
-            ),
-        ),
+        PushAnswer::NotFound(why) => error(StatusCode::NOT_FOUND, why),
+        PushAnswer::Unavailable(why) => error(StatusCode::SERVICE_UNAVAILABLE, why),
+        PushAnswer::MaybeQueued(why) => maybe_queued(why),
     }
+}
+
+/// The answer to a push whose outcome the node does not know: 500, apart from 503's "nothing was queued", so that a
+/// client can tell "push again" from "pushing again may queue twice" by the status alone.
+fn maybe_queued(why: String) -> Answer {
+    json(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        serde_json::json!({ "error": why, "maybe_queued": true }),
+    )
 }
 
 /// `app` and `to` from a query string, percent-decoded.
@@ -314,11 +412,19 @@ fn target(query: &str) -> Result<(String, String), String> {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let v =
             percent_decode(v).ok_or_else(|| format!("{k}: not a percent-encoded UTF-8 value"))?;
-        match k {
-            "app" => app = Some(v),
-            "to" => to = Some(v),
+        let slot = match k {
+            "app" => &mut app,
+            "to" => &mut to,
             _ => return Err(format!("unknown parameter {k:?}: a push takes app and to")),
+        };
+        // Refused, not "the last wins": a push goes to one sender of one app, and a guess could queue records for
+        // the wrong device.
+        if slot.is_some() {
+            return Err(format!(
+                "{k} is given twice: a push names one app and one sender (push to each in a request of its own)"
+            ));
         }
+        *slot = Some(v);
     }
     match (app, to) {
         (Some(a), Some(t)) if !a.is_empty() && !t.is_empty() => Ok((a, t)),
@@ -394,5 +500,93 @@ mod tests {
         assert!(target("app=main&to=x&from=y").unwrap_err().contains("from"));
         assert!(target("app=%zz&to=x").is_err());
         assert!(target("app=%ff&to=x").is_err());
+        // Named twice, even the same: refused, never the last one taken.
+        assert!(
+            target("app=main&to=a&to=b")
+                .unwrap_err()
+                .contains("to is given twice")
+        );
+        assert!(
+            target("app=main&app=main&to=a")
+                .unwrap_err()
+                .contains("app is given twice")
+        );
+    }
+
+    fn status_and_json(a: Answer) -> (u16, serde_json::Value) {
+        let status = a.status().as_u16();
+        let body = body_of(a);
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    fn body_of(a: Answer) -> Vec<u8> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(a.into_body().collect())
+            .unwrap()
+            .to_bytes()
+            .to_vec()
+    }
+
+    /// Each outcome has a status a client can act on alone: 500 only where the records may or may not be queued,
+    /// 503 only where nothing was; a refusal names its bound and what the push deleted as expired.
+    #[test]
+    fn each_outcome_has_its_own_status() {
+        let (status, v) = status_and_json(http_answer(
+            "main",
+            "dev",
+            PushAnswer::MaybeQueued("may or may not".into()),
+        ));
+        assert_eq!(
+            (status, v["maybe_queued"].as_bool()),
+            (500, Some(true)),
+            "{v}"
+        );
+        let (status, _) = status_and_json(http_answer(
+            "main",
+            "dev",
+            PushAnswer::Unavailable("nothing".into()),
+        ));
+        assert_eq!(status, 503);
+        let (status, v) = status_and_json(http_answer(
+            "main",
+            "dev",
+            PushAnswer::Refused {
+                bound: crate::common::push::PushBound::MaxRecords,
+                why: "w".into(),
+                expired: 5,
+            },
+        ));
+        assert_eq!(status, 409);
+        assert_eq!(
+            (v["refused"].as_str(), v["expired"].as_u64()),
+            (Some("max_records"), Some(5))
+        );
+        let (status, v) = status_and_json(http_answer("main", "dev", PushAnswer::Empty));
+        assert_eq!(
+            (status, v["count"].as_u64(), v["last"].as_u64()),
+            (200, Some(0), Some(0))
+        );
+        let (status, v) = status_and_json(push_too_large());
+        assert_eq!((status, v["refused"].as_str()), (413, Some("too_large")));
+    }
+
+    #[test]
+    fn the_busy_answer_is_whole_http_with_its_length() {
+        let busy = String::from_utf8(busy_answer()).unwrap();
+        let (head, body) = busy.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains(&MAX_PUSH_CONNECTIONS.to_string())
+        );
     }
 }

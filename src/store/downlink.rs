@@ -79,11 +79,13 @@ impl DownLimits {
         let adding: u64 = records.iter().map(|p| p.len() as u64).sum();
         if waiting + records.len() as u64 > self.max_records {
             Some(DownRefusal::Records {
+                pushing: records.len() as u64,
                 waiting,
                 max: self.max_records,
             })
         } else if bytes + adding > self.max_bytes {
             Some(DownRefusal::Bytes {
+                pushing: adding,
                 waiting: bytes,
                 max: self.max_bytes,
             })
@@ -110,10 +112,18 @@ pub fn too_large(records: &[Vec<u8>]) -> Option<DownRefusal> {
 pub enum DownRefusal {
     /// A record is larger than [`MAX_DOWN_PAYLOAD`].
     TooLarge { index: usize, len: usize },
-    /// The sender would have more records waiting than `max_records`.
-    Records { waiting: u64, max: u64 },
-    /// The sender would have more bytes waiting than `max_bytes`.
-    Bytes { waiting: u64, max: u64 },
+    /// The sender would have more records waiting than `max_records`: the push has `pushing`, `waiting` wait.
+    Records {
+        pushing: u64,
+        waiting: u64,
+        max: u64,
+    },
+    /// The sender would have more bytes waiting than `max_bytes`: the push has `pushing`, `waiting` wait.
+    Bytes {
+        pushing: u64,
+        waiting: u64,
+        max: u64,
+    },
 }
 
 impl std::fmt::Display for DownRefusal {
@@ -124,15 +134,23 @@ impl std::fmt::Display for DownRefusal {
                 "record {} is {len} bytes, above the downlink limit of {MAX_DOWN_PAYLOAD}",
                 index + 1
             ),
-            DownRefusal::Records { waiting, max } => write!(
+            DownRefusal::Records {
+                pushing,
+                waiting,
+                max,
+            } => write!(
                 f,
-                "{waiting} records already wait for this sender; at most {max} may (max_records in the app's \
-                 [downlink] table of the apps file)"
+                "the push has {pushing} records and {waiting} already wait for this sender; at most {max} may \
+                 (max_records)"
             ),
-            DownRefusal::Bytes { waiting, max } => write!(
+            DownRefusal::Bytes {
+                pushing,
+                waiting,
+                max,
+            } => write!(
                 f,
-                "{waiting} bytes already wait for this sender; at most {max} may (max_bytes in the app's \
-                 [downlink] table of the apps file)"
+                "the push has {pushing} bytes of records and {waiting} bytes already wait for this sender; at most \
+                 {max} may (max_bytes)"
             ),
         }
     }
@@ -547,12 +565,17 @@ mod tests {
         // Two more would make 4 records waiting: refused whole, nothing written.
         assert_eq!(
             s.queue_down("dev", &recs(2), &limits).unwrap().0,
-            Pushed::Refused(DownRefusal::Records { waiting: 2, max: 3 })
+            Pushed::Refused(DownRefusal::Records {
+                pushing: 2,
+                waiting: 2,
+                max: 3
+            })
         );
         let big = vec![vec![0u8; 7]];
         assert_eq!(
             s.queue_down("dev", &big, &limits).unwrap().0,
             Pushed::Refused(DownRefusal::Bytes {
+                pushing: 7,
                 waiting: 4,
                 max: 10
             })
@@ -664,7 +687,11 @@ mod tests {
             .unwrap();
         assert_eq!(
             applied.down.pushes[0].0,
-            Pushed::Refused(DownRefusal::Records { waiting: 2, max: 2 })
+            Pushed::Refused(DownRefusal::Records {
+                pushing: 1,
+                waiting: 2,
+                max: 2
+            })
         );
         assert!(matches!(
             applied.down.pushes[1].0,

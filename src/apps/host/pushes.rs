@@ -13,7 +13,7 @@ use crate::common::push::{PushAnswer, PushBound};
 use crate::proto::allow_list::SenderIndex;
 use crate::proto::node::Node;
 use crate::proto::turn::AppIndex;
-use crate::store::downlink::{DownPush, DownRefusal, PushOutcome, Pushed};
+use crate::store::downlink::{DownPush, DownRefusal, MAX_DOWN_PAYLOAD, PushOutcome, Pushed};
 use tokio::sync::oneshot;
 
 /// A push taken by the loop: its records ride with the next turn, and its answer waits for that turn's outcome.
@@ -65,6 +65,60 @@ impl TurnPush {
     pub(super) fn unavailable(self, words: String) {
         let _ = self.answer.send(PushAnswer::Unavailable(words));
     }
+
+    /// Answers that the records may or may not be queued (the store may have kept them before it failed), and why.
+    pub(super) fn maybe_queued(self, words: String) {
+        let _ = self.answer.send(PushAnswer::MaybeQueued(words));
+    }
+}
+
+/// Why a push was refused, said to its pusher: what it would have made wait against the bound, where the bound is
+/// set, and what to do; and the expired records the refused push deleted, if it did.
+pub(super) fn refusal_words(app: &str, to: &str, refusal: &DownRefusal, expired: u64) -> String {
+    let why = match refusal {
+        DownRefusal::TooLarge { index, len } => format!(
+            "record {} of this push is {len} bytes, above the downlink limit of {MAX_DOWN_PAYLOAD} bytes per record \
+             (fixed: a record must fit one datagram to the device): split it into records of at most \
+             {MAX_DOWN_PAYLOAD} bytes, or send the device a reference to fetch it by",
+            index + 1
+        ),
+        DownRefusal::Records {
+            pushing,
+            waiting,
+            max,
+        } => format!(
+            "this push has {pushing} {}; {waiting} already wait{} for {to}; at most {max} may wait (max_records \
+             in [apps.{app}.downlink] of the apps file): push fewer at once, wait until the device takes what \
+             waits, or raise max_records and reload the node (SIGHUP)",
+            plural(*pushing, "record", "records"),
+            if *waiting == 1 { "s" } else { "" },
+        ),
+        DownRefusal::Bytes {
+            pushing,
+            waiting,
+            max,
+        } => format!(
+            "this push has {pushing} {} of records; {waiting} {} already wait{} for {to}; at most {max} may wait \
+             (max_bytes in [apps.{app}.downlink] of the apps file): push fewer or smaller records, wait until the \
+             device takes what waits, or raise max_bytes and reload the node (SIGHUP)",
+            plural(*pushing, "byte", "bytes"),
+            plural(*waiting, "byte", "bytes"),
+            if *waiting == 1 { "s" } else { "" },
+        ),
+    };
+    let swept = if expired > 0 {
+        format!(
+            " (this push deleted {expired} of {to}'s {} that had expired unsent)",
+            plural(expired, "record", "records")
+        )
+    } else {
+        String::new()
+    };
+    format!("nothing was queued for {to} in app {app}: {why}{swept}")
+}
+
+fn plural(n: u64, one: &'static str, many: &'static str) -> &'static str {
+    if n == 1 { one } else { many }
 }
 
 /// Takes the pushes of `app` out of `pushes` and the outcomes beside them out of `pushed` (each app's in the order
@@ -86,6 +140,40 @@ pub(super) fn extract(
     of_app
 }
 
+/// What a push's pusher is told of its outcome in app `app` (none: the store ended before it said).
+pub(super) fn answer_of(outcome: Option<&PushOutcome>, app: &str, to: &str) -> PushAnswer {
+    match outcome {
+        Some(PushOutcome::Done(Pushed::Queued { first, count }, expired)) => PushAnswer::Queued {
+            first: *first,
+            count: *count,
+            expired: *expired,
+        },
+        Some(PushOutcome::Done(Pushed::Refused(r), expired)) => PushAnswer::Refused {
+            bound: match r {
+                DownRefusal::TooLarge { .. } => PushBound::TooLarge,
+                DownRefusal::Records { .. } => PushBound::MaxRecords,
+                DownRefusal::Bytes { .. } => PushBound::MaxBytes,
+            },
+            why: refusal_words(app, to, r, *expired),
+            expired: *expired,
+        },
+        Some(PushOutcome::Failed {
+            error,
+            maybe_queued: false,
+        }) => PushAnswer::Unavailable(format!(
+            "app {app} could not queue ({error}): nothing was queued; push again once it stores"
+        )),
+        Some(PushOutcome::Failed { error, .. }) => PushAnswer::MaybeQueued(format!(
+            "app {app} could not queue ({error}): the records may or may not be queued (the store may have \
+             committed them before it failed); pushing them again may queue them twice"
+        )),
+        None => PushAnswer::MaybeQueued(format!(
+            "app {app}: the store ended before it answered this push: the records may or may not be queued; \
+             pushing them again may queue them twice"
+        )),
+    }
+}
+
 impl Host {
     /// Answers a turn's pushes from their outcomes: each app's pushes in the order its part carried them.
     pub(super) fn answer_pushes(
@@ -100,64 +188,117 @@ impl Host {
         }
         for p in pushes {
             let i = p.app as usize;
-            let name = self.apps[i].config.name.clone();
             let outcome = pushed
                 .iter_mut()
                 .find(|(a, _)| *a == p.app)
                 .and_then(|(_, list)| list.pop());
-            let (done, expired) = match outcome {
-                Some(PushOutcome::Done(done, expired)) => (done, expired),
-                Some(PushOutcome::Failed {
-                    error,
-                    maybe_queued: false,
-                }) => {
-                    p.unavailable(format!(
-                        "app {name} could not queue ({error}): nothing was queued; push again once it stores"
-                    ));
-                    continue;
-                }
-                Some(PushOutcome::Failed { error, .. }) => {
-                    p.unavailable(format!(
-                        "app {name} could not queue ({error}): the records may or may not be queued (the store may \
-                         have committed them before it failed); pushing them again may queue them twice"
-                    ));
-                    continue;
-                }
-                None => {
-                    p.unavailable(format!(
-                        "app {name}: the store ended before it answered this push; it may or may not be queued"
-                    ));
-                    continue;
-                }
-            };
             let a = &mut self.apps[i];
-            a.down_expired += expired;
-            match done {
-                Pushed::Queued { first, count } => {
-                    a.down_queued += count;
-                    if !p.read_with_it {
-                        node.downlink_queued(now, p.sender, p.app);
+            let answer = answer_of(outcome.as_ref(), &a.config.name, &p.to);
+            if let Some((done, expired)) = outcome.as_ref().and_then(PushOutcome::done) {
+                a.down_expired += expired;
+                match done {
+                    Pushed::Queued { count, .. } => {
+                        a.down_queued += count;
+                        if !p.read_with_it {
+                            node.downlink_queued(now, p.sender, p.app);
+                        }
                     }
-                    let queued = PushAnswer::Queued {
-                        first,
-                        count,
-                        expired,
-                    };
-                    let _ = p.answer.send(queued);
-                }
-                Pushed::Refused(r) => {
-                    a.down_refused += p.records;
-                    let bound = match r {
-                        DownRefusal::TooLarge { .. } => PushBound::TooLarge,
-                        DownRefusal::Records { .. } => PushBound::MaxRecords,
-                        DownRefusal::Bytes { .. } => PushBound::MaxBytes,
-                    };
-                    let _ = p.answer.send(PushAnswer::Refused {
-                        bound,
-                        why: format!("nothing was queued for {} in app {name}: {r}", p.to),
-                    });
+                    Pushed::Refused(_) => a.down_refused += p.records,
                 }
             }
+            let _ = p.answer.send(answer);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+
+    fn failed(maybe_queued: bool) -> PushOutcome {
+        PushOutcome::Failed {
+            error: std::sync::Arc::new(StoreError::FailedEarlier {
+                path: "main.sqlite".into(),
+            }),
+            maybe_queued,
+        }
+    }
+
+    /// A store that may have kept the records before it failed is told apart from one that kept nothing: the
+    /// pusher may not push again as if nothing were queued (docs/downlink.md, exit 74 and 500).
+    #[test]
+    fn a_push_the_store_may_have_kept_is_answered_maybe_queued() {
+        assert!(matches!(
+            answer_of(Some(&failed(true)), "main", "dev"),
+            PushAnswer::MaybeQueued(w) if w.contains("may or may not be queued")
+        ));
+        assert!(matches!(
+            answer_of(None, "main", "dev"),
+            PushAnswer::MaybeQueued(w) if w.contains("may or may not be queued")
+        ));
+        assert!(matches!(
+            answer_of(Some(&failed(false)), "main", "dev"),
+            PushAnswer::Unavailable(w) if w.contains("nothing was queued")
+        ));
+    }
+
+    /// A refusal says the push's own size beside what waits, names the app's own table, gives the fix, and says
+    /// what expired records the refused push deleted.
+    #[test]
+    fn a_refusal_says_the_push_the_table_the_fix_and_what_expired() {
+        let refused = |r: DownRefusal, expired: u64| match answer_of(
+            Some(&PushOutcome::Done(Pushed::Refused(r), expired)),
+            "sensors",
+            "hall",
+        ) {
+            PushAnswer::Refused { why, expired, .. } => (why, expired),
+            other => panic!("{other:?}"),
+        };
+        let (why, expired) = refused(
+            DownRefusal::Records {
+                pushing: 6,
+                waiting: 0,
+                max: 5,
+            },
+            5,
+        );
+        assert_eq!(expired, 5);
+        for words in [
+            "nothing was queued for hall in app sensors",
+            "this push has 6 records; 0 already wait for hall; at most 5 may wait",
+            "max_records in [apps.sensors.downlink] of the apps file",
+            "push fewer at once, wait until the device takes what waits, or raise max_records and reload",
+            "this push deleted 5 of hall's records that had expired unsent",
+        ] {
+            assert!(why.contains(words), "{words:?} not in {why:?}");
+        }
+        let (why, _) = refused(
+            DownRefusal::Bytes {
+                pushing: 120,
+                waiting: 1,
+                max: 100,
+            },
+            0,
+        );
+        for words in [
+            "this push has 120 bytes of records; 1 byte already waits for hall; at most 100 may wait",
+            "max_bytes in [apps.sensors.downlink]",
+            "raise max_bytes and reload",
+        ] {
+            assert!(why.contains(words), "{words:?} not in {why:?}");
+        }
+        assert!(!why.contains("expired"), "{why}");
+        let (why, _) = refused(
+            DownRefusal::TooLarge {
+                index: 1,
+                len: 1025,
+            },
+            0,
+        );
+        assert!(
+            why.contains("record 2 of this push is 1025 bytes") && why.contains("split it"),
+            "{why}"
+        );
     }
 }
