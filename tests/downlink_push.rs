@@ -73,6 +73,28 @@ fn setup(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     (key, senders)
 }
 
+/// A node on `dir/state` with the senders of [`setup`] and an apps file of `apps_toml`: (node, state, apps file).
+fn node_with_apps(
+    dir: &Path,
+    senders: &Path,
+    apps_toml: &str,
+) -> (NodeProcess, std::path::PathBuf, std::path::PathBuf) {
+    let apps = dir.join("apps.toml");
+    std::fs::write(&apps, apps_toml).unwrap();
+    let state = dir.join("state");
+    let node = NodeProcess::start(
+        &state,
+        &[
+            "--senders",
+            senders.to_str().unwrap(),
+            "--apps",
+            apps.to_str().unwrap(),
+        ],
+        None,
+    );
+    (node, state, apps)
+}
+
 #[test]
 fn pushed_records_reach_the_device_once_in_order_across_a_node_kill() {
     let dir = tempfile::tempdir().unwrap();
@@ -153,22 +175,10 @@ fn a_record_pushed_to_a_live_listening_session_goes_out_without_waiting_for_the_
 fn pushes_that_cannot_be_queued_say_why_queue_nothing_and_exit_by_kind() {
     let dir = tempfile::tempdir().unwrap();
     let (key, senders) = setup(dir.path());
-    let apps = dir.path().join("apps.toml");
-    std::fs::write(
-        &apps,
+    let (node, state, _apps) = node_with_apps(
+        dir.path(),
+        &senders,
         "[apps.main]\naccept = [\"kitchen-1\"]\n[apps.main.downlink]\nmax_records = 3\n",
-    )
-    .unwrap();
-    let state = dir.path().join("state");
-    let node = NodeProcess::start(
-        &state,
-        &[
-            "--senders",
-            senders.to_str().unwrap(),
-            "--apps",
-            apps.to_str().unwrap(),
-        ],
-        None,
     );
     let cases: [(&str, &str, &[u8], i32, &str); 5] = [
         ("main", "nobody", b"x\n", 67, "no sender \"nobody\""),
@@ -323,20 +333,8 @@ fn a_reload_of_the_senders_file_decides_who_may_be_pushed_to() {
 fn a_reload_of_the_apps_file_applies_and_says_new_downlink_bounds() {
     let dir = tempfile::tempdir().unwrap();
     let (_key, senders) = setup(dir.path());
-    let apps = dir.path().join("apps.toml");
     let bounds = |n: u32| format!("[apps.main]\n[apps.main.downlink]\nmax_records = {n}\n");
-    std::fs::write(&apps, bounds(2)).unwrap();
-    let state = dir.path().join("state");
-    let node = NodeProcess::start(
-        &state,
-        &[
-            "--senders",
-            senders.to_str().unwrap(),
-            "--apps",
-            apps.to_str().unwrap(),
-        ],
-        None,
-    );
+    let (node, state, apps) = node_with_apps(dir.path(), &senders, &bounds(2));
     let (code, out) = push(&state, "main", "kitchen-1", b"a\nb\nc\n");
     assert_eq!(code, 65, "{out}");
     std::fs::write(&apps, bounds(5)).unwrap();
@@ -633,22 +631,10 @@ fn an_empty_push_checks_its_app_and_sender_and_queues_nothing() {
 fn a_refusal_says_the_push_the_table_the_fix_and_what_it_deleted_as_expired() {
     let dir = tempfile::tempdir().unwrap();
     let (_key, senders) = setup(dir.path());
-    let apps = dir.path().join("apps.toml");
-    std::fs::write(
-        &apps,
+    let (_node, state, _apps) = node_with_apps(
+        dir.path(),
+        &senders,
         "[apps.sensors]\n[apps.sensors.downlink]\nmax_records = 3\nmax_bytes = 100\nexpiry_seconds = 1\n",
-    )
-    .unwrap();
-    let state = dir.path().join("state");
-    let _node = NodeProcess::start(
-        &state,
-        &[
-            "--senders",
-            senders.to_str().unwrap(),
-            "--apps",
-            apps.to_str().unwrap(),
-        ],
-        None,
     );
     let (code, out) = push(&state, "sensors", "kitchen-1", b"a\nb\n");
     assert_eq!(code, 0, "{out}");
