@@ -16,7 +16,7 @@ use pure_serve::proto::admission::AdmissionConfig;
 use pure_serve::proto::allow_list::AllowList;
 use pure_serve::proto::crypto::{self, Identity, PublicKeyBytes};
 use pure_serve::proto::node::{DropReason, Node, NodeConfig};
-use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
+use pure_serve::proto::sender::{DEFAULT_DATAGRAM, FlowStart, Sender, SenderConfig, SenderEvent};
 use pure_serve::proto::turn::{Committed, Turn};
 use pure_serve::proto::wire;
 use pure_serve::store::Stores;
@@ -116,6 +116,9 @@ struct Sim {
     /// `outlet_acked` of them, is this far behind.
     lag_budget: Option<u64>,
     outlet_acked: u64,
+    /// As `UdpLink` does for UDP GSO (research/033): senders pad a datagram within this many bytes of full to
+    /// full (`Sender::poll_transmit_padded`).
+    pad_slack: Option<usize>,
 }
 
 /// How long a sync takes with `finish_late` (an fdatasync on the development machines: ~0.2–1 ms).
@@ -189,6 +192,7 @@ impl Sim {
             unfinished: Vec::new(),
             lag_budget: None,
             outlet_acked: 0,
+            pad_slack: None,
         }
     }
 
@@ -417,7 +421,10 @@ impl Sim {
         // Senders send what the answers and timers made due, before the clock moves.
         let mut buf = Vec::new();
         for i in 0..self.devices.len() {
-            while self.devices[i].sender.poll_transmit(self.now, &mut buf) {
+            while self.devices[i]
+                .sender
+                .poll_transmit_padded(self.now, &mut buf, self.pad_slack)
+            {
                 let bytes = buf.clone();
                 self.send(i, Dest::Node, bytes);
             }
@@ -553,6 +560,39 @@ fn loss_duplication_and_reordering_still_store_each_record_exactly_once() {
         assert!(
             c.dropped(DropReason::Replay) > 0 || c.duplicate_records > 0,
             "seed {seed}: duplicates seen"
+        );
+    }
+}
+
+/// Senders that pad near-full datagrams to full, as `UdpLink` does to send runs of them with GSO (research/033):
+/// the same loss, duplication and reordering both ways, each record once, and most datagrams exactly full.
+#[test]
+fn padded_full_datagrams_under_loss_duplication_and_reordering_store_each_record_once() {
+    let net = NetConfig {
+        loss: 0.2,
+        duplicate: 0.1,
+        base_delay: Duration::from_millis(2),
+        jitter: Duration::from_millis(15),
+    };
+    for seed in 1..=8 {
+        let mut sim = Sim::new(seed, net, 3, FlowStart::Probe);
+        sim.down = net;
+        sim.pad_slack = Some(DEFAULT_DATAGRAM / 16);
+        for i in 0..3 {
+            sim.queue(i, 400);
+        }
+        sim.run_until_idle(Duration::from_secs(600));
+        sim.assert_exactly_once();
+        let sent: Vec<usize> = sim
+            .devices
+            .iter()
+            .flat_map(|d| d.sent.iter().map(Vec::len))
+            .collect();
+        let full = sent.iter().filter(|&&n| n == DEFAULT_DATAGRAM).count();
+        assert!(
+            full * 2 > sent.len(),
+            "seed {seed}: {full} of {} datagrams full",
+            sent.len()
         );
     }
 }
