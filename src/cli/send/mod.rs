@@ -345,8 +345,9 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
             say("nothing to send: standard input was empty".to_string());
         }
     } else {
+        let records = if lines == 1 { "record" } else { "records" };
         say(format!(
-            "stored {lines} records for app {} (seq {}–{through}) in {secs:.2} s ({:.0} records/s)",
+            "stored {lines} {records} for app {} (seq {}–{through}) in {secs:.2} s ({:.0} records/s)",
             args.app,
             first_seq.unwrap_or(1),
             lines as f64 / secs.max(1e-9)
