@@ -368,3 +368,33 @@ fn draining_records_costs_no_sync_per_answer_and_a_raised_number_is_synced_first
     let (out, err) = device.run(&node);
     assert_eq!(out, "after\n", "{err}");
 }
+
+/// An outside tester's LISTEN with `heard` 2^63 − 1 made every later push to its device and every later LISTEN
+/// of it fail its app's whole turn. A `heard` above 2^62 − 1 is taken as 2^62 − 1 (docs/protocol.md 12.2): the
+/// device's run works, pushes are numbered on above it, and the app keeps storing.
+#[test]
+fn a_device_that_says_it_heard_more_than_the_largest_fails_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (device, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    for heard in [i64::MAX as u64, u64::MAX] {
+        std::fs::write(&device.heard, format!("{heard}\n")).unwrap();
+        device.run(&node);
+        for _ in 0..2 {
+            let (code, said) = ops_util::push(&state, "main", "kitchen-1", b"x\n");
+            assert_eq!(code, 0, "{said}");
+        }
+        device.run(&node);
+    }
+    let (code, said) = ops_util::push(&state, "main", "kitchen-1", b"x\n");
+    assert_eq!(code, 0, "{said}");
+    assert!(
+        said.contains(&format!("sequence {}", (1u64 << 62) + 4)),
+        "{said}"
+    );
+    assert_eq!(
+        node.metric("pure_app_turns_failed_total{app=\"main\"}"),
+        Some(0.0)
+    );
+}

@@ -156,6 +156,12 @@ impl std::fmt::Display for DownRefusal {
     }
 }
 
+/// The largest `heard` a LISTEN is taken at (docs/protocol.md 12.2): a device that says more is taken as saying
+/// this, so a flow's next number (one above `heard` at most, then one per record pushed) stays far below the
+/// store's signed 64-bit integers (2^63 − 1) whatever a device says, and no device can fail its app's turns. No flow gets here by pushing: at a million
+/// records a second it would take 146,000 years.
+pub const MAX_DOWN_HEARD: u64 = (1 << 62) - 1;
+
 /// What a push did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pushed {
@@ -342,7 +348,7 @@ pub(super) fn apply_fetches(
     )?;
     let mut last = tx.prepare_cached("SELECT MAX(seq) FROM downlink WHERE sender = ?1")?;
     for f in fetches {
-        let heard = f.heard.min(super::MAX_SEQ) as i64;
+        let heard = f.heard.min(MAX_DOWN_HEARD) as i64;
         if heard > 0 {
             out.delivered += delivered.execute(params![f.source, heard])? as u64;
             if ack.execute(params![f.source, heard])? == 0 {
@@ -635,6 +641,53 @@ mod tests {
             key: [0; 32],
             records: records.iter().map(|r| r.to_vec()).collect(),
             limits,
+        }
+    }
+
+    /// An outside tester's LISTEN with `heard` 2^63 − 1 made the flow's next number a REAL, and every later push
+    /// and LISTEN of that device failed its app's whole turn; with 2^63 − 2 the next number stuck and a push gave it
+    /// twice. A `heard` above [`MAX_DOWN_HEARD`] is taken as it.
+    #[test]
+    fn a_heard_past_the_largest_is_taken_as_the_largest_and_numbers_go_on_above_it() {
+        let limits = DownLimits::default();
+        for heard in [
+            u64::MAX,
+            i64::MAX as u64,
+            i64::MAX as u64 - 1,
+            MAX_DOWN_HEARD,
+        ] {
+            let mut s = AppStore::open_in_memory("down").unwrap();
+            s.queue_down("dev", &[b"before".to_vec()], &limits).unwrap();
+            let applied = s
+                .apply_with_down(&mut [], &[], false, &[fetch("dev", heard, 1000)], &[])
+                .unwrap();
+            assert_eq!(applied.down.delivered, 1, "{heard}");
+            assert!(applied.down.raised, "{heard}");
+            let read = &applied.down.reads[0];
+            assert_eq!((read.after, read.last), (MAX_DOWN_HEARD, 0), "{heard}");
+            for k in 0..2u64 {
+                let (pushed, _) = s.queue_down("dev", &[b"after".to_vec()], &limits).unwrap();
+                assert_eq!(
+                    pushed,
+                    Pushed::Queued {
+                        first: MAX_DOWN_HEARD + 1 + k,
+                        count: 1
+                    },
+                    "{heard}"
+                );
+            }
+            // The device's next LISTEN, saying the same, is taken at the largest again: the records above it are
+            // read for it (a device that says it has them is not handed them), and nothing fails.
+            let applied = s
+                .apply_with_down(&mut [], &[], false, &[fetch("dev", heard, 1000)], &[])
+                .unwrap();
+            assert_eq!(applied.down.delivered, 0, "{heard}");
+            let seqs: Vec<u64> = applied.down.reads[0]
+                .records
+                .iter()
+                .map(|r| r.seq)
+                .collect();
+            assert_eq!(seqs, [MAX_DOWN_HEARD + 1, MAX_DOWN_HEARD + 2], "{heard}");
         }
     }
 

@@ -1454,7 +1454,7 @@ struct FetchArgs {
 
 impl FetchArgs {
     fn of(fetches: &[OwnedFetch]) -> Self {
-        let heard_of = |f: &OwnedFetch| f.heard.min(super::MAX_SEQ) as i64;
+        let heard_of = |f: &OwnedFetch| f.heard.min(super::downlink::MAX_DOWN_HEARD) as i64;
         let mut folded: Vec<(&str, i64)> = fetches
             .iter()
             .map(|f| (f.source.as_str(), heard_of(f)))
