@@ -1228,14 +1228,21 @@ fn record_apps(
 /// allow-list however many names the accept lists hold.
 fn accept_warnings(apps: &AppsConfig, senders: &AllowList) -> Vec<String> {
     use crate::apps::config::Accept;
+    // Every name the apps file names: accept lists and forwarders (an outside tester saw every forwarder warned
+    // of as not listed when only accept's names were looked for).
     let wanted: std::collections::HashSet<&str> = apps
         .apps
         .iter()
-        .filter_map(|a| match &a.accept {
-            Accept::Only(names) => Some(names.iter().map(String::as_str)),
-            Accept::All => None,
+        .flat_map(|a| {
+            let accepted = match &a.accept {
+                Accept::Only(names) => names.as_slice(),
+                Accept::All => &[],
+            };
+            accepted
+                .iter()
+                .chain(a.forwarders.iter())
+                .map(String::as_str)
         })
-        .flatten()
         .collect();
     let mut listed = std::collections::HashSet::new();
     if !wanted.is_empty() {
@@ -1379,5 +1386,31 @@ fn wait_readable(socket: Option<&UdpSocket>, wakes: &[Option<RawFd>], timeout: D
         if p.fd >= 0 && p.revents & libc::POLLIN != 0 {
             crate::common::wake::clear_eventfd(p.fd);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::crypto::Identity;
+
+    #[test]
+    fn a_forwarder_or_accepted_sender_that_is_listed_is_not_warned_of() {
+        let apps = AppsConfig::parse(
+            std::path::Path::new("apps.toml"),
+            "[apps.a]\naccept = [\"hall\", \"attic\"]\n[apps.f]\nforwarders = [\"edge\", \"edge-9\"]\n",
+        )
+        .unwrap();
+        let senders = AllowList::from_unique(vec![
+            ("hall".into(), *Identity::generate().public()),
+            ("edge".into(), *Identity::generate().public()),
+        ]);
+        let w = accept_warnings(&apps, &senders);
+        assert_eq!(w.len(), 2, "{w:#?}");
+        assert!(w[0].contains("sender attic is not"), "{w:#?}");
+        assert!(
+            w[1].contains("key forwarders: sender edge-9 is not"),
+            "{w:#?}"
+        );
     }
 }
