@@ -124,6 +124,16 @@ struct Sim {
 /// How long a sync takes with `finish_late` (an fdatasync on the development machines: ~0.2–1 ms).
 const SYNC_TIME: Duration = Duration::from_micros(500);
 
+/// A path that loses a fifth of the packets, duplicates a tenth, and delays them 2–17 ms (so it reorders).
+fn lossy() -> NetConfig {
+    NetConfig {
+        loss: 0.2,
+        duplicate: 0.1,
+        base_delay: Duration::from_millis(2),
+        jitter: Duration::from_millis(15),
+    }
+}
+
 fn apps() -> Vec<String> {
     vec!["main".into(), "second".into()]
 }
@@ -539,12 +549,7 @@ fn clean_network_delivers_everything_once() {
 
 #[test]
 fn loss_duplication_and_reordering_still_store_each_record_exactly_once() {
-    let net = NetConfig {
-        loss: 0.2,
-        duplicate: 0.1,
-        base_delay: Duration::from_millis(2),
-        jitter: Duration::from_millis(15),
-    };
+    let net = lossy();
     for seed in 1..=12 {
         let mut sim = Sim::new(seed, net, 3, FlowStart::Probe);
         for i in 0..3 {
@@ -568,12 +573,7 @@ fn loss_duplication_and_reordering_still_store_each_record_exactly_once() {
 /// the same loss, duplication and reordering both ways, each record once, and most datagrams exactly full.
 #[test]
 fn padded_full_datagrams_under_loss_duplication_and_reordering_store_each_record_once() {
-    let net = NetConfig {
-        loss: 0.2,
-        duplicate: 0.1,
-        base_delay: Duration::from_millis(2),
-        jitter: Duration::from_millis(15),
-    };
+    let net = lossy();
     for seed in 1..=8 {
         let mut sim = Sim::new(seed, net, 3, FlowStart::Probe);
         sim.down = net;
