@@ -598,7 +598,7 @@ impl ReadyNode {
             self.node.handle_timeout(now);
             // A downlink RTO that passed put a read into the turn: take it in the next round at once, not after the
             // next wake (an outside tester saw every DOWN resent 100 ms late, the loop's longest sleep).
-            if !self.node.turn_is_empty() {
+            if !self.node.turn_is_empty() && self.host.can_take_turn() {
                 more_work = true;
             }
             if self.node.counters().sessions_swept - swept_before >= TRIM_AFTER_SWEPT {
