@@ -838,10 +838,10 @@ impl Host {
         let mut taken_pushes = Vec::new();
         let mut pushed: Vec<(AppIndex, Vec<PushOutcome>)> = Vec::new();
         let mut waiting_pushes = std::mem::take(&mut self.turn_pushes);
-        // Whether the turn's answers must wait for its sync: it stored records, queued pushes or raised a downlink
-        // flow's next number. A turn that only read downlink for LISTENs (deleting what devices have, reading
-        // what waits, all of it synced by earlier turns) is answered once committed, when no earlier turn waits
-        // for its sync (docs/store.md, "Downlink").
+        // Whether the turn's answers must wait for its sync: it stored records, queued pushes, wrote outlets'
+        // progress (synced when written, as always) or raised a downlink flow's next number. A turn that only read
+        // downlink for LISTENs (deleting what devices have, reading what waits, all of it synced by earlier turns)
+        // is answered once committed, when no earlier turn waits for its sync (docs/store.md, "Downlink").
         let mut answer_after_sync = false;
         for (i, pieces) in per_app.iter_mut().enumerate() {
             let app = &mut self.apps[i];
@@ -889,7 +889,7 @@ impl Host {
             };
             let to_queue: Vec<&DownPush> =
                 app_pushes.iter().filter_map(TurnPush::records).collect();
-            answer_after_sync |= !pieces.is_empty() || !app_pushes.is_empty();
+            answer_after_sync |= !pieces.is_empty() || !app_pushes.is_empty() || write_progress;
             let commits = store.commits();
             let result = store
                 .apply_with_down(pieces, &progress_refs, keep_new, &fetches[i], &to_queue)
