@@ -313,6 +313,13 @@ pub struct DownApplied {
     pub raised: bool,
 }
 
+// `CAST(?1 AS TEXT)`: with a bare `sender = ?1` beside an ORDER BY or a MAX, SQLite's planner takes the parameter for
+// one the plan depends on, and prepares the statement again whenever it is bound to another value: at every read
+// (research/035). The cast changes nothing else (the same search of the primary key).
+const READ_SQL: &str =
+    "SELECT seq, payload FROM downlink WHERE sender = CAST(?1 AS TEXT) AND seq > ?2 ORDER BY seq";
+const LAST_SQL: &str = "SELECT MAX(seq) FROM downlink WHERE sender = CAST(?1 AS TEXT)";
+
 /// Runs the fetches in the app's open transaction. `swept`: senders whose expired records this transaction deleted
 /// already, at the same `now` (its pushes').
 pub(super) fn apply_fetches(
@@ -343,10 +350,8 @@ pub(super) fn apply_fetches(
          ON CONFLICT (sender) DO UPDATE SET acked = MAX(acked, excluded.acked),
              next_seq = MAX(next_seq, excluded.next_seq)",
     )?;
-    let mut read = tx.prepare_cached(
-        "SELECT seq, payload FROM downlink WHERE sender = ?1 AND seq > ?2 ORDER BY seq",
-    )?;
-    let mut last = tx.prepare_cached("SELECT MAX(seq) FROM downlink WHERE sender = ?1")?;
+    let mut read = tx.prepare_cached(READ_SQL)?;
+    let mut last = tx.prepare_cached(LAST_SQL)?;
     for f in fetches {
         let heard = f.heard.min(MAX_DOWN_HEARD) as i64;
         if heard > 0 {
@@ -751,6 +756,26 @@ mod tests {
             Pushed::Refused(DownRefusal::TooLarge { index: 0, .. })
         ));
         assert_eq!(s.count_down_waiting(), 2);
+    }
+
+    /// The statements of a read stay prepared from one turn to the next (research/035: the read was prepared again
+    /// at every turn, a seventh of the loop's time under pushes to a live session).
+    #[test]
+    fn the_reads_statements_are_not_prepared_again_at_each_turn() {
+        use rusqlite::StatementStatus;
+        let mut s = AppStore::open_in_memory("reprepare").unwrap();
+        let limits = DownLimits::default();
+        for i in 0..20 {
+            let push = push_of("dev", &[b"a", b"b"], limits);
+            // A room for one record of the two: the read fills it, so the last one is asked of the store too.
+            s.apply_with_down(&mut [], &[], false, &[fetch("dev", i, 3)], &[&push])
+                .unwrap();
+        }
+        for sql in [READ_SQL, LAST_SQL] {
+            let st = s.conn.prepare_cached(sql).unwrap();
+            assert_eq!(st.get_status(StatementStatus::Run), 20, "{sql}");
+            assert_eq!(st.get_status(StatementStatus::RePrepare), 0, "{sql}");
+        }
     }
 
     #[test]

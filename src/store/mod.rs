@@ -194,6 +194,9 @@ const MAX_SEQ: u64 = i64::MAX as u64;
 /// The layout's version in `PRAGMA user_version` (docs/store.md).
 pub const LAYOUT_VERSION: i64 = 2;
 
+/// Prepared statements a store keeps: more than all the distinct statements its turns, downlink and checkpoints run.
+const STATEMENTS_KEPT: usize = 64;
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sources (
     id    INTEGER PRIMARY KEY,
@@ -723,6 +726,9 @@ impl AppStore {
             path: path.clone(),
             source,
         };
+        // Every statement a turn may run stays prepared: rusqlite keeps 16 by default, fewer than a turn of records
+        // and downlink together uses, and each one evicted was parsed again at its next use (research/035).
+        conn.set_prepared_statement_cache_capacity(STATEMENTS_KEPT);
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(sql)?;
