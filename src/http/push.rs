@@ -25,7 +25,10 @@ use tokio::sync::{oneshot, watch};
 use super::routes::{Answer, answer};
 use super::serve::stopping;
 use super::{HttpError, Shared};
-use crate::common::push::{MAX_PUSH_BODY, PushAnswer, PushRefused, PushRequest};
+use crate::common::push::{
+    MAX_PUSH_BODY, PushAnswer, PushRefused, PushRequest, answer_json, lines, maybe_queued_json,
+    target, too_large_json,
+};
 
 /// Push connections open at once (docs/downlink.md, "The push socket's requests"); one more is answered 503
 /// ([`busy_answer`]) and closed. Pushers are the node's own machine's programs, so a few suffice, and a runaway one
@@ -253,21 +256,13 @@ fn error(status: StatusCode, why: impl Into<String>) -> Answer {
     json(status, serde_json::json!({ "error": why.into() }))
 }
 
-/// The answer to a body past [`MAX_PUSH_BODY`]: refused `too_large` like a record too large, so a client that reads
-/// `refused` of a 413 finds it; not counted in the app's refused records (the body is not read, so neither are its
-/// records).
+/// The answer to a body past [`MAX_PUSH_BODY`] (`too_large_json` says why it reads as it does).
 fn push_too_large() -> Answer {
-    json(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        serde_json::json!({
-            "error": format!(
-                "this push is more than {MAX_PUSH_BODY} bytes (4 MiB), the most one push takes: nothing was \
-                 queued; push the records in parts"
-            ),
-            "refused": "too_large",
-            "expired": 0,
-        }),
-    )
+    let (_, value) = too_large_json(format!(
+        "this push is more than {MAX_PUSH_BODY} bytes (4 MiB), the most one push takes: nothing was queued; push \
+         the records in parts"
+    ));
+    json(StatusCode::PAYLOAD_TOO_LARGE, value)
 }
 
 async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
@@ -360,158 +355,21 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
 
 /// The HTTP answer to what became of a push to `to` in `app` (docs/downlink.md, "The push socket's requests").
 fn http_answer(app: &str, to: &str, a: PushAnswer) -> Answer {
-    match a {
-        PushAnswer::Queued {
-            first,
-            count,
-            expired,
-        } => json(
-            StatusCode::OK,
-            serde_json::json!({
-                "app": app, "to": to, "first": first, "last": first + count.max(1) - 1, "count": count,
-                "expired": expired,
-            }),
-        ),
-        PushAnswer::Empty => json(
-            StatusCode::OK,
-            serde_json::json!({ "app": app, "to": to, "first": 0, "last": 0, "count": 0, "expired": 0 }),
-        ),
-        PushAnswer::Refused {
-            bound,
-            why,
-            expired,
-        } => {
-            let status = match bound {
-                crate::common::push::PushBound::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-                _ => StatusCode::CONFLICT,
-            };
-            json(
-                status,
-                serde_json::json!({ "error": why, "refused": bound.word(), "expired": expired }),
-            )
-        }
-        PushAnswer::NotFound(why) => error(StatusCode::NOT_FOUND, why),
-        PushAnswer::Unavailable(why) => error(StatusCode::SERVICE_UNAVAILABLE, why),
-        PushAnswer::MaybeQueued(why) => maybe_queued(why),
-    }
-}
-
-/// The answer to a push whose outcome the node does not know: 500, apart from 503's "nothing was queued", so that a
-/// client can tell "push again" from "pushing again may queue twice" by the status alone.
-fn maybe_queued(why: String) -> Answer {
+    let (status, value) = answer_json(app, to, a);
     json(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        serde_json::json!({ "error": why, "maybe_queued": true }),
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        value,
     )
 }
 
-/// `app` and `to` from a query string, percent-decoded.
-fn target(query: &str) -> Result<(String, String), String> {
-    let (mut app, mut to) = (None, None);
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v =
-            percent_decode(v).ok_or_else(|| format!("{k}: not a percent-encoded UTF-8 value"))?;
-        let slot = match k {
-            "app" => &mut app,
-            "to" => &mut to,
-            _ => return Err(format!("unknown parameter {k:?}: a push takes app and to")),
-        };
-        // Refused, not "the last wins": a push goes to one sender of one app, and a guess could queue records for
-        // the wrong device.
-        if slot.is_some() {
-            return Err(format!(
-                "{k} is given twice: a push names one app and one sender (push to each in a request of its own)"
-            ));
-        }
-        *slot = Some(v);
-    }
-    match (app, to) {
-        (Some(a), Some(t)) if !a.is_empty() && !t.is_empty() => Ok((a, t)),
-        _ => Err("a push names its app and its sender: POST /push?app=APP&to=SENDER".into()),
-    }
-}
-
-/// Decodes `%XX` and `+` of a query value. By hand: two names per request need no URL crate.
-fn percent_decode(v: &str) -> Option<String> {
-    let b = v.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// The records of a body: each line without its `\n`; a last line without one counts; nothing after a last `\n`.
-pub fn lines(body: &[u8]) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    let mut rest = body;
-    while !rest.is_empty() {
-        match memchr::memchr(b'\n', rest) {
-            Some(k) => {
-                out.push(rest[..k].to_vec());
-                rest = &rest[k + 1..];
-            }
-            None => {
-                out.push(rest.to_vec());
-                rest = &[];
-            }
-        }
-    }
-    out
+fn maybe_queued(why: String) -> Answer {
+    let (_, value) = maybe_queued_json(why);
+    json(StatusCode::INTERNAL_SERVER_ERROR, value)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_body_is_its_lines_and_an_unended_last_line_counts() {
-        assert_eq!(lines(b""), Vec::<Vec<u8>>::new());
-        assert_eq!(lines(b"a\n\nb"), vec![b"a".to_vec(), vec![], b"b".to_vec()]);
-        assert_eq!(lines(b"a\n"), vec![b"a".to_vec()]);
-        assert_eq!(lines(b"\n"), vec![Vec::<u8>::new()]);
-    }
-
-    #[test]
-    fn the_target_is_decoded_and_checked() {
-        assert_eq!(
-            target("app=main&to=kitchen%2D1"),
-            Ok(("main".into(), "kitchen-1".into()))
-        );
-        assert_eq!(target("to=a+b&app=x"), Ok(("x".into(), "a b".into())));
-        assert!(target("app=main").is_err());
-        assert!(target("app=main&to=").is_err());
-        assert!(target("app=main&to=x&from=y").unwrap_err().contains("from"));
-        assert!(target("app=%zz&to=x").is_err());
-        assert!(target("app=%ff&to=x").is_err());
-        // Named twice, even the same: refused, never the last one taken.
-        assert!(
-            target("app=main&to=a&to=b")
-                .unwrap_err()
-                .contains("to is given twice")
-        );
-        assert!(
-            target("app=main&app=main&to=a")
-                .unwrap_err()
-                .contains("app is given twice")
-        );
-    }
 
     fn status_and_json(a: Answer) -> (u16, serde_json::Value) {
         let status = a.status().as_u16();
