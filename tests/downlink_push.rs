@@ -6,7 +6,7 @@
 mod ops_util;
 
 use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -260,14 +260,29 @@ fn the_push_socket_is_private_replaces_a_stale_one_and_goes_with_a_clean_stop() 
     assert_eq!(mode, 0o660);
     node.signal(libc::SIGKILL);
     node.wait_exit();
-    // Left behind by the kill: the next node replaces it.
-    assert!(socket.exists());
+    // Left behind by the kill, both sockets: the next node replaces them.
+    let dgram = state.join("push.dgram");
+    assert!(socket.exists() && dgram.exists());
     let mut node = NodeProcess::start(&state, &args, None);
     let (code, out) = push(&state, "main", "kitchen-1", b"x\n");
     assert_eq!(code, 0, "{out}");
+    let client = UnixDatagram::bind(dir.path().join("pusher")).unwrap();
+    client.set_read_timeout(Some(DEADLINE)).unwrap();
+    let (status, v) = push_datagram(&client, &dgram, b"app=main&to=kitchen-1\ny\n");
+    assert_eq!((status, v["first"].as_u64()), (200, Some(2)), "{v}");
     node.signal(libc::SIGTERM);
     assert_eq!(node.wait_exit(), Some(0));
     assert!(!socket.exists(), "a clean stop removes its socket");
+    assert!(!dgram.exists(), "and its datagram socket");
+    // --push-socket none serves neither.
+    let mut node = NodeProcess::start(
+        &state,
+        &[&args[..], &["--push-socket", "none"]].concat(),
+        None,
+    );
+    assert!(!socket.exists() && !dgram.exists());
+    node.signal(libc::SIGTERM);
+    assert_eq!(node.wait_exit(), Some(0));
     // A file that is not a socket where the socket goes: a configuration error naming it.
     let not_socket = dir.path().join("not-a-socket");
     std::fs::write(&not_socket, "x").unwrap();
@@ -666,4 +681,121 @@ fn a_refusal_says_the_push_the_table_the_fix_and_what_it_deleted_as_expired() {
             .contains("this push has 101 bytes of records; 0 bytes already wait"),
         "{body}"
     );
+}
+
+/// One push datagram from `client` to the node's push datagram socket, and its answer: (status, JSON).
+fn push_datagram(
+    client: &UnixDatagram,
+    socket: &Path,
+    datagram: &[u8],
+) -> (u16, serde_json::Value) {
+    client.send_to(datagram, socket).unwrap();
+    datagram_answer(client)
+}
+
+fn datagram_answer(client: &UnixDatagram) -> (u16, serde_json::Value) {
+    let mut buf = vec![0u8; 70_000];
+    let n = client.recv(&mut buf).expect("an answer datagram");
+    let text = std::str::from_utf8(&buf[..n]).unwrap();
+    let (status, json) = text.split_once(' ').unwrap();
+    assert!(text.ends_with('\n'), "{text:?}");
+    (status.parse().unwrap(), serde_json::from_str(json).unwrap())
+}
+
+#[test]
+fn the_push_datagram_socket_queues_answers_each_pusher_in_order_and_reaches_a_live_device() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let args = ["--senders", senders.to_str().unwrap()];
+    let mut node = NodeProcess::start(&state, &args, None);
+    let socket = state.join("push.dgram");
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660);
+    let client = UnixDatagram::bind(dir.path().join("pusher")).unwrap();
+    client.set_read_timeout(Some(DEADLINE)).unwrap();
+
+    // A live listening session: the pushed record goes out without waiting for the device.
+    let identity = keys::read_identity(&key).unwrap();
+    let public = keys::parse_public_key(&node.public_key).unwrap();
+    let mut link = UdpLink::connect(identity, public, node.link).unwrap();
+    link.sender().listen("main", 0).unwrap();
+    for _ in 0..20 {
+        link.drive(Instant::now() + Duration::from_millis(20))
+            .unwrap();
+    }
+    let (status, v) = push_datagram(&client, &socket, b"app=main&to=kitchen-1\nnow\n");
+    assert_eq!(
+        (status, v["first"].as_u64(), v["last"].as_u64()),
+        (200, Some(1), Some(1)),
+        "{v}"
+    );
+    let deadline = Instant::now() + DEADLINE;
+    let mut got = Vec::new();
+    while got.is_empty() && Instant::now() < deadline {
+        link.drive(Instant::now() + Duration::from_millis(50))
+            .unwrap();
+        for e in link.take_events() {
+            if let SenderEvent::Down { seq, payload, .. } = e {
+                got.push((seq, payload));
+            }
+        }
+    }
+    assert_eq!(got, vec![(1, b"now".to_vec())]);
+
+    // Three pushes at once: the middle one is answered by the node at once (no such sender), the others once
+    // synced; the pusher gets the answers in the order of its pushes all the same.
+    client
+        .send_to(b"app=main&to=kitchen-1\na\nb", &socket)
+        .unwrap();
+    client.send_to(b"app=main&to=nobody\nx\n", &socket).unwrap();
+    client
+        .send_to(b"app=main&to=kitchen-1\nc\n", &socket)
+        .unwrap();
+    let (s1, v1) = datagram_answer(&client);
+    let (s2, v2) = datagram_answer(&client);
+    let (s3, v3) = datagram_answer(&client);
+    assert_eq!(
+        (s1, v1["first"].as_u64(), v1["count"].as_u64()),
+        (200, Some(2), Some(2)),
+        "{v1}"
+    );
+    assert_eq!(s2, 404, "{v2}");
+    assert!(v2["error"].as_str().unwrap().contains("nobody"), "{v2}");
+    assert_eq!((s3, v3["first"].as_u64()), (200, Some(4)), "{v3}");
+
+    // Malformed and too large: answered, nothing queued.
+    let (status, v) = push_datagram(&client, &socket, b"to=kitchen-1\nx\n");
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("app=APP&to=SENDER"),
+        "{v}"
+    );
+    let mut big = b"app=main&to=kitchen-1\n".to_vec();
+    big.resize(65_537, b'x');
+    let (status, v) = push_datagram(&client, &socket, &big);
+    assert_eq!(
+        (status, v["refused"].as_str()),
+        (413, Some("too_large")),
+        "{v}"
+    );
+    assert!(v["error"].as_str().unwrap().contains("65536"), "{v}");
+
+    // A pusher that did not bind gets no answer, but its push is queued: the next one is numbered after it.
+    let unbound = UnixDatagram::unbound().unwrap();
+    unbound
+        .send_to(b"app=main&to=kitchen-1\nunseen\n", &socket)
+        .unwrap();
+    let (status, v) = push_datagram(&client, &socket, b"app=main&to=kitchen-1\nseen\n");
+    assert_eq!((status, v["first"].as_u64()), (200, Some(6)), "{v}");
+
+    let got = listen(&node, &key, 1, 5);
+    let seqs: Vec<u64> = got.iter().map(|r| r.0).collect();
+    assert_eq!(seqs, vec![2, 3, 4, 5, 6], "{got:?}");
+    assert_eq!(got[3].1, b"unseen".to_vec());
+
+    node.signal(libc::SIGTERM);
+    assert_eq!(node.wait_exit(), Some(0));
+    assert!(!socket.exists(), "a clean stop removes its socket");
 }

@@ -268,6 +268,7 @@ pub fn node_exit_status(e: &anyhow::Error) -> i32 {
             || c.is::<SendersError>()
             || c.is::<FileError>()
             || c.is::<StateError>()
+            || c.is::<crate::receive::pushes::PushDatagramError>()
             || c.is::<crate::store::engine::StoreChoiceError>()
     });
     if configuration { EXIT_CONFIG } else { 1 }

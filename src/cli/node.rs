@@ -12,6 +12,7 @@ use crate::http::push::PushSocket;
 use crate::http::{HttpLimits, HttpServer, TlsConfig};
 use crate::ops::notify::Notifier;
 use crate::ops::signals;
+use crate::receive::pushes::PushDatagrams;
 use crate::receive::{Control, NodeSettings, ReadyNode};
 
 #[derive(Args, Debug)]
@@ -70,6 +71,12 @@ pub struct NodeArgs {
     /// open it. Default: push.sock in the state directory (0700: the node's user and root). `none` serves none.
     #[arg(long, value_name = "PATH|none")]
     pub push_socket: Option<PathBuf>,
+    /// Where programs of this machine queue downlink records a datagram at a time, answered by a datagram
+    /// (docs/downlink.md, "The push datagram socket"): the quickest way to a live device, read by the loop that
+    /// stores and sends. A Unix datagram socket, mode 0660 like --push-socket. Default: the push socket's path with
+    /// the extension .dgram (push.dgram in the state directory); none with --push-socket none. `none` serves none.
+    #[arg(long, value_name = "PATH|none")]
+    pub push_datagrams: Option<PathBuf>,
     /// Serve TLS (HTTPS) on --http-port too, with this PEM certificate chain: the server's certificate first, then
     /// any intermediates. Needs --tls-key. Plain HTTP keeps working on the same port (the first byte of a
     /// connection tells them apart).
@@ -315,6 +322,23 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         let socket = PushSocket::bind(path).context("the node did not start")?;
         http = http.with_pushes(socket, ready.push_inbox());
     }
+    let datagrams_path = match (&args.push_datagrams, &push_path) {
+        (Some(p), _) if p.as_os_str() == "none" => None,
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(stream)) => Some(stream.with_extension("dgram")),
+        (None, None) => None,
+    };
+    if let Some(path) = &datagrams_path {
+        if push_path.as_ref() == Some(path) {
+            anyhow::bail!(
+                "the node did not start: --push-datagrams {} is the push socket's own path: give one of them \
+                 another",
+                path.display()
+            );
+        }
+        let socket = PushDatagrams::bind(path).context("the node did not start")?;
+        ready.serve_push_datagrams(socket);
+    }
     let inbox = if args.no_http_links {
         None
     } else {
@@ -337,6 +361,9 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     match &push_path {
         Some(p) => println!("push:       unix {} (pure-serve push)", p.display()),
         None => println!("push:       off (--push-socket none)"),
+    }
+    if let Some(p) = &datagrams_path {
+        println!("push dgram: unix {} (a push a datagram)", p.display());
     }
     println!("metrics:    http://{metrics_addr}/metrics and /healthz");
     println!("status:     http://{metrics_addr}/");

@@ -55,6 +55,8 @@ pub struct Snapshot {
     pub store_connections: Option<u64>,
     /// Syncs of the stores' `-wal` files by `pure-sync` so far (`None`: on a fleet's database).
     pub store_syncs: Option<u64>,
+    /// The push datagram socket's pushes taken and answers not sent (`None`: the node serves no such socket).
+    pub push_datagrams: Option<(u64, u64)>,
 }
 
 /// What the last reload did, for the status page.

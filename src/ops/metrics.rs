@@ -237,6 +237,23 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
         );
         let _ = writeln!(out, "pure_store_syncs_total {n}");
     }
+    if let Some((taken, unanswered)) = s.push_datagrams {
+        family(
+            &mut out,
+            "pure_push_datagrams_total",
+            "counter",
+            "Datagrams read from the push datagram socket, well formed or not (docs/downlink.md).",
+        );
+        let _ = writeln!(out, "pure_push_datagrams_total {taken}");
+        family(
+            &mut out,
+            "pure_push_datagrams_unanswered_total",
+            "counter",
+            "Answers of the push datagram socket not sent: the pusher's socket is unbound (has no address), gone, \
+             or its receive buffer is full. The pushes themselves were applied.",
+        );
+        let _ = writeln!(out, "pure_push_datagrams_unanswered_total {unanswered}");
+    }
     if let Some(n) = s.store_connections {
         family(
             &mut out,

@@ -53,6 +53,7 @@ mod batch;
 pub mod heap;
 mod links;
 mod local;
+pub mod pushes;
 pub use links::LINK_BYTES_PER_ROUND;
 pub use local::LocalNode;
 
@@ -203,6 +204,8 @@ pub struct ReadyNode {
     links: Option<LinkQueue>,
     /// Pushes of downlink records from the HTTP server's push socket, if it serves one.
     pushes: Option<PushQueue>,
+    /// The push datagram socket, read and answered by this loop, if the node serves one.
+    push_datagrams: Option<pushes::PushDatagrams>,
     /// The number the next link request is given (its pseudo peer address).
     next_link_request: u64,
     /// The link requests taken and not yet answered (they wait for their turns to finish).
@@ -408,6 +411,7 @@ impl ReadyNode {
             apps_refused: false,
             links: None,
             pushes: None,
+            push_datagrams: None,
             next_link_request: 0,
             link_requests: links::LinkRequests::default(),
             _lock: lock,
@@ -431,6 +435,11 @@ impl ReadyNode {
         let (inbox, queue) = push_channel(self.wake.clone(), self.node.senders().clone());
         self.pushes = Some(queue);
         inbox
+    }
+
+    /// Serves the push datagram socket on this loop (docs/downlink.md, "The push datagram socket").
+    pub fn serve_push_datagrams(&mut self, socket: pushes::PushDatagrams) {
+        self.push_datagrams = Some(socket);
     }
 
     pub fn link_inbox(&mut self) -> Result<LinkInbox, NodeError> {
@@ -529,8 +538,13 @@ impl ReadyNode {
                 // A full turn the host cannot take yet (its store is behind) waits for the store's wake, not for
                 // the socket, which stays readable and would turn this wait into a busy loop.
                 let read_socket = !self.node.turn_is_full() || self.host.can_take_turn();
+                let push_fd = self
+                    .push_datagrams
+                    .as_ref()
+                    .and_then(pushes::PushDatagrams::fd_to_wait_on);
                 wait_readable(
                     read_socket.then_some(&self.socket),
+                    push_fd,
                     &[
                         control.wake,
                         link_wake,
@@ -570,6 +584,14 @@ impl ReadyNode {
                     self.host.push(&mut self.node, push, now);
                 }
             }
+            if let Some(d) = self.push_datagrams.as_mut().filter(|_| !stopping) {
+                let senders = self.node.senders().clone();
+                d.take(now, &senders, |push| {
+                    self.host.push(&mut self.node, push, now)
+                });
+                // What was answered at once (a malformed push, no such app or sender) goes now.
+                d.answer(now, false);
+            }
             self.finish_synced();
             // Group commit (research/010): while a turn's sync is in flight the next turn keeps filling, and is
             // committed when the sync is done — or now, if nothing waits or it is full.
@@ -587,6 +609,9 @@ impl ReadyNode {
                     self.host.drain(&mut self.node);
                 }
                 self.after_finish();
+                if let Some(d) = self.push_datagrams.as_mut() {
+                    d.answer(Instant::now(), true);
+                }
                 self.host.checkpoint_at_stop();
                 if let Err(e) = self.memo.write() {
                     tracing::warn!(
@@ -735,6 +760,11 @@ impl ReadyNode {
         batch::send_all(&self.socket, &udp);
         udp.clear();
         self.udp_out = udp;
+        // After the datagrams of the same turns: a push to a live session reaches its device first, and the pusher
+        // then (on the stream socket the answer goes first: its thread must be woken, research/032).
+        if let Some(d) = self.push_datagrams.as_mut() {
+            d.answer(Instant::now(), false);
+        }
         self.link_requests.answer_finished(self.host.finished_seq());
         for r in self.node.take_forward_refusals() {
             tracing::warn!(
@@ -1131,6 +1161,10 @@ impl ReadyNode {
             s.x25519_budget = self.node.x25519_budget();
             s.store_connections = self.host.store_connections();
             s.store_syncs = self.host.store_syncs();
+            s.push_datagrams = self.push_datagrams.as_ref().map(|d| {
+                let c = d.counts();
+                (c.taken, c.unanswered)
+            });
             if s.node_key.is_empty() {
                 s.node_key = self.public_key();
                 s.link_addr = Some(self.local_addr());
@@ -1365,13 +1399,25 @@ const TRIM_AFTER_SWEPT: u64 = 1024;
 
 /// Waits until the socket is readable, a wake descriptor (signals, outlets, HTTP) is, or `timeout` passes. Wakes
 /// are cleared: one round serves them all.
-fn wait_readable(socket: Option<&UdpSocket>, wakes: &[Option<RawFd>], timeout: Duration) {
-    let mut fds = vec![libc::pollfd {
-        // A negative fd is ignored by poll(2).
-        fd: socket.map_or(-1, |s| s.as_raw_fd()),
-        events: libc::POLLIN,
-        revents: 0,
-    }];
+fn wait_readable(
+    socket: Option<&UdpSocket>,
+    push_datagrams: Option<RawFd>,
+    wakes: &[Option<RawFd>],
+    timeout: Duration,
+) {
+    // A negative fd is ignored by poll(2). The sockets first: only the wakes after them are cleared.
+    let mut fds = vec![
+        libc::pollfd {
+            fd: socket.map_or(-1, |s| s.as_raw_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: push_datagrams.unwrap_or(-1),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
     for w in wakes {
         fds.push(libc::pollfd {
             // A negative fd is ignored by poll(2).
@@ -1387,7 +1433,7 @@ fn wait_readable(socket: Option<&UdpSocket>, wakes: &[Option<RawFd>], timeout: D
     if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) } <= 0 {
         return;
     }
-    for p in &fds[1..] {
+    for p in &fds[2..] {
         if p.fd >= 0 && p.revents & libc::POLLIN != 0 {
             crate::common::wake::clear_eventfd(p.fd);
         }
