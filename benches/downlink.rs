@@ -9,7 +9,7 @@
 //!   SIGKILLed and restarted, and the devices that had theirs make a new run with the heard sequence they kept and
 //!   must be handed nothing. Anonymous memory after every session is swept.
 //! - `live`: push → device program for a live listening session, through the push socket (HTTP) and through
-//!   `pure-serve push`, beside one `fdatasync` on the same filesystem and one UDP round trip on loopback, and beside
+//!   the push datagram socket and `pure-serve push`, beside one `fdatasync` on the same filesystem and one UDP round trip on loopback, and beside
 //!   the node's own commit and round trip the other way (one record from the device on a live run → its stored ack).
 //! - `wake`: a device that wakes every second (a new run each time, its session swept between): push → program.
 //! - `one`: records/s to one device (20,000 records of 32 bytes waiting), and records per answer.
@@ -35,7 +35,7 @@ mod process;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, UdpSocket};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -432,6 +432,20 @@ impl KeptPusher {
     }
 }
 
+/// A push on the push datagram socket (docs/downlink.md), from `client` (bound, so the node can answer it).
+fn push_dgram(client: &UnixDatagram, socket: &Path, to: &str, body: &[u8]) {
+    let mut datagram = format!("app=main&to={to}\n").into_bytes();
+    datagram.extend_from_slice(body);
+    client.send_to(&datagram, socket).unwrap();
+    let mut answer = [0u8; 4096];
+    let n = client.recv(&mut answer).unwrap();
+    assert!(
+        answer[..n].starts_with(b"200 "),
+        "{}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+}
+
 fn push_command(bin: &str, state: &Path, to: &str, body: &[u8]) {
     let mut child = Command::new(bin)
         .args(["push", "--app", "main", "--to", to, "--state"])
@@ -559,11 +573,26 @@ fn part_live(a: &Args) {
     let node = Node::start(&a.bin, &dir.path().join("state"), &senders, 0, &[]);
     // The node's own commit and round trip, the other way: one record at a time from the same device on a live run
     // → its stored ack (docs/protocol.md 5.3), on the same node and disk, before the downlink starts.
+    // The node's commit time per turn in each phase (pure_commit_seconds_total over pure_turns_total): what a turn
+    // of one record costs the loop beside a turn of one push and its read.
+    let commit = |node: &Node| {
+        (
+            metric(node.http, "pure_commit_seconds_total"),
+            metric(node.http, "pure_turns_total{outcome=\"committed\"}"),
+        )
+    };
+    let per_turn_us = |a: (f64, f64), b: (f64, f64)| (b.0 - a.0) / (b.1 - a.1).max(1.0) * 1e6;
+    let before_uplink = commit(&node);
     let mut stored_ack = uplink_stored_acks(&id, &node);
+    let uplink_turn_us = per_turn_us(before_uplink, commit(&node));
     let (stop_tx, stop_rx) = mpsc::channel();
     let handed = listening_device(id, &node, stop_rx);
     std::thread::sleep(Duration::from_millis(300));
     let socket = node.state.join("push.sock");
+    let dgram = UnixDatagram::bind(dir.path().join("pusher.dgram")).unwrap();
+    dgram
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     let to = name(0);
     // `kept`: push over that connection; else `how` says: a connection per push ("socket"), or `pure-serve push`.
     let measure = |count: usize, how: &str, mut kept: Option<&mut KeptPusher>| {
@@ -574,6 +603,8 @@ fn part_live(a: &Args) {
             let body = format!("live {k}\n");
             if how == "socket" {
                 push_http(&socket, &to, body.as_bytes());
+            } else if how == "dgram" {
+                push_dgram(&dgram, &node.state.join("push.dgram"), &to, body.as_bytes());
             } else if let Some(kept) = kept.as_mut() {
                 kept.push(&to, body.as_bytes());
             } else {
@@ -587,6 +618,15 @@ fn part_live(a: &Args) {
         (total, answered)
     };
     let (mut socket_total, mut socket_answer) = measure(200, "socket", None);
+    let before_dgram = commit(&node);
+    // A build without the datagram socket (an older one, run beside) is measured without it.
+    let has_dgram = node.state.join("push.dgram").exists();
+    let (mut dgram_total, mut dgram_answer) = if has_dgram {
+        measure(200, "dgram", None)
+    } else {
+        (vec![f64::NAN], vec![f64::NAN])
+    };
+    let dgram_turn_us = per_turn_us(before_dgram, commit(&node));
     let mut kept = KeptPusher::connect(&socket);
     let (mut kept_total, mut kept_answer) = measure(200, "kept", Some(&mut kept));
     let (mut cmd_total, mut cmd_answer) = measure(50, "command", None);
@@ -602,6 +642,11 @@ fn part_live(a: &Args) {
             "kept_answer_p50_ms": percentile(&mut kept_answer, 0.5),
             "kept_p50_over_uplink_stored_ack_p50":
                 percentile(&mut kept_total, 0.5) / percentile(&mut stored_ack, 0.5),
+            "dgram_p50_ms": percentile(&mut dgram_total, 0.5), "dgram_p99_ms": percentile(&mut dgram_total, 0.99),
+            "dgram_answer_p50_ms": percentile(&mut dgram_answer, 0.5),
+            "uplink_commit_us_per_turn": uplink_turn_us, "dgram_commit_us_per_turn": dgram_turn_us,
+            "dgram_p50_over_uplink_stored_ack_p50":
+                percentile(&mut dgram_total, 0.5) / percentile(&mut stored_ack, 0.5),
             "command_p50_ms": percentile(&mut cmd_total, 0.5), "command_p99_ms": percentile(&mut cmd_total, 0.99),
             "command_answer_p50_ms": percentile(&mut cmd_answer, 0.5),
             "fdatasync_p50_ms": fsync, "udp_rtt_p50_ms": rtt,
