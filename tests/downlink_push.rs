@@ -138,6 +138,63 @@ fn pushed_records_reach_the_device_once_in_order_across_a_node_kill() {
     );
 }
 
+/// `pure-serve records --waiting` of `state`, with `extra` arguments: its lines.
+fn waiting_lines(state: &Path, extra: &[&str]) -> Vec<String> {
+    let out = Command::new(bin())
+        .args(["records", "--waiting", "--state"])
+        .arg(state)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn records_waiting_lists_what_each_device_has_not_taken_while_the_node_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    assert_eq!(waiting_lines(&state, &[]), Vec::<String>::new());
+    assert_eq!(push(&state, "main", "kitchen-1", b"one\ntwo\n").0, 0);
+    assert_eq!(push(&state, "main", "other", b"x\n").0, 0);
+    assert_eq!(
+        waiting_lines(&state, &[]),
+        [
+            "main\tkitchen-1\t1\tone",
+            "main\tkitchen-1\t2\ttwo",
+            "main\tother\t1\tx"
+        ]
+    );
+    let json = waiting_lines(&state, &["--source", "kitchen-1", "--json"]);
+    assert_eq!(json.len(), 2, "{json:?}");
+    let v: serde_json::Value = serde_json::from_str(&json[1]).unwrap();
+    assert_eq!(
+        (
+            v["app"].as_str(),
+            v["to"].as_str(),
+            v["seq"].as_u64(),
+            v["payload"].as_str()
+        ),
+        (Some("main"), Some("kitchen-1"), Some(2), Some("two")),
+        "{v}"
+    );
+    assert!(v["queued_at"].as_str().unwrap().ends_with('Z'), "{v}");
+    assert!(v["expires_at"].is_null(), "{v}");
+    // Once the device has them and said so, they are no longer listed; the other sender's still is.
+    assert_eq!(listen(&node, &key, 0, 2).len(), 2);
+    assert_eq!(
+        waiting_lines(&state, &["--source", "kitchen-1"]),
+        Vec::<String>::new()
+    );
+    assert_eq!(waiting_lines(&state, &[]), ["main\tother\t1\tx"]);
+}
+
 #[test]
 fn a_record_pushed_to_a_live_listening_session_goes_out_without_waiting_for_the_device() {
     let dir = tempfile::tempdir().unwrap();

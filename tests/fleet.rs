@@ -570,6 +570,31 @@ fn downlink_pushed_on_any_node_reaches_the_device_live_on_another_once_and_in_or
         push_on(a, &["after-1".to_string(), "after-2".to_string()]),
         45..=46
     );
+    // `records --waiting` reads what waits for the device from the database: those two, nothing it took.
+    let out = Command::new(bin())
+        .args(["records", "--waiting", "--json", "--store", &cluster.url()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let waiting: Vec<(String, u64, String)> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["to"].as_str().unwrap().to_string(),
+                v["seq"].as_u64().unwrap(),
+                v["payload"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        waiting,
+        [
+            ("dev".into(), 45, "after-1".into()),
+            ("dev".into(), 46, "after-2".into())
+        ]
+    );
     // The device, now at a, prints exactly those, acknowledges them and exits once nothing more waits.
     let out = ops_util::output_within(
         listen_command(&device_key, &heard, a, &[]).stdin(std::process::Stdio::null()),

@@ -112,9 +112,11 @@ pub enum Command {
     /// Print stored records.
     #[command(after_help = "Examples:\n  \
         pure-serve records --state /var/lib/private/pure-serve --source kitchen-1 | tail\n  \
-        pure-serve records --json | jq -r 'select(.seq > 100) | .payload'\n\n\
+        pure-serve records --json | jq -r 'select(.seq > 100) | .payload'\n  \
+        pure-serve records --waiting --source kitchen-1   # downlink records kitchen-1 has not taken yet\n\n\
         Plain output is one record per line: app, source, sequence, payload (tab-separated; bytes that are not\n\
-        UTF-8 are shown replaced). --json gives payload as text when it is UTF-8, else payload_b64.\n\n\
+        UTF-8 are shown replaced). --json gives payload as text when it is UTF-8, else payload_b64. With\n\
+        --waiting the source is the sender each downlink record waits for.\n\n\
         Order: without --from, each app's records by source name, then by sequence (each source's records\n\
         together); with --from POS (and with --follow), by position, the order the app stored them in, over all\n\
         sources. `--from 1` lists everything in store order.")]

@@ -124,8 +124,8 @@ impl PushError {
                 "the node closed the connection after the push was sent, before it answered ({why}): the records \
                  may or may not be queued (was the node stopped or killed? its log says). Pushing them again is at \
                  least once: if they were queued, the device is handed them twice, with new sequences; push again \
-                 if a repeat does no harm, else look first at what the device got (docs/downlink.md, \
-                 \"pure-serve push\")"
+                 if a repeat does no harm, else look first at what the device got and at what still waits for it \
+                 (pure-serve records --waiting --source SENDER; docs/downlink.md, \"pure-serve push\")"
             ))
         }
     }
@@ -322,7 +322,11 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
         409 | 413 => Err(PushError::Refused(error).into()),
         404 => Err(PushError::NoSuch(error).into()),
         503 => Err(PushError::TryAgain(error).into()),
-        500 => Err(PushError::MaybeQueued(error).into()),
+        500 => Err(PushError::MaybeQueued(format!(
+            "{error} (pure-serve records --waiting --app {} --source {} lists what still waits for it)",
+            args.app, args.to
+        ))
+        .into()),
         other => Err(anyhow::anyhow!("the node answered {other}: {error}")),
     }
 }

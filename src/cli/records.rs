@@ -20,9 +20,15 @@ pub struct RecordsArgs {
     /// Only this app (default: every app with a store; --follow needs one app unless there is only one).
     #[arg(long, value_name = "NAME")]
     pub app: Option<String>,
-    /// Only records from this source (a sender's name, or app/NAME for an inner outlet's records).
+    /// Only records from this source (a sender's name, or app/NAME for an inner outlet's records); with --waiting,
+    /// only records waiting for this sender.
     #[arg(long, value_name = "NAME")]
     pub source: Option<String>,
+    /// Print the downlink records waiting for devices instead of stored records (docs/downlink.md): app, the sender
+    /// each waits for, its sequence and payload; with --json also queued_at and expires_at. Records that expired
+    /// are not printed (the node deletes them unsent). What a device took is gone from the list once it said so.
+    #[arg(long, conflicts_with_all = ["follow", "from"])]
+    pub waiting: bool,
     /// One JSON object per line: app, source, seq, pos, stored_at, origin and origin_seq (forwarded records), and
     /// payload (UTF-8) or payload_b64.
     #[arg(long)]
@@ -71,7 +77,10 @@ pub fn run(args: &RecordsArgs) -> anyhow::Result<()> {
     let open = |app: &str| reader.app(app).map_err(anyhow::Error::from);
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
-    let result = if args.follow {
+    let result = if args.waiting {
+        apps.iter()
+            .try_for_each(|app| write_waiting(&open(app)?, app, args, &mut out))
+    } else if args.follow {
         let [app] = apps.as_slice() else {
             anyhow::bail!(
                 "--follow follows one app; choose one with --app (apps: {})",
@@ -122,6 +131,40 @@ fn write_records(
     }
     out.flush()?;
     Ok(last)
+}
+
+/// Writes the downlink records waiting in `app` as lines.
+fn write_waiting(
+    store: &AppReader<'_>,
+    app: &str,
+    args: &RecordsArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut write_error = None;
+    store.for_each_waiting(args.source.as_deref(), store::now_ms(), |w| {
+        let line = if args.json {
+            store::json::waiting(app, w).to_string()
+        } else {
+            format!(
+                "{app}\t{}\t{}\t{}",
+                w.sender,
+                w.seq,
+                String::from_utf8_lossy(w.payload)
+            )
+        };
+        match writeln!(out, "{line}") {
+            Ok(()) => true,
+            Err(e) => {
+                write_error = Some(e);
+                false
+            }
+        }
+    })?;
+    if let Some(e) = write_error {
+        return Err(e.into());
+    }
+    out.flush()?;
+    Ok(())
 }
 
 fn follow(

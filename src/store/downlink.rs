@@ -320,6 +320,19 @@ const READ_SQL: &str =
     "SELECT seq, payload FROM downlink WHERE sender = CAST(?1 AS TEXT) AND seq > ?2 ORDER BY seq";
 const LAST_SQL: &str = "SELECT MAX(seq) FROM downlink WHERE sender = CAST(?1 AS TEXT)";
 
+/// A downlink record waiting for its device, as a tool reads it from either engine.
+#[derive(Debug)]
+pub struct WaitingView<'a> {
+    /// The sender it waits for, by name.
+    pub sender: &'a str,
+    pub seq: u64,
+    pub payload: &'a [u8],
+    /// When it was queued, ms since the Unix epoch.
+    pub queued_at_ms: i64,
+    /// When it expires, if it does.
+    pub expires_at_ms: Option<i64>,
+}
+
 /// Runs the fetches in the app's open transaction. `swept`: senders whose expired records this transaction deleted
 /// already, at the same `now` (its pushes').
 pub(super) fn apply_fetches(
@@ -487,6 +500,56 @@ impl AppStore {
     /// Downlink records waiting in this app, for all senders (kept as a count, not read per scrape).
     pub fn down_waiting(&self) -> u64 {
         self.down_waiting
+    }
+
+    /// Hands `each` the records waiting for a device (of `sender`, if given) that have not expired at `now_ms`, by
+    /// sender then sequence, until it returns false (`pure-serve records --waiting`). A store made before downlink
+    /// has none.
+    pub fn for_each_waiting(
+        &self,
+        sender: Option<&str>,
+        now_ms: i64,
+        mut each: impl FnMut(&WaitingView<'_>) -> bool,
+    ) -> Result<(), StoreError> {
+        let sql = |source| StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        };
+        let has_table: bool = self
+            .conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'downlink')",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(sql)?;
+        if !has_table {
+            return Ok(());
+        }
+        let mut q = self
+            .conn
+            .prepare(
+                "SELECT sender, seq, payload, queued_at, expires_at FROM downlink
+                 WHERE (?1 IS NULL OR sender = ?1) AND (expires_at IS NULL OR expires_at > ?2)
+                 ORDER BY sender, seq",
+            )
+            .map_err(sql)?;
+        let mut rows = q.query(params![sender, now_ms]).map_err(sql)?;
+        while let Some(row) = rows.next().map_err(sql)? {
+            let sender: String = row.get(0).map_err(sql)?;
+            let payload: Vec<u8> = row.get(2).map_err(sql)?;
+            let view = WaitingView {
+                sender: &sender,
+                seq: row.get::<_, i64>(1).map_err(sql)? as u64,
+                payload: &payload,
+                queued_at_ms: row.get(3).map_err(sql)?,
+                expires_at_ms: row.get(4).map_err(sql)?,
+            };
+            if !each(&view) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// The waiting records of `sender`, in sequence order (for tests and `records`).

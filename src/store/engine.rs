@@ -245,6 +245,20 @@ impl AppReader<'_> {
         }
     }
 
+    /// Calls `each` for every downlink record waiting for its device (of one sender, if given) and not expired at
+    /// `now_ms`, by sender then sequence; `each` returns false to stop.
+    pub fn for_each_waiting(
+        &self,
+        sender: Option<&str>,
+        now_ms: i64,
+        each: impl FnMut(&super::downlink::WaitingView<'_>) -> bool,
+    ) -> Result<(), StoreError> {
+        match &self.0 {
+            AppReading::File(s) => s.for_each_waiting(sender, now_ms, each),
+            AppReading::Fleet(r, app) => r.for_each_waiting(app, sender, now_ms, each),
+        }
+    }
+
     /// Calls `each` for every record at position ≥ `from` (of one source, if given): ordered by source then
     /// sequence when `from` is 0, else by position (a follower); `each` returns false to stop.
     pub fn for_each(

@@ -54,6 +54,19 @@ pub fn record(app: &str, r: &RecordView<'_>) -> serde_json::Value {
     obj
 }
 
+/// A waiting downlink record's JSON object (`pure-serve records --waiting --json`, docs/downlink.md).
+pub fn waiting(app: &str, w: &super::downlink::WaitingView<'_>) -> serde_json::Value {
+    let mut obj = serde_json::json!({
+        "app": app, "to": w.sender, "seq": w.seq, "queued_at": rfc3339(w.queued_at_ms),
+        "expires_at": w.expires_at_ms.map_or(serde_json::Value::Null, rfc3339),
+    });
+    match std::str::from_utf8(w.payload) {
+        Ok(text) => obj["payload"] = text.into(),
+        Err(_) => obj["payload_b64"] = STANDARD.encode(w.payload).into(),
+    }
+    obj
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2106,6 +2106,50 @@ impl PgReader {
         Ok(row.get::<_, i64>(0).max(1) as u64)
     }
 
+    /// As [`super::AppStore::for_each_waiting`]: the downlink records of `app` waiting for their devices (of
+    /// `sender`, if given) and not expired at `now_ms`, by sender then sequence, in keyset pages.
+    pub fn for_each_waiting(
+        &self,
+        app: &str,
+        sender: Option<&str>,
+        now_ms: i64,
+        mut each: impl FnMut(&super::downlink::WaitingView<'_>) -> bool,
+    ) -> Result<(), StoreError> {
+        let id = self.app_id(app)?;
+        let (mut after_sender, mut after_seq) = (String::new(), 0i64);
+        loop {
+            let rows = self.wait(
+                "reading waiting downlink records",
+                self.client.query(
+                    "SELECT sender, seq, payload, queued_at, expires_at FROM downlink \
+                     WHERE app = $1 AND ($2::text IS NULL OR sender = $2) \
+                       AND (expires_at IS NULL OR expires_at > $3) AND (sender, seq) > ($4, $5) \
+                     ORDER BY sender, seq LIMIT $6",
+                    &[&id, &sender, &now_ms, &after_sender, &after_seq, &READ_PAGE],
+                ),
+            )?;
+            for row in &rows {
+                let name: String = row.get(0);
+                let payload: Vec<u8> = row.get(2);
+                let seq: i64 = row.get(1);
+                let view = super::downlink::WaitingView {
+                    sender: &name,
+                    seq: seq as u64,
+                    payload: &payload,
+                    queued_at_ms: row.get(3),
+                    expires_at_ms: row.get(4),
+                };
+                if !each(&view) {
+                    return Ok(());
+                }
+                (after_sender, after_seq) = (name, seq);
+            }
+            if (rows.len() as i64) < READ_PAGE {
+                return Ok(());
+            }
+        }
+    }
+
     /// As [`super::AppStore::for_each_record_view`]: every record of `app` at position ≥ `from_pos` (of one source,
     /// if given), by source then sequence when `from_pos` is 0, else by position.
     pub fn for_each_record_view(
