@@ -785,7 +785,7 @@ class ListenRules(unittest.TestCase):
 class Downlink(unittest.TestCase):
     """Downlink records queued with `pure-serve push` while the node runs, received by sender.py --listen."""
 
-    NAMES = ("dl-once", "dl-rerun", "dl-zero", "dl-stay", "dl-many", "dl-refused")
+    NAMES = ("dl-once", "dl-rerun", "dl-zero", "dl-stay", "dl-many", "dl-refused", "dl-dgram")
 
     @classmethod
     def setUpClass(cls):
@@ -824,6 +824,33 @@ class Downlink(unittest.TestCase):
         self.assertEqual(got, recs)
         self.assertEqual(read_text(hf), "5\n")
         expect(self, self.node, "dl-once", [b"up 1", b"up 2"])
+
+    def test_pushed_through_the_datagram_socket_as_the_docs_show(self):
+        # docs/downlink.md, "The push datagram socket": a push a datagram, answered "STATUS JSON\n" to a bound socket
+        path = os.path.join(self.node.state, "push.dgram")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.settimeout(10)
+        s.bind("")
+        try:
+            s.sendto(b"app=main&to=dl-dgram\nd1\nd2\n", path)
+            status, answer = s.recv(4096).decode().split(" ", 1)
+            self.assertEqual(status, "200", answer)
+            self.assertTrue(answer.endswith("\n"))
+            a = json.loads(answer)
+            self.assertEqual((a["to"], a["first"], a["last"], a["count"]), ("dl-dgram", 1, 2, 2), a)
+            s.sendto(b"to=dl-dgram\nd3\n", path)  # no app: refused, nothing queued
+            status, answer = s.recv(4096).decode().split(" ", 1)
+            self.assertEqual(status, "400", answer)
+            unbound = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            unbound.sendto(b"app=main&to=dl-dgram\nd3\n", path)  # queued, but nowhere to answer
+            unbound.close()
+            s.sendto(b"app=main&to=dl-dgram\nd4\n", path)
+            status, answer = s.recv(4096).decode().split(" ", 1)
+            self.assertEqual((status, json.loads(answer)["first"]), ("200", 4), answer)
+        finally:
+            s.close()
+        rc, got, err = listen(self.node, self.keys["dl-dgram"], "--listen", "main")
+        self.assertEqual((rc, got), (0, [b"d1", b"d2", b"d3", b"d4"]), err)
 
     def test_rerun_with_kept_heard_repeats_and_skips_nothing(self):
         hf = self.heard_file("dl-rerun")
