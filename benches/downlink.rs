@@ -550,7 +550,9 @@ fn one_device_dir(extra_apps: Option<&str>) -> (tempfile::TempDir, Identity, Pat
 }
 
 /// 200 records, one at a time, from the device on a live run to `node`: each one's time to its stored ack, ms.
-fn uplink_stored_acks(id: &Identity, node: &Node) -> Vec<f64> {
+/// `pause`: how long the device waits after an ack before its next record (the pushes below wait 5 ms between
+/// them; a machine left idle that long runs the next turn with cold caches and a lower clock, research/035).
+fn uplink_stored_acks(id: &Identity, node: &Node, pause: Duration) -> Vec<f64> {
     let mut uplink = UdpLink::connect(id.clone(), node.public, node.link).unwrap();
     uplink.sender().open_flow("main", FlowStart::Probe).unwrap();
     uplink.deliver(Some(Duration::from_secs(10))).unwrap();
@@ -563,7 +565,9 @@ fn uplink_stored_acks(id: &Identity, node: &Node) -> Vec<f64> {
             let t = Instant::now();
             let out = uplink.deliver(Some(Duration::from_secs(10))).unwrap();
             assert_eq!(out.unacked, 0);
-            ms(t.elapsed())
+            let took = ms(t.elapsed());
+            std::thread::sleep(pause);
+            took
         })
         .collect()
 }
@@ -583,8 +587,12 @@ fn part_live(a: &Args) {
     };
     let per_turn_us = |a: (f64, f64), b: (f64, f64)| (b.0 - a.0) / (b.1 - a.1).max(1.0) * 1e6;
     let before_uplink = commit(&node);
-    let mut stored_ack = uplink_stored_acks(&id, &node);
+    let mut stored_ack = uplink_stored_acks(&id, &node, Duration::ZERO);
     let uplink_turn_us = per_turn_us(before_uplink, commit(&node));
+    // The same with the pushes' pause between records: the like-for-like "one commit plus one round trip".
+    let before_paced = commit(&node);
+    let mut paced_ack = uplink_stored_acks(&id, &node, Duration::from_millis(5));
+    let paced_turn_us = per_turn_us(before_paced, commit(&node));
     let (stop_tx, stop_rx) = mpsc::channel();
     let handed = listening_device(id, &node, stop_rx);
     std::thread::sleep(Duration::from_millis(300));
@@ -603,7 +611,7 @@ fn part_live(a: &Args) {
             let body = format!("live {k}\n");
             if how == "socket" {
                 push_http(&socket, &to, body.as_bytes());
-            } else if how == "dgram" {
+            } else if how.starts_with("dgram") {
                 push_dgram(&dgram, &node.state.join("push.dgram"), &to, body.as_bytes());
             } else if let Some(kept) = kept.as_mut() {
                 kept.push(&to, body.as_bytes());
@@ -613,7 +621,11 @@ fn part_live(a: &Args) {
             answered.push(ms(t.elapsed()));
             let (_, at) = handed.recv_timeout(Duration::from_secs(30)).unwrap();
             total.push(ms(at.duration_since(t)));
-            std::thread::sleep(Duration::from_millis(5));
+            // `dgram-hot`: the next push at once, as the uplink's records go in `stored_ack`; else 5 ms apart, as in
+            // `paced_ack`.
+            if how != "dgram-hot" {
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
         (total, answered)
     };
@@ -627,6 +639,11 @@ fn part_live(a: &Args) {
         (vec![f64::NAN], vec![f64::NAN])
     };
     let dgram_turn_us = per_turn_us(before_dgram, commit(&node));
+    let (mut hot_total, _) = if has_dgram {
+        measure(200, "dgram-hot", None)
+    } else {
+        (vec![f64::NAN], vec![f64::NAN])
+    };
     let mut kept = KeptPusher::connect(&socket);
     let (mut kept_total, mut kept_answer) = measure(200, "kept", Some(&mut kept));
     let (mut cmd_total, mut cmd_answer) = measure(50, "command", None);
@@ -645,6 +662,16 @@ fn part_live(a: &Args) {
             "dgram_p50_ms": percentile(&mut dgram_total, 0.5), "dgram_p99_ms": percentile(&mut dgram_total, 0.99),
             "dgram_answer_p50_ms": percentile(&mut dgram_answer, 0.5),
             "uplink_commit_us_per_turn": uplink_turn_us, "dgram_commit_us_per_turn": dgram_turn_us,
+            "paced_uplink_commit_us_per_turn": paced_turn_us,
+            "dgram_hot_p50_ms": percentile(&mut hot_total, 0.5), "dgram_hot_p99_ms": percentile(&mut hot_total, 0.99),
+            "dgram_hot_p50_over_uplink_stored_ack_p50":
+                percentile(&mut hot_total, 0.5) / percentile(&mut stored_ack, 0.5),
+            "paced_uplink_stored_ack_p50_ms": percentile(&mut paced_ack, 0.5),
+            "paced_uplink_stored_ack_p99_ms": percentile(&mut paced_ack, 0.99),
+            "dgram_p50_over_paced_uplink_stored_ack_p50":
+                percentile(&mut dgram_total, 0.5) / percentile(&mut paced_ack, 0.5),
+            "socket_p50_over_paced_uplink_stored_ack_p50":
+                percentile(&mut socket_total, 0.5) / percentile(&mut paced_ack, 0.5),
             "dgram_p50_over_uplink_stored_ack_p50":
                 percentile(&mut dgram_total, 0.5) / percentile(&mut stored_ack, 0.5),
             "command_p50_ms": percentile(&mut cmd_total, 0.5), "command_p99_ms": percentile(&mut cmd_total, 0.99),
@@ -673,7 +700,7 @@ fn part_fleet(a: &Args) {
     let na = Node::start(&a.bin, &dir.path().join("a"), &senders, 0, &extra);
     let nb = Node::start(&a.bin, &dir.path().join("b"), &senders, 0, &extra);
     // B's own commit and round trip, the other way, as in `live`.
-    let mut stored_ack = uplink_stored_acks(&id, &nb);
+    let mut stored_ack = uplink_stored_acks(&id, &nb, Duration::ZERO);
     let (stop_tx, stop_rx) = mpsc::channel();
     let handed = listening_device(id, &nb, stop_rx);
     std::thread::sleep(Duration::from_millis(300));

@@ -7,7 +7,11 @@ from collections import defaultdict
 KEYS = ["dgram_p50_ms", "dgram_p99_ms", "dgram_answer_p50_ms", "socket_p50_ms", "socket_p99_ms",
         "socket_answer_p50_ms", "uplink_stored_ack_p50_ms", "dgram_p50_over_uplink_stored_ack_p50",
         "socket_p50_over_uplink_stored_ack_p50", "uplink_commit_us_per_turn", "dgram_commit_us_per_turn",
-        "fdatasync_p50_ms", "udp_rtt_p50_ms", "command_p50_ms"]
+        "fdatasync_p50_ms", "udp_rtt_p50_ms", "command_p50_ms",
+        # From the pacing run on (the bench's uplink also 5 ms apart, and pushes back to back):
+        "paced_uplink_stored_ack_p50_ms", "dgram_p50_over_paced_uplink_stored_ack_p50",
+        "socket_p50_over_paced_uplink_stored_ack_p50", "dgram_hot_p50_ms", "dgram_hot_p50_over_uplink_stored_ack_p50",
+        "paced_uplink_commit_us_per_turn"]
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 by = defaultdict(list)
