@@ -62,6 +62,37 @@ fn listen(node: &NodeProcess, key: &Path, heard: u64, want: usize) -> Vec<(u64, 
     got
 }
 
+/// The device of `key` listening on `main` from 0, driven until the node has answered its LISTEN: its session is
+/// live and listening.
+fn live_listening_link(node: &NodeProcess, key: &Path) -> UdpLink {
+    let identity = keys::read_identity(key).unwrap();
+    let public = keys::parse_public_key(&node.public_key).unwrap();
+    let mut link = UdpLink::connect(identity, public, node.link).unwrap();
+    link.sender().listen("main", 0).unwrap();
+    for _ in 0..20 {
+        link.drive(Instant::now() + Duration::from_millis(20))
+            .unwrap();
+    }
+    link
+}
+
+/// The downlink records `link` is handed first, driving it (and sending nothing of its own but what its state
+/// machine sends) until some arrive or the deadline.
+fn first_downs(link: &mut UdpLink) -> Vec<(u64, Vec<u8>)> {
+    let deadline = Instant::now() + DEADLINE;
+    let mut got = Vec::new();
+    while got.is_empty() && Instant::now() < deadline {
+        link.drive(Instant::now() + Duration::from_millis(50))
+            .unwrap();
+        for e in link.take_events() {
+            if let SenderEvent::Down { seq, payload, .. } = e {
+                got.push((seq, payload));
+            }
+        }
+    }
+    got
+}
+
 fn setup(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let (key, public) = keygen(dir, "dev");
     let senders = dir.join("senders");
@@ -201,31 +232,12 @@ fn a_record_pushed_to_a_live_listening_session_goes_out_without_waiting_for_the_
     let (key, senders) = setup(dir.path());
     let state = dir.path().join("state");
     let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
-    let identity = keys::read_identity(&key).unwrap();
-    let public = keys::parse_public_key(&node.public_key).unwrap();
-    let mut link = UdpLink::connect(identity, public, node.link).unwrap();
-    link.sender().listen("main", 0).unwrap();
-    // The node answers the LISTEN (nothing waits): the session is live and listening.
-    let deadline = Instant::now() + DEADLINE;
-    for _ in 0..20 {
-        link.drive(Instant::now() + Duration::from_millis(20))
-            .unwrap();
-    }
+    let mut link = live_listening_link(&node, &key);
     let (code, out) = push(&state, "main", "kitchen-1", b"now\n");
     assert_eq!(code, 0, "{out}");
     // The device sends nothing more of its own (its LISTEN is answered and its RTO is not due for seconds);
     // the record arrives because the node sent it.
-    let mut got = Vec::new();
-    while got.is_empty() && Instant::now() < deadline {
-        link.drive(Instant::now() + Duration::from_millis(50))
-            .unwrap();
-        for e in link.take_events() {
-            if let SenderEvent::Down { seq, payload, .. } = e {
-                got.push((seq, payload));
-            }
-        }
-    }
-    assert_eq!(got, vec![(1, b"now".to_vec())]);
+    assert_eq!(first_downs(&mut link), vec![(1, b"now".to_vec())]);
 }
 
 #[test]
@@ -774,32 +786,14 @@ fn the_push_datagram_socket_queues_answers_each_pusher_in_order_and_reaches_a_li
     client.set_read_timeout(Some(DEADLINE)).unwrap();
 
     // A live listening session: the pushed record goes out without waiting for the device.
-    let identity = keys::read_identity(&key).unwrap();
-    let public = keys::parse_public_key(&node.public_key).unwrap();
-    let mut link = UdpLink::connect(identity, public, node.link).unwrap();
-    link.sender().listen("main", 0).unwrap();
-    for _ in 0..20 {
-        link.drive(Instant::now() + Duration::from_millis(20))
-            .unwrap();
-    }
+    let mut link = live_listening_link(&node, &key);
     let (status, v) = push_datagram(&client, &socket, b"app=main&to=kitchen-1\nnow\n");
     assert_eq!(
         (status, v["first"].as_u64(), v["last"].as_u64()),
         (200, Some(1), Some(1)),
         "{v}"
     );
-    let deadline = Instant::now() + DEADLINE;
-    let mut got = Vec::new();
-    while got.is_empty() && Instant::now() < deadline {
-        link.drive(Instant::now() + Duration::from_millis(50))
-            .unwrap();
-        for e in link.take_events() {
-            if let SenderEvent::Down { seq, payload, .. } = e {
-                got.push((seq, payload));
-            }
-        }
-    }
-    assert_eq!(got, vec![(1, b"now".to_vec())]);
+    assert_eq!(first_downs(&mut link), vec![(1, b"now".to_vec())]);
 
     // Three pushes at once: the middle one is answered by the node at once (no such sender), the others once
     // synced; the pusher gets the answers in the order of its pushes all the same.

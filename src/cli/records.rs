@@ -105,6 +105,38 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
         .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
+/// Lines written to `out` from inside a store's reading, which can only be told to stop: the first write error is
+/// kept, ends the reading, and is returned by [`Lines::finish`].
+struct Lines<'o, W: Write> {
+    out: &'o mut W,
+    error: Option<std::io::Error>,
+}
+
+impl<'o, W: Write> Lines<'o, W> {
+    fn new(out: &'o mut W) -> Self {
+        Lines { out, error: None }
+    }
+
+    /// Writes `line`; false once a write failed (the reading should stop).
+    fn put(&mut self, line: std::fmt::Arguments<'_>) -> bool {
+        match writeln!(self.out, "{line}") {
+            Ok(()) => true,
+            Err(e) => {
+                self.error = Some(e);
+                false
+            }
+        }
+    }
+
+    fn finish(self) -> anyhow::Result<()> {
+        if let Some(e) = self.error {
+            return Err(e.into());
+        }
+        self.out.flush()?;
+        Ok(())
+    }
+}
+
 /// Writes the records of `app` from position `from` (0: all, in source order) as lines; returns the last
 /// position written.
 fn write_records(
@@ -114,22 +146,13 @@ fn write_records(
     from: u64,
     out: &mut impl Write,
 ) -> anyhow::Result<Option<u64>> {
-    let mut write_error = None;
+    let mut lines = Lines::new(out);
     let mut last = None;
     store.for_each(args.source.as_deref(), from, |r| {
         last = Some(r.pos);
-        match writeln!(out, "{}", line(app, r, args.json)) {
-            Ok(()) => true,
-            Err(e) => {
-                write_error = Some(e);
-                false
-            }
-        }
+        lines.put(format_args!("{}", line(app, r, args.json)))
     })?;
-    if let Some(e) = write_error {
-        return Err(e.into());
-    }
-    out.flush()?;
+    lines.finish()?;
     Ok(last)
 }
 
@@ -140,31 +163,16 @@ fn write_waiting(
     args: &RecordsArgs,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let mut write_error = None;
+    let mut lines = Lines::new(out);
     store.for_each_waiting(args.source.as_deref(), store::now_ms(), |w| {
-        let line = if args.json {
-            store::json::waiting(app, w).to_string()
+        if args.json {
+            lines.put(format_args!("{}", store::json::waiting(app, w)))
         } else {
-            format!(
-                "{app}\t{}\t{}\t{}",
-                w.sender,
-                w.seq,
-                String::from_utf8_lossy(w.payload)
-            )
-        };
-        match writeln!(out, "{line}") {
-            Ok(()) => true,
-            Err(e) => {
-                write_error = Some(e);
-                false
-            }
+            let text = String::from_utf8_lossy(w.payload);
+            lines.put(format_args!("{app}\t{}\t{}\t{text}", w.sender, w.seq))
         }
     })?;
-    if let Some(e) = write_error {
-        return Err(e.into());
-    }
-    out.flush()?;
-    Ok(())
+    lines.finish()
 }
 
 fn follow(

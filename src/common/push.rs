@@ -183,6 +183,44 @@ pub fn push_channel(wake: Arc<Wake>, senders: Arc<AllowList>) -> (PushInbox, Pus
     )
 }
 
+/// Makes `path` ready for one of the node's push sockets to be bound at: a socket there that `answers` (another
+/// process is bound to it) is refused, as is a file that is not a socket; a socket nobody answers on, left by a node
+/// that did not stop cleanly, is removed. `flag` is the flag that puts the socket elsewhere, for the messages.
+pub fn clear_socket_path(
+    path: &std::path::Path,
+    answers: impl Fn(&std::path::Path) -> bool,
+    flag: &str,
+) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if answers(path) {
+                return Err(format!(
+                    "another process answers on it (another node?): stop it, or give this node another {flag}"
+                ));
+            }
+            std::fs::remove_file(path)
+                .map_err(|e| format!("a stale socket is there and cannot be removed ({e})"))
+        }
+        Ok(_) => Err(format!(
+            "it exists and is not a socket: remove it, or give {flag} another path"
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot look at it ({e})")),
+    }
+}
+
+/// After a push socket is bound at `path`: its mode made `0660` (who may push is who may open it), and its inode,
+/// so that a node removes at its stop only the socket it bound.
+pub fn make_private(path: &std::path::Path) -> Result<u64, String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .map_err(|e| format!("cannot set its mode to 0660 ({e})"))?;
+    std::fs::symlink_metadata(path)
+        .map(|m| m.ino())
+        .map_err(|e| format!("cannot look at it after binding ({e})"))
+}
+
 /// What the push sockets answer (docs/downlink.md, "The push socket's requests"): the HTTP status and the JSON body,
 /// the same on the stream socket (as HTTP) and on the datagram socket (as `STATUS JSON`).
 pub fn answer_json(app: &str, to: &str, a: PushAnswer) -> (u16, serde_json::Value) {

@@ -9,7 +9,7 @@
 //! dials a Unix socket can push, with no client library of ours.
 
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,8 +26,8 @@ use super::routes::{Answer, answer};
 use super::serve::stopping;
 use super::{HttpError, Shared};
 use crate::common::push::{
-    MAX_PUSH_BODY, PushAnswer, PushRefused, PushRequest, answer_json, lines, maybe_queued_json,
-    target, too_large_json,
+    MAX_PUSH_BODY, PushAnswer, PushRefused, PushRequest, answer_json, clear_socket_path, lines,
+    make_private, maybe_queued_json, target, too_large_json,
 };
 
 /// Push connections open at once (docs/downlink.md, "The push socket's requests"); one more is answered 503
@@ -83,43 +83,18 @@ impl PushSocket {
             path: path.to_path_buf(),
             why,
         };
-        match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_socket() => {
-                match std::os::unix::net::UnixStream::connect(path) {
-                    Ok(_) => {
-                        return Err(problem(
-                            "another process answers on it (another node?): stop it, or give this node another \
-                             --push-socket"
-                                .into(),
-                        ));
-                    }
-                    // Nobody listens: a socket left by a node that did not stop cleanly.
-                    Err(_) => std::fs::remove_file(path).map_err(|e| {
-                        problem(format!(
-                            "a stale socket is there and cannot be removed ({e})"
-                        ))
-                    })?,
-                }
-            }
-            Ok(_) => {
-                return Err(problem(
-                    "it exists and is not a socket: remove it, or give --push-socket another path"
-                        .into(),
-                ));
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(problem(format!("cannot look at it ({e})"))),
-        }
+        clear_socket_path(
+            path,
+            |p| std::os::unix::net::UnixStream::connect(p).is_ok(),
+            "--push-socket",
+        )
+        .map_err(problem)?;
         let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
             problem(format!(
                 "cannot bind it ({e}): its directory must exist and be writable by the node's user"
             ))
         })?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-            .map_err(|e| problem(format!("cannot set its mode to 0660 ({e})")))?;
-        let ino = std::fs::symlink_metadata(path)
-            .map(|m| m.ino())
-            .map_err(|e| problem(format!("cannot look at it after binding ({e})")))?;
+        let ino = make_private(path).map_err(problem)?;
         Ok(PushSocket {
             listener,
             path: path.to_path_buf(),

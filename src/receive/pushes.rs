@@ -20,8 +20,7 @@
 //! kept: a stream of pushes to many senders is slowed, the uplink is not.
 
 use std::collections::HashMap;
-use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixDatagram};
 use std::path::{Path, PathBuf};
@@ -31,8 +30,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot::{self, error::TryRecvError};
 
 use crate::common::push::{
-    Found, PushAnswer, PushRequest, answer_json, error_json, lines, maybe_queued_json, target,
-    too_large_json,
+    Found, PushAnswer, PushRequest, answer_json, clear_socket_path, error_json, lines,
+    make_private, maybe_queued_json, target, too_large_json,
 };
 use crate::proto::allow_list::{AllowList, SenderIndex};
 
@@ -107,48 +106,22 @@ impl PushDatagrams {
             path: path.to_path_buf(),
             why,
         };
-        match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_socket() => {
-                let probe = UnixDatagram::unbound()
-                    .map_err(|e| problem(format!("cannot make a socket ({e})")))?;
-                match probe.connect(path) {
-                    Ok(()) => {
-                        return Err(problem(
-                            "another process is bound to it (another node?): stop it, or give this node another \
-                             --push-datagrams"
-                                .into(),
-                        ));
-                    }
-                    // Nobody is bound: a socket left by a node that did not stop cleanly.
-                    Err(_) => std::fs::remove_file(path).map_err(|e| {
-                        problem(format!(
-                            "a stale socket is there and cannot be removed ({e})"
-                        ))
-                    })?,
-                }
-            }
-            Ok(_) => {
-                return Err(problem(
-                    "it exists and is not a socket: remove it, or give --push-datagrams another path".into(),
-                ));
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(problem(format!("cannot look at it ({e})"))),
-        }
+        clear_socket_path(
+            path,
+            |p| UnixDatagram::unbound().is_ok_and(|probe| probe.connect(p).is_ok()),
+            "--push-datagrams",
+        )
+        .map_err(problem)?;
         let socket = UnixDatagram::bind(path).map_err(|e| {
             problem(format!(
                 "cannot bind it ({e}): its directory must exist and be writable by the node's user"
             ))
         })?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-            .map_err(|e| problem(format!("cannot set its mode to 0660 ({e})")))?;
+        let ino = make_private(path).map_err(problem)?;
         socket
             .set_nonblocking(true)
             .map_err(|e| problem(format!("cannot make it non-blocking ({e})")))?;
         set_receive_buffer(&socket, RECEIVE_BUFFER);
-        let ino = std::fs::symlink_metadata(path)
-            .map(|m| m.ino())
-            .map_err(|e| problem(format!("cannot look at it after binding ({e})")))?;
         Ok(PushDatagrams {
             socket,
             path: path.to_path_buf(),
