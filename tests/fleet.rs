@@ -570,6 +570,19 @@ fn downlink_pushed_on_any_node_reaches_the_device_live_on_another_once_and_in_or
         push_on(a, &["after-1".to_string(), "after-2".to_string()]),
         45..=46
     );
+    // And one through a's push datagram socket, which its loop reads itself (docs/downlink.md): the same queue.
+    let client = std::os::unix::net::UnixDatagram::bind(dir.path().join("pusher")).unwrap();
+    client.set_read_timeout(Some(DEADLINE)).unwrap();
+    client
+        .send_to(b"app=main&to=dev\nafter-3\n", a.state.join("push.dgram"))
+        .unwrap();
+    let mut answer = [0u8; 4096];
+    let n = client.recv(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).to_string();
+    assert!(
+        answer.starts_with("200 ") && answer.contains("\"first\":47"),
+        "{answer}"
+    );
     // `records --waiting` reads what waits for the device from the database: those two, nothing it took.
     let out = Command::new(bin())
         .args(["records", "--waiting", "--json", "--store", &cluster.url()])
@@ -592,7 +605,8 @@ fn downlink_pushed_on_any_node_reaches_the_device_live_on_another_once_and_in_or
         waiting,
         [
             ("dev".into(), 45, "after-1".into()),
-            ("dev".into(), 46, "after-2".into())
+            ("dev".into(), 46, "after-2".into()),
+            ("dev".into(), 47, "after-3".into())
         ]
     );
     // The device, now at a, prints exactly those, acknowledges them and exits once nothing more waits.
@@ -604,14 +618,17 @@ fn downlink_pushed_on_any_node_reaches_the_device_live_on_another_once_and_in_or
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), "after-1\nafter-2\n");
-    assert_eq!(kept(), Some(46));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "after-1\nafter-2\nafter-3\n"
+    );
+    assert_eq!(kept(), Some(47));
     // What the device has is deleted once it says so (its acknowledging LISTEN is answered before it exits).
     assert_eq!(downlink_rows(&cluster), (0, 0), "(rows, kept count)");
     assert_eq!(
         a.metric("pure_downlink_queued_total{app=\"main\"}"),
-        Some(25.0),
-        "a queued 3 + 20 + 2"
+        Some(26.0),
+        "a queued 3 + 20 + 2 + 1"
     );
 }
 
