@@ -533,6 +533,7 @@ impl ReadyNode {
             } else {
                 wait
             };
+            let mut pushes_ready = false;
             if !stopping {
                 let link_wake = self.links.as_ref().map(|q| q.wake().fd());
                 // A full turn the host cannot take yet (its store is behind) waits for the store's wake, not for
@@ -542,7 +543,7 @@ impl ReadyNode {
                     .push_datagrams
                     .as_ref()
                     .and_then(pushes::PushDatagrams::fd_to_wait_on);
-                wait_readable(
+                pushes_ready = wait_readable(
                     read_socket.then_some(&self.socket),
                     push_fd,
                     &[
@@ -584,7 +585,7 @@ impl ReadyNode {
                     self.host.push(&mut self.node, push, now);
                 }
             }
-            if let Some(d) = self.push_datagrams.as_mut().filter(|_| !stopping) {
+            if let Some(d) = self.push_datagrams.as_mut().filter(|_| pushes_ready) {
                 let senders = self.node.senders().clone();
                 d.take(now, &senders, |push| {
                     self.host.push(&mut self.node, push, now)
@@ -1398,13 +1399,14 @@ const SENDING_STALE: Duration = Duration::from_secs(3);
 const TRIM_AFTER_SWEPT: u64 = 1024;
 
 /// Waits until the socket is readable, a wake descriptor (signals, outlets, HTTP) is, or `timeout` passes. Wakes
-/// are cleared: one round serves them all.
+/// are cleared: one round serves them all. Returns whether `push_datagrams` is readable, so that a round without a
+/// push costs the uplink no read of it.
 fn wait_readable(
     socket: Option<&UdpSocket>,
     push_datagrams: Option<RawFd>,
     wakes: &[Option<RawFd>],
     timeout: Duration,
-) {
+) -> bool {
     // A negative fd is ignored by poll(2). The sockets first: only the wakes after them are cleared.
     let mut fds = vec![
         libc::pollfd {
@@ -1431,13 +1433,14 @@ fn wait_readable(
     let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
     // SAFETY: valid pollfds for the duration of the call; a failure (EINTR) just ends the wait early.
     if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) } <= 0 {
-        return;
+        return false;
     }
     for p in &fds[2..] {
         if p.fd >= 0 && p.revents & libc::POLLIN != 0 {
             crate::common::wake::clear_eventfd(p.fd);
         }
     }
+    fds[1].fd >= 0 && fds[1].revents & libc::POLLIN != 0
 }
 
 #[cfg(test)]

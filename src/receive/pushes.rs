@@ -147,7 +147,8 @@ impl PushDatagrams {
         self.counts
     }
 
-    /// Reads up to a round's pushes and hands each well-formed one to `push` (the app host), looked up in `senders`
+    /// Reads up to a round's pushes (the loop calls it only when its poll found the socket readable, so a round
+    /// without a push costs no read) and hands each well-formed one to `push` (the app host), looked up in `senders`
     /// (the loop's allow-list); a malformed one is answered at once.
     pub fn take(
         &mut self,
