@@ -16,8 +16,8 @@
 //!
 //! The sender is looked up by name here, on the loop (the HTTP path does it on its thread: common/push.rs says why).
 //! A name scan of a million senders takes about half a millisecond, so names found are kept (at most
-//! [`NAMES_KEPT`], forgotten when the allow-list changes), and a round looks up at most [`SCANS_PER_ROUND`] names not
-//! kept: a stream of pushes to many senders is slowed, the uplink is not.
+//! [`NAMES_KEPT`], all forgotten when that many are and when the allow-list changes), and a round looks up at most
+//! [`SCANS_PER_ROUND`] names not kept: a stream of pushes to many senders is slowed, the uplink is not.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
