@@ -795,11 +795,13 @@ fn the_push_datagram_socket_queues_answers_each_pusher_in_order_and_reaches_a_li
     );
     assert_eq!(first_downs(&mut link), vec![(1, b"now".to_vec())]);
 
-    // Three pushes at once: the middle one is answered by the node at once (no such sender), the others once
-    // synced; the pusher gets the answers in the order of its pushes all the same.
+    // Four pushes at once: the middle ones are answered at once (one malformed, by the socket; one to no such
+    // sender, by the node), the others once synced; the pusher gets the answers in the order of its pushes all the
+    // same (an outside tester saw a 400 overtake an earlier push's 200).
     client
         .send_to(b"app=main&to=kitchen-1\na\nb", &socket)
         .unwrap();
+    client.send_to(b"app=main&x=1\nx\n", &socket).unwrap();
     client.send_to(b"app=main&to=nobody\nx\n", &socket).unwrap();
     client
         .send_to(b"app=main&to=kitchen-1\nc\n", &socket)
@@ -807,14 +809,23 @@ fn the_push_datagram_socket_queues_answers_each_pusher_in_order_and_reaches_a_li
     let (s1, v1) = datagram_answer(&client);
     let (s2, v2) = datagram_answer(&client);
     let (s3, v3) = datagram_answer(&client);
+    let (s4, v4) = datagram_answer(&client);
     assert_eq!(
         (s1, v1["first"].as_u64(), v1["count"].as_u64()),
         (200, Some(2), Some(2)),
         "{v1}"
     );
-    assert_eq!(s2, 404, "{v2}");
-    assert!(v2["error"].as_str().unwrap().contains("nobody"), "{v2}");
-    assert_eq!((s3, v3["first"].as_u64()), (200, Some(4)), "{v3}");
+    assert_eq!(s2, 400, "{v2}");
+    assert_eq!(s3, 404, "{v3}");
+    assert!(v3["error"].as_str().unwrap().contains("nobody"), "{v3}");
+    assert_eq!((s4, v4["first"].as_u64()), (200, Some(4)), "{v4}");
+    // A first line past 1,024 bytes is refused without being repeated back whole.
+    let mut long = b"app=".to_vec();
+    long.resize(5000, b'\x01');
+    long.extend_from_slice(b"\nx\n");
+    let (status, v) = push_datagram(&client, &socket, &long);
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().len() < 500, "{v}");
 
     // Malformed and too large: answered, nothing queued.
     let (status, v) = push_datagram(&client, &socket, b"to=kitchen-1\nx\n");
@@ -846,7 +857,73 @@ fn the_push_datagram_socket_queues_answers_each_pusher_in_order_and_reaches_a_li
     assert_eq!(seqs, vec![2, 3, 4, 5, 6], "{got:?}");
     assert_eq!(got[3].1, b"unseen".to_vec());
 
+    // Pushes still in the socket's queue when the node stops are answered 503, the ones it took as usual: the node
+    // is stopped (SIGSTOP) with three pushes sent, then told to stop, then let go.
+    node.signal(libc::SIGSTOP);
+    for k in 0..3 {
+        client
+            .send_to(
+                format!("app=main&to=kitchen-1\nlate {k}\n").as_bytes(),
+                &socket,
+            )
+            .unwrap();
+    }
     node.signal(libc::SIGTERM);
+    node.signal(libc::SIGCONT);
+    let answers: Vec<(u16, serde_json::Value)> = (0..3).map(|_| datagram_answer(&client)).collect();
     assert_eq!(node.wait_exit(), Some(0));
     assert!(!socket.exists(), "a clean stop removes its socket");
+    let mut queued = Vec::new();
+    for (k, (status, v)) in answers.iter().enumerate() {
+        match status {
+            200 => queued.push(format!("main\tkitchen-1\t{}\tlate {k}", v["first"])),
+            503 => assert!(v["error"].as_str().unwrap().contains("stopping"), "{v}"),
+            _ => panic!("{status} {v}"),
+        }
+    }
+    // What was answered 200 waits; nothing else of them does.
+    let late: Vec<String> = waiting_lines(&state, &[])
+        .into_iter()
+        .filter(|l| l.contains("late"))
+        .collect();
+    assert_eq!(late, queued);
+}
+
+#[test]
+fn a_push_socket_named_dgram_keeps_its_datagram_socket_apart_and_one_path_for_both_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let stream = dir.path().join("x.dgram");
+    let node = NodeProcess::start(
+        &state,
+        &[
+            "--senders",
+            senders.to_str().unwrap(),
+            "--push-socket",
+            stream.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(dir.path().join("x.dgram.dgram").exists());
+    drop(node);
+    let out = Command::new(bin())
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--link-port",
+            "0",
+            "--http-port",
+            "0",
+            "--senders",
+        ])
+        .arg(&senders)
+        .arg("--state")
+        .arg(&state)
+        .args(["--push-socket", "/tmp/x", "--push-datagrams", "/tmp/x"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("push socket's own path"), "{err}");
 }

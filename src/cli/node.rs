@@ -12,7 +12,7 @@ use crate::http::push::PushSocket;
 use crate::http::{HttpLimits, HttpServer, TlsConfig};
 use crate::ops::notify::Notifier;
 use crate::ops::signals;
-use crate::receive::pushes::PushDatagrams;
+use crate::receive::pushes::{PushDatagramError, PushDatagrams};
 use crate::receive::{Control, NodeSettings, ReadyNode};
 
 #[derive(Args, Debug)]
@@ -74,7 +74,8 @@ pub struct NodeArgs {
     /// Where programs of this machine queue downlink records a datagram at a time, answered by a datagram
     /// (docs/downlink.md, "The push datagram socket"): the quickest way to a live device, read by the loop that
     /// stores and sends. A Unix datagram socket, mode 0660 like --push-socket. Default: the push socket's path with
-    /// the extension .dgram (push.dgram in the state directory); none with --push-socket none. `none` serves none.
+    /// the extension .dgram (push.dgram in the state directory; .dgram added to a path that has it already); none
+    /// with --push-socket none. `none` serves none.
     #[arg(long, value_name = "PATH|none")]
     pub push_datagrams: Option<PathBuf>,
     /// Serve TLS (HTTPS) on --http-port too, with this PEM certificate chain: the server's certificate first, then
@@ -318,26 +319,35 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         Some(p) => Some(p.clone()),
         None => Some(state.join("push.sock")),
     };
-    if let Some(path) = &push_path {
-        let socket = PushSocket::bind(path).context("the node did not start")?;
-        http = http.with_pushes(socket, ready.push_inbox());
-    }
     let datagrams_path = match (&args.push_datagrams, &push_path) {
         (Some(p), _) if p.as_os_str() == "none" => None,
         (Some(p), _) => Some(p.clone()),
+        // A push socket named *.dgram gets *.dgram.dgram, not its own path.
+        (None, Some(stream)) if stream.extension().is_some_and(|e| e == "dgram") => {
+            let mut name = stream.as_os_str().to_owned();
+            name.push(".dgram");
+            Some(PathBuf::from(name))
+        }
         (None, Some(stream)) => Some(stream.with_extension("dgram")),
         (None, None) => None,
     };
+    // The datagram socket first: if the push socket then cannot be bound, the datagram socket's file goes with the
+    // node (nothing is left behind by a start that failed).
     if let Some(path) = &datagrams_path {
         if push_path.as_ref() == Some(path) {
-            anyhow::bail!(
-                "the node did not start: --push-datagrams {} is the push socket's own path: give one of them \
-                 another",
-                path.display()
-            );
+            return Err(anyhow::Error::new(PushDatagramError {
+                path: path.clone(),
+                why: "it is the push socket's own path (--push-socket): give one of them another"
+                    .into(),
+            })
+            .context("the node did not start"));
         }
         let socket = PushDatagrams::bind(path).context("the node did not start")?;
         ready.serve_push_datagrams(socket);
+    }
+    if let Some(path) = &push_path {
+        let socket = PushSocket::bind(path).context("the node did not start")?;
+        http = http.with_pushes(socket, ready.push_inbox());
     }
     let inbox = if args.no_http_links {
         None

@@ -210,6 +210,20 @@ pub fn clear_socket_path(
     }
 }
 
+/// Why a push socket could not be bound, and what to do.
+pub fn bind_problem(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => format!(
+            "cannot bind it ({e}): its directory must exist and be writable by the node's user"
+        ),
+        // A path longer than a Unix socket's address holds (107 bytes) is refused as invalid input.
+        std::io::ErrorKind::InvalidInput => format!(
+            "cannot bind it ({e}): a Unix socket's path must be shorter than 108 bytes; choose a shorter one"
+        ),
+        _ => format!("cannot bind it ({e})"),
+    }
+}
+
 /// After a push socket is bound at `path`: its mode made `0660` (who may push is who may open it), and its inode,
 /// so that a node removes at its stop only the socket it bound.
 pub fn make_private(path: &std::path::Path) -> Result<u64, String> {

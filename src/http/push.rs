@@ -89,11 +89,8 @@ impl PushSocket {
             "--push-socket",
         )
         .map_err(problem)?;
-        let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
-            problem(format!(
-                "cannot bind it ({e}): its directory must exist and be writable by the node's user"
-            ))
-        })?;
+        let listener = std::os::unix::net::UnixListener::bind(path)
+            .map_err(|e| problem(crate::common::push::bind_problem(&e)))?;
         let ino = make_private(path).map_err(problem)?;
         Ok(PushSocket {
             listener,

@@ -612,6 +612,7 @@ impl ReadyNode {
                 self.after_finish();
                 if let Some(d) = self.push_datagrams.as_mut() {
                     d.answer(Instant::now(), true);
+                    d.close();
                 }
                 self.host.checkpoint_at_stop();
                 if let Err(e) = self.memo.write() {

@@ -39,6 +39,9 @@ use crate::proto::allow_list::{AllowList, SenderIndex};
 /// through the stream socket (4 MiB).
 pub const MAX_PUSH_DATAGRAM: usize = 65_536;
 
+/// The longest first line (the target) a push datagram may have: far more than an app's and a sender's names.
+const MAX_FIRST_LINE: usize = 1024;
+
 /// Pushes taken from the socket and not yet answered; past it the loop reads no more until some are answered.
 pub const MAX_IN_HAND: usize = 64;
 
@@ -80,7 +83,8 @@ struct InHand {
     to: UnixAddr,
     app: String,
     sender: String,
-    answer: oneshot::Receiver<PushAnswer>,
+    /// The app host's answer to come; none for a push answered by this socket itself (malformed, too large).
+    answer: Option<oneshot::Receiver<PushAnswer>>,
     /// Its answer once known, sent when the pusher's earlier pushes are answered.
     ready: Option<(u16, serde_json::Value)>,
     by: Instant,
@@ -112,11 +116,8 @@ impl PushDatagrams {
             "--push-datagrams",
         )
         .map_err(problem)?;
-        let socket = UnixDatagram::bind(path).map_err(|e| {
-            problem(format!(
-                "cannot bind it ({e}): its directory must exist and be writable by the node's user"
-            ))
-        })?;
+        let socket =
+            UnixDatagram::bind(path).map_err(|e| problem(crate::common::push::bind_problem(&e)))?;
         let ino = make_private(path).map_err(problem)?;
         socket
             .set_nonblocking(true)
@@ -180,16 +181,24 @@ impl PushDatagrams {
                     "this push datagram is more than {MAX_PUSH_DATAGRAM} bytes, the most one push datagram takes: \
                      nothing was queued; push the records in parts, or through the push socket (4 MiB a push)"
                 ));
-                self.send(&from, answer);
+                self.answer_later(from, answer);
                 continue;
             }
             let (head, body) = match memchr::memchr(b'\n', &self.buf[..len]) {
                 Some(k) => (&self.buf[..k], &self.buf[k + 1..len]),
                 None => (&self.buf[..len], &[][..]),
             };
-            let target = std::str::from_utf8(head)
-                .map_err(|_| "the first line is not UTF-8".to_string())
-                .and_then(target);
+            // Bounded, so that what an error answer repeats of it is too.
+            let target = if head.len() > MAX_FIRST_LINE {
+                Err(format!(
+                    "the first line is {} bytes, more than the {MAX_FIRST_LINE} a push's target may have",
+                    head.len()
+                ))
+            } else {
+                std::str::from_utf8(head)
+                    .map_err(|_| "the first line is not UTF-8".to_string())
+                    .and_then(target)
+            };
             let (app, to) = match target {
                 Ok(t) => t,
                 Err(why) => {
@@ -200,7 +209,7 @@ impl PushDatagrams {
                              per line (docs/downlink.md)"
                         ),
                     );
-                    self.send(&from, answer);
+                    self.answer_later(from, answer);
                     continue;
                 }
             };
@@ -232,10 +241,44 @@ impl PushDatagrams {
                 to: from,
                 app,
                 sender: to,
-                answer: rx,
+                answer: Some(rx),
                 ready: None,
                 by: now + ANSWER_WITHIN,
             });
+        }
+    }
+
+    /// Keeps `answer` for a push this socket answers itself, to go out after the pusher's earlier pushes' answers.
+    fn answer_later(&mut self, to: UnixAddr, answer: (u16, serde_json::Value)) {
+        self.in_hand.push(InHand {
+            to,
+            app: String::new(),
+            sender: String::new(),
+            answer: None,
+            ready: Some(answer),
+            by: Instant::now(),
+        });
+    }
+
+    /// At the node's stop, after [`PushDatagrams::answer`] answered every push in hand: removes the socket, so that
+    /// no push can be sent to it any more, then answers each push still waiting in its queue (never taken) 503.
+    pub fn close(&mut self) {
+        self.remove_file();
+        while let Ok((_, from)) = self.socket.recv_from(&mut self.buf) {
+            self.counts.taken += 1;
+            self.send(
+                &from,
+                error_json(
+                    503,
+                    "the node is stopping: this push was not taken, and nothing of it was queued",
+                ),
+            );
+        }
+    }
+
+    fn remove_file(&mut self) {
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
         }
     }
 
@@ -246,7 +289,10 @@ impl PushDatagrams {
             return;
         }
         for h in self.in_hand.iter_mut().filter(|h| h.ready.is_none()) {
-            h.ready = match h.answer.try_recv() {
+            let Some(answer) = h.answer.as_mut() else {
+                continue;
+            };
+            h.ready = match answer.try_recv() {
                 Ok(a) => Some(answer_json(&h.app, &h.sender, a)),
                 Err(TryRecvError::Closed) => Some(error_json(
                     503,
@@ -297,9 +343,7 @@ impl PushDatagrams {
 impl Drop for PushDatagrams {
     /// Removes the socket file if it is still the one this node bound (not one a later node bound there).
     fn drop(&mut self) {
-        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        self.remove_file();
     }
 }
 
