@@ -1147,8 +1147,10 @@ fn put_in_place(written: std::io::Result<File>, tmp: &Path, index: &Path) {
 /// reload calls it before it looks at the index or writes a new one, so a temporary index that is mapped is never
 /// opened again; the node calls it at a clean stop, so a stop does not cost the next start a parse.
 pub fn wait_index_synced() {
-    let pending = std::mem::take(&mut *INDEX_SYNCS.lock().unwrap_or_else(PoisonError::into_inner));
-    for thread in pending {
+    // Joined with the list locked: a second caller meanwhile (another thread, or a test beside this one) then waits
+    // for the joins rather than finding the list emptied and returning before the indexes are in place.
+    let mut pending = INDEX_SYNCS.lock().unwrap_or_else(PoisonError::into_inner);
+    for thread in pending.drain(..) {
         let _ = thread.join();
     }
 }
