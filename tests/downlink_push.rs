@@ -93,6 +93,26 @@ fn first_downs(link: &mut UdpLink) -> Vec<(u64, Vec<u8>)> {
     got
 }
 
+/// A node on `state` with `senders` and `extra` flags, run to its exit (for starts that are refused).
+fn node_that_does_not_start(state: &Path, senders: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(bin())
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--link-port",
+            "0",
+            "--http-port",
+            "0",
+            "--senders",
+        ])
+        .arg(senders)
+        .arg("--state")
+        .arg(state)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
 fn setup(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let (key, public) = keygen(dir, "dev");
     let senders = dir.join("senders");
@@ -355,23 +375,11 @@ fn the_push_socket_is_private_replaces_a_stale_one_and_goes_with_a_clean_stop() 
     // A file that is not a socket where the socket goes: a configuration error naming it.
     let not_socket = dir.path().join("not-a-socket");
     std::fs::write(&not_socket, "x").unwrap();
-    let out = Command::new(bin())
-        .args([
-            "--bind",
-            "127.0.0.1",
-            "--link-port",
-            "0",
-            "--http-port",
-            "0",
-            "--senders",
-        ])
-        .arg(&senders)
-        .arg("--state")
-        .arg(&state)
-        .arg("--push-socket")
-        .arg(&not_socket)
-        .output()
-        .unwrap();
+    let out = node_that_does_not_start(
+        &state,
+        &senders,
+        &["--push-socket", not_socket.to_str().unwrap()],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{err}");
     assert!(
@@ -907,22 +915,11 @@ fn a_push_socket_named_dgram_keeps_its_datagram_socket_apart_and_one_path_for_bo
     );
     assert!(dir.path().join("x.dgram.dgram").exists());
     drop(node);
-    let out = Command::new(bin())
-        .args([
-            "--bind",
-            "127.0.0.1",
-            "--link-port",
-            "0",
-            "--http-port",
-            "0",
-            "--senders",
-        ])
-        .arg(&senders)
-        .arg("--state")
-        .arg(&state)
-        .args(["--push-socket", "/tmp/x", "--push-datagrams", "/tmp/x"])
-        .output()
-        .unwrap();
+    let out = node_that_does_not_start(
+        &state,
+        &senders,
+        &["--push-socket", "/tmp/x", "--push-datagrams", "/tmp/x"],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "{err}");
     assert!(err.contains("push socket's own path"), "{err}");
