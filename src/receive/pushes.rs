@@ -122,7 +122,8 @@ impl PushDatagrams {
         socket
             .set_nonblocking(true)
             .map_err(|e| problem(format!("cannot make it non-blocking ({e})")))?;
-        set_receive_buffer(&socket, RECEIVE_BUFFER);
+        // A smaller buffer than asked is no fault: pushers then wait in send sooner.
+        let _ = socket2::SockRef::from(&socket).set_recv_buffer_size(RECEIVE_BUFFER);
         Ok(PushDatagrams {
             socket,
             path: path.to_path_buf(),
@@ -133,10 +134,6 @@ impl PushDatagrams {
             names_of: None,
             counts: DatagramCounts::default(),
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// The descriptor to wait on, when the loop would read it: none while [`MAX_IN_HAND`] pushes are in hand.
@@ -150,7 +147,8 @@ impl PushDatagrams {
 
     /// Reads up to a round's pushes (the loop calls it only when its poll found the socket readable, so a round
     /// without a push costs no read) and hands each well-formed one to `push` (the app host), looked up in `senders`
-    /// (the loop's allow-list); a malformed one is answered at once.
+    /// (the loop's allow-list); a malformed or too large one gets its answer here, sent in its turn among the
+    /// pusher's answers.
     pub fn take(
         &mut self,
         now: Instant,
@@ -352,19 +350,4 @@ impl Drop for PushDatagrams {
 fn same_addr(a: &UnixAddr, b: &UnixAddr) -> bool {
     use std::os::linux::net::SocketAddrExt;
     a.as_pathname() == b.as_pathname() && a.as_abstract_name() == b.as_abstract_name()
-}
-
-fn set_receive_buffer(socket: &UnixDatagram, bytes: usize) {
-    let v = bytes as libc::c_int;
-    // SAFETY: a valid descriptor and an int option of the right size. A smaller buffer than asked is no fault:
-    // pushers then wait in send sooner.
-    unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
 }
