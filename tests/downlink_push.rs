@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ops_util::{DEADLINE, NodeProcess, bin, keygen, push};
+use ops_util::{DEADLINE, NodeProcess, bin, keygen, node_command, output_within, push};
 use pure_serve::keys;
 use pure_serve::sender::{SenderEvent, UdpLink};
 
@@ -95,22 +95,8 @@ fn first_downs(link: &mut UdpLink) -> Vec<(u64, Vec<u8>)> {
 
 /// A node on `state` with `senders` and `extra` flags, run to its exit (for starts that are refused).
 fn node_that_does_not_start(state: &Path, senders: &Path, extra: &[&str]) -> std::process::Output {
-    Command::new(bin())
-        .args([
-            "--bind",
-            "127.0.0.1",
-            "--link-port",
-            "0",
-            "--http-port",
-            "0",
-            "--senders",
-        ])
-        .arg(senders)
-        .arg("--state")
-        .arg(state)
-        .args(extra)
-        .output()
-        .unwrap()
+    let args = [&["--senders", senders.to_str().unwrap()], extra].concat();
+    output_within(&mut node_command(state, &args, None))
 }
 
 fn setup(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
