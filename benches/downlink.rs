@@ -551,7 +551,7 @@ fn one_device_dir(extra_apps: Option<&str>) -> (tempfile::TempDir, Identity, Pat
 
 /// 200 records, one at a time, from the device on a live run to `node`: each one's time to its stored ack, ms.
 /// `pause`: how long the device waits after an ack before its next record (the pushes below wait 5 ms between
-/// them; a machine left idle that long runs the next turn with cold caches and a lower clock, research/035).
+/// them; a loop left idle that long runs its next turn about three times slower, research/035).
 fn uplink_stored_acks(id: &Identity, node: &Node, pause: Duration) -> Vec<f64> {
     let mut uplink = UdpLink::connect(id.clone(), node.public, node.link).unwrap();
     uplink.sender().open_flow("main", FlowStart::Probe).unwrap();
