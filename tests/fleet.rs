@@ -894,8 +894,7 @@ fn an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_rec
     drop(killed);
     let _far = outlet_util::start(&far_state, &far_args, far_link, far_http);
     let names = ["/a", "/b"];
-    let holds =
-        |i: usize| matches!(holders(&cluster).as_slice(), [Some(h)] if h.ends_with(names[i]));
+    let holds = |i: usize| matches!(holders(&cluster).as_slice(), [Some(h)] if fleet_util::holder_state(h).ends_with(names[i]));
     outlet_util::wait_until("the lease to move to the other node", || holds(1 - holder));
     eprintln!(
         "the lease moved {:.1} s after the holder's SIGKILL",

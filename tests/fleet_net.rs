@@ -749,8 +749,7 @@ fn an_outlets_driver_cut_off_from_its_database_stops_it_before_another_node_take
         || nodes[0].stderr_text() + &nodes[1].stderr_text(),
     );
     let names = ["/a", "/b"];
-    let holds =
-        |i: usize| matches!(holders(&cluster).as_slice(), [Some(h)] if h.ends_with(names[i]));
+    let holds = |i: usize| matches!(holders(&cluster).as_slice(), [Some(h)] if fleet_util::holder_state(h).ends_with(names[i]));
     let holder = if holds(0) { 0 } else { 1 };
     assert!(
         holds(holder),

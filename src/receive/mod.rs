@@ -1377,8 +1377,12 @@ fn start_outbox(
     }
 }
 
-/// This node's id among the fleet's nodes: its host name and its state directory (one node per state directory,
-/// held by its lock), so that a node started again on the same state takes its own leases back at once.
+/// This node's id among the fleet's nodes, which its outlets' leases are held under: its host name and state
+/// directory, for the operator to read, and a number drawn at random at this start, so that it is unique by
+/// construction (issue 34). Host names and state paths are not: every Pi cloned from one image is `raspberrypi`
+/// with its state in one place, and a copied state directory holds the same files; two live nodes under one id
+/// would both renew, and both drive, every outlet. The price: a node SIGKILLed and started again does not take its
+/// own leases back at once, but waits, as any other node does, for them to end (a clean stop gives them back).
 fn fleet_node_id(state_dir: &Path) -> String {
     let mut name = [0u8; 256];
     // SAFETY: gethostname writes at most `len` bytes into the live buffer.
@@ -1390,7 +1394,9 @@ fn fleet_node_id(state_dir: &Path) -> String {
         "unknown-host".to_string()
     };
     let dir = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
-    format!("{host}:{}", dir.display())
+    let mut run = [0u8; 8];
+    getrandom::fill(&mut run).expect("the operating system's random generator failed");
+    format!("{host}:{}#{:016x}", dir.display(), u64::from_le_bytes(run))
 }
 
 /// A sending loop that has not beaten for this long is stuck: the watchdog is not fed (it beats every 0.5 s).

@@ -186,6 +186,11 @@ pub fn outlets_acked(cluster: &pg_util::PgCluster) -> Vec<i64> {
 }
 
 /// The holders of the outlets' leases, as the database has them.
+/// The state directory of the node whose id in the fleet is `holder` (`HOST:STATE#RUN`, docs/scale-out.md).
+pub fn holder_state(holder: &str) -> &str {
+    holder.rsplit_once('#').map_or(holder, |(state, _)| state)
+}
+
 pub fn holders(cluster: &pg_util::PgCluster) -> Vec<Option<String>> {
     outlets_column(cluster, "holder")
 }
@@ -193,8 +198,8 @@ pub fn holders(cluster: &pg_util::PgCluster) -> Vec<Option<String>> {
 /// Which of the nodes whose state directories are `…/a` and `…/b` holds the one outlet's lease (0 or 1).
 pub fn holder_index(cluster: &pg_util::PgCluster) -> usize {
     match holders(cluster).as_slice() {
-        [Some(h)] if h.ends_with("/a") => 0,
-        [Some(h)] if h.ends_with("/b") => 1,
+        [Some(h)] if holder_state(h).ends_with("/a") => 0,
+        [Some(h)] if holder_state(h).ends_with("/b") => 1,
         other => panic!("one node holds the outlet: {other:?}"),
     }
 }

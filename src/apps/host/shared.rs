@@ -96,6 +96,8 @@ impl Host {
                 StartFrom::First => 1,
                 StartFrom::Next => 0,
             };
+            // Standby until the outbox takes its lease: `pure_outlet_driving` says 1 only on the node that holds it.
+            outlet.standby();
             start.push(FleetOutlet {
                 key: OutletKey {
                     app: outlet.app.clone(),
