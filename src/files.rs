@@ -123,6 +123,15 @@ pub const STATE_IDENTITY: FileSpec = FileSpec {
     fix: Some(NOT_OURS),
 };
 
+/// `STATE/clean-stop` (store/state.rs): a line per app whose store the last run closed cleanly, ~40 bytes each.
+pub const STATE_CLEAN_STOP: FileSpec = FileSpec {
+    what: "state's clean-stop file",
+    flag: "--state",
+    max_bytes: 1 << 20,
+    sized_for: "some 25,000 app names",
+    fix: Some(NOT_OURS),
+};
+
 /// `STATE/lock`, read for the pid of the node that holds it: 20 characters and a newline.
 pub const STATE_LOCK: FileSpec = FileSpec {
     what: "state lock file",

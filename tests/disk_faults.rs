@@ -540,13 +540,13 @@ fn write_back_failing_under_a_running_node_acks_nothing_after_and_keeps_what_was
     let err = node.stderr_text();
     assert!(
         err.contains(&format!(
-            "app main cannot store, its senders get no acks until it can: cannot sync {} to disk: \
+            "app main cannot store, its senders get no acks until the node is restarted: cannot sync {} to disk: \
              Input/output error",
             wal.display()
         )),
         "{err}"
     );
-    // The retries probe with a commit and a sync, which fail the same way: the app stays stopped.
+    // A disk that lost a write is not used again while the node runs (issue 34): the app stays stopped.
     let body = wait_unhealthy(&node, "app main cannot store");
     assert!(
         body.contains(&format!("cannot sync {} to disk", wal.display())),

@@ -123,3 +123,145 @@ fn the_whole_state_deleted_but_the_key_kept_outside_starts_afresh_with_the_same_
     let node = NodeProcess::start(&state, &["--key", k], None);
     assert_eq!(node.public_key, public);
 }
+
+/// `pure-serve records --json` of app `main`: how many records it prints, or its error.
+fn records_of_main(state: &Path) -> Result<usize, String> {
+    let out = Command::new(bin())
+        .args(["records", "--app", "main", "--state"])
+        .arg(state)
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).lines().count())
+    } else {
+        Err(stderr(&out))
+    }
+}
+
+/// Zeroes `pages` 4 KiB pages of `file` from page `from` (1-based): what a disk that lost their writes reads back.
+fn zero_pages(file: &Path, from: u64, pages: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+    f.write_all_at(&vec![0u8; (pages * 4096) as usize], (from - 1) * 4096)
+        .unwrap();
+    f.sync_all().unwrap();
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + ops_util::DEADLINE;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "waited for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_damaged_store_is_never_served_and_says_what_it_lost_and_the_way_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (key, public) = keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    std::fs::write(&senders, format!("dev {public}\n")).unwrap();
+    let args = ["--senders", senders.to_str().unwrap()];
+    let records: Vec<String> = (1..=3000)
+        .map(|i| format!("r{i} {}", "x".repeat(200)))
+        .collect();
+
+    // A clean stop names the store in STATE/clean-stop: the next start does not read it whole.
+    let mut node = NodeProcess::start(&state, &args, None);
+    let (ok, said) = node.send(&key, &records, "60");
+    assert!(ok, "{said}");
+    node.signal(libc::SIGTERM);
+    assert_eq!(node.wait_exit(), Some(0));
+    drop(node);
+    let marker = state.join("clean-stop");
+    let named = std::fs::read_to_string(&marker).unwrap();
+    assert!(named.lines().any(|l| l == "app main"), "{named}");
+    // After a clean stop the file alone holds every record (docs/durability.md): its -wal may go, as SQLite's
+    // own tools would remove it.
+    let store = state.join("apps/main.sqlite");
+    for suffix in ["-wal", "-shm"] {
+        std::fs::remove_file(format!("{}{suffix}", store.display())).unwrap();
+    }
+    assert_eq!(records_of_main(&state), Ok(3000));
+    let node = NodeProcess::start(&state, &args, None);
+    assert!(!marker.exists(), "taken at start");
+    assert!(
+        !node.stderr_text().contains("checked whole"),
+        "{}",
+        node.stderr_text()
+    );
+    // SIGKILLed: no clean-stop, so the next start reads the store whole, finds it sound and serves it.
+    drop(node);
+    assert!(!marker.exists());
+    let node = NodeProcess::start(&state, &args, None);
+    let log = node.stderr_text();
+    assert!(
+        log.contains("checked whole (the last run of the node did not end cleanly)")
+            && log.contains("nothing damaged"),
+        "{log}"
+    );
+    assert_eq!(
+        node.metric("pure_app_can_store{app=\"main\"}"),
+        Some(1.0),
+        "{log}"
+    );
+    drop(node);
+
+    // The pages a dying disk lost, read back as zeros (as an outside test found them after an fsck).
+    assert_eq!(records_of_main(&state), Ok(3000));
+    zero_pages(&store, 40, 40);
+    let node = NodeProcess::start(&state, &args, None);
+    let log = node.stderr_text();
+    let path = store.display().to_string();
+    assert!(
+        log.contains("app main is not served, its senders get no acks until the node is restarted")
+            && log.contains(&format!("store {path} is damaged")),
+        "{log}"
+    );
+    assert!(log.contains("--accept-lost-state"), "{log}");
+    assert!(log.contains("backup"), "{log}");
+    assert_eq!(node.metric("pure_app_can_store{app=\"main\"}"), Some(0.0));
+    let (code, body) = node.http_get("/healthz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("main") && body.contains("is damaged"),
+        "{body}"
+    );
+    // Its senders are told it cannot store; nothing is acknowledged into it.
+    let (ok, said) = node.send(&key, &["after".to_string()], "3");
+    assert!(!ok, "{said}");
+    // Not read again and again while the node runs (once at start, said once).
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    assert_eq!(
+        node.stderr_text().matches("is damaged").count(),
+        1,
+        "{}",
+        node.stderr_text()
+    );
+    drop(node);
+
+    // Told to go on without it: the damaged files are kept aside, and the app serves from an empty store.
+    let node = NodeProcess::start(
+        &state,
+        &[
+            "--senders",
+            senders.to_str().unwrap(),
+            "--accept-lost-state",
+        ],
+        None,
+    );
+    let log = node.stderr_text();
+    assert!(log.contains("moved aside"), "{log}");
+    wait_for("main to store", || {
+        node.metric("pure_app_can_store{app=\"main\"}") == Some(1.0)
+    });
+    let aside: Vec<_> = std::fs::read_dir(state.join("apps"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("main.sqlite.damaged-"))
+        .collect();
+    assert!(!aside.is_empty(), "kept aside");
+    let (ok, said) = node.send(&key, &["again".to_string()], "30");
+    assert!(ok, "{said}");
+}

@@ -45,7 +45,7 @@ use crate::proto::wire::{Forwarded, RecordFormat};
 use crate::store::downlink::{self, DownPush, PushOutcome};
 use crate::store::engine::TurnStore;
 use crate::store::sync::{SyncFiles, Synced, Syncer};
-use crate::store::{self, AppStore, Chunk, Piece, StoreError, Stores};
+use crate::store::{self, AppStore, Chunk, Never, Piece, StoreError, StoreStart, Stores};
 use pushes::TurnPush;
 
 pub mod outbox;
@@ -57,6 +57,8 @@ const CATCH_UP_RECORDS: u64 = 16_384;
 /// A failed store is tried again after this, doubling up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(10);
+/// How often the host looks whether a store's check on its own thread is done.
+const CHECK_POLL: Duration = Duration::from_millis(20);
 /// Turns committed and not yet synced before a turn waits for the oldest one's sync (a bound on what waits in
 /// memory; the sync thread syncs all queued turns at once, so more rarely helps).
 const MAX_UNSYNCED: usize = 4;
@@ -268,6 +270,60 @@ fn open_or_close(
     }
 }
 
+/// Why a store is checked whole at start.
+const UNCLEAN: &str = "the last run of the node did not end cleanly";
+
+/// Opens an app's store whose last run did not end cleanly once it has been read whole and found sound: at once
+/// if it is small, else on a `pure-check` thread while the node serves the other apps (this one waits, closed).
+/// A store found damaged is never served while the node runs; its app says why and the way back.
+fn open_checked(
+    stores: &mut Stores,
+    path: PathBuf,
+    app: &str,
+    accept_lost: bool,
+) -> Result<Option<String>, StoreError> {
+    let bytes = store::check::store_bytes(&path);
+    if bytes > store::check::SYNC_CHECK_MAX {
+        let why = format!(
+            "its store {} ({} MiB) is being read whole before it is served, because {UNCLEAN}",
+            path.display(),
+            bytes >> 20
+        );
+        tracing::warn!("app {app} cannot store, its senders get no acks until it can: {why}");
+        stores.push_to_check(path, UNCLEAN);
+        return Ok(Some(why));
+    }
+    let wanted = store::check::Wanted {
+        acked_head: 1,
+        whole: Some(UNCLEAN),
+        accept_lost,
+    };
+    let progress = Arc::new(store::check::CheckProgress::default());
+    match store::check::reopen_checked(&path, wanted, &progress) {
+        Ok(s) => {
+            stores.push(s);
+            Ok(None)
+        }
+        Err(e @ StoreError::Damaged { .. }) => {
+            let why = e.to_string();
+            tracing::error!(
+                "app {app} is not served, its senders get no acks until the node is restarted: {why}"
+            );
+            stores.push_never(path, why.clone());
+            Ok(Some(why))
+        }
+        Err(e) if e.is_fatal_at_open() => Err(e),
+        Err(e) => {
+            let why = e.to_string();
+            tracing::error!(
+                "app {app} cannot store, its senders get no acks until it can (tried again with backoff): {why}"
+            );
+            stores.push_to_check(path, UNCLEAN);
+            Ok(Some(why))
+        }
+    }
+}
+
 struct App {
     config: AppConfig,
     outlets: Vec<RemoteOutlet>,
@@ -374,6 +430,8 @@ pub struct Host {
     inner_queue: Option<Arc<outbox::InnerQueue>>,
     /// Pushes taken since the last turn, which the next one hands the store (`pushes.rs`).
     turn_pushes: Vec<TurnPush>,
+    /// How the stores' last run ended, for stores opened later (an app a reload adds).
+    start: StoreStart,
 }
 
 /// How the host hands records to its link, wire and webhook outlets. The daemon always feeds [`FeedMode::Chunks`];
@@ -449,22 +507,32 @@ fn target_of(kind: &OutletKind) -> Option<Target> {
 impl Host {
     /// Opens every app's store under `state_dir` and makes its outlets (not yet started: see the returned
     /// changes). `wake` is the receive loop's: outlets use it to ask for a turn.
+    /// A store whose last run did not end cleanly (`start.clean` does not name its app) is read whole first
+    /// ([`open_checked`]).
     pub fn open(
         state_dir: &Path,
         config: &AppsConfig,
         wake: Arc<Wake>,
+        start: &StoreStart,
     ) -> Result<(Self, OutletChanges), StoreError> {
         let mut stores = Stores::open(state_dir, &[])?;
+        stores.set_accept_lost(start.accept_lost);
         let mut closed = Vec::new();
         for app in &config.apps {
             let path = store::app_store_path(state_dir, &app.name);
-            match open_or_close(&mut stores, path, &app.name)? {
+            let opened = if start.clean.contains(&app.name) || !path.exists() {
+                open_or_close(&mut stores, path, &app.name)?
+            } else {
+                open_checked(&mut stores, path, &app.name, start.accept_lost)?
+            };
+            match opened {
                 Some(why) => closed.push((stores.len() - 1, why)),
                 None => continue,
             }
         }
         let (mut host, changes) =
             Self::with_stores(Some(state_dir.to_path_buf()), stores, config, wake, None)?;
+        host.start = start.clone();
         host.syncer = Some(Syncer::start().map_err(|source| StoreError::SyncThread { source })?);
         let now = Instant::now();
         for (i, why) in closed {
@@ -518,6 +586,7 @@ impl Host {
             outbox_wake,
             inner_queue: None,
             turn_pushes: Vec::new(),
+            start: StoreStart::default(),
         };
         let mut changes = OutletChanges::default();
         for app in &config.apps {
@@ -941,17 +1010,28 @@ impl Host {
         // Every app had its turn at the pushes; none is left, but none is lost either.
         self.turn_pushes.extend(waiting_pushes);
         for (app, e) in failed_commits {
-            if matches!(
-                *e,
-                StoreError::Checkpoint { .. }
-                    | StoreError::Sync { .. }
-                    | StoreError::ReadOnly { .. }
-            ) {
-                // The commit's checkpoint found the disk failing: as a failed sync (every store on it).
+            if e.lost_a_write() {
+                // The commit or its checkpoint found the disk failing: as a failed sync (every store on it).
                 self.disk_fault(app, &e, node, now);
             } else {
                 self.apps[app as usize].turns_failed += 1;
                 self.fail_app(app, &e, node, now);
+            }
+        }
+        // An app whose commit of this turn succeeded but whose store the failures above closed (another app's on
+        // the same disk) has nothing left to sync that commit: its part of this turn is dropped and its pushes may
+        // or may not be queued, as for its parts of later turns ([`Host::fail_app`]). Before issue 34 such a part
+        // was answered at once, without any sync: acknowledged records the disk then lost (research/036).
+        let closed: Vec<AppIndex> = parts
+            .iter()
+            .map(|p| p.app)
+            .filter(|&a| self.stores.app(a).is_none())
+            .collect();
+        for app in closed {
+            parts.retain(|p| p.app != app);
+            let words = self.unsynced_words(app);
+            for p in pushes::extract(&mut taken_pushes, &mut pushed, app) {
+                p.maybe_queued(words.clone());
             }
         }
         // The heads moved: the lag budgets' room for the next turn is smaller.
@@ -1109,7 +1189,11 @@ impl Host {
     /// At a clean stop, once every turn is synced: copies each store's `-wal` into its file, checked as after a
     /// commit, so that after a stop the file alone holds every record (a copy of it is a whole backup). One that
     /// fails loses nothing: the `-wal` keeps the commits and the next start reads them.
+    ///
+    /// Then writes `STATE/clean-stop` naming the apps whose stores are open and sound here: no fault of the disk
+    /// under them in this run. The next start reads every other store whole before serving it.
     pub fn checkpoint_at_stop(&mut self) {
+        let mut clean = std::collections::BTreeSet::new();
         for (i, app) in self.apps.iter().enumerate() {
             if app.failure.is_some() {
                 continue;
@@ -1117,13 +1201,25 @@ impl Host {
             let Some(store) = self.stores.app_mut(i as AppIndex) else {
                 continue;
             };
-            if let Err(e) = store.checkpoint() {
-                tracing::warn!(
-                    "app {}: the last checkpoint before the stop failed ({e}); nothing is lost, its -wal keeps the \
-                     records",
-                    app.config.name
-                );
+            match store.checkpoint() {
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::warn!(
+                        "app {}: the last checkpoint before the stop failed ({e}); nothing is lost, its -wal keeps \
+                         the records",
+                        app.config.name
+                    );
+                    if e.lost_a_write() {
+                        continue;
+                    }
+                }
             }
+            clean.insert(app.config.name.clone());
+        }
+        if let Some(dir) = &self.state_dir
+            && let Err(e) = store::state::CleanStop::write(dir, &clean)
+        {
+            tracing::warn!("{e}: each store is read whole at the next start");
         }
     }
 
@@ -1238,8 +1334,9 @@ impl Host {
         let Some(device) = device else { return };
         let name = self.apps[app as usize].config.name.clone();
         for other in 0..self.apps.len() as AppIndex {
+            // Apps already stopped for a fault they could recover from (a full disk) are stopped for good too.
             if other != app
-                && self.apps[other as usize].failure.is_none()
+                && self.stores.reopenable(other)
                 && self.device_of(other) == Some(device)
             {
                 let why = StoreError::SameDisk { app: name.clone() };
@@ -1251,7 +1348,11 @@ impl Host {
     /// The filesystem an app's open store is on.
     fn device_of(&self, app: AppIndex) -> Option<u64> {
         use std::os::unix::fs::MetadataExt;
-        let store = self.stores.app(app)?;
+        let Some(store) = self.stores.app(app) else {
+            return std::fs::metadata(self.stores.path(app)?)
+                .ok()
+                .map(|m| m.dev());
+        };
         match store.files() {
             Some(f) => Some(f.device()),
             None => std::fs::metadata(store.path()).ok().map(|m| m.dev()),
@@ -1264,38 +1365,51 @@ impl Host {
     /// kept; a later one for an app that failed already is not news.
     fn fail_app(&mut self, app: AppIndex, error: &StoreError, node: &mut Node, now: Instant) {
         let i = app as usize;
+        // A disk that lost a write is not trusted again by this process: its later syncs may report writes done
+        // that it lost (issue 34; docs/durability.md, "On a failing disk").
         let never = match error {
-            StoreError::Gone { what, .. } => Some(what.clone()),
+            StoreError::Gone { what, .. } => Some(Never::Gone(what.clone())),
+            e if e.lost_a_write() => Some(Never::Other(e.to_string())),
             _ => None,
         };
-        if self.apps[i].failure.is_none() {
+        // A failure it could recover from that turns into one it cannot is news.
+        let worse = never.is_some() && self.stores.reopenable(app);
+        if self.apps[i].failure.is_none() || worse {
             let why = error.to_string();
             let a = &mut self.apps[i];
+            let until = if never.is_some() {
+                "the node is restarted"
+            } else {
+                "it can"
+            };
             tracing::error!(
                 app = %a.config.name,
-                "app {} cannot store, its senders get no acks until it can: {why}",
+                "app {} cannot store, its senders get no acks until {until}: {why}",
                 a.config.name
             );
-            a.failure = Some(Failure::new(why, now));
+            match &mut a.failure {
+                Some(f) => {
+                    f.why = why;
+                    f.last_try = None;
+                }
+                None => a.failure = Some(Failure::new(why, now)),
+            }
         }
         node.set_app_paused(app, true);
         node.set_app_cannot_store(app, true);
+        let words = self.unsynced_words(app);
+        for later in &mut self.unsynced {
+            later.parts.retain(|p| p.app != app);
+            for p in pushes::extract(&mut later.pushes, &mut later.pushed, app) {
+                p.maybe_queued(words.clone());
+            }
+        }
         let name = self.apps[i].config.name.clone();
         let why = self.apps[i]
             .failure
             .as_ref()
             .map(Failure::words)
             .unwrap_or_default();
-        for later in &mut self.unsynced {
-            later.parts.retain(|p| p.app != app);
-            for p in pushes::extract(&mut later.pushes, &mut later.pushed, app) {
-                p.maybe_queued(format!(
-                    "app {name} cannot store ({why}): the records were committed but not yet on disk when it \
-                     failed, so they may or may not be queued once its store is back; pushing them again may queue \
-                     them twice"
-                ));
-            }
-        }
         for p in pushes::extract(&mut self.turn_pushes, &mut [], app) {
             p.unavailable(format!(
                 "app {name} cannot store now ({why}): nothing was queued; push again once it stores"
@@ -1308,6 +1422,17 @@ impl Host {
         if self.state_dir.is_some() {
             self.stores.close_failed(app, self.durable[i], never);
         }
+    }
+
+    /// What a pusher is told of records of `app` committed but not yet synced when it failed.
+    fn unsynced_words(&self, app: AppIndex) -> String {
+        let a = &self.apps[app as usize];
+        let why = a.failure.as_ref().map(Failure::words).unwrap_or_default();
+        format!(
+            "app {} cannot store ({why}): the records were committed but not yet on disk when it failed, so they \
+             may or may not be queued once its store is back; pushing them again may queue them twice",
+            a.config.name
+        )
     }
 
     /// Reads each inner outlet's next batch from its source store, as forwarded records for its destination.
@@ -1532,7 +1657,7 @@ impl Host {
     fn retry_failed(&mut self, node: &mut Node, now: Instant) {
         for (i, app) in self.apps.iter_mut().enumerate() {
             let Some(f) = &mut app.failure else { continue };
-            if now < f.retry_at {
+            if now < f.retry_at || !self.stores.reopenable(i as AppIndex) {
                 continue;
             }
             if self.stores.closing(i as AppIndex) {
@@ -1552,6 +1677,11 @@ impl Host {
                     self.durable[i] = self.stores.app(i as AppIndex).map_or(1, AppStore::head);
                     node.set_app_paused(i as AppIndex, app.lag_paused);
                     node.set_app_cannot_store(i as AppIndex, false);
+                }
+                Err(e @ StoreError::Checking { .. }) => {
+                    // Reading on its own thread: ask again soon, without counting it as a try.
+                    f.last_try = Some(e.to_string());
+                    f.retry_at = now + CHECK_POLL;
                 }
                 Err(e) => {
                     let words = e.to_string();
@@ -1757,11 +1887,15 @@ impl Host {
                 continue;
             }
             let closed = match &self.state_dir {
-                Some(dir) => open_or_close(
-                    &mut self.stores,
-                    store::app_store_path(dir, &new.name),
-                    &new.name,
-                )?,
+                Some(dir) => {
+                    let path = store::app_store_path(dir, &new.name);
+                    // A store left from an earlier run of the app: read whole unless that run closed it cleanly.
+                    if self.start.clean.contains(&new.name) || !path.exists() {
+                        open_or_close(&mut self.stores, path, &new.name)?
+                    } else {
+                        open_checked(&mut self.stores, path, &new.name, self.start.accept_lost)?
+                    }
+                }
                 None => {
                     self.stores.push(AppStore::open_in_memory(&new.name)?);
                     None
@@ -1911,7 +2045,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let wake = Arc::new(Wake::new().unwrap());
         {
-            let (mut host, _) = Host::open(dir.path(), &next_webhooks(&[]), wake.clone()).unwrap();
+            let (mut host, _) = Host::open(
+                dir.path(),
+                &next_webhooks(&[]),
+                wake.clone(),
+                &StoreStart::default(),
+            )
+            .unwrap();
             // A webhook `hook` of the older node had 3 acknowledged.
             let store = host.stores.app_mut(0).unwrap();
             store_records(store, 1, &["1", "2", "3", "4", "5"], &[("hook", 3)]);
@@ -1929,8 +2069,13 @@ mod tests {
             (o.outlet.acked(), o.outlet.base())
         };
         {
-            let (host, _) =
-                Host::open(dir.path(), &next_webhooks(&["hook", "quiet"]), wake.clone()).unwrap();
+            let (host, _) = Host::open(
+                dir.path(),
+                &next_webhooks(&["hook", "quiet"]),
+                wake.clone(),
+                &StoreStart::default(),
+            )
+            .unwrap();
             assert_eq!(acked(&host, "hook"), (3, 0), "keeps its saved position");
             assert_eq!(
                 acked(&host, "quiet"),
@@ -1943,6 +2088,7 @@ mod tests {
                 dir.path(),
                 &next_webhooks(&["hook", "quiet", "later"]),
                 wake.clone(),
+                &StoreStart::default(),
             )
             .unwrap();
             assert_eq!(acked(&host, "hook"), (3, 0));
@@ -1953,7 +2099,13 @@ mod tests {
                 "added later with next: from the head"
             );
         }
-        let (host, _) = Host::open(dir.path(), &next_webhooks(&["later"]), wake).unwrap();
+        let (host, _) = Host::open(
+            dir.path(),
+            &next_webhooks(&["later"]),
+            wake,
+            &StoreStart::default(),
+        )
+        .unwrap();
         assert_eq!(acked(&host, "later"), (5, 5), "a restart keeps its start");
     }
 
@@ -1965,7 +2117,13 @@ mod tests {
     fn an_outlet_whose_start_cannot_be_kept_is_fed_nothing_until_it_is() {
         let dir = tempfile::tempdir().unwrap();
         let wake = Arc::new(Wake::new().unwrap());
-        let (mut host, _) = Host::open(dir.path(), &next_webhooks(&[]), wake.clone()).unwrap();
+        let (mut host, _) = Host::open(
+            dir.path(),
+            &next_webhooks(&[]),
+            wake.clone(),
+            &StoreStart::default(),
+        )
+        .unwrap();
         let store = host.stores.app_mut(0).unwrap();
         store_records(store, 1, &["1", "2", "3", "4", "5"], &[]);
         store.sync().unwrap();
@@ -2020,7 +2178,13 @@ mod tests {
         reopened.sync().unwrap();
         drop(reopened);
         drop(host);
-        let (host, _) = Host::open(dir.path(), &next_webhooks(&["later"]), wake).unwrap();
+        let (host, _) = Host::open(
+            dir.path(),
+            &next_webhooks(&["later"]),
+            wake,
+            &StoreStart::default(),
+        )
+        .unwrap();
         let o = &host.apps[0].outlets[0];
         assert_eq!(o.outlet.base(), 5, "a restart keeps the start it kept");
         assert!(o.unkept_start.is_none());

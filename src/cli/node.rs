@@ -131,8 +131,9 @@ pub struct NodeArgs {
     pub dns: Option<SocketAddr>,
     /// Start even though the state directory looks like it lost data: the key file missing beside the stores, a
     /// different key than the one the state belongs to, or the store of an app that existed gone (STATE/identity
-    /// records what was there; docs/durability.md). What is missing is made anew: a new key locks out every sender
-    /// until they are given its public key, and a new store starts its senders' flows from 0.
+    /// records what was there; docs/durability.md), or a store found damaged when it was read whole at start (its
+    /// files are moved aside to APP.sqlite.damaged-SECONDS). What is missing is made anew: a new key locks out
+    /// every sender until they are given its public key, and a new store starts its senders' flows from 0.
     #[arg(long)]
     pub accept_lost_state: bool,
 }

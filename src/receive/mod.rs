@@ -43,10 +43,10 @@ use crate::proto::crypto;
 use crate::proto::node::{DropReason, Node, NodeConfig, NodeCounters, Transmit};
 use crate::senders::{self, SendersError};
 use crate::sending::{LoopSettings, SendingLoop};
-use crate::store::StoreError;
 use crate::store::engine::StoreChoice;
 use crate::store::memo::Memo;
 use crate::store::state::{self, StateError, StateLock};
+use crate::store::{StoreError, StoreStart};
 use heap::{IdleTrim, Phase, release_freed_memory};
 
 mod batch;
@@ -282,6 +282,9 @@ impl ReadyNode {
         create_private_dir(&settings.state_dir)?;
         let lock = StateLock::acquire(&settings.state_dir)?;
         let (identity, key_created, state_identity) = check_state(&settings)?;
+        // Which stores the last run closed cleanly; taken now, so that this run leaves the file only if it ends
+        // cleanly too (docs/durability.md, "A damaged store is never served").
+        let clean_stop = state::CleanStop::take(&settings.state_dir)?;
         let (senders, senders_source) = match &settings.senders_file {
             Some(path) => {
                 let (list, how) = senders::load_indexed(path, &settings.state_dir)?;
@@ -328,7 +331,15 @@ impl ReadyNode {
                 .collect::<Vec<_>>(),
         )?;
         let (host, outlets) = match shared {
-            None => Host::open(&settings.state_dir, &settings.apps, wake.clone())?,
+            None => Host::open(
+                &settings.state_dir,
+                &settings.apps,
+                wake.clone(),
+                &StoreStart {
+                    clean: clean_stop,
+                    accept_lost: settings.accept_lost_state,
+                },
+            )?,
             Some(turns) => {
                 tracing::info!(
                     "storing in the fleet's database {} (docs/scale-out.md); the memo of secrets stays in {}",

@@ -8,6 +8,10 @@
 //!   it with what is there: a key that went missing beside its stores (a new key would lock out every sender), a
 //!   different key, or the store of an app that once existed and is gone, all look like lost data, and the node
 //!   refuses to start on them unless told with `--accept-lost-state` (docs/durability.md).
+//! - **`STATE/clean-stop`** names the apps whose stores the last run closed cleanly: stopped by a signal, every
+//!   turn synced, and no disk fault under the store in that run. It is taken (read and removed) at start before any
+//!   store is opened, so a run that ends any other way leaves none, and each store it does not name is checked whole
+//!   before its app is served (issue 34; docs/durability.md, "A damaged store is never served").
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
@@ -22,6 +26,8 @@ use thiserror::Error;
 pub const LOCK_FILE: &str = "lock";
 /// The identity file under the state directory.
 pub const IDENTITY_FILE: &str = "identity";
+/// The file naming the apps whose stores the last run closed cleanly.
+pub const CLEAN_STOP_FILE: &str = "clean-stop";
 /// The flag that lets a node start on a state that looks like lost data.
 pub const ACCEPT_FLAG: &str = "--accept-lost-state";
 
@@ -242,6 +248,85 @@ impl Identity {
             .open(&tmp)
             .map_err(write_err)?;
         file.write_all(self.render().as_bytes())
+            .and_then(|_| file.sync_all())
+            .map_err(write_err)?;
+        drop(file);
+        std::fs::rename(&tmp, &path).map_err(write_err)?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(write_err)
+    }
+}
+
+const CLEAN_STOP_HEADER: &str = "# pure-serve: the apps whose stores the last run of the node closed cleanly; \
+their stores are not checked whole at the next start.\n# Written by the node at a clean stop and removed at its start; \
+see docs/durability.md. Do not edit.\n";
+
+/// `STATE/clean-stop`: the apps whose stores the last run closed cleanly ([`crate::store::state`]).
+pub struct CleanStop;
+
+impl CleanStop {
+    pub fn path(dir: &Path) -> PathBuf {
+        dir.join(CLEAN_STOP_FILE)
+    }
+
+    /// Reads and removes the file, then syncs the directory, so that a run which does not end cleanly leaves no
+    /// file behind: the apps the last run closed cleanly (none if there is no file, or it cannot be read, which
+    /// only costs a check). A file that cannot be removed is an error: the next start would trust it.
+    pub fn take(dir: &Path) -> Result<BTreeSet<String>, StateError> {
+        let path = Self::path(dir);
+        let apps = match crate::files::read(&path, &crate::files::STATE_CLEAN_STOP) {
+            Ok(text) => String::from_utf8_lossy(&text)
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("app "))
+                .map(|a| a.trim().to_string())
+                .filter(|a| !a.is_empty())
+                .collect(),
+            Err(crate::files::FileError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Ok(BTreeSet::new());
+            }
+            Err(e) => {
+                tracing::warn!("{e}: every store is checked whole at this start");
+                BTreeSet::new()
+            }
+        };
+        let remove_err = |source| StateError::Write {
+            path: path.clone(),
+            source,
+        };
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(remove_err(e)),
+        }
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(remove_err)?;
+        Ok(apps)
+    }
+
+    /// Writes the file whole (beside its name, synced, renamed, the directory synced), naming `apps`.
+    pub fn write(dir: &Path, apps: &BTreeSet<String>) -> Result<(), StateError> {
+        let path = Self::path(dir);
+        let tmp = dir.join(format!("{CLEAN_STOP_FILE}.tmp"));
+        let write_err = |source| StateError::Write {
+            path: path.clone(),
+            source,
+        };
+        let mut text = String::from(CLEAN_STOP_HEADER);
+        for a in apps {
+            text.push_str(&format!("app {a}\n"));
+        }
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&tmp)
+            .map_err(write_err)?;
+        file.write_all(text.as_bytes())
             .and_then(|_| file.sync_all())
             .map_err(write_err)?;
         drop(file);

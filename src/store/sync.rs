@@ -59,6 +59,11 @@ pub struct StoreFiles {
     /// Sync the `-wal` with `fsync` instead of `fdatasync`: for research/014's comparison only, never set by the
     /// node.
     pub(crate) full_fsync: AtomicBool,
+    /// Read each checkpoint back from the disk ([`StoreFiles::verify_checkpoint`]); cleared only by research/036's
+    /// comparison, never by the node.
+    pub(crate) verify_checkpoints: AtomicBool,
+    /// The `-wal`'s salts and how many of its first frames a checkpoint has read back already.
+    verified: Mutex<([u8; 8], u32)>,
 }
 
 impl std::fmt::Debug for StoreFiles {
@@ -99,6 +104,8 @@ impl StoreFiles {
             device,
             failed: AtomicBool::new(false),
             full_fsync: AtomicBool::new(false),
+            verify_checkpoints: AtomicBool::new(true),
+            verified: Mutex::new(([0; 8], 0)),
         })
     }
 
@@ -165,6 +172,121 @@ impl StoreFiles {
         result
     }
 
+    /// After a checkpoint SQLite made and this node synced: reads back, from the disk itself, every page the
+    /// checkpoint copied from the `-wal`'s first `checkpointed` frames into the database file, and compares it with
+    /// the frame it came from. A disk may report such writes done and have lost them: a dying card's ext4 did, for
+    /// pages written into newly allocated blocks while other writes were failing (issue 34, research/036), and the
+    /// next commit would then have restarted the `-wal` over their only copy. It runs before that commit can; a
+    /// page that differs fails the store as a failed sync does, with the `-wal` still whole.
+    pub fn verify_checkpoint(&self, checkpointed: u32) -> Result<(), StoreError> {
+        use std::os::unix::fs::FileExt;
+        if self.is_failed() {
+            return Err(StoreError::FailedEarlier {
+                path: self.path.clone(),
+            });
+        }
+        let lost = |page: u32, what: String| {
+            self.fail();
+            StoreError::LostWrite {
+                path: self.path.clone(),
+                page,
+                what,
+            }
+        };
+        let io_err = |e: io::Error| {
+            self.fail();
+            StoreError::Sync {
+                path: self.path.clone(),
+                source: Arc::new(e),
+            }
+        };
+        let mut header = [0u8; 32];
+        self.wal.read_exact_at(&mut header, 0).map_err(io_err)?;
+        let word =
+            |b: &[u8], at: usize| u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let page_size = match word(&header, 8) {
+            1 => 65536,
+            n if n.is_power_of_two() && (512..=32768).contains(&n) => n,
+            // Not a WAL this node can read back (SQLite keeps its own format): nothing to compare with.
+            _ => return Ok(()),
+        } as u64;
+        let salts: [u8; 8] = header[16..24].try_into().expect("8 bytes");
+        // Frames of this -wal's run that an earlier checkpoint read back already need not be again.
+        let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        let from = if verified.0 == salts { verified.1 } else { 0 };
+        // The latest of the checkpointed frames of each page, from their headers (read from the page cache: they
+        // were written and synced before), a window at a time.
+        let frame_size = 24 + page_size;
+        let mut latest: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+        const WINDOW: u64 = 1024;
+        let mut window = Vec::new();
+        let mut frame = 0u64;
+        'frames: while frame < checkpointed as u64 {
+            let n = (checkpointed as u64 - frame).min(WINDOW);
+            window.resize((n * frame_size) as usize, 0);
+            let got =
+                read_up_to(&self.wal, &mut window, 32 + frame * frame_size).map_err(io_err)?;
+            for (k, header) in window[..got].chunks_exact(frame_size as usize).enumerate() {
+                if header[8..16] != salts {
+                    break 'frames;
+                }
+                let index = frame + k as u64;
+                if index >= from as u64 {
+                    latest.insert(word(header, 0), 32 + index * frame_size + 24);
+                } else {
+                    latest.remove(&word(header, 0));
+                }
+            }
+            frame += n;
+        }
+        let db_len = self.db.metadata().map_err(io_err)?.len();
+        // Read the database file from the disk, not from the pages this process just wrote (they are clean: the
+        // checkpoint's syncs wrote them).
+        // SAFETY: posix_fadvise on a descriptor we own; it only drops clean cached pages of the file.
+        let rc =
+            unsafe { libc::posix_fadvise(self.db.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if rc != 0 {
+            return Err(io_err(io::Error::from_raw_os_error(rc)));
+        }
+        // Runs of consecutive pages (a checkpoint mostly writes where the file grew), each in one read.
+        let ps = page_size as usize;
+        let pages: Vec<u32> = latest
+            .keys()
+            .copied()
+            .filter(|&p| p > 0 && (p as u64) * page_size <= db_len)
+            .collect();
+        let mut on_disk = Vec::new();
+        let mut want = vec![0u8; ps];
+        let mut i = 0;
+        while i < pages.len() {
+            let mut j = i + 1;
+            while j < pages.len() && pages[j] == pages[j - 1] + 1 && j - i < 256 {
+                j += 1;
+            }
+            on_disk.resize((j - i) * ps, 0);
+            self.db
+                .read_exact_at(&mut on_disk, (pages[i] as u64 - 1) * page_size)
+                .map_err(io_err)?;
+            for (k, &page) in pages[i..j].iter().enumerate() {
+                self.wal
+                    .read_exact_at(&mut want, latest[&page])
+                    .map_err(io_err)?;
+                let found = &on_disk[k * ps..(k + 1) * ps];
+                if want[..] != *found {
+                    let what = if found.iter().all(|b| *b == 0) {
+                        "zeros"
+                    } else {
+                        "other bytes"
+                    };
+                    return Err(lost(page, what.to_string()));
+                }
+            }
+            i = j;
+        }
+        *verified = (salts, checkpointed.max(from));
+        Ok(())
+    }
+
     /// Errors if the filesystem under the store is read-only now.
     fn writable(&self) -> Result<(), StoreError> {
         if is_read_only(&self.wal) {
@@ -174,6 +296,21 @@ impl StoreFiles {
         }
         Ok(())
     }
+}
+
+/// Reads into `buf` from `at` until it is full or the file ends; returns how many bytes were read.
+fn read_up_to(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], at + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
 
 /// Whether the filesystem holding `file` is mounted read-only now (`ST_RDONLY`; a filesystem that cannot say is
