@@ -321,16 +321,13 @@ fn one_run(round: usize) -> Option<()> {
     )
     .unwrap();
     let state = card.path().join("state");
-    let node = NodeProcess::start(
-        &state,
-        &[
-            "--senders",
-            senders.to_str().unwrap(),
-            "--apps",
-            apps.to_str().unwrap(),
-        ],
-        None,
-    );
+    let node_args = [
+        "--senders",
+        senders.to_str().unwrap(),
+        "--apps",
+        apps.to_str().unwrap(),
+    ];
+    let node = NodeProcess::start(&state, &node_args, None);
     // DYING_DISK_STRACE=FILE: what the node does to a's database file (writes, syncs, drops of its page cache)
     // and the kernel's log meanwhile, for research/014 and 036.
     let _strace = std::env::var("DYING_DISK_STRACE").ok().map(|out| {
@@ -457,16 +454,7 @@ fn one_run(round: usize) -> Option<()> {
     let b = stored(&state, "b");
     // The node started again on the repaired card, as an operator would: every store is read whole first (the
     // last run did not end cleanly, or its stores had failed), and served only if nothing is damaged.
-    let again = NodeProcess::start(
-        &state,
-        &[
-            "--senders",
-            senders.to_str().unwrap(),
-            "--apps",
-            apps.to_str().unwrap(),
-        ],
-        None,
-    );
+    let again = NodeProcess::start(&state, &node_args, None);
     let served =
         |app: &str| again.metric(&format!("pure_app_can_store{{app=\"{app}\"}}")) == Some(1.0);
     let deadline = Instant::now() + Duration::from_secs(30);

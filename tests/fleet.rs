@@ -965,26 +965,6 @@ fn an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_rec
     assert_exactly_once(&cluster, total, &[0, first, first + second]);
 }
 
-/// What a webhook receiver was given in the requests it answered 200: payload by position (each position always
-/// with the same payload), and how many positions came more than once.
-fn hooked(server: &outlet_util::HookServer) -> (std::collections::BTreeMap<u64, String>, usize) {
-    let mut got = std::collections::BTreeMap::new();
-    let mut again = 0;
-    for req in server.requests() {
-        if req.answer != outlet_util::Answer::Ok {
-            continue;
-        }
-        for r in req.json()["records"].as_array().unwrap() {
-            let (pos, payload) = (r["pos"].as_u64().unwrap(), r["payload"].as_str().unwrap());
-            if let Some(before) = got.insert(pos, payload.to_string()) {
-                assert_eq!(before, payload, "position {pos} sent again alike");
-                again += 1;
-            }
-        }
-    }
-    (got, again)
-}
-
 #[test]
 fn a_webhooks_driving_node_sigkilled_mid_delivery_is_taken_over_from_the_acknowledged_position() {
     use std::sync::Arc;
@@ -1031,7 +1011,7 @@ fn a_webhooks_driving_node_sigkilled_mid_delivery_is_taken_over_from_the_acknowl
         first,
     );
     outlet_util::wait_until("the first batch at the receiver", || {
-        hooked(&server).0.len() as u64 >= first
+        outlet_util::hooked(&server).0.len() as u64 >= first
     });
     let holder = holder_index(&cluster);
 
@@ -1064,7 +1044,7 @@ fn a_webhooks_driving_node_sigkilled_mid_delivery_is_taken_over_from_the_acknowl
 
     let total = first + second;
     outlet_util::wait_until("every record at the receiver", || {
-        hooked(&server).0.len() as u64 >= total
+        outlet_util::hooked(&server).0.len() as u64 >= total
     });
     let successor = nodes[1 - holder].as_ref().unwrap();
     outlet_util::wait_until("the other node to say it sent records", || {
@@ -1073,7 +1053,7 @@ fn a_webhooks_driving_node_sigkilled_mid_delivery_is_taken_over_from_the_acknowl
             .unwrap_or(0.0)
             > 0.0
     });
-    let (got, again) = hooked(&server);
+    let (got, again) = outlet_util::hooked(&server);
     assert_eq!(got.len() as u64, total, "positions at the receiver");
     for (k, (pos, payload)) in got.iter().enumerate() {
         let s = k as u64 + 1;

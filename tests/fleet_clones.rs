@@ -87,24 +87,6 @@ fn start_clone(copy: &Path, at: &Path, args: &[&str]) -> NodeProcess {
     NodeProcess::attach(cmd.spawn().unwrap(), copy)
 }
 
-/// Payloads by position that the receiver answered 200, and how many positions came more than once.
-fn hooked(server: &outlet_util::HookServer) -> (std::collections::BTreeMap<u64, String>, usize) {
-    let mut got = std::collections::BTreeMap::new();
-    let mut again = 0;
-    for req in server.requests() {
-        if req.answer != outlet_util::Answer::Ok {
-            continue;
-        }
-        for r in req.json()["records"].as_array().unwrap() {
-            let (pos, payload) = (r["pos"].as_u64().unwrap(), r["payload"].as_str().unwrap());
-            if got.insert(pos, payload.to_string()).is_some() {
-                again += 1;
-            }
-        }
-    }
-    (got, again)
-}
-
 #[test]
 fn two_nodes_cloned_from_one_card_with_one_host_name_never_drive_one_outlet_at_once() {
     if !can_run() {
@@ -190,9 +172,9 @@ fn two_nodes_cloned_from_one_card_with_one_host_name_never_drive_one_outlet_at_o
         }
     }
     outlet_util::wait_until("every record at the receiver", || {
-        hooked(&server).0.len() as u64 >= total
+        outlet_util::hooked(&server).0.len() as u64 >= total
     });
-    let (got, again) = hooked(&server);
+    let (got, again) = outlet_util::hooked(&server);
     let logs: Vec<String> = nodes.iter().map(NodeProcess::stderr_text).collect();
     assert_eq!(
         both, 0,

@@ -274,8 +274,8 @@ fn open_or_close(
 const UNCLEAN: &str = "the last run of the node did not end cleanly";
 
 /// Opens an app's store whose last run did not end cleanly once it has been read whole and found sound: at once
-/// if it is small, else on a `pure-check` thread while the node serves the other apps (this one waits, closed).
-/// A store found damaged is never served while the node runs; its app says why and the way back.
+/// if it is small (a damaged one is refused, and the node does not start), else on a `pure-check` thread while the
+/// node serves the other apps (this one waits, closed; found damaged, it is not served while the node runs).
 fn open_checked(
     stores: &mut Stores,
     path: PathBuf,
@@ -304,14 +304,7 @@ fn open_checked(
             stores.push(s);
             Ok(None)
         }
-        Err(e @ StoreError::Damaged { .. }) => {
-            let why = e.to_string();
-            tracing::error!(
-                "app {app} is not served, its senders get no acks until the node is restarted: {why}"
-            );
-            stores.push_never(path, why.clone());
-            Ok(Some(why))
-        }
+        // Refused, as a store that is not a database is: the node does not start on it (exit 78).
         Err(e) if e.is_fatal_at_open() => Err(e),
         Err(e) => {
             let why = e.to_string();

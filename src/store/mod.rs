@@ -1554,7 +1554,9 @@ impl StoreError {
     /// only stops its app, which is tried again.
     pub fn is_fatal_at_open(&self) -> bool {
         match self {
-            StoreError::Layout { .. } | StoreError::Corrupt { .. } => true,
+            StoreError::Layout { .. } | StoreError::Corrupt { .. } | StoreError::Damaged { .. } => {
+                true
+            }
             StoreError::Sqlite { source, .. } => matches!(
                 source.sqlite_error_code(),
                 Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt)

@@ -234,28 +234,34 @@ impl Identity {
     /// Writes `dir/identity` whole: beside its name, synced, renamed over it, and the directory synced, so a crash
     /// leaves the old file or the new one.
     pub fn write(&self, dir: &Path) -> Result<(), StateError> {
-        let path = Self::path(dir);
-        let tmp = dir.join(format!("{IDENTITY_FILE}.tmp"));
-        let write_err = |source| StateError::Write {
-            path: path.clone(),
-            source,
-        };
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o644)
-            .open(&tmp)
-            .map_err(write_err)?;
-        file.write_all(self.render().as_bytes())
-            .and_then(|_| file.sync_all())
-            .map_err(write_err)?;
-        drop(file);
-        std::fs::rename(&tmp, &path).map_err(write_err)?;
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(write_err)
+        write_whole(dir, IDENTITY_FILE, &self.render())
     }
+}
+
+/// Writes `dir/name` whole: beside its name, synced, renamed over it, and the directory synced, so a crash leaves
+/// the old file or the new one.
+fn write_whole(dir: &Path, name: &str, text: &str) -> Result<(), StateError> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let write_err = |source| StateError::Write {
+        path: path.clone(),
+        source,
+    };
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&tmp)
+        .map_err(write_err)?;
+    file.write_all(text.as_bytes())
+        .and_then(|_| file.sync_all())
+        .map_err(write_err)?;
+    drop(file);
+    std::fs::rename(&tmp, &path).map_err(write_err)?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(write_err)
 }
 
 const CLEAN_STOP_HEADER: &str = "# pure-serve: the apps whose stores the last run of the node closed cleanly; \
@@ -309,31 +315,11 @@ impl CleanStop {
 
     /// Writes the file whole (beside its name, synced, renamed, the directory synced), naming `apps`.
     pub fn write(dir: &Path, apps: &BTreeSet<String>) -> Result<(), StateError> {
-        let path = Self::path(dir);
-        let tmp = dir.join(format!("{CLEAN_STOP_FILE}.tmp"));
-        let write_err = |source| StateError::Write {
-            path: path.clone(),
-            source,
-        };
         let mut text = String::from(CLEAN_STOP_HEADER);
         for a in apps {
             text.push_str(&format!("app {a}\n"));
         }
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o644)
-            .open(&tmp)
-            .map_err(write_err)?;
-        file.write_all(text.as_bytes())
-            .and_then(|_| file.sync_all())
-            .map_err(write_err)?;
-        drop(file);
-        std::fs::rename(&tmp, &path).map_err(write_err)?;
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(write_err)
+        write_whole(dir, CLEAN_STOP_FILE, &text)
     }
 }
 

@@ -508,3 +508,23 @@ async fn answer(
         )))
         .unwrap())
 }
+
+/// What a webhook receiver was given in the requests it answered 200: payload by position (each position always
+/// with the same payload), and how many positions came more than once.
+pub fn hooked(server: &HookServer) -> (std::collections::BTreeMap<u64, String>, usize) {
+    let mut got = std::collections::BTreeMap::new();
+    let mut again = 0;
+    for req in server.requests() {
+        if req.answer != Answer::Ok {
+            continue;
+        }
+        for r in req.json()["records"].as_array().unwrap() {
+            let (pos, payload) = (r["pos"].as_u64().unwrap(), r["payload"].as_str().unwrap());
+            if let Some(before) = got.insert(pos, payload.to_string()) {
+                assert_eq!(before, payload, "position {pos} sent again alike");
+                again += 1;
+            }
+        }
+    }
+    (got, again)
+}
