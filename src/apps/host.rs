@@ -258,16 +258,31 @@ fn open_or_close(
             stores.push(s);
             Ok(None)
         }
-        Err(e) if e.is_fatal_at_open() => Err(e),
-        Err(e) => {
-            let why = e.to_string();
-            tracing::error!(
-                "app {app} cannot store, its senders get no acks until it can (tried again with backoff): {why}"
-            );
-            stores.push_closed(path);
-            Ok(Some(why))
-        }
+        Err(e) => closed_for_now(stores, path, app, e, None),
     }
+}
+
+/// A store that could not be opened now: an error if it is wrong in itself (refused at start), else added closed
+/// to be tried again with backoff (read whole first, with `whole`), and why.
+fn closed_for_now(
+    stores: &mut Stores,
+    path: PathBuf,
+    app: &str,
+    e: StoreError,
+    whole: Option<&'static str>,
+) -> Result<Option<String>, StoreError> {
+    if e.is_fatal_at_open() {
+        return Err(e);
+    }
+    let why = e.to_string();
+    tracing::error!(
+        "app {app} cannot store, its senders get no acks until it can (tried again with backoff): {why}"
+    );
+    match whole {
+        Some(w) => stores.push_to_check(path, w),
+        None => stores.push_closed(path),
+    };
+    Ok(Some(why))
 }
 
 /// Why a store is checked whole at start.
@@ -304,16 +319,8 @@ fn open_checked(
             stores.push(s);
             Ok(None)
         }
-        // Refused, as a store that is not a database is: the node does not start on it (exit 78).
-        Err(e) if e.is_fatal_at_open() => Err(e),
-        Err(e) => {
-            let why = e.to_string();
-            tracing::error!(
-                "app {app} cannot store, its senders get no acks until it can (tried again with backoff): {why}"
-            );
-            stores.push_to_check(path, UNCLEAN);
-            Ok(Some(why))
-        }
+        // A damaged store is refused as one that is not a database is: the node does not start on it (exit 78).
+        Err(e) => closed_for_now(stores, path, app, e, Some(UNCLEAN)),
     }
 }
 

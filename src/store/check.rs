@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 use super::{AppStore, StoreError, disk, forget_cached_pages};
 
 /// A store of at most this many bytes (file and `-wal`) is checked whole at start before the node is ready; a
-/// larger one on a thread of its own while the node serves the other apps (about 2 s of reading, research/036).
+/// larger one on a thread of its own while the node serves the other apps (a tenth of a second on this project's
+/// VM, one or two on an SD card: research/036).
 pub const SYNC_CHECK_MAX: u64 = 64 << 20;
 
 /// How often a long check says how far it is.
