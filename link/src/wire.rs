@@ -1,10 +1,15 @@
 //! The byte layout of link packets (docs/protocol.md sections 4 and 5): headers, frames and varints.
 //!
 //! Parsing is total: every function here returns an error instead of panicking, whatever the bytes, because all
-//! of it runs on network input. Emitting writes into a caller-owned `Vec` so the caller decides where the bytes
-//! live.
+//! of it runs on network input. Emitting writes into a caller-owned [`Out`] (a `Vec` on the node, a fixed buffer
+//! on a device) so the caller decides where the bytes live.
+
+#[cfg(feature = "alloc")]
+use alloc::vec::Vec;
 
 use thiserror::Error;
+
+use crate::buf::Out;
 
 /// Protocol version carried in the high 4 bits of byte 0 (protocol.md 4.3).
 pub const VERSION: u8 = 1;
@@ -107,7 +112,7 @@ pub fn valid_app_name(name: &[u8]) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-')
 }
 
-pub fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+pub fn put_varint(out: &mut (impl Out + ?Sized), mut value: u64) {
     while value >= 0x80 {
         out.push((value as u8) | 0x80);
         value >>= 7;
@@ -198,7 +203,7 @@ impl SenderHeader {
             ),
         })
     }
-    pub fn emit(&self, out: &mut Vec<u8>) {
+    pub fn emit(&self, out: &mut (impl Out + ?Sized)) {
         out.push(TYPE_SENDER);
         out.extend_from_slice(&self.key_id.to_be_bytes());
         out.extend_from_slice(&self.run_id.to_be_bytes());
@@ -225,7 +230,7 @@ impl NodeHeader {
             ),
         })
     }
-    pub fn emit(&self, out: &mut Vec<u8>) {
+    pub fn emit(&self, out: &mut (impl Out + ?Sized)) {
         out.push(TYPE_NODE);
         out.extend_from_slice(&self.epoch.to_be_bytes());
         out.extend_from_slice(&self.packet_number.to_be_bytes());
@@ -253,10 +258,12 @@ impl CookiePacket {
         cookie.copy_from_slice(&datagram[SENDER_HEADER_LEN..]);
         Ok(CookiePacket { answers, cookie })
     }
-    pub fn emit(&self, out: &mut Vec<u8>) {
-        let start = out.len();
-        self.answers.emit(out);
-        out[start] = TYPE_COOKIE;
+    pub fn emit(&self, out: &mut (impl Out + ?Sized)) {
+        // A sender header's layout after its type byte.
+        out.push(TYPE_COOKIE);
+        out.extend_from_slice(&self.answers.key_id.to_be_bytes());
+        out.extend_from_slice(&self.answers.run_id.to_be_bytes());
+        out.extend_from_slice(&self.answers.packet_number.to_be_bytes());
         out.extend_from_slice(&self.cookie);
     }
 }
@@ -375,12 +382,12 @@ impl<'a> Forwarded<'a> {
         1 + origin.len() + varint_len(origin_seq) + payload_len
     }
     /// Appends the forwarded record, with its length varint in front, as it goes in a FORWARD frame or a chunk.
-    pub fn put(out: &mut Vec<u8>, origin: &[u8], origin_seq: u64, payload: &[u8]) {
+    pub fn put(out: &mut (impl Out + ?Sized), origin: &[u8], origin_seq: u64, payload: &[u8]) {
         put_varint(out, Self::len(origin, origin_seq, payload.len()) as u64);
         Self::put_bare(out, origin, origin_seq, payload);
     }
     /// Appends the forwarded record without a length in front.
-    pub fn put_bare(out: &mut Vec<u8>, origin: &[u8], origin_seq: u64, payload: &[u8]) {
+    pub fn put_bare(out: &mut (impl Out + ?Sized), origin: &[u8], origin_seq: u64, payload: &[u8]) {
         out.push(origin.len() as u8);
         out.extend_from_slice(origin);
         put_varint(out, origin_seq);
@@ -389,6 +396,7 @@ impl<'a> Forwarded<'a> {
 }
 
 /// Parses the plaintext of a sender packet. PADDING is skipped.
+#[cfg(feature = "alloc")]
 pub fn parse_sender_frames(plain: &[u8]) -> Result<Vec<SenderFrame<'_>>, WireError> {
     let mut r = Reader::new(plain);
     let mut frames = Vec::new();
@@ -446,77 +454,122 @@ pub fn parse_sender_frames(plain: &[u8]) -> Result<Vec<SenderFrame<'_>>, WireErr
 }
 
 /// Parses the plaintext of a node packet. PADDING is skipped.
+#[cfg(feature = "alloc")]
 pub fn parse_node_frames(plain: &[u8]) -> Result<Vec<NodeFrame<'_>>, WireError> {
-    let mut r = Reader::new(plain);
-    let mut frames = Vec::new();
-    while !r.is_empty() {
-        match r.u8()? {
-            FRAME_PADDING => {}
-            FRAME_ACK => {
-                let app = r.app()?;
-                let stored_through = r.varint()?;
-                frames.push(NodeFrame::Ack {
-                    app,
-                    stored_through,
-                });
-            }
-            FRAME_ECHO => frames.push(NodeFrame::Echo {
-                packet_number: r.varint()?,
-            }),
-            FRAME_REFUSE => {
-                let app = r.app()?;
-                let reason = r.u8()?;
-                frames.push(NodeFrame::Refuse { app, reason });
-            }
-            FRAME_NOT_STORED => {
-                let app = r.app()?;
-                let reason = r.u8()?;
-                frames.push(NodeFrame::NotStored { app, reason });
-            }
-            FRAME_DOWN => {
-                let app = r.app()?;
-                let last = r.varint()?;
-                let after = r.varint()?;
-                let first_seq = r.varint()?;
-                let count = r.varint()?;
-                let well_formed = if count == 0 {
-                    first_seq == 0
-                } else {
-                    first_seq > after
-                        && first_seq
-                            .checked_add(count - 1)
-                            .is_some_and(|end| end <= last)
-                };
-                if !well_formed {
-                    return Err(WireError::BadDown);
-                }
-                let records = skip_records(&mut r, count, RecordFormat::Plain)?;
-                frames.push(NodeFrame::Down(DownFrame {
-                    app,
-                    last,
-                    after,
-                    first_seq,
-                    count,
-                    records,
-                }));
-            }
-            t @ (FRAME_DATA | FRAME_FORWARD | FRAME_LISTEN) => {
-                return Err(WireError::WrongDirection(t));
-            }
-            t => return Err(WireError::UnknownFrame(t)),
+    NodeFrames::new(plain).collect()
+}
+
+/// The frames of a node packet's plaintext, one at a time, without a heap; PADDING is skipped. After an error it
+/// yields nothing more. A sender that must not act on a packet with a bad frame walks it twice: once to check it
+/// ([`NodeFrames::check`]), then to apply it.
+pub struct NodeFrames<'a> {
+    reader: Reader<'a>,
+    failed: bool,
+}
+
+impl<'a> NodeFrames<'a> {
+    pub fn new(plain: &'a [u8]) -> Self {
+        NodeFrames {
+            reader: Reader::new(plain),
+            failed: false,
         }
     }
-    Ok(frames)
+
+    /// Whether every frame of `plain` is well formed.
+    pub fn check(plain: &'a [u8]) -> Result<(), WireError> {
+        NodeFrames::new(plain).try_for_each(|f| f.map(|_| ()))
+    }
+
+    fn frame(&mut self) -> Result<Option<NodeFrame<'a>>, WireError> {
+        let r = &mut self.reader;
+        loop {
+            if r.is_empty() {
+                return Ok(None);
+            }
+            let frame = match r.u8()? {
+                FRAME_PADDING => continue,
+                FRAME_ACK => {
+                    let app = r.app()?;
+                    let stored_through = r.varint()?;
+                    NodeFrame::Ack {
+                        app,
+                        stored_through,
+                    }
+                }
+                FRAME_ECHO => NodeFrame::Echo {
+                    packet_number: r.varint()?,
+                },
+                FRAME_REFUSE => {
+                    let app = r.app()?;
+                    let reason = r.u8()?;
+                    NodeFrame::Refuse { app, reason }
+                }
+                FRAME_NOT_STORED => {
+                    let app = r.app()?;
+                    let reason = r.u8()?;
+                    NodeFrame::NotStored { app, reason }
+                }
+                FRAME_DOWN => {
+                    let app = r.app()?;
+                    let last = r.varint()?;
+                    let after = r.varint()?;
+                    let first_seq = r.varint()?;
+                    let count = r.varint()?;
+                    let well_formed = if count == 0 {
+                        first_seq == 0
+                    } else {
+                        first_seq > after
+                            && first_seq
+                                .checked_add(count - 1)
+                                .is_some_and(|end| end <= last)
+                    };
+                    if !well_formed {
+                        return Err(WireError::BadDown);
+                    }
+                    let records = skip_records(r, count, RecordFormat::Plain)?;
+                    NodeFrame::Down(DownFrame {
+                        app,
+                        last,
+                        after,
+                        first_seq,
+                        count,
+                        records,
+                    })
+                }
+                t @ (FRAME_DATA | FRAME_FORWARD | FRAME_LISTEN) => {
+                    return Err(WireError::WrongDirection(t));
+                }
+                t => return Err(WireError::UnknownFrame(t)),
+            };
+            return Ok(Some(frame));
+        }
+    }
+}
+
+impl<'a> Iterator for NodeFrames<'a> {
+    type Item = Result<NodeFrame<'a>, WireError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        match self.frame() {
+            Ok(f) => f.map(Ok),
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
 }
 
 /// Appends a DATA frame header; the caller appends `count` records after it with [`put_record`].
-pub fn put_data_header(out: &mut Vec<u8>, app: &[u8], first_seq: u64, count: u64) {
+pub fn put_data_header(out: &mut (impl Out + ?Sized), app: &[u8], first_seq: u64, count: u64) {
     put_frame_header(out, RecordFormat::Plain, app, first_seq, count);
 }
 
 /// Appends a DATA (plain) or FORWARD (forwarded) frame header.
 pub fn put_frame_header(
-    out: &mut Vec<u8>,
+    out: &mut (impl Out + ?Sized),
     format: RecordFormat,
     app: &[u8],
     first_seq: u64,
@@ -537,7 +590,7 @@ pub fn data_header_len(app: &[u8], first_seq: u64, count: u64) -> usize {
     2 + app.len() + varint_len(first_seq) + varint_len(count)
 }
 
-pub fn put_record(out: &mut Vec<u8>, payload: &[u8]) {
+pub fn put_record(out: &mut (impl Out + ?Sized), payload: &[u8]) {
     put_varint(out, payload.len() as u64);
     out.extend_from_slice(payload);
 }
@@ -546,7 +599,7 @@ pub fn record_len(payload: &[u8]) -> usize {
     varint_len(payload.len() as u64) + payload.len()
 }
 
-pub fn put_ack(out: &mut Vec<u8>, app: &[u8], stored_through: u64) {
+pub fn put_ack(out: &mut (impl Out + ?Sized), app: &[u8], stored_through: u64) {
     out.push(FRAME_ACK);
     out.push(app.len() as u8);
     out.extend_from_slice(app);
@@ -557,26 +610,26 @@ pub fn ack_len(app: &[u8], stored_through: u64) -> usize {
     2 + app.len() + varint_len(stored_through)
 }
 
-pub fn put_echo(out: &mut Vec<u8>, packet_number: u64) {
+pub fn put_echo(out: &mut (impl Out + ?Sized), packet_number: u64) {
     out.push(FRAME_ECHO);
     put_varint(out, packet_number);
 }
 
-pub fn put_refuse(out: &mut Vec<u8>, app: &[u8], reason: u8) {
+pub fn put_refuse(out: &mut (impl Out + ?Sized), app: &[u8], reason: u8) {
     out.push(FRAME_REFUSE);
     out.push(app.len() as u8);
     out.extend_from_slice(app);
     out.push(reason);
 }
 
-pub fn put_not_stored(out: &mut Vec<u8>, app: &[u8], reason: u8) {
+pub fn put_not_stored(out: &mut (impl Out + ?Sized), app: &[u8], reason: u8) {
     out.push(FRAME_NOT_STORED);
     out.push(app.len() as u8);
     out.extend_from_slice(app);
     out.push(reason);
 }
 
-pub fn put_listen(out: &mut Vec<u8>, app: &[u8], heard: u64) {
+pub fn put_listen(out: &mut (impl Out + ?Sized), app: &[u8], heard: u64) {
     out.push(FRAME_LISTEN);
     out.push(app.len() as u8);
     out.extend_from_slice(app);
@@ -589,7 +642,7 @@ pub fn listen_len(app: &[u8], heard: u64) -> usize {
 
 /// Appends a DOWN frame header; the caller appends `count` records after it with [`put_record`].
 pub fn put_down_header(
-    out: &mut Vec<u8>,
+    out: &mut (impl Out + ?Sized),
     app: &[u8],
     last: u64,
     after: u64,
@@ -655,9 +708,11 @@ impl<'a> Iterator for RecordIter<'a> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "std"))]
 mod tests {
     use super::*;
+    use alloc::vec;
+    use alloc::vec::Vec;
     use proptest::prelude::*;
 
     #[test]

@@ -10,7 +10,8 @@ use sha2::Sha256;
 use thiserror::Error;
 use x25519_dalek::{PublicKey, StaticSecret};
 
-use super::wire::TAG_LEN;
+use crate::buf::Out;
+use crate::wire::TAG_LEN;
 
 pub type PublicKeyBytes = [u8; 32];
 /// A 16-byte AES-128-GCM key.
@@ -88,8 +89,8 @@ pub struct Identity {
 }
 
 /// Shows the public key only: a private key never reaches a log line.
-impl std::fmt::Debug for Identity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl core::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Identity")
             .field("public", &self.public)
             .finish_non_exhaustive()
@@ -102,6 +103,8 @@ impl Identity {
         let public = PublicKey::from(&secret).to_bytes();
         Identity { secret, public }
     }
+    /// A new identity from the operating system's random generator.
+    #[cfg(feature = "std")]
     pub fn generate() -> Self {
         Self::from_secret_bytes(random_array())
     }
@@ -122,7 +125,9 @@ impl Identity {
 }
 
 /// Random bytes from the operating system. Failure of the OS generator is not recoverable for a cryptographic
-/// daemon, so it aborts with a clear message rather than continuing with weak randomness.
+/// daemon, so it aborts with a clear message rather than continuing with weak randomness. A device without an
+/// operating system draws its randomness itself (docs/devices.md).
+#[cfg(feature = "std")]
 pub fn random_array<const N: usize>() -> [u8; N] {
     let mut b = [0u8; N];
     getrandom::fill(&mut b).expect("the operating system's random generator failed");
@@ -178,9 +183,25 @@ fn nonce(packet_number: u64) -> Nonce<aes_gcm::aead::consts::U12> {
 }
 
 /// Encrypts `packet[header_len..]` in place and appends the tag. The header is the associated data.
-pub fn seal(key: &PacketKey, packet_number: u64, packet: &mut Vec<u8>, header_len: usize) {
+pub fn seal(
+    key: &PacketKey,
+    packet_number: u64,
+    packet: &mut (impl Out + ?Sized),
+    header_len: usize,
+) {
+    seal_from(key, packet_number, packet, 0, header_len)
+}
+
+/// [`seal`] for a packet that begins at `from` in `packet` (after a cookie prefix, which is not sealed).
+pub fn seal_from(
+    key: &PacketKey,
+    packet_number: u64,
+    packet: &mut (impl Out + ?Sized),
+    from: usize,
+    header_len: usize,
+) {
     let cipher = Aes128Gcm::new(key.into());
-    let (header, body) = packet.split_at_mut(header_len);
+    let (header, body) = packet.written_mut()[from..].split_at_mut(header_len);
     let tag = cipher
         .encrypt_inout_detached(&nonce(packet_number), header, body.into())
         .expect("packets are far below AES-GCM's length limit");
@@ -210,19 +231,20 @@ pub fn open(
 }
 
 /// Like [`open`] but on a copy, so a failed attempt leaves `packet` intact for the next candidate key.
+#[cfg(feature = "alloc")]
 pub fn open_copy(
     key: &PacketKey,
     packet_number: u64,
     packet: &[u8],
     header_len: usize,
-    scratch: &mut Vec<u8>,
+    scratch: &mut alloc::vec::Vec<u8>,
 ) -> Result<usize, CryptoError> {
     scratch.clear();
     scratch.extend_from_slice(packet);
     open(key, packet_number, scratch, header_len)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "std"))]
 mod tests {
     use super::*;
 
