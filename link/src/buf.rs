@@ -18,6 +18,10 @@ pub trait Out {
     fn written_mut(&mut self) -> &mut [u8];
     /// Forgets everything written.
     fn clear(&mut self);
+    /// Forgets what was written past `len`.
+    fn truncate(&mut self, len: usize);
+    /// Appends `len` bytes for the caller to fill (zeros until it does), or `None` when they do not fit.
+    fn grow(&mut self, len: usize) -> Option<&mut [u8]>;
 }
 
 #[cfg(feature = "alloc")]
@@ -36,6 +40,14 @@ impl Out for alloc::vec::Vec<u8> {
     }
     fn clear(&mut self) {
         alloc::vec::Vec::clear(self)
+    }
+    fn truncate(&mut self, len: usize) {
+        alloc::vec::Vec::truncate(self, len)
+    }
+    fn grow(&mut self, len: usize) -> Option<&mut [u8]> {
+        let at = alloc::vec::Vec::len(self);
+        self.resize(at + len, 0);
+        Some(&mut self[at..])
     }
 }
 
@@ -92,6 +104,23 @@ impl Out for SliceOut<'_> {
     fn clear(&mut self) {
         self.len = 0;
         self.overflowed = false;
+    }
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+    fn grow(&mut self, len: usize) -> Option<&mut [u8]> {
+        let at = self.len;
+        match self.buf.get_mut(at..at + len) {
+            Some(dst) => {
+                dst.fill(0);
+                self.len += len;
+                Some(dst)
+            }
+            None => {
+                self.overflowed = true;
+                None
+            }
+        }
     }
 }
 

@@ -22,6 +22,7 @@ extern crate std;
 
 pub mod buf;
 pub mod crypto;
+pub mod outbox;
 pub mod queue;
 pub mod sender;
 pub mod time;

@@ -30,8 +30,9 @@ pub trait RecordQueue {
     fn queued_bytes(&self) -> usize;
     /// How many records from the `from`-th (at most `max`) fit in `room` bytes of a frame, each with its length.
     fn fit(&self, from: usize, max: usize, room: usize) -> usize;
-    /// Writes records `from .. from + count` into `out` as a DATA frame carries them.
-    fn put_range(&self, out: &mut (impl Out + ?Sized), from: usize, count: usize);
+    /// Writes records `from .. from + count` into `out` as a DATA frame carries them. False when they could not
+    /// be read (a queue in flash that failed a read or a check): the datagram is not sent.
+    fn put_range(&self, out: &mut (impl Out + ?Sized), from: usize, count: usize) -> bool;
     /// Appends one record of `len` bytes, which `write` writes (exactly `len` of them).
     fn push_with(
         &mut self,
@@ -46,6 +47,13 @@ pub trait RecordQueue {
     fn release(&mut self, n: usize);
     /// Releases every record.
     fn clear(&mut self);
+    /// The node has every record of the flow through `through`, and the first record queued is now
+    /// `through + 1`: after an acknowledgement released records (`renumbered` false), or when the sender
+    /// renumbered what it holds to follow the node (`renumbered` true: the node went back, docs/protocol.md 7.3,
+    /// or a probe told it where to start). A queue that survives restarts keeps this; one in memory ignores it.
+    fn acked(&mut self, through: u64, renumbered: bool) {
+        let _ = (through, renumbered);
+    }
 }
 
 /// Records back to back in one buffer, with where each ends: queueing a record copies its bytes and allocates
@@ -161,6 +169,14 @@ impl<const N: usize> Out for heapless::Vec<u8, N> {
     fn clear(&mut self) {
         heapless::Vec::clear(self)
     }
+    fn truncate(&mut self, len: usize) {
+        heapless::Vec::truncate(self, len)
+    }
+    fn grow(&mut self, len: usize) -> Option<&mut [u8]> {
+        let at = self.as_slice().len();
+        self.resize(at + len, 0).ok()?;
+        Some(&mut self.as_mut_slice()[at..])
+    }
 }
 
 impl<const N: usize> RecordBytes for heapless::Vec<u8, N> {
@@ -262,11 +278,15 @@ impl<B: RecordBytes, E: RecordEnds> RecordQueue for Records<B, E> {
         self.ends
             .count_at_most(from, to, begin.saturating_add(room))
     }
-    fn put_range(&self, out: &mut (impl Out + ?Sized), from: usize, count: usize) {
+    fn put_range(&self, out: &mut (impl Out + ?Sized), from: usize, count: usize) -> bool {
         if count > 0 {
             let (a, b) = (self.begin(from), self.ends.get(from + count - 1));
-            out.extend_from_slice(self.bytes.get(a..b).unwrap_or(&[]));
+            match self.bytes.get(a..b) {
+                Some(bytes) => out.extend_from_slice(bytes),
+                None => return false,
+            }
         }
+        true
     }
     fn push_with(&mut self, len: usize, write: impl FnOnce(&mut B)) -> Result<(), QueueFull> {
         if self.ends.is_empty() && self.start > 0 {
@@ -327,7 +347,7 @@ mod tests {
         assert_eq!(q.queued_bytes(), 33);
         assert_eq!(q.fit(0, 10, 22), 2);
         let mut out = heapless::Vec::<u8, 64>::new();
-        q.put_range(&mut out, 1, 2);
+        assert!(q.put_range(&mut out, 1, 2));
         assert_eq!(out.len(), 22);
         assert_eq!(out[0], 10);
         assert_eq!(out[1], 3);

@@ -340,6 +340,8 @@ pub struct SenderStats {
     pub packets_rejected: u64,
     /// COOKIE packets taken (protocol.md 4.4).
     pub cookies_received: u64,
+    /// Datagrams left unsent because a flow's queue could not read its records (a queue in flash).
+    pub queue_read_failures: u64,
 }
 
 impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SENT: usize>
@@ -799,8 +801,17 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
             if first == f.acked + 1 && f.base_sent_pn.is_none() {
                 f.base_sent_pn = Some(pn);
             }
+            let frame_start = out.len();
             wire::put_frame_header(out, f.format, f.app.as_bytes(), first, count as u64);
-            f.records.put_range(out, start_idx, count);
+            if !f.records.put_range(out, start_idx, count) {
+                // The queue could not read its records (flash): this datagram is not sent, the records stay.
+                self.stats.queue_read_failures += 1;
+                if frame_start == empty {
+                    return false;
+                }
+                out.truncate(frame_start);
+                continue;
+            }
             f.cursor += count as u64;
         }
         self.next_flow = (self.next_flow + 1) % n.max(1);
@@ -999,6 +1010,7 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
                         f.probe_outstanding = false;
                         f.acked = stored_through;
                         f.cursor = stored_through + 1;
+                        f.records.acked(stored_through, true);
                         progress = true;
                         sink(Event::Stored {
                             app: f.app.as_str(),
@@ -1021,6 +1033,7 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
                         f.cursor = stored_through + 1;
                         f.base_sent_pn = None;
                         f.floor_echo = echoed;
+                        f.records.acked(stored_through, true);
                         progress = true;
                         continue;
                     }
@@ -1042,6 +1055,7 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
                     f.acked = stored_through;
                     f.cursor = f.cursor.max(stored_through + 1);
                     f.base_sent_pn = None;
+                    f.records.acked(stored_through, false);
                     sink(Event::Stored {
                         app: f.app.as_str(),
                         through: stored_through,
