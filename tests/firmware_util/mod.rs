@@ -145,6 +145,9 @@ pub struct RunConfig<'a> {
     /// Where the firmware's datagrams go, and the only source whose answers go back.
     pub to: SocketAddr,
     pub kill: Kill,
+    /// The firmware's own command-line words (`key=…`, `records=…` for the sender), before ` -- ` and the flash
+    /// path; none for the probe, whose command line is `firmware FLASH-PATH`.
+    pub args: &'a [String],
 }
 
 /// What a run did.
@@ -200,7 +203,7 @@ pub fn run(cfg: &RunConfig) -> Outcome {
     listener.set_nonblocking(true).unwrap();
 
     let started = Instant::now();
-    let child = qemu_command(cfg.elf, cfg.flash, &sock_path)
+    let child = qemu_command(cfg.elf, cfg.flash, &sock_path, cfg.args)
         .spawn()
         .expect("start qemu-system-arm");
     let child = Arc::new(Mutex::new(child));
@@ -348,21 +351,31 @@ fn cut_power(child: &Mutex<Child>, killed: &AtomicBool) {
     }
 }
 
-/// `qemu-system-arm` for the board: UART0 on the unix socket `uart`, semihosting on (console on stdout, the
-/// flash file's path as the command line's second word), no monitor, nothing on stdin.
-pub fn qemu_command(elf: &Path, flash: &Path, uart: &Path) -> Command {
+/// `qemu-system-arm` for the board: UART0 on the unix socket `uart`, semihosting on (console on stdout; the command
+/// line `firmware FLASH-PATH`, or `firmware ARGS... -- FLASH-PATH` when there are `args`), no monitor, nothing on
+/// stdin.
+pub fn qemu_command(elf: &Path, flash: &Path, uart: &Path, args: &[String]) -> Command {
     // QEMU's option syntax doubles a comma inside a value.
     let quote = |p: &Path| p.to_string_lossy().replace(',', ",,");
+    let mut line = String::from("enable=on,target=native,arg=firmware");
+    for a in args {
+        assert!(
+            !a.contains(' ') && a != "--",
+            "a firmware word has no space and is not --: {a:?}"
+        );
+        line.push_str(&format!(",arg={}", a.replace(',', ",,")));
+    }
+    if !args.is_empty() {
+        line.push_str(",arg=--");
+    }
+    line.push_str(&format!(",arg={}", quote(flash)));
     let mut cmd = Command::new("qemu-system-arm");
     cmd.args(["-M", "mps2-an386", "-nographic", "-monitor", "none"])
         .arg("-chardev")
         .arg(format!("socket,id=uart0,path={}", quote(uart)))
         .args(["-serial", "chardev:uart0"])
         .arg("-semihosting-config")
-        .arg(format!(
-            "enable=on,target=native,arg=firmware,arg={}",
-            quote(flash)
-        ))
+        .arg(line)
         .arg("-kernel")
         .arg(elf)
         .stdin(Stdio::null())

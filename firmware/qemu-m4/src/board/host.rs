@@ -25,9 +25,12 @@ pub fn exit(status: u32) -> ! {
     }
 }
 
-/// The flash file's path: the command line (`arg=`s joined by spaces) after its first word, NUL-terminated in
-/// `buf`. None when there is no second word or it does not fit.
-pub fn flash_path(buf: &mut [u8; 256]) -> Option<&[u8]> {
+/// The command line (`arg=`s joined by spaces) in `buf`, without its NUL; None when the host gives none or it does
+/// not fit (`buf.len() - 1` bytes at most).
+pub fn cmdline(buf: &mut [u8]) -> Option<&[u8]> {
+    if buf.is_empty() {
+        return None;
+    }
     let mut block = [buf.as_mut_ptr() as usize, buf.len() - 1];
     // SAFETY: SYS_GET_CMDLINE writes at most block[1] bytes (and a NUL) to buf and the length it wrote to
     // block[1]; both outlive the call (the call's asm is not `nomem`, so the compiler sees them written).
@@ -36,11 +39,24 @@ pub fn flash_path(buf: &mut [u8; 256]) -> Option<&[u8]> {
         return None;
     }
     let len = block[1].min(buf.len() - 1);
-    let line = &buf[..len];
-    let start = line.iter().position(|&b| b == b' ')? + 1;
-    if start >= len {
-        return None;
-    }
+    Some(&buf[..len])
+}
+
+/// Where the flash file's path starts in a command line: after ` -- ` when the line has it (`NAME WORD... --
+/// PATH`, a firmware's own words before it), else after the first word (`NAME PATH`). The path may hold spaces.
+pub fn flash_path_at(line: &[u8]) -> Option<usize> {
+    let start = match line.windows(4).position(|w| w == b" -- ") {
+        Some(at) => at + 4,
+        None => line.iter().position(|&b| b == b' ')? + 1,
+    };
+    (start < line.len()).then_some(start)
+}
+
+/// The flash file's path, NUL-terminated in `buf`: the command line after ` -- ` if it has one, else after its
+/// first word ([`flash_path_at`]). None when there is no path or the line does not fit.
+pub fn flash_path(buf: &mut [u8; 512]) -> Option<&[u8]> {
+    let len = cmdline(buf)?.len();
+    let start = flash_path_at(&buf[..len])?;
     buf[len] = 0;
     Some(&buf[start..=len])
 }

@@ -26,7 +26,8 @@ pub struct Board {
 pub enum BoardError {
     /// `take` was called twice (the core peripherals are gone).
     Taken,
-    /// The host gave no flash path: the command line (semihosting `arg=`s) is `NAME FLASH-PATH`.
+    /// The host gave no flash path: the command line (semihosting `arg=`s) is `NAME FLASH-PATH` or
+    /// `NAME WORD... -- FLASH-PATH`.
     NoFlashPath,
     /// The flash file could not be opened or brought to its size.
     Flash(flash::FlashError),
@@ -34,12 +35,13 @@ pub enum BoardError {
 
 impl Board {
     /// Starts the millisecond clock, enables UART0 and opens the flash file named by the command line's second
-    /// word onwards (`-semihosting-config ...,arg=probe,arg=/path/to/flash.bin`).
+    /// word onwards (`-semihosting-config ...,arg=probe,arg=/path/to/flash.bin`), or by what follows its ` -- `
+    /// (`...,arg=sender,arg=key=...,arg=--,arg=/path/to/flash.bin`: the firmware's own words before it).
     pub fn take() -> Result<Board, BoardError> {
         let p = cortex_m::Peripherals::take().ok_or(BoardError::Taken)?;
         clock::start(p.SYST);
         let uart = uart::Uart::new();
-        let mut line = [0u8; 256];
+        let mut line = [0u8; 512];
         let path = host::flash_path(&mut line).ok_or(BoardError::NoFlashPath)?;
         let flash = flash::Flash::open(path).map_err(BoardError::Flash)?;
         Ok(Board { uart, flash })
