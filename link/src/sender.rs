@@ -619,6 +619,12 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
         f.synced.then_some(f.acked)
     }
 
+    /// The queue of `app`'s flow: a device's outbox, to keep what the program did (`Outbox::set_heard`).
+    pub fn queue_mut(&mut self, app: &str) -> Option<&mut Q> {
+        let i = self.flow_index(app)?;
+        Some(&mut self.flows[i].records)
+    }
+
     /// Listens on `app`'s downlink (docs/protocol.md 12): `heard` is the last downlink sequence the program was
     /// handed (kept by the program; 0 the first time). Records above it arrive as [`Event::Down`]. The first
     /// LISTEN goes in the next [`Sender::poll_transmit`].
