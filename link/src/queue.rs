@@ -47,6 +47,14 @@ pub trait RecordQueue {
     fn release(&mut self, n: usize);
     /// Releases every record.
     fn clear(&mut self);
+    /// An empty queue for a flow the sender opens by itself (a record queued for an app with no flow open), or
+    /// `None` where a queue cannot be made from nothing (an outbox in flash: the program opens its flow).
+    fn for_new_flow() -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
     /// The node has every record of the flow through `through`, and the first record queued is now
     /// `through + 1`: after an acknowledgement released records (`renumbered` false), or when the sender
     /// renumbered what it holds to follow the node (`renumbered` true: the node went back, docs/protocol.md 7.3,
@@ -257,7 +265,7 @@ impl<B: RecordBytes, E: RecordEnds> Records<B, E> {
     }
 }
 
-impl<B: RecordBytes, E: RecordEnds> RecordQueue for Records<B, E> {
+impl<B: RecordBytes + Default, E: RecordEnds + Default> RecordQueue for Records<B, E> {
     type Writer<'w>
         = B
     where
@@ -318,6 +326,9 @@ impl<B: RecordBytes, E: RecordEnds> RecordQueue for Records<B, E> {
         self.bytes.clear();
         self.start = 0;
         self.ends.clear();
+    }
+    fn for_new_flow() -> Option<Self> {
+        Some(Self::default())
     }
 }
 

@@ -50,6 +50,8 @@ pub enum SenderError {
     QueueFull(AppName),
     #[error("this sender already sends to or listens on as many apps as it was made for ({0})")]
     TooManyApps(usize),
+    #[error("no flow to app {0} is open: open it with its queue (open_flow_with) before queueing")]
+    NoFlow(AppName),
 }
 
 /// An app's name, 1–32 bytes of `[a-z0-9_-]`, held without a heap.
@@ -491,10 +493,7 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
     }
 
     /// Queues one record for `app`, copied from `record`.
-    pub fn queue(&mut self, app: &str, record: &[u8]) -> Result<(), SenderError>
-    where
-        Q: Default,
-    {
+    pub fn queue(&mut self, app: &str, record: &[u8]) -> Result<(), SenderError> {
         let i = self.queue_flow(app, record.len())?;
         let f = &mut self.flows[i];
         f.records
@@ -512,10 +511,7 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
         app: &str,
         block: &[u8],
         max: usize,
-    ) -> Result<(usize, usize), (usize, SenderError)>
-    where
-        Q: Default,
-    {
+    ) -> Result<(usize, usize), (usize, SenderError)> {
         let i = self.queue_flow(app, 0).map_err(|e| (0, e))?;
         let most = self.max_payload(app);
         let name = self.flows[i].app;
@@ -545,10 +541,7 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
         origin: &[u8],
         origin_seq: u64,
         payload: &[u8],
-    ) -> Result<usize, SenderError>
-    where
-        Q: Default,
-    {
+    ) -> Result<usize, SenderError> {
         let len = wire::Forwarded::len(origin, origin_seq, payload.len());
         let i = self.queue_flow(app, len)?;
         let f = &mut self.flows[i];
@@ -561,10 +554,7 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
     }
 
     /// The flow a record of `len` bytes for `app` goes to, opened with a probe if there is none; or why it cannot.
-    fn queue_flow(&mut self, app: &str, len: usize) -> Result<usize, SenderError>
-    where
-        Q: Default,
-    {
+    fn queue_flow(&mut self, app: &str, len: usize) -> Result<usize, SenderError> {
         let max = self.max_payload(app);
         if len > max {
             return Err(SenderError::TooLarge { len, max });
@@ -572,7 +562,9 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
         let i = match self.flow_index(app) {
             Some(i) => i,
             None => {
-                self.open_flow(app, FlowStart::Probe)?;
+                let name = AppName::new(app)?;
+                let records = Q::for_new_flow().ok_or(SenderError::NoFlow(name))?;
+                self.open_flow_with(app, FlowStart::Probe, RecordFormat::Plain, records)?;
                 self.flows.len() - 1
             }
         };

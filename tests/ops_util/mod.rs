@@ -499,3 +499,13 @@ pub fn push(state: &Path, app: &str, to: &str, stdin: &[u8]) -> (i32, String) {
     );
     (out.status.code().unwrap_or(-1), text)
 }
+
+/// A key file's or a printed key's base64 as 64 hex digits: what device programs take on their command line.
+pub fn key_hex(base64_text: &str) -> String {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(base64_text.trim())
+        .expect("a base64 key");
+    assert_eq!(bytes.len(), 32);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

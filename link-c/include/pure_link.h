@@ -1,0 +1,136 @@
+/*
+ * pure_link.h: the pure-serve link's device sender for C, with its outbox in flash.
+ *
+ * One device sends records for one app to a pure-serve node over encrypted UDP (or any datagram carrier) and
+ * takes the node's downlink records. Records are kept in the device's flash from the moment pl_queue returns
+ * PL_OK until the node has stored them on its disk, so a power cut or a deep sleep loses nothing queued and
+ * doubles nothing. No heap, no operating system: the caller gives the memory, the flash (callbacks), the time in
+ * milliseconds and the randomness it has.
+ *
+ * All functions of one device are called from one task (or one loop), never from an interrupt.
+ * docs/devices.md says what to call when, what the device keeps in flash, and the outbox's format.
+ *
+ * Link with libpure_link_c.a (link-c/, `cargo build --release`, with `--target` for a microcontroller). The
+ * library calls abort() if it ever panics, which it is written never to do on any input.
+ */
+#ifndef PURE_LINK_H
+#define PURE_LINK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Errors: every function that can fail returns PL_OK or one of these. */
+#define PL_OK 0
+#define PL_ERR_ARG (-1)       /* a null pointer, an app name that is not 1-32 of a-z 0-9 _ -, or no such app */
+#define PL_ERR_FLASH (-2)     /* a flash callback returned non-zero */
+#define PL_ERR_FULL (-3)      /* the outbox has no room: queue again once the node has stored records */
+#define PL_ERR_TOO_LARGE (-4) /* the record does not fit in one datagram: see pl_max_record */
+#define PL_ERR_REFUSED (-5)   /* the node refused the app (not listed for this device, or no such app) */
+#define PL_ERR_KEY (-6)       /* the node's public key is not a usable key */
+#define PL_ERR_GEOMETRY (-7)  /* pages not 512-65536 bytes (a multiple of 8), fewer than 3, or more records
+                                 in flash than this library holds (64) */
+
+/* Events, handed to the pl_event_fn given to pl_handle_datagram and pl_handle_timeout. */
+#define PL_EVENT_STORED 1               /* the node stored every record up to seq, on its disk */
+#define PL_EVENT_REFUSED 2              /* the node refused the app (reason, docs/protocol.md 5); records dropped */
+#define PL_EVENT_NOT_STORED 3           /* the node cannot store now (reason); records stay and go again */
+#define PL_EVENT_NODE_AHEAD 4           /* the node held records past ours (seq: the node's, ours) */
+#define PL_EVENT_NODE_BEHIND 5          /* the node lost records (seq: the node's, ours): renumbered, sent again */
+#define PL_EVENT_DOWN 6                 /* a downlink record: seq, payload (valid during the call only) */
+#define PL_EVENT_DOWNLINK_UNANSWERED 7  /* the node never answered listening: it has no downlink */
+
+typedef struct pl_event {
+    int kind;
+    uint64_t seq;
+    uint64_t ours;
+    uint8_t reason;
+    const uint8_t *payload;
+    size_t payload_len;
+} pl_event;
+
+typedef void (*pl_event_fn)(void *ctx, const pl_event *event);
+
+/*
+ * The flash the outbox lives in: `pages` pages of `page_size` bytes (at least 3 pages of 512-65536 bytes, a
+ * multiple of 8), by NOR rules. Each callback returns 0 on success.
+ *  read:    copies len bytes from the page at offset.
+ *  program: clears the bits of data that are 0 at offset (offset and len multiples of 8); never sets a bit.
+ *  erase:   sets every byte of the page to 0xFF.
+ */
+typedef struct pl_flash {
+    void *ctx;
+    uint32_t page_size;
+    uint16_t pages;
+    int (*read)(void *ctx, uint16_t page, uint32_t offset, uint8_t *buf, size_t len);
+    int (*program)(void *ctx, uint16_t page, uint32_t offset, const uint8_t *data, size_t len);
+    int (*erase)(void *ctx, uint16_t page);
+} pl_flash;
+
+/* Memory for one device. pl_device_size() returns the size the library was built with. */
+#define PL_DEVICE_SIZE 2048
+typedef struct pl_device {
+    _Alignas(8) uint8_t opaque[PL_DEVICE_SIZE];
+} pl_device;
+
+/*
+ * Opens a device: its outbox in `flash` (formatted on first use, else read back), a new run counted in flash
+ * (its id hashes the count with the key and `entropy`: give a hardware random number where there is one), and
+ * its flow to `app`, numbering on from the outbox. `secret` is the device's 32-byte X25519 secret key
+ * (`pure-serve keygen`), `node_public` the node's 32-byte public key. `max_datagram` is the largest datagram the
+ * carrier takes (0: 1200; at least 96, at most 1472); pl_poll_transmit's buffer must hold it.
+ * Costs one X25519 (tens of milliseconds on a Cortex-M4).
+ */
+int pl_open(pl_device *dev, const pl_flash *flash, const uint8_t secret[32], const uint8_t node_public[32],
+            const char *app, const uint8_t *entropy, size_t entropy_len, size_t max_datagram);
+
+/* Asks the node for the app's downlink records, after the heard sequence kept in the outbox. */
+int pl_listen(pl_device *dev);
+
+/* Queues a record. When this returns PL_OK the record is in flash and will reach the node's disk once. */
+int pl_queue(pl_device *dev, const uint8_t *record, size_t len);
+
+/* Builds the next datagram into out (out_len >= max_datagram): its length, or 0 when nothing is to be sent now.
+ * Call it until it returns 0, sending each datagram. */
+size_t pl_poll_transmit(pl_device *dev, uint64_t now_ms, uint8_t *out, size_t out_len);
+
+/* 1 and *at_ms set when pl_handle_timeout is due at *at_ms; 0 when no timer runs. */
+int pl_poll_timeout(pl_device *dev, uint64_t *at_ms);
+
+/* Takes a datagram from the node; it is decrypted in place (its bytes are garbage after). Events go to cb. */
+void pl_handle_datagram(pl_device *dev, uint64_t now_ms, uint8_t *datagram, size_t len, pl_event_fn cb,
+                        void *ctx);
+
+/* The time pl_poll_timeout gave has come. Events go to cb. */
+void pl_handle_timeout(pl_device *dev, uint64_t now_ms, pl_event_fn cb, void *ctx);
+
+/* Keeps seq as the downlink heard sequence in flash. Call it once the program has done what a PL_EVENT_DOWN
+ * record asks, before the next pl_poll_transmit (which tells the node, which then deletes the record). */
+int pl_set_heard(pl_device *dev, uint64_t seq);
+
+/* The sequence the next record queued gets. */
+uint64_t pl_next_seq(pl_device *dev);
+
+/* Records queued and not yet stored by the node. */
+size_t pl_unacked(pl_device *dev);
+
+/* 1 when nothing waits for the node (every record stored, every downlink answer in): time to sleep. */
+int pl_is_idle(pl_device *dev);
+
+/* The largest record pl_queue takes. */
+size_t pl_max_record(pl_device *dev);
+
+/* Closes the device; its memory may be reused. */
+void pl_close(pl_device *dev);
+
+/* PL_DEVICE_SIZE as the library was built. */
+size_t pl_device_size(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PURE_LINK_H */

@@ -1,0 +1,151 @@
+//! The device library's C interface (`link-c/include/pure_link.h`) as a C program uses it: the static library
+//! built, `link-c/examples/deliver.c` compiled against it with the system's C compiler (warnings are errors), and
+//! run against a real node — records queued through the outbox in a flash file, stored by the node once each and
+//! in order (more than the outbox holds at once, so it fills and drains), downlink records printed once each, and
+//! a second and third run on the same flash that number on and hand nothing over twice.
+
+#[path = "ops_util/mod.rs"]
+mod ops_util;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Builds the library and the example; the example's path.
+fn build_example(dir: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("link-c");
+    // A workspace of its own (panic = "abort"), with its own target directory; RUSTFLAGS of the outer build are
+    // not the library's.
+    let out = Command::new(env!("CARGO"))
+        .args(["build", "--release", "--quiet"])
+        .current_dir(&root)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cargo build of link-c: {out:?}");
+    let exe = dir.join("deliver");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let out = Command::new(cc)
+        .args(["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(root.join("include"))
+        .arg(root.join("examples/deliver.c"))
+        .arg(root.join("target/release/libpure_link_c.a"))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cc deliver.c: {out:?}");
+    exe
+}
+
+struct Run {
+    queued: Vec<u64>,
+    stored: Vec<u64>,
+    downs: Vec<(u64, String)>,
+    first: u64,
+    next: u64,
+}
+
+fn lines_after<'a>(text: &'a str, word: &str) -> impl Iterator<Item = &'a str> {
+    text.lines()
+        .filter_map(move |l| l.strip_prefix(word)?.strip_prefix(' '))
+}
+
+#[test]
+fn a_c_program_delivers_through_its_flash_outbox_and_takes_downlink_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_example(dir.path());
+    let (key_file, public) = ops_util::keygen(dir.path(), "device");
+    let senders = dir.path().join("senders");
+    std::fs::write(&senders, format!("c-device {public}\n")).unwrap();
+    let state = dir.path().join("state");
+    let node =
+        ops_util::NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let secret = ops_util::key_hex(&std::fs::read_to_string(&key_file).unwrap());
+    let node_public = ops_util::key_hex(&node.public_key);
+    let flash = dir.path().join("flash.bin");
+    let run = |count: u64, listen_ms: u64| {
+        let out = ops_util::output_within(
+            Command::new(&exe)
+                .arg(&flash)
+                .args([&secret, &node_public, "main", "127.0.0.1"])
+                .arg(node.link.port().to_string())
+                .arg(count.to_string())
+                .arg(listen_ms.to_string()),
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "deliver: {out:?}\n{text}\nnode: {}",
+            node.stderr_text()
+        );
+        let num = |s: &str| s.split_whitespace().next().unwrap().parse::<u64>().unwrap();
+        Run {
+            queued: lines_after(&text, "queued").map(num).collect(),
+            stored: lines_after(&text, "stored").map(num).collect(),
+            downs: lines_after(&text, "down")
+                .map(|l| {
+                    let (seq, payload) = l.split_once(' ').unwrap_or((l, ""));
+                    (seq.parse().unwrap(), payload.to_string())
+                })
+                .collect(),
+            first: lines_after(&text, "first").map(num).next().unwrap(),
+            next: lines_after(&text, "next").map(num).next().unwrap(),
+        }
+    };
+    let push = |text: &[u8]| {
+        let (code, out) = ops_util::push(&state, "main", "c-device", text);
+        assert_eq!(code, 0, "push: {out}");
+    };
+    let assert_stored = |through: u64| {
+        let stored = ops_util::records(&state);
+        let seqs: Vec<u64> = stored.iter().map(|r| r.1).collect();
+        assert_eq!(
+            seqs,
+            (1..=through).collect::<Vec<_>>(),
+            "the node's sequences"
+        );
+        for (source, seq, payload) in &stored {
+            assert_eq!(
+                (source.as_str(), payload.as_str()),
+                ("c-device", format!("c-{seq}").as_str())
+            );
+        }
+    };
+
+    // Downlink waiting before the device first runs.
+    push(b"set rate 10\nhello device\n");
+    // 150 records: more than the outbox holds unacknowledged (64), so it says full and takes more once stored.
+    let first = run(150, 1_000);
+    assert_eq!(first.first, 1);
+    assert_eq!(first.queued, (1..=150).collect::<Vec<_>>());
+    assert_eq!(first.stored.last(), Some(&150));
+    assert!(
+        first.stored.windows(2).all(|w| w[0] < w[1]),
+        "{:?}",
+        first.stored
+    );
+    assert_eq!(
+        first.downs,
+        [
+            (1, "set rate 10".to_string()),
+            (2, "hello device".to_string())
+        ]
+    );
+    assert_eq!(first.next, 151);
+    assert_stored(150);
+
+    // The same flash: numbering goes on; not listening, nothing handed over.
+    push(b"third\n");
+    let second = run(20, 0);
+    assert_eq!((second.first, second.next), (151, 171));
+    assert_eq!(second.queued, (151..=170).collect::<Vec<_>>());
+    assert!(second.downs.is_empty());
+    assert_stored(170);
+
+    // Listening again: only what was not handed over before.
+    let third = run(0, 1_000);
+    assert_eq!(third.first, 171);
+    assert_eq!(third.downs, [(3, "third".to_string())]);
+    assert_stored(170);
+}
