@@ -97,32 +97,44 @@ pub fn read_identity(path: &Path) -> Result<Identity, KeyError> {
     Ok(Identity::from_secret_bytes(bytes))
 }
 
-/// Writes a new private key file with mode 0600; never overwrites.
-pub fn write_new_identity(path: &Path, identity: &Identity) -> Result<(), KeyError> {
+/// The text of a private key file: one line, base64 of the 32 secret bytes ([`read_identity`] reads it).
+pub fn private_key_text(identity: &Identity) -> String {
+    format!("{}\n", encode_key(&identity.secret_bytes()))
+}
+
+/// Makes a new file of private bytes at `path`, mode 0600, and writes `bytes` to it; never overwrites (the error
+/// is then `AlreadyExists`). Synced only if `sync`: `keygen --many` writes thousands and syncs the file system once.
+/// On an error no file is left: one made but not written whole is removed again (it was made here, `O_EXCL`).
+pub fn create_private_file(path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(path)
-        .map_err(|source| {
-            if source.kind() == std::io::ErrorKind::AlreadyExists {
-                KeyError::Exists {
-                    path: path.to_path_buf(),
-                }
-            } else {
-                KeyError::Write {
-                    path: path.to_path_buf(),
-                    source,
-                }
+        .open(path)?;
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| if sync { file.sync_all() } else { Ok(()) });
+    if written.is_err() {
+        drop(file);
+        let _ = std::fs::remove_file(path);
+    }
+    written
+}
+
+/// Writes a new private key file with mode 0600; never overwrites.
+pub fn write_new_identity(path: &Path, identity: &Identity) -> Result<(), KeyError> {
+    create_private_file(path, private_key_text(identity).as_bytes(), true).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::AlreadyExists {
+            KeyError::Exists {
+                path: path.to_path_buf(),
             }
-        })?;
-    let line = format!("{}\n", encode_key(&identity.secret_bytes()));
-    file.write_all(line.as_bytes())
-        .and_then(|_| file.sync_all())
-        .map_err(|source| KeyError::Write {
-            path: path.to_path_buf(),
-            source,
-        })
+        } else {
+            KeyError::Write {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    })
 }
 
 /// Reads the key at `path`, or makes one there if there is none. Returns whether it was made.

@@ -42,6 +42,7 @@ pub mod keys;
 pub mod ops;
 pub mod outlets;
 pub mod proto;
+pub mod provision;
 pub mod receive;
 pub mod sender;
 pub mod senders;

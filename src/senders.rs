@@ -108,6 +108,17 @@ pub fn valid_name(name: &str) -> bool {
     valid_name_bytes(name.as_bytes())
 }
 
+/// What is wrong with `name` as a sender name, as a senders file's line problem says it, or `None` when it is a
+/// valid one ([`valid_name`]); also used by `keygen --many` for the names it makes.
+pub fn name_problem(name: &str) -> Option<String> {
+    (!valid_name(name)).then(|| {
+        format!(
+            "name {} is not 1–{MAX_NAME_LEN} characters of letters, digits and . _ : @ -",
+            shown(name)
+        )
+    })
+}
+
 fn valid_name_bytes(name: &[u8]) -> bool {
     !name.is_empty() && name.len() <= MAX_NAME_LEN && name.iter().all(|&b| NAME_BYTES[b as usize])
 }
@@ -723,14 +734,8 @@ impl Parser {
             });
             return;
         };
-        if !valid_name(name) {
-            self.problems.push(LineProblem {
-                line,
-                what: format!(
-                    "name {} is not 1–{MAX_NAME_LEN} characters of letters, digits and . _ : @ -",
-                    shown(name)
-                ),
-            });
+        if let Some(what) = name_problem(name) {
+            self.problems.push(LineProblem { line, what });
             return;
         }
         let mut key_buf = [0u8; 48];

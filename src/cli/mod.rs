@@ -71,7 +71,22 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Make a new private key file (mode 0600) and print its public key.
+    /// Make a new private key file (mode 0600) and print its public key; or, with --many, the keys of many
+    /// devices and the senders-file lines for them.
+    #[command(after_help = "Examples:\n  \
+        pure-serve keygen --out device.key                 # one device: prints its public key\n  \
+        pure-serve keygen --many 1000 --out-dir batch1      # dev-1 … dev-1000\n  \
+        pure-serve keygen --many 500 --out-dir batch2 --name-prefix kitchen- --start 1001 --digits 5\n\n\
+        With --many N, for each device NAME (--name-prefix, then its number from --start) it writes in --out-dir,\n\
+        each with mode 0600 (the directory is made with mode 0700 if missing):\n  \
+        NAME.key   the private key file, as --out writes it (pure-serve send --key NAME.key)\n  \
+        NAME.bin   the same private key as 32 raw bytes, for a firmware to flash\n  \
+        NAME.h     a C header: static const uint8_t pure_device_key[32], the public key in a comment\n\
+        and for all N one senders.fragment (mode 0644): a `NAME PUBLIC_KEY_BASE64` line each, the senders file's\n\
+        format, to append to the node's senders file (then pure-serve check, and reload the node).\n\n\
+        It never overwrites a file: if one it would write exists, it stops, removes what it made and names the file.\n\
+        Names are checked as the senders file checks them. Progress goes to standard error every second; the key\n\
+        files are synced to disk once, before the fragment is written. docs/operations.md, \"Many devices\".")]
     Keygen(KeygenArgs),
     /// Print the public key of a private key file.
     Pubkey(PubkeyArgs),
@@ -209,10 +224,29 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
 }
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["out", "many"])))]
 pub struct KeygenArgs {
-    /// Where to write the private key; refuses to overwrite an existing file.
+    /// Where to write the private key (one device); refuses to overwrite an existing file.
     #[arg(long, value_name = "FILE")]
-    pub out: PathBuf,
+    pub out: Option<PathBuf>,
+    /// Make N devices at once (1 to 1,000,000): three key files each in --out-dir and one senders.fragment for
+    /// all (below).
+    #[arg(long, value_name = "N", requires = "out_dir",
+          value_parser = clap::value_parser!(u64).range(1..=crate::provision::MAX_DEVICES))]
+    pub many: Option<u64>,
+    /// With --many: the directory for the devices' files and senders.fragment (made with mode 0700 if missing).
+    #[arg(long, value_name = "DIR", requires = "many")]
+    pub out_dir: Option<PathBuf>,
+    /// With --many: device names are this, then the number.
+    #[arg(long, value_name = "PREFIX", default_value = "dev-", requires = "many")]
+    pub name_prefix: String,
+    /// With --many: the first device's number.
+    #[arg(long, value_name = "NUMBER", default_value_t = 1, requires = "many")]
+    pub start: u64,
+    /// With --many: pad the numbers with zeros to this many digits (0: not padded; 5 gives dev-00001).
+    #[arg(long, value_name = "D", default_value_t = 0, requires = "many",
+          value_parser = clap::value_parser!(u8).range(0..=20))]
+    pub digits: u8,
 }
 
 #[derive(Args, Debug)]
@@ -223,9 +257,46 @@ pub struct PubkeyArgs {
 }
 
 pub fn keygen(args: &KeygenArgs) -> anyhow::Result<()> {
-    let identity = crate::proto::crypto::Identity::generate();
-    crate::keys::write_new_identity(&args.out, &identity)?;
-    println!("{}", crate::keys::encode_key(identity.public()));
+    let (Some(count), Some(out_dir)) = (args.many, &args.out_dir) else {
+        let Some(out) = &args.out else {
+            anyhow::bail!("give --out FILE (one key) or --many N --out-dir DIR (many devices)");
+        };
+        let identity = crate::proto::crypto::Identity::generate();
+        crate::keys::write_new_identity(out, &identity)?;
+        println!("{}", crate::keys::encode_key(identity.public()));
+        return Ok(());
+    };
+    let plan = crate::provision::Plan {
+        out_dir: out_dir.clone(),
+        prefix: args.name_prefix.clone(),
+        start: args.start,
+        count,
+        digits: usize::from(args.digits),
+    };
+    let workers = std::thread::available_parallelism().map_or(1, usize::from);
+    let started = std::time::Instant::now();
+    let made = crate::provision::provision(&plan, workers, |done, total| {
+        eprintln!("keygen: {done} of {total} devices made");
+    })?;
+    let dir = out_dir.display();
+    println!(
+        "made {} devices, {} … {}, in {dir} in {:.2} s: NAME.key, NAME.bin, NAME.h each (mode 0600)",
+        made.count,
+        made.first,
+        made.last,
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "senders lines: {}; on the node, append them to the senders file, check it and reload:",
+        made.fragment.display()
+    );
+    println!(
+        "  cat {} >> /etc/pure-serve/senders",
+        made.fragment.display()
+    );
+    println!(
+        "  pure-serve check --senders /etc/pure-serve/senders && sudo systemctl reload pure-serve"
+    );
     Ok(())
 }
 
