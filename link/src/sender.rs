@@ -597,6 +597,14 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
         f.synced.then(|| f.last_seq() + 1)
     }
 
+    /// The queue of `app`'s flow, once the flow is open: a device's outbox ([`crate::outbox::Outbox`]), to keep
+    /// its downlink heard sequence there after an [`Event::Down`], to read where its numbering is, or to queue
+    /// into it directly (a queue without `Default` cannot go through [`Sender::queue`]).
+    pub fn queue_mut(&mut self, app: &str) -> Option<&mut Q> {
+        let i = self.flow_index(app)?;
+        Some(&mut self.flows[i].records)
+    }
+
     /// Records of `app` queued and not yet acknowledged.
     pub fn unacked(&self, app: &str) -> usize {
         self.flow_index(app)
