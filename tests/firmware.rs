@@ -502,7 +502,7 @@ fn sender_firmware_outbox_survives_power_cuts_at_random_moments() {
             boots.len() < MAX_CUT_BOOTS,
             "seed {seed}: {MAX_CUT_BOOTS} boots cut and the records are not all stored"
         );
-        let kill = if rng.next() % 2 == 0 {
+        let kill = if rng.next().is_multiple_of(2) {
             Kill::AtDatagram(rng.between(1, 8) as usize)
         } else {
             Kill::After(Duration::from_millis(rng.between(10, 150)))
@@ -660,6 +660,12 @@ fn sender_firmware_outbox_survives_power_cuts_at_random_moments() {
     assert_eq!(
         last.field("stored through"),
         Some(RECORDS.to_string().as_str())
+    );
+    // The final boot took every downlink record there was: its heard sequence in flash is the last pushed.
+    assert!(
+        last.console
+            .contains(&format!("\nheard: {}\n", pushed.len())),
+        "seed {seed}: {last_console}"
     );
     let reprinted: usize =
         boots.iter().map(|b| downs(&b.console).len()).sum::<usize>() - pushed.len();

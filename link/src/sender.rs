@@ -1269,6 +1269,31 @@ mod tests {
         assert!(s.poll_transmit(now, &mut out));
     }
 
+    #[test]
+    fn records_queued_through_queue_mut_are_the_flows_and_are_sent() {
+        let node = Identity::generate();
+        let device = Identity::generate();
+        let mut s =
+            Sender::new(SenderConfig::with_run_id(device.clone(), *node.public(), 3)).unwrap();
+        assert!(s.queue_mut("main").is_none(), "no flow yet");
+        s.open_flow_with(
+            "main",
+            FlowStart::At(7),
+            RecordFormat::Plain,
+            VecQueue::default(),
+        )
+        .unwrap();
+        s.queue_mut("main").unwrap().push_slice(b"seven").unwrap();
+        assert_eq!((s.unacked("main"), s.next_seq("main")), (1, Some(8)));
+        let mut out = Vec::new();
+        assert!(s.poll_transmit(Instant::now(), &mut out));
+        let plain = opened(&node, &device, 3, &out);
+        assert!(
+            plain.windows(5).any(|w| w == b"seven"),
+            "the record goes in the flow's next datagram"
+        );
+    }
+
     /// Opens the sealed datagram `out` of sender `s` and returns its plaintext after the header.
     fn opened(node: &Identity, device: &Identity, run_id: u64, out: &[u8]) -> Vec<u8> {
         let shared = node.shared_secret(device.public()).unwrap();
