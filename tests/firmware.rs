@@ -1,9 +1,10 @@
 //! The board the link's sender firmware runs on (`firmware/qemu-m4`), proven with its probe under
 //! `qemu-system-arm -M mps2-an386`: datagrams over the UART to a UDP echo server of the test's own and back, the
 //! millisecond clock against the host's, a counter in flash across runs and across a power cut (QEMU SIGKILLed),
-//! and the flash file's counts of erases and programs. Then the sender's firmware (`src/bin/sender.rs`, pure-link's
-//! sender on the board) against a real node: records delivered and stored once each and in order, downlink pushed
-//! to it printed once each, and a second boot on the same flash that numbers on.
+//! and the flash file's counts of erases and units programmed. Then the sender's firmware (`src/bin/sender.rs`,
+//! pure-link's sender on the board, its records in the outbox in flash) against a real node: records delivered and
+//! stored once each and in order, downlink pushed to it printed once each, a second boot on the same flash that
+//! numbers on, and thousands of records delivered through power cuts at random moments.
 //!
 //! Skipped (with the reason printed) without `qemu-system-arm` or the `thumbv7em-none-eabihf` target, unless
 //! `PURE_REQUIRE_FIRMWARE=1` (`.ci/run`), where it fails.
