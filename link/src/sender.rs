@@ -589,6 +589,14 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
         f.synced.then(|| f.last_seq() + 1)
     }
 
+    /// The queue of `app`'s flow, once the flow is open: a device's outbox ([`crate::outbox::Outbox`]), to keep
+    /// its downlink heard sequence there after an [`Event::Down`], to read where its numbering is, or to queue
+    /// into it directly (a queue without `Default` cannot go through [`Sender::queue`]).
+    pub fn queue_mut(&mut self, app: &str) -> Option<&mut Q> {
+        let i = self.flow_index(app)?;
+        Some(&mut self.flows[i].records)
+    }
+
     /// Records of `app` queued and not yet acknowledged.
     pub fn unacked(&self, app: &str) -> usize {
         self.flow_index(app)
@@ -1257,6 +1265,31 @@ mod tests {
         assert_eq!(s.downlink_heard("main"), Some(4));
         // The acknowledgement goes at once, carrying the new heard sequence.
         assert!(s.poll_transmit(now, &mut out));
+    }
+
+    #[test]
+    fn records_queued_through_queue_mut_are_the_flows_and_are_sent() {
+        let node = Identity::generate();
+        let device = Identity::generate();
+        let mut s =
+            Sender::new(SenderConfig::with_run_id(device.clone(), *node.public(), 3)).unwrap();
+        assert!(s.queue_mut("main").is_none(), "no flow yet");
+        s.open_flow_with(
+            "main",
+            FlowStart::At(7),
+            RecordFormat::Plain,
+            VecQueue::default(),
+        )
+        .unwrap();
+        s.queue_mut("main").unwrap().push_slice(b"seven").unwrap();
+        assert_eq!((s.unacked("main"), s.next_seq("main")), (1, Some(8)));
+        let mut out = Vec::new();
+        assert!(s.poll_transmit(Instant::now(), &mut out));
+        let plain = opened(&node, &device, 3, &out);
+        assert!(
+            plain.windows(5).any(|w| w == b"seven"),
+            "the record goes in the flow's next datagram"
+        );
     }
 
     /// Opens the sealed datagram `out` of sender `s` and returns its plaintext after the header.

@@ -8,4 +8,4 @@
 #![no_std]
 
 pub mod board;
-pub mod counter;
+pub mod outbox;

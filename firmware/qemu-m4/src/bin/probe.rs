@@ -75,7 +75,7 @@ fn main() -> ! {
     for page in 0..2 {
         if let Ok((erases, programs)) = board.flash.counts(page) {
             println!(
-                "flash page {}: {} erases, {} programs",
+                "flash page {}: {} erases, {} units programmed",
                 page, erases, programs
             );
         }

@@ -1,17 +1,21 @@
 //! The sender's firmware: `pure-link`'s sender (the one implementation the node's own tools run) on the board,
-//! delivering records to a real node over the UART and printing the node's downlink records (issue 35).
+//! delivering records to a real node over the UART and printing the node's downlink records (issue 35). Its
+//! records are kept in `pure-link`'s outbox in flash, so a power cut at any moment loses no record it said was
+//! queued and numbers none twice.
 //!
 //! Configuration is the semihosting command line, `sender WORD... -- FLASH-PATH` (README.md, "The sender"):
-//! `key=HEX` (the device's 32-byte secret key), `node=HEX` (the node's public key), `app=NAME`, `records=N` (how
-//! many records to deliver this boot), `size=BYTES` (each record's size), `stay=MS` (how long to keep listening
-//! for downlink once every record is acknowledged), `timeout=MS` (give up, exit 2).
+//! `key=HEX` (the device's 32-byte secret key), `node=HEX` (the node's public key), `app=NAME`, `records=N` (queue
+//! records until the outbox's next sequence passes N: records 1..=N over all boots), `size=BYTES` (each record's
+//! size), `stay=MS` (how long to keep listening for downlink once every record is acknowledged), `timeout=MS`
+//! (give up, exit 2).
 //!
-//! Kept in flash ([`pure_qemu_m4::counter`], each a log in two pages): the boot counter (pages 0–1), from which
-//! the run id comes; the flow's next sequence (pages 2–3), written before a record is handed to the sender; the
-//! downlink heard sequence (pages 4–5), written after a downlink record is printed.
+//! Kept in flash: the outbox ([`pure_link::outbox::Outbox`] over [`BoardFlash`], pages 0–9 of the board's 16):
+//! the records queued and not yet stored by the node, their numbering, the downlink heard sequence and the run
+//! count, from which the run id comes.
 //!
-//! Console lines: `key: value` facts, `stored APP THROUGH` per acknowledgement, `down SEQ PAYLOAD` per downlink
-//! record (the payload as text when it is printable ASCII, else `hex:` and its bytes in hex), and the stack peak.
+//! Console lines: `key: value` facts, `queued SEQ` once a record is in flash, `stored APP THROUGH` per
+//! acknowledgement, `down SEQ PAYLOAD` per downlink record (the payload as text when it is printable ASCII, else
+//! `hex:` and its bytes in hex), `kept heard SEQ` once the heard sequence is in flash, and the stack peak.
 //! Exit 0 when every record is acknowledged, the stay is over and the sender is idle; 2 at the timeout; 4 a flash
 //! error; 5 no board; 6 a bad command line; 7 the node refused the app.
 #![no_std]
@@ -20,21 +24,23 @@
 use cortex_m_rt::entry;
 use pure_link::buf::SliceOut;
 use pure_link::crypto::Identity;
-use pure_link::queue::ArrayQueue;
-use pure_link::sender::{Event, FlowStart, Sender, SenderConfig, SenderError};
+use pure_link::outbox::{Outbox, OutboxError};
+use pure_link::queue::RecordQueue;
+use pure_link::sender::{Event, FlowStart, Sender, SenderConfig};
 use pure_link::time::Millis;
-use pure_qemu_m4::board::flash::{Flash, FlashError};
+use pure_link::wire::RecordFormat;
 use pure_qemu_m4::board::{exit, host, now_ms, stack, Board};
-use pure_qemu_m4::counter::Counter;
+use pure_qemu_m4::outbox::BoardFlash;
 use pure_qemu_m4::println;
-use sha2::{Digest, Sha256};
 
-/// The flow's queue in RAM: at most this many bytes of records (each with its length) and this many records. The
-/// flash outbox will take its place through the same `RecordQueue` trait.
-const QUEUE_BYTES: usize = 2048;
-const QUEUE_RECORDS: usize = 64;
+/// The outbox's pages: the board's first 10 (of 16), 40 KiB.
+const OUTBOX_FIRST_PAGE: usize = 0;
+const OUTBOX_PAGES: u16 = 10;
+/// Records the outbox holds unacknowledged (6 bytes of RAM each: where each lies in flash).
+const OUTBOX_RECORDS: usize = 64;
+type DeviceOutbox = Outbox<BoardFlash, OUTBOX_RECORDS>;
 /// One flow, one listen, the last 8 packets' send times for round-trip samples.
-type DeviceSender = Sender<Millis, ArrayQueue<QUEUE_BYTES, QUEUE_RECORDS>, 1, 1, 8>;
+type DeviceSender = Sender<Millis, DeviceOutbox, 1, 1, 8>;
 
 /// The sender's datagrams: the core's default size (docs/protocol.md 4), which the transmit buffer holds.
 const DATAGRAM: usize = pure_link::sender::DEFAULT_DATAGRAM;
@@ -46,11 +52,6 @@ const RECORD_MAX: usize = 256;
 /// `--link-idle-ms`, 30 s, so its session stays live and pushed records come at once).
 const ASK_EVERY_MS: u64 = 5_000;
 
-/// Flash pages of the three counters (two pages each).
-const BOOT_PAGES: usize = 0;
-const SEQ_PAGES: usize = 2;
-const HEARD_PAGES: usize = 4;
-
 const EXIT_TIMEOUT: u32 = 2;
 const EXIT_FLASH: u32 = 4;
 const EXIT_BOARD: u32 = 5;
@@ -59,10 +60,11 @@ const EXIT_REFUSED: u32 = 7;
 
 #[entry]
 fn main() -> ! {
-    let mut board = Board::take().unwrap_or_else(|e| {
+    let board = Board::take().unwrap_or_else(|e| {
         println!("error: board: {:?}", e);
         exit(EXIT_BOARD)
     });
+    let mut uart = board.uart;
     let mut line = [0u8; 512];
     let cfg = host::cmdline(&mut line)
         .ok_or("no command line")
@@ -71,21 +73,23 @@ fn main() -> ! {
             println!("error: command line: {}", e);
             exit(EXIT_CONFIG)
         });
-    // The boot counter is raised in flash before its value is used for anything, so no two boots that send get
-    // the same one (a cut between the write and the first packet only skips a value).
-    let mut boots = Counter::load(&mut board.flash, BOOT_PAGES).unwrap_or_else(|e| flash_err(e));
-    let boot = boots.get() + 1;
-    boots
-        .set(&mut board.flash, boot)
-        .unwrap_or_else(|e| flash_err(e));
-    let mut next_seq = Counter::load(&mut board.flash, SEQ_PAGES).unwrap_or_else(|e| flash_err(e));
-    let mut heard = Counter::load(&mut board.flash, HEARD_PAGES).unwrap_or_else(|e| flash_err(e));
-    let first = next_seq.get().max(1);
-    let run_id = run_id(&cfg.key, boot);
-    println!("boot: {}", boot);
+    let flash = BoardFlash::new(board.flash, OUTBOX_FIRST_PAGE, OUTBOX_PAGES).unwrap_or_else(|e| {
+        println!("error: flash: {:?}", e);
+        exit(EXIT_FLASH)
+    });
+    let mut outbox = DeviceOutbox::open(flash).unwrap_or_else(|e| outbox_err(e, None));
+    // The run is counted in flash before its id is used for anything (docs/devices.md; `Outbox::new_run` says why
+    // a run id must never repeat): a cut between the two only skips a count.
+    let run_id = outbox
+        .new_run(&cfg.key, &[])
+        .unwrap_or_else(|e| outbox_err(e, Some(&outbox)));
+    let first = outbox.first_seq();
+    let heard = outbox.heard();
+    println!("boot: {}", outbox.runs());
     println!("run id: {:016x}", run_id);
     println!("first seq: {}", first);
-    println!("heard: {}", heard.get());
+    println!("in flash: {}", outbox.len());
+    println!("heard: {}", heard);
 
     let identity = Identity::from_secret_bytes(cfg.key);
     let mut sender = DeviceSender::new(SenderConfig::with_run_id(identity, cfg.node, run_id))
@@ -95,8 +99,8 @@ fn main() -> ! {
         });
     let app = cfg.app;
     let opened = sender
-        .open_flow(app, FlowStart::At(first))
-        .and_then(|()| sender.listen(app, heard.get()));
+        .open_flow_with(app, FlowStart::At(first), RecordFormat::Plain, outbox)
+        .and_then(|()| sender.listen(app, heard));
     if let Err(e) = opened {
         println!("error: sender: {}", e);
         exit(EXIT_CONFIG)
@@ -123,29 +127,27 @@ fn main() -> ! {
     loop {
         let now = now_ms();
 
-        // Queue what fits. The record's sequence is persisted before the sender gets it: a reboot starts after
-        // it, whatever became of the record. A full queue keeps the rest for after the next acknowledgement.
-        while queued < cfg.records {
-            let Some(seq) = sender.next_seq(app) else {
-                break;
-            };
-            // The queue's own rule (ArrayQueue: records and bytes, each with its length), asked first so that a
-            // sequence is not written to flash for a record the queue would refuse.
-            let need = pure_link::wire::varint_len(cfg.size as u64) + cfg.size;
-            if sender.unacked(app) >= QUEUE_RECORDS || sender.unacked_bytes() + need > QUEUE_BYTES {
-                break;
-            }
-            next_seq
-                .set(&mut board.flash, seq.saturating_add(1))
-                .unwrap_or_else(|e| flash_err(e));
-            let r = make_record(seq, cfg.size, &mut record);
-            match sender.queue(app, r) {
-                Ok(()) => queued += 1,
-                Err(SenderError::QueueFull(_)) => break,
-                Err(e) => {
-                    println!("error: queue: {}", e);
-                    exit(EXIT_CONFIG)
+        // Queue what the outbox takes, each record naming its sequence. `push_slice` returns Ok once the record
+        // is in flash (its header programmed last): then, and only then, it is "queued". A full outbox keeps the
+        // rest for after the next acknowledgement frees room. (`Sender::queue` wants a queue it can make by
+        // `Default`, for flows it opens itself; the outbox is opened on its flash, so records go in through the
+        // flow's queue: the sender reads its records from there.)
+        if let Some(outbox) = sender.queue_mut(app) {
+            let failures = outbox.stats().flash_failures;
+            loop {
+                let seq = outbox.next_seq();
+                if seq > cfg.records {
+                    break;
                 }
+                let r = make_record(seq, cfg.size, &mut record);
+                if outbox.push_slice(r).is_err() {
+                    break;
+                }
+                println!("queued {}", seq);
+                queued += 1;
+            }
+            if outbox.stats().flash_failures > failures {
+                outbox_err(OutboxError::Flash, Some(outbox))
             }
         }
 
@@ -155,27 +157,40 @@ fn main() -> ! {
                 println!("error: datagram larger than {} bytes", DATAGRAM);
                 continue;
             }
-            board.uart.send(out.written());
+            uart.send(out.written());
         }
 
-        if let Some(n) = board.uart.recv(&mut rx) {
-            let mut sink = |e: Event<'_>| status.event(e, &mut board.flash, &mut heard);
+        if let Some(n) = uart.recv(&mut rx) {
+            let mut sink = |e: Event<'_>| status.event(e);
             sender.handle_datagram(Millis(now_ms()), &mut rx[..n], &mut sink);
         } else if sender.poll_timeout().is_some_and(|t| Millis(now) >= t) {
-            let mut sink = |e: Event<'_>| status.event(e, &mut board.flash, &mut heard);
+            let mut sink = |e: Event<'_>| status.event(e);
             sender.handle_timeout(Millis(now), &mut sink);
         }
-        if let Some(e) = status.flash_error {
-            flash_err(e)
+        // The downlink records just printed: their heard sequence is kept in flash before the next
+        // `poll_transmit` tells the node they were taken (it deletes them then). A cut after the printing and
+        // before this write prints them again at the next boot: at least once, never lost.
+        if let Some(seq) = status.heard.take() {
+            if let Some(outbox) = sender.queue_mut(app) {
+                match outbox.set_heard(seq) {
+                    Ok(()) => println!("kept heard {}", seq),
+                    Err(e) => outbox_err(e, Some(outbox)),
+                }
+            }
         }
         if status.refused {
             exit(EXIT_REFUSED)
         }
 
-        let delivered = queued == cfg.records && sender.unacked(app) == 0;
+        let next = sender.queue_mut(app).map_or(0, |o| o.next_seq());
+        let delivered = next > cfg.records && sender.unacked(app) == 0;
         if delivered && done_at.is_none() {
             done_at = Some(now);
-            println!("delivered: {} records in {} ms", queued, now - started);
+            println!(
+                "delivered: {} records queued this boot, all stored, in {} ms",
+                queued,
+                now - started
+            );
         }
         if let Some(at) = done_at {
             if now >= at.saturating_add(cfg.stay_ms) && sender.is_idle() {
@@ -188,9 +203,9 @@ fn main() -> ! {
         }
         if now >= started.saturating_add(cfg.timeout_ms) {
             println!(
-                "error: timeout after {} ms: {} of {} records queued, {} unacknowledged, stored through {:?}",
+                "error: timeout after {} ms: next seq {} (records={}), {} unacknowledged, stored through {:?}",
                 cfg.timeout_ms,
-                queued,
+                next,
                 cfg.records,
                 sender.unacked(app),
                 sender.stored_through(app)
@@ -199,18 +214,33 @@ fn main() -> ! {
         }
     }
 
-    let stats = sender.stats();
+    let stats = sender.stats().clone();
     println!(
         "stored through: {}",
         sender.stored_through(app).unwrap_or(0)
     );
-    println!("next seq: {}", next_seq.get());
-    println!("heard: {}", heard.get());
+    if let Some(outbox) = sender.queue_mut(app) {
+        let o = outbox.stats();
+        println!("next seq: {}", outbox.next_seq());
+        println!("heard: {}", outbox.heard());
+        println!("outbox units programmed: {}", o.units_programmed);
+        println!("outbox pages erased: {}", o.pages_erased);
+        println!("outbox marks lost: {}", o.marks_lost);
+        for page in 0..OUTBOX_PAGES {
+            if let Ok((erases, units)) = outbox.flash().counts(page) {
+                println!(
+                    "flash page {}: {} erases, {} units programmed",
+                    page, erases, units
+                );
+            }
+        }
+    }
     println!("packets sent: {}", stats.packets_sent);
     println!("packets received: {}", stats.packets_received);
     println!("packets rejected: {}", stats.packets_rejected);
     println!("retransmit rounds: {}", stats.retransmit_rounds);
-    println!("uart dropped: {}", board.uart.dropped());
+    println!("queue read failures: {}", stats.queue_read_failures);
+    println!("uart dropped: {}", uart.dropped());
     println!("run: {} ms", now_ms() - started);
     println!(
         "sender state: {} bytes",
@@ -220,33 +250,13 @@ fn main() -> ! {
     exit(0)
 }
 
-fn flash_err(e: FlashError) -> ! {
-    println!("error: flash: {:?}", e);
+/// Prints what the outbox (and, where it knows, the board's flash under it) said and exits 4.
+fn outbox_err(e: OutboxError, outbox: Option<&DeviceOutbox>) -> ! {
+    match outbox.and_then(|o| o.flash().last_error()) {
+        Some(flash) => println!("error: outbox: {} ({:?})", e, flash),
+        None => println!("error: outbox: {}", e),
+    }
     exit(EXIT_FLASH)
-}
-
-/// The run id of boot `boot` of the device with secret `key`: the first 8 bytes of
-/// SHA-256("pure-link run id" ‖ key ‖ boot as u64 LE).
-///
-/// It must never repeat for one key: the run's keys (k_s2n, k_n2s) are derived from it, and packet numbers start
-/// at 0 in every run, so a repeated run id would seal different packets under the same key and nonce
-/// (AES-GCM's nonce reuse: the plaintexts' XOR leaks and tags can be forged), and the node would take the new
-/// run's packets as replays of the old one's. It does not repeat because `boot` does not: the counter lives in
-/// flash as a log that only grows ([`Counter`]), and each boot writes its new value before it is used, so no two
-/// boots that send anything hash the same input; SHA-256 of distinct inputs truncated to 64 bits collides only
-/// with the chance of a 64-bit hash collision (about n²/2^65 after n boots: 2^-25 after a million). The key is
-/// mixed in so that run ids, which travel in clear, do not show the boot count and are unrelated between devices.
-/// What this cannot survive is the counter's pages being erased with the key kept: a device whose flash is wiped
-/// must get a new key (docs/devices.md's rule for a counter that went back).
-fn run_id(key: &[u8; 32], boot: u64) -> u64 {
-    let mut h = Sha256::new();
-    h.update(b"pure-link run id");
-    h.update(key);
-    h.update(boot.to_le_bytes());
-    let digest = h.finalize();
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&digest[..8]);
-    u64::from_be_bytes(id)
 }
 
 /// `rec-SEQ` padded with `.` to `size` bytes (cut to `size` if longer).
@@ -274,14 +284,15 @@ fn make_record(seq: u64, size: usize, buf: &mut [u8; RECORD_MAX]) -> &[u8] {
 /// What the sender's events left for the loop to act on.
 #[derive(Default)]
 struct Status {
-    flash_error: Option<FlashError>,
+    /// The largest downlink sequence printed and not yet kept in flash.
+    heard: Option<u64>,
     refused: bool,
 }
 
 impl Status {
-    /// Prints an event; a downlink record's sequence is written to flash after the record is printed (a cut
-    /// between the two prints it again at the next boot: at least once, never lost).
-    fn event(&mut self, e: Event<'_>, flash: &mut Flash, heard: &mut Counter) {
+    /// Prints an event; a downlink record's sequence is noted, for the loop to keep in flash once the sender
+    /// hands the datagram back (the sink cannot reach the outbox: the sender holds it while it calls).
+    fn event(&mut self, e: Event<'_>) {
         match e {
             Event::Stored { app, through } => println!("stored {} {}", app, through),
             Event::Down {
@@ -290,9 +301,7 @@ impl Status {
                 payload,
             } => {
                 print_down(seq, payload);
-                if let Err(e) = heard.set(flash, seq) {
-                    self.flash_error.get_or_insert(e);
-                }
+                self.heard = Some(self.heard.map_or(seq, |h| h.max(seq)));
             }
             Event::Refused { app, reason } => {
                 println!("refused {} {}", app, reason);

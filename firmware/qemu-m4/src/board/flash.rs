@@ -1,8 +1,8 @@
 //! Flash that survives power cuts: [`PAGES`] pages of [`PAGE_SIZE`] bytes kept in a host file (semihosting file
-//! calls), with NOR flash's rules, and a count of erases and programs per page kept in the same file.
+//! calls), with NOR flash's rules, and a count of erases and of 8-byte units programmed per page kept in the same file.
 //!
 //! The file (README.md, "The flash file"): the pages, page 0 first, at offset `page * PAGE_SIZE`; then, at
-//! offset [`COUNTS_AT`], per page two little-endian u32s: its erases, its programs. A missing file is made, a
+//! offset [`COUNTS_AT`], per page two little-endian u32s: its erases, its 8-byte units programmed. A missing file is made, a
 //! short one (a first start killed while making it) is completed: pages erased (0xFF), counts 0.
 //!
 //! The rules, as on a NOR part:
@@ -76,7 +76,7 @@ impl Flash {
     /// Sets every byte of `page` to 0xFF.
     pub fn erase(&mut self, page: usize) -> Result<(), FlashError> {
         let at = Self::at(page, 0, PAGE_SIZE)?;
-        self.count(page, 0)?;
+        self.count(page, 0, 1)?;
         for unit in 0..PAGE_SIZE / UNIT {
             self.write_unit(at + (unit * UNIT) as u32, &[0xFF; UNIT])?;
         }
@@ -90,7 +90,7 @@ impl Flash {
             return Err(FlashError::Unaligned);
         }
         let at = Self::at(page, offset, data.len())?;
-        self.count(page, 1)?;
+        self.count(page, 1, (data.len() / UNIT) as u32)?;
         for (i, new) in data.chunks_exact(UNIT).enumerate() {
             let unit_at = at + (i * UNIT) as u32;
             let mut unit = [0u8; UNIT];
@@ -105,7 +105,7 @@ impl Flash {
         Ok(())
     }
 
-    /// `page`'s (erases, programs) since the file was made.
+    /// `page`'s (erases, 8-byte units programmed) since the file was made.
     pub fn counts(&mut self, page: usize) -> Result<(u32, u32), FlashError> {
         let c = self.read_counts(page)?;
         Ok((c[0], c[1]))
@@ -123,10 +123,10 @@ impl Flash {
         Ok([word(0), word(4)])
     }
 
-    /// Adds one to `page`'s erases (`which` 0) or programs (1).
-    fn count(&mut self, page: usize, which: usize) -> Result<(), FlashError> {
+    /// Adds `n` to `page`'s erases (`which` 0) or units programmed (1).
+    fn count(&mut self, page: usize, which: usize, n: u32) -> Result<(), FlashError> {
         let mut c = self.read_counts(page)?;
-        c[which] = c[which].wrapping_add(1);
+        c[which] = c[which].wrapping_add(n);
         let mut raw = [0u8; 8];
         raw[..4].copy_from_slice(&c[0].to_le_bytes());
         raw[4..].copy_from_slice(&c[1].to_le_bytes());
