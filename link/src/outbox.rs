@@ -131,6 +131,9 @@ pub struct Outbox<F: Flash, const RECORDS: usize> {
     tail: u16,
     /// The highest acknowledgement kept in flash (or implied by it at opening).
     kept_through: u64,
+    /// Where the oldest record lay when the sender let go of records the node has not stored (it refused the
+    /// app): their pages are kept, so they come back at the next restart, until an acknowledgement covers them.
+    pinned: Option<Stored>,
     /// A renumbering could not be kept: the records in flash still have their old numbers, so none is sent
     /// under the new ones until a restart reads them back (the node then asks for the renumbering again).
     stuck: bool,
@@ -254,6 +257,7 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
             head_closed: false,
             tail: 0,
             kept_through: 0,
+            pinned: None,
             stuck: false,
             stats: OutboxStats::default(),
         };
@@ -493,7 +497,10 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
     /// Clears the header of every page before the oldest record's (all their records acknowledged): one program
     /// each; they are erased when the ring comes back to them.
     fn free_acked_pages(&mut self) {
-        let oldest = self.records.front().map_or(self.head, |r| r.page);
+        let oldest = self
+            .pinned
+            .or(self.records.front().copied())
+            .map_or(self.head, |r| r.page);
         while self.tail != oldest && self.tail != self.head {
             if self.program(self.tail, 0, &[0u8; UNIT]).is_err() {
                 return;
@@ -702,6 +709,10 @@ impl<F: Flash, const RECORDS: usize> RecordQueue for Outbox<F, RECORDS> {
         self.first += n as u64;
     }
     fn clear(&mut self) {
+        // Not stored (a refused app) unless an acknowledgement follows (the node was ahead): kept until then.
+        if self.pinned.is_none() {
+            self.pinned = self.records.front().copied();
+        }
         let n = self.records.len();
         self.release(n);
     }
@@ -723,6 +734,9 @@ impl<F: Flash, const RECORDS: usize> RecordQueue for Outbox<F, RECORDS> {
             }
         }
         self.kept_through = through;
+        if !renumbered {
+            self.pinned = None;
+        }
         self.free_acked_pages();
     }
 }
@@ -907,6 +921,37 @@ mod tests {
             queued(&o),
             (12..20).map(|id| record(id, 40)).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn records_let_go_without_being_stored_keep_their_pages_and_come_back() {
+        let mut o = Box4::open(SimFlash::new(512, 4)).unwrap();
+        for id in 0..5 {
+            o.push_slice(&record(id, 100)).unwrap();
+        }
+        // The node refused the app: the sender lets go of its records, unstored.
+        o.clear();
+        assert_eq!(o.len(), 0);
+        // The device goes on: heard sequences and runs fill pages, which must not free the records' page.
+        for h in 1..200 {
+            if o.set_heard(h).is_err() {
+                break;
+            }
+        }
+        let back = Box4::open(o.flash().clone()).unwrap();
+        assert_eq!(
+            queued(&back),
+            (0..5).map(|id| record(id, 100)).collect::<Vec<_>>()
+        );
+        // The node was ahead instead: the acknowledgement after letting go frees them.
+        let mut o = Box4::open(SimFlash::new(512, 4)).unwrap();
+        for id in 0..5 {
+            o.push_slice(&record(id, 100)).unwrap();
+        }
+        o.clear();
+        o.acked(9, false);
+        let o = Box4::open(o.flash().clone()).unwrap();
+        assert_eq!((o.len(), o.first_seq()), (0, 10));
     }
 
     #[test]

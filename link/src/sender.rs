@@ -590,8 +590,7 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
     }
 
     /// The queue of `app`'s flow, once the flow is open: a device's outbox ([`crate::outbox::Outbox`]), to keep
-    /// its downlink heard sequence there after an [`Event::Down`], to read where its numbering is, or to queue
-    /// into it directly (a queue without `Default` cannot go through [`Sender::queue`]).
+    /// its downlink heard sequence there after an [`Event::Down`], or to read where its numbering is.
     pub fn queue_mut(&mut self, app: &str) -> Option<&mut Q> {
         let i = self.flow_index(app)?;
         Some(&mut self.flows[i].records)
@@ -617,12 +616,6 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
     pub fn stored_through(&self, app: &str) -> Option<u64> {
         let f = &self.flows[self.flow_index(app)?];
         f.synced.then_some(f.acked)
-    }
-
-    /// The queue of `app`'s flow: a device's outbox, to keep what the program did (`Outbox::set_heard`).
-    pub fn queue_mut(&mut self, app: &str) -> Option<&mut Q> {
-        let i = self.flow_index(app)?;
-        Some(&mut self.flows[i].records)
     }
 
     /// Listens on `app`'s downlink (docs/protocol.md 12): `heard` is the last downlink sequence the program was
