@@ -545,12 +545,25 @@ fn a_push_socket_this_user_may_not_open_says_who_may_push_not_start_the_node() {
     let socket = dir.path().join("push.sock");
     // A node's socket, as far as connecting goes: it is never answered, because it is never reached.
     let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-    let mut cmd = Command::new(bin());
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    // Root may open any socket: push as nobody, who may not enter the test's 0700 directory. Nobody runs a copy
+    // of the binary in a directory everyone may enter: the checkout itself may be where only root can go (issue
+    // 38: a clone under /root).
+    let exe_dir = tempfile::tempdir().unwrap();
+    let exe = if root {
+        std::fs::set_permissions(exe_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let exe = exe_dir.path().join("pure-serve");
+        std::fs::copy(bin(), &exe).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        exe
+    } else {
+        std::path::PathBuf::from(bin())
+    };
+    let mut cmd = Command::new(&exe);
     cmd.args(["push", "--to", "kitchen-1", "--socket"])
         .arg(&socket);
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        // Root may open any socket: push as nobody, who may not enter the test's 0700 directory.
+    if root {
         cmd.uid(65534).gid(65534);
     } else {
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o000)).unwrap();
