@@ -53,16 +53,14 @@ fn lines_after<'a>(text: &'a str, word: &str) -> impl Iterator<Item = &'a str> {
 
 #[test]
 fn a_c_program_delivers_through_its_flash_outbox_and_takes_downlink_once() {
-    let dir = tempfile::tempdir().unwrap();
+    let ops_util::DeviceNode {
+        dir,
+        state,
+        node,
+        key_hex: secret,
+        node_hex: node_public,
+    } = ops_util::DeviceNode::start("c-device");
     let exe = build_example(dir.path());
-    let (key_file, public) = ops_util::keygen(dir.path(), "device");
-    let senders = dir.path().join("senders");
-    std::fs::write(&senders, format!("c-device {public}\n")).unwrap();
-    let state = dir.path().join("state");
-    let node =
-        ops_util::NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
-    let secret = ops_util::key_hex(&std::fs::read_to_string(&key_file).unwrap());
-    let node_public = ops_util::key_hex(&node.public_key);
     let flash = dir.path().join("flash.bin");
     let run = |count: u64, listen_ms: u64| {
         let out = ops_util::output_within(
@@ -98,19 +96,13 @@ fn a_c_program_delivers_through_its_flash_outbox_and_takes_downlink_once() {
         assert_eq!(code, 0, "push: {out}");
     };
     let assert_stored = |through: u64| {
-        let stored = ops_util::records(&state);
-        let seqs: Vec<u64> = stored.iter().map(|r| r.1).collect();
-        assert_eq!(
-            seqs,
-            (1..=through).collect::<Vec<_>>(),
-            "the node's sequences"
-        );
-        for (source, seq, payload) in &stored {
-            assert_eq!(
-                (source.as_str(), payload.as_str()),
-                ("c-device", format!("c-{seq}").as_str())
-            );
-        }
+        ops_util::assert_stored_once_in_order(
+            &state,
+            "c-device",
+            through,
+            |seq| format!("c-{seq}"),
+            "deliver.c",
+        )
     };
 
     // Downlink waiting before the device first runs.

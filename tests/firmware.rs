@@ -17,8 +17,6 @@ mod ops_util;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
-
 use firmware_util::{Echo, Kill, Outcome, RunConfig};
 
 /// The probe's datagram: `b'P'`, kind, counter (u32 LE), the board's `now_ms` (u64 LE), … (probe.rs).
@@ -158,15 +156,6 @@ fn slip_decoder_takes_any_bytes() {
     );
 }
 
-/// 32 bytes of base64 (a key file's line, a node's public key) as the 64 hex digits the firmware takes.
-fn hex_key(base64_text: &str) -> String {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(base64_text.trim())
-        .expect("a base64 key");
-    assert_eq!(bytes.len(), 32);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The record the sender firmware makes for `seq`: `rec-SEQ` padded with `.` to `size` bytes.
 fn firmware_record(seq: u64, size: usize) -> String {
     let mut r = format!("rec-{seq}");
@@ -216,18 +205,14 @@ fn push(state: &Path, record: &[u8]) {
 }
 
 /// The node's records of the board, checked to be `1..=through`, each once, in order, each the firmware's.
-fn assert_stored(state: &Path, through: u64, size: usize) {
-    let stored = ops_util::records(state);
-    let seqs: Vec<u64> = stored.iter().map(|r| r.1).collect();
-    assert_eq!(
-        seqs,
-        (1..=through).collect::<Vec<_>>(),
-        "the node's sequences"
+fn assert_stored(state: &Path, through: u64, size: usize, context: &str) {
+    ops_util::assert_stored_once_in_order(
+        state,
+        "board-1",
+        through,
+        |seq| firmware_record(seq, size),
+        context,
     );
-    for (source, seq, payload) in &stored {
-        assert_eq!(source, "board-1");
-        assert_eq!(*payload, firmware_record(*seq, size), "record {seq}");
-    }
 }
 
 #[test]
@@ -237,15 +222,13 @@ fn sender_firmware_delivers_to_a_real_node_and_prints_its_downlink_once() {
         return;
     }
     let elf = firmware_util::build("sender");
-    let dir = tempfile::tempdir().unwrap();
-    let (key_file, public) = ops_util::keygen(dir.path(), "board");
-    let senders = dir.path().join("senders");
-    std::fs::write(&senders, format!("board-1 {public}\n")).unwrap();
-    let state = dir.path().join("state");
-    let node =
-        ops_util::NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
-    let key = hex_key(&std::fs::read_to_string(&key_file).unwrap());
-    let node_key = hex_key(&node.public_key);
+    let ops_util::DeviceNode {
+        dir,
+        state,
+        node,
+        key_hex: key,
+        node_hex: node_key,
+    } = ops_util::DeviceNode::start("board-1");
     let flash = dir.path().join("board flash.bin");
     const SIZE: usize = 32;
     let run = |records: u64, stay_ms: u64, kill: Kill| {
@@ -308,7 +291,7 @@ fn sender_firmware_delivers_to_a_real_node_and_prints_its_downlink_once() {
     assert_eq!(first.field("first seq"), Some("1"));
     assert_eq!(first.field("stored through"), Some("300"));
     assert_eq!(first.field("next seq"), Some("301"));
-    assert_stored(&state, 300, SIZE);
+    assert_stored(&state, 300, SIZE, "the board");
     let stored = stored_lines(&first.console);
     assert!(
         stored.windows(2).all(|w| w[0] < w[1]) && stored.last() == Some(&300),
@@ -337,7 +320,7 @@ fn sender_firmware_delivers_to_a_real_node_and_prints_its_downlink_once() {
     assert_eq!(second.field("heard"), Some("4"));
     assert_eq!(second.field("stored through"), Some("350"));
     assert_ne!(first.field("run id"), second.field("run id"));
-    assert_stored(&state, 350, SIZE);
+    assert_stored(&state, 350, SIZE, "the board");
     assert_eq!(
         downs(&second.console),
         [(5, "after boot 1".to_string())],
@@ -387,7 +370,7 @@ fn sender_firmware_delivers_to_a_real_node_and_prints_its_downlink_once() {
         "{}",
         fourth.console
     );
-    assert_stored(&state, 570, SIZE);
+    assert_stored(&state, 570, SIZE, "the board");
     assert!(downs(&fourth.console).is_empty(), "{}", fourth.console);
 }
 
@@ -446,15 +429,13 @@ fn sender_firmware_outbox_survives_power_cuts_at_random_moments() {
     let mut rng = Rng(seed);
 
     let elf = firmware_util::build("sender");
-    let dir = tempfile::tempdir().unwrap();
-    let (key_file, public) = ops_util::keygen(dir.path(), "board");
-    let senders = dir.path().join("senders");
-    std::fs::write(&senders, format!("board-1 {public}\n")).unwrap();
-    let state = dir.path().join("state");
-    let node =
-        ops_util::NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
-    let key = hex_key(&std::fs::read_to_string(&key_file).unwrap());
-    let node_key = hex_key(&node.public_key);
+    let ops_util::DeviceNode {
+        dir,
+        state,
+        node,
+        key_hex: key,
+        node_hex: node_key,
+    } = ops_util::DeviceNode::start("board-1");
     let flash = dir.path().join("flash.bin");
     let run = |stay_ms: u64, kill: Kill| {
         let args = [
@@ -573,21 +554,7 @@ fn sender_firmware_outbox_survives_power_cuts_at_random_moments() {
     eprintln!("final boot:\n{last_console}");
 
     // The node: 1..=N once each, in order, each record naming its own sequence.
-    let stored = ops_util::records(&state);
-    let seqs: Vec<u64> = stored.iter().map(|r| r.1).collect();
-    assert_eq!(
-        seqs,
-        (1..=RECORDS).collect::<Vec<_>>(),
-        "seed {seed}: the node's sequences"
-    );
-    for (source, seq, payload) in &stored {
-        assert_eq!(source, "board-1");
-        assert_eq!(
-            *payload,
-            firmware_record(*seq, SIZE),
-            "seed {seed}: record {seq}"
-        );
-    }
+    assert_stored(&state, RECORDS, SIZE, &format!("seed {seed}"));
     // Every record any boot said was queued is stored; none was said queued twice (a sequence is never given
     // twice); within a boot they go up by one; N is at most one past the largest said (a record written as the
     // power went may be there, unannounced: at most one per cut).

@@ -509,3 +509,54 @@ pub fn key_hex(base64_text: &str) -> String {
     assert_eq!(bytes.len(), 32);
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// A node with one device listed, for the device programs' tests (firmware, C): the temp directory they share,
+/// the node's state, the node, and both keys as 64 hex digits.
+pub struct DeviceNode {
+    pub dir: tempfile::TempDir,
+    pub state: PathBuf,
+    pub node: NodeProcess,
+    /// The device's secret key.
+    pub key_hex: String,
+    pub node_hex: String,
+}
+
+impl DeviceNode {
+    /// A node whose senders file lists `device` only, with a key made for it.
+    pub fn start(device: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (key_file, public) = keygen(dir.path(), "device");
+        let senders = dir.path().join("senders");
+        std::fs::write(&senders, format!("{device} {public}\n")).unwrap();
+        let state = dir.path().join("state");
+        let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+        DeviceNode {
+            key_hex: key_hex(&std::fs::read_to_string(&key_file).unwrap()),
+            node_hex: key_hex(&node.public_key),
+            dir,
+            state,
+            node,
+        }
+    }
+}
+
+/// The node's records are `source`'s `1..=through`, each once, in order, each `payload(seq)`.
+pub fn assert_stored_once_in_order(
+    state: &Path,
+    source: &str,
+    through: u64,
+    payload: impl Fn(u64) -> String,
+    context: &str,
+) {
+    let stored = records(state);
+    let seqs: Vec<u64> = stored.iter().map(|r| r.1).collect();
+    assert_eq!(
+        seqs,
+        (1..=through).collect::<Vec<_>>(),
+        "{context}: the node's sequences"
+    );
+    for (from, seq, got) in &stored {
+        assert_eq!(from, source, "{context}: record {seq}");
+        assert_eq!(*got, payload(*seq), "{context}: record {seq}");
+    }
+}
