@@ -156,6 +156,20 @@ fn slip_decoder_takes_any_bytes() {
     );
 }
 
+/// The sender firmware's command line: its key and the node's, the app, records 1..=`records` of `size` bytes,
+/// how long it stays awake listening once they are stored, and its own give-up time.
+fn sender_args(key: &str, node_key: &str, records: u64, size: usize, stay_ms: u64) -> [String; 7] {
+    [
+        format!("key={key}"),
+        format!("node={node_key}"),
+        "app=main".to_string(),
+        format!("records={records}"),
+        format!("size={size}"),
+        format!("stay={stay_ms}"),
+        "timeout=60000".to_string(),
+    ]
+}
+
 /// The record the sender firmware makes for `seq`: `rec-SEQ` padded with `.` to `size` bytes.
 fn firmware_record(seq: u64, size: usize) -> String {
     let mut r = format!("rec-{seq}");
@@ -232,21 +246,12 @@ fn sender_firmware_delivers_to_a_real_node_and_prints_its_downlink_once() {
     let flash = dir.path().join("board flash.bin");
     const SIZE: usize = 32;
     let run = |records: u64, stay_ms: u64, kill: Kill| {
-        let args = [
-            format!("key={key}"),
-            format!("node={node_key}"),
-            "app=main".to_string(),
-            format!("records={records}"),
-            format!("size={SIZE}"),
-            format!("stay={stay_ms}"),
-            "timeout=60000".to_string(),
-        ];
         firmware_util::run(&RunConfig {
             elf: &elf,
             flash: &flash,
             to: node.link,
             kill,
-            args: &args,
+            args: &sender_args(&key, &node_key, records, SIZE, stay_ms),
         })
     };
     let boot = |records: u64, stay_ms: u64| {
@@ -438,21 +443,12 @@ fn sender_firmware_outbox_survives_power_cuts_at_random_moments() {
     } = ops_util::DeviceNode::start("board-1");
     let flash = dir.path().join("flash.bin");
     let run = |stay_ms: u64, kill: Kill| {
-        let args = [
-            format!("key={key}"),
-            format!("node={node_key}"),
-            "app=main".to_string(),
-            format!("records={RECORDS}"),
-            format!("size={SIZE}"),
-            format!("stay={stay_ms}"),
-            "timeout=60000".to_string(),
-        ];
         firmware_util::run(&RunConfig {
             elf: &elf,
             flash: &flash,
             to: node.link,
             kill,
-            args: &args,
+            args: &sender_args(&key, &node_key, RECORDS, SIZE, stay_ms),
         })
     };
 
