@@ -652,3 +652,94 @@ fn sender_firmware_outbox_survives_power_cuts_at_random_moments() {
         units as f64 / RECORDS as f64
     );
 }
+
+/// The node SIGKILLed and started again (same state, same port) while the board delivers and listens: every record
+/// is stored once and in order, and every downlink record pushed, before the cuts and between them, is printed by
+/// the board once (the board is not cut here, so nothing is printed twice).
+#[test]
+fn sender_firmware_delivers_through_node_restarts() {
+    const TEST: &str = "sender_firmware_delivers_through_node_restarts";
+    if !firmware_util::available(TEST) {
+        return;
+    }
+    const RECORDS: u64 = 1_500;
+    const SIZE: usize = 32;
+    const KILLS: usize = 3;
+    let elf = firmware_util::build("sender");
+    let ops_util::DeviceNode {
+        dir,
+        state,
+        node,
+        key_hex: key,
+        node_hex: node_key,
+    } = ops_util::DeviceNode::start("board-1");
+    let link = node.link;
+    let senders = dir.path().join("senders");
+    let restart = |old: ops_util::NodeProcess| {
+        old.signal(libc::SIGKILL);
+        let mut old = old;
+        old.wait_exit();
+        let child = ops_util::node_command_at(
+            None,
+            "127.0.0.1",
+            link.port(),
+            &state,
+            &["--senders", senders.to_str().unwrap()],
+            None,
+        )
+        .spawn()
+        .unwrap();
+        let node = ops_util::NodeProcess::attach(child, &state);
+        assert_eq!(node.link, link, "the node is back on its port");
+        node
+    };
+    let flash = dir.path().join("flash.bin");
+    push(&state, b"before-1\nbefore-2\n");
+
+    let outcome = std::thread::scope(|s| {
+        let board = s.spawn(|| {
+            firmware_util::run(&RunConfig {
+                elf: &elf,
+                flash: &flash,
+                to: link,
+                kill: Kill::Never,
+                args: &sender_args(&key, &node_key, RECORDS, SIZE, 3_000),
+            })
+        });
+        // Kill the node each time another few hundred records are stored, and push one downlink record after each
+        // restart.
+        let mut node = node;
+        for k in 1..=KILLS {
+            let deadline = Instant::now() + ops_util::DEADLINE;
+            while (ops_util::records(&state).len() as u64) < RECORDS * k as u64 / (KILLS as u64 + 1)
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "the board stopped delivering before kill {k}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            node = restart(node);
+            push(&state, format!("after-kill-{k}\n").as_bytes());
+        }
+        let outcome = board.join().unwrap();
+        (outcome, node)
+    });
+    let (run, node) = outcome;
+    let console = format!("{}{}", run.console, run.qemu_stderr);
+    assert_eq!(
+        run.code(),
+        Some(0),
+        "the board: {console}\nnode: {}",
+        node.stderr_text()
+    );
+    assert_stored(&state, RECORDS, SIZE, "through node restarts");
+    assert_eq!(
+        queued_lines(&run.console),
+        (1..=RECORDS).collect::<Vec<_>>()
+    );
+    let mut expected = vec!["before-1".to_string(), "before-2".to_string()];
+    expected.extend((1..=KILLS).map(|k| format!("after-kill-{k}")));
+    let printed: Vec<String> = downs(&run.console).into_iter().map(|(_, p)| p).collect();
+    assert_eq!(printed, expected, "{console}");
+}

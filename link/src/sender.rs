@@ -978,6 +978,14 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
             return;
         }
         let frames = NodeFrames::new(plain).flatten();
+        if self.n2s.is_some_and(|(epoch, _)| epoch != header.epoch) {
+            // Another node process answers (the node restarted, or another node of a fleet): its session of this
+            // run is new and knows nothing of what the run listens on, so every flow's LISTEN goes again at once
+            // rather than at the program's next poll (docs/protocol.md 12.4).
+            for l in &mut self.listens {
+                l.want = true;
+            }
+        }
         self.n2s = Some((header.epoch, key));
         self.stats.packets_received += 1;
         // The node answered with our keys: it has our session, and will not need an X25519 for this run again.
@@ -1258,6 +1266,48 @@ mod tests {
         assert_eq!(s.downlink_heard("main"), Some(4));
         // The acknowledgement goes at once, carrying the new heard sequence.
         assert!(s.poll_transmit(now, &mut out));
+    }
+
+    #[test]
+    fn a_node_packet_of_a_new_epoch_sends_the_listen_again() {
+        let node = Identity::generate();
+        let device = Identity::generate();
+        let mut s =
+            Sender::new(SenderConfig::with_run_id(device.clone(), *node.public(), 4)).unwrap();
+        s.listen("main", 0).unwrap();
+        let now = Instant::now();
+        let mut out = Vec::new();
+        assert!(s.poll_transmit(now, &mut out), "the first LISTEN");
+        let shared = node.shared_secret(device.public()).unwrap();
+        let answer = |s: &mut Sender, epoch: u64, pn: u64, echo: u64| {
+            let key = crypto::node_to_sender_key(&shared, 4, epoch, device.public(), node.public());
+            let mut p = Vec::new();
+            NodeHeader {
+                epoch,
+                packet_number: pn,
+            }
+            .emit(&mut p);
+            wire::put_echo(&mut p, echo);
+            wire::put_down_header(&mut p, b"main", 0, 0, 0, 0);
+            crypto::seal(&key, pn, &mut p, wire::NODE_HEADER_LEN);
+            s.handle_datagram(now, &mut p, &mut |_| {});
+        };
+        answer(&mut s, 7, 1, 0);
+        assert!(!s.poll_transmit(now, &mut out), "answered: nothing to send");
+        // The same node again: still nothing.
+        answer(&mut s, 7, 2, 0);
+        assert!(!s.poll_transmit(now, &mut out));
+        // A node packet of another epoch (the node restarted): the LISTEN goes again at once.
+        answer(&mut s, 8, 1, 0);
+        assert!(
+            s.poll_transmit(now, &mut out),
+            "LISTEN again after a new epoch"
+        );
+        let plain = opened(&node, &device, 4, &out);
+        assert!(matches!(
+            wire::parse_sender_frames(&plain).unwrap()[..],
+            [wire::SenderFrame::Listen { heard: 0, .. }]
+        ));
     }
 
     #[test]
