@@ -599,3 +599,51 @@ fn a_push_socket_that_is_a_directory_suggests_state() {
     );
     assert!(!err.contains("start the node"), "{err}");
 }
+
+/// Issue 36: a `--store` URL with a password was refused, but the argument parser's own prefix printed it first
+/// (`invalid value 'postgres://pure:secret@…'`), into the journal; and a 100 kB value was echoed whole. Now the
+/// message masks the password and shows at most 100 characters of a value, for the node and for `records`.
+#[test]
+fn a_store_url_with_a_password_is_refused_without_printing_it_and_a_long_value_is_not_echoed() {
+    for cmd in [&[][..], &["records"][..]] {
+        let out = Command::new(bin())
+            .args(cmd)
+            .args(["--store", "postgres://pure:hunter2@db.internal/fleet"])
+            .output()
+            .unwrap();
+        let err = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(!err.contains("hunter2"), "the password was printed: {err}");
+        assert!(
+            err.contains("postgres://pure:***@db.internal/fleet")
+                && err.contains("--store-password-file"),
+            "{err}"
+        );
+        // A password as a parameter of the query is one too.
+        let out = Command::new(bin())
+            .args(cmd)
+            .args(["--store", "postgres://pure@db/fleet?password=hunter2"])
+            .output()
+            .unwrap();
+        let err = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            !err.contains("hunter2") && err.contains("holds a password"),
+            "{err}"
+        );
+        // 100 kB: refused, and not echoed.
+        for long in [
+            format!("postgres://pure@db/{}", "x".repeat(100_000)),
+            format!("nosuch://{}", "x".repeat(100_000)),
+        ] {
+            let out = Command::new(bin())
+                .args(cmd)
+                .args(["--store", &long])
+                .output()
+                .unwrap();
+            let err = text(&out);
+            assert_eq!(out.status.code(), Some(2), "{}", &err[..err.len().min(300)]);
+            assert!(err.len() < 1_000, "{} bytes of message", err.len());
+        }
+    }
+}

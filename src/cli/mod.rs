@@ -31,6 +31,35 @@ pub fn default_metrics_listen(http_port: u16) -> std::net::SocketAddr {
     std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port))
 }
 
+/// `--store`'s value. A parser of its own because clap's own error for a bad value begins by echoing it, whole: a
+/// URL with a password would reach the journal, and a 100 kB value would be printed back. This one says only what
+/// [`crate::store::engine::StoreChoice::parse`] says, which masks the password and shortens what it shows.
+#[derive(Clone)]
+pub struct StoreParser;
+
+impl clap::builder::TypedValueParser for StoreParser {
+    type Value = crate::store::engine::StoreChoice;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        let text = value.to_str().ok_or_else(|| {
+            clap::Error::raw(
+                clap::error::ErrorKind::InvalidUtf8,
+                "--store is not UTF-8: give `sqlite` or a postgres:// URL\n",
+            )
+            .with_cmd(cmd)
+        })?;
+        crate::store::engine::StoreChoice::parse(text).map_err(|e| {
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{e}\n"))
+                .with_cmd(cmd)
+        })
+    }
+}
+
 /// `--metrics-listen`'s value: `ADDR:PORT`.
 pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
     s.parse().map_err(|_| {

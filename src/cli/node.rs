@@ -40,7 +40,7 @@ pub struct NodeArgs {
     /// node stores links' records exactly once across the fleet's nodes, each outlet is driven by one node at a
     /// time (a lease in the database), and downlink records pushed on any node reach their device on any node.
     #[arg(long, value_name = "URL", default_value = "sqlite",
-          value_parser = crate::store::engine::StoreChoice::parse)]
+          value_parser = super::StoreParser)]
     pub store: crate::store::engine::StoreChoice,
     /// The password of --store's database user, on the first line of this file (keep it mode 0600).
     #[arg(long, value_name = "FILE")]

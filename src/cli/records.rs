@@ -44,7 +44,7 @@ pub struct RecordsArgs {
     pub from: Option<u64>,
     /// Read the fleet's database instead of the state directory's files: the nodes' --store URL,
     /// `postgres://USER@HOST[:PORT]/DATABASE` (docs/scale-out.md). Positions are the app's across every node.
-    #[arg(long, value_name = "URL", default_value = "sqlite", value_parser = StoreChoice::parse)]
+    #[arg(long, value_name = "URL", default_value = "sqlite", value_parser = super::StoreParser)]
     pub store: StoreChoice,
     /// The password of --store's database user, on the first line of this file.
     #[arg(long, value_name = "FILE")]

@@ -303,16 +303,39 @@ impl StoreChoice {
             .or_else(|| s.strip_prefix("postgresql://"))
         else {
             return Err(format!(
-                "{s:?} is not a store: give `sqlite` (the default: files under --state) or a PostgreSQL URL such as \
-                 postgres://pure@db.internal:5432/fleet (docs/scale-out.md)"
+                "--store {:?} is not a store: give `sqlite` (the default: files under --state) or a PostgreSQL URL such as \
+                 postgres://pure@db.internal:5432/fleet (docs/scale-out.md)",
+                shown_briefly(&redact(s))
             ));
         };
+        if s.len() > MAX_STORE_URL {
+            return Err(format!(
+                "--store is {} bytes long: a PostgreSQL URL is at most {MAX_STORE_URL} (postgres://USER@HOST[:PORT]/DATABASE)",
+                s.len()
+            ));
+        }
+        // A password among the query's parameters (`?password=…`) is one too.
+        if let Some((before, query)) = s.split_once('?')
+            && query.split('&').any(|kv| {
+                kv.split('=')
+                    .next()
+                    .is_some_and(|k| k.eq_ignore_ascii_case("password"))
+            })
+        {
+            return Err(StoreChoiceError::PasswordInUrl {
+                given: format!("{}?***", shown_briefly(&redact(before))),
+            }
+            .to_string());
+        }
         // The user info ends at the last '@' before the first '/' (the host part may hold none).
         let authority = rest.split(['/', '?']).next().unwrap_or("");
         if let Some((userinfo, _)) = authority.rsplit_once('@')
             && userinfo.contains(':')
         {
-            return Err(StoreChoiceError::PasswordInUrl { given: redact(s) }.to_string());
+            return Err(StoreChoiceError::PasswordInUrl {
+                given: shown_briefly(&redact(s)),
+            }
+            .to_string());
         }
         Ok(StoreChoice::Postgres(s.to_string()))
     }
@@ -374,6 +397,18 @@ impl StoreChoice {
 }
 
 /// The URL with the password of its user info replaced by `***`, so an error never repeats it.
+/// The longest `--store` URL taken: far above any real one, and a bound on what a message may echo.
+const MAX_STORE_URL: usize = 2048;
+
+/// At most 100 characters of a value given on the command line, for a message: a value of 100 kB is not echoed.
+fn shown_briefly(value: &str) -> String {
+    const MOST: usize = 100;
+    match value.char_indices().nth(MOST) {
+        Some((cut, _)) => format!("{}… ({} bytes)", &value[..cut], value.len()),
+        None => value.to_string(),
+    }
+}
+
 fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
@@ -407,6 +442,15 @@ mod tests {
         assert!(e.contains("--store-password-file"), "{e}");
         assert!(!e.contains("hunter2"), "the password is not repeated: {e}");
         assert!(e.contains("pure:***@db/fleet"), "{e}");
+        let e = StoreChoice::parse("postgres://pure@db/fleet?sslmode=disable&password=hunter2")
+            .unwrap_err();
+        assert!(
+            !e.contains("hunter2") && e.contains("holds a password"),
+            "{e}"
+        );
+        let e =
+            StoreChoice::parse(&format!("postgres://pure@db/{}", "x".repeat(5000))).unwrap_err();
+        assert!(e.len() < 200, "{e}");
         let e = StoreChoice::parse("mysql://x").unwrap_err();
         assert!(e.contains("sqlite"), "{e}");
     }
