@@ -202,8 +202,8 @@ fn a_damaged_store_is_never_served_and_says_what_it_lost_and_the_way_back() {
         "{log}"
     );
     assert_eq!(
-        node.metric("pure_app_can_store{app=\"main\"}"),
-        Some(1.0),
+        node.metric_published("pure_app_can_store{app=\"main\"}"),
+        1.0,
         "{log}"
     );
     drop(node);

@@ -400,6 +400,19 @@ impl NodeProcess {
         body.lines()
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
+
+    /// [`NodeProcess::metric`] once the node has published it: an app's series appear with the receive loop's
+    /// first figures, which may come just after "ready". Fails the test after [`DEADLINE`].
+    pub fn metric_published(&self, series: &str) -> f64 {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(v) = self.metric(series) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "{series} never published");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 impl Drop for NodeProcess {
