@@ -330,7 +330,7 @@ impl ReadyNode {
                 .map(|a| a.name.clone())
                 .collect::<Vec<_>>(),
         )?;
-        let (host, outlets) = match shared {
+        let (mut host, outlets) = match shared {
             None => Host::open(
                 &settings.state_dir,
                 &settings.apps,
@@ -370,6 +370,8 @@ impl ReadyNode {
             Arc::new(senders),
         );
         node.set_apps(host.hosted_apps());
+        // The lag budgets' room from the start: else the first turn would take a burst whole (protocol.md 6.3).
+        host.check_lag(&mut node);
         node.set_admission(AdmissionConfig::new(
             settings.x25519_budget,
             crypto::random_array(),
