@@ -193,7 +193,7 @@ pub struct CheckArgs {
     #[arg(long, value_name = "FILE")]
     pub apps: Option<PathBuf>,
     /// The address the node listens on, as the node's --bind: its ports are tried (bound and let go).
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
+    #[arg(long, value_name = "ADDR", default_value = "::")]
     pub bind: std::net::IpAddr,
     /// The node's UDP port for links, to try (0: not tried).
     #[arg(long, value_name = "PORT", default_value_t = DEFAULT_LINK_PORT)]
@@ -219,10 +219,12 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
             p.exists().then_some(p)
         }),
         apps_file: args.apps.clone(),
-        link_addr: (args.link_port != 0)
-            .then(|| std::net::SocketAddr::new(args.bind, args.link_port)),
-        http_addr: (args.http_port != 0)
-            .then(|| std::net::SocketAddr::new(args.bind, args.http_port)),
+        link_addr: (args.link_port != 0).then(|| {
+            std::net::SocketAddr::new(crate::common::listen::effective(args.bind), args.link_port)
+        }),
+        http_addr: (args.http_port != 0).then(|| {
+            std::net::SocketAddr::new(crate::common::listen::effective(args.bind), args.http_port)
+        }),
         metrics_addr: Some(
             args.metrics_listen
                 .unwrap_or_else(|| default_metrics_listen(args.http_port)),

@@ -95,7 +95,9 @@ pub struct NodeArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub tls_handshake_budget: u32,
     /// Address to listen on for links: UDP --link-port and TCP --http-port (not the metrics: --metrics-listen).
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
+    /// The default, ::, is every address, IPv6 and IPv4 (one dual-stack socket per port; IPv4 alone on a host
+    /// without IPv6); 0.0.0.0 is every IPv4 address only.
+    #[arg(long, value_name = "ADDR", default_value = "::")]
     pub bind: IpAddr,
     /// A run's session is forgotten after this long without packets (it costs nothing while idle).
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
@@ -202,7 +204,7 @@ impl NodeArgs {
                 .clone()
                 .unwrap_or_else(|| state_dir.join("node.key")),
             senders_file,
-            link_addr: SocketAddr::new(self.bind, self.link_port),
+            link_addr: SocketAddr::new(crate::common::listen::effective(self.bind), self.link_port),
             idle: Duration::from_millis(self.link_idle_ms),
             apps,
             apps_file: self.apps.clone(),
@@ -272,7 +274,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
             None
         }
     };
-    let http_addr = SocketAddr::new(args.bind, args.http_port);
+    let http_addr = SocketAddr::new(crate::common::listen::effective(args.bind), args.http_port);
     // Before the senders file: a bad certificate should not wait for a million lines to be read to be told.
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {

@@ -177,9 +177,9 @@ pub fn check(input: &CheckInput) -> Report {
         let Some(addr) = addr else { continue };
         let proto = if udp { "UDP" } else { "TCP" };
         let bound = if udp {
-            std::net::UdpSocket::bind(addr).map(drop)
+            crate::common::listen::udp_socket(addr).map(drop)
         } else {
-            std::net::TcpListener::bind(addr).map(drop)
+            crate::common::listen::tcp_listener(addr).map(drop)
         };
         match bound {
             Ok(()) => r.fine.push(format!("{proto} {addr}: free to listen on")),

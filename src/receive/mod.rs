@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Protocol, Socket, Type};
 use thiserror::Error;
 
 use crate::apps::config::{AppsConfig, AppsError};
@@ -235,7 +235,7 @@ fn create_private_dir(path: &Path) -> Result<(), NodeError> {
 }
 
 fn bind_udp(addr: SocketAddr, recv_buffer: usize) -> Result<UdpSocket, NodeError> {
-    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
+    let socket = crate::common::listen::socket(addr, Type::DGRAM, Protocol::UDP)
         .map_err(NodeError::Socket)?;
     set_recv_buffer(&socket, recv_buffer);
     socket
