@@ -647,3 +647,40 @@ fn a_store_url_with_a_password_is_refused_without_printing_it_and_a_long_value_i
         }
     }
 }
+
+/// Issue 37, "small things seen": `push` to a node running with `--push-socket none` said "no node answers … start
+/// the node". A node holds the state directory, so it says that node serves no push socket and what to do; exit
+/// 69, nothing sent. With no node there, it still says to start one.
+#[test]
+fn a_push_to_a_node_without_a_push_socket_says_so_not_start_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--push-socket", "none"], None);
+    let mut cmd = Command::new(bin());
+    cmd.args(["push", "--to", "kitchen-1", "--state"])
+        .arg(&state);
+    let out = push_one(&mut cmd);
+    let err = text(&out);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the node running on {} (pid {})",
+            state.display(),
+            node.child.id()
+        )) && err.contains("serves no push socket")
+            && err.contains("--push-socket none"),
+        "{err}"
+    );
+    assert!(!err.contains("start the node"), "{err}");
+    drop(node);
+
+    let empty = dir.path().join("no-node");
+    std::fs::create_dir(&empty).unwrap();
+    let mut cmd = Command::new(bin());
+    cmd.args(["push", "--to", "kitchen-1", "--state"])
+        .arg(&empty);
+    let out = push_one(&mut cmd);
+    let err = text(&out);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(err.contains("no node answers"), "{err}");
+}
