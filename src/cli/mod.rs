@@ -205,6 +205,12 @@ pub struct CheckArgs {
     /// 127.0.0.1:7382, or port 0 with --http-port 0.
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_listen)]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The node's --push-socket (PATH or none), to check its path (and that of the datagram socket made from it).
+    #[arg(long, value_name = "PATH|none")]
+    pub push_socket: Option<PathBuf>,
+    /// The node's --push-datagrams (PATH or none), to check its path.
+    #[arg(long, value_name = "PATH|none")]
+    pub push_datagrams: Option<PathBuf>,
 }
 
 pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
@@ -230,6 +236,8 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|| default_metrics_listen(args.http_port)),
         )
         .filter(|a| a.port() != 0),
+        push_socket: args.push_socket.clone(),
+        push_datagrams: args.push_datagrams.clone(),
         state_dir,
     };
     let report = crate::ops::check::check(&input);

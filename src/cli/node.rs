@@ -12,7 +12,7 @@ use crate::http::push::PushSocket;
 use crate::http::{HttpLimits, HttpServer, TlsConfig};
 use crate::ops::notify::Notifier;
 use crate::ops::signals;
-use crate::receive::pushes::{PushDatagramError, PushDatagrams};
+use crate::receive::pushes::PushDatagrams;
 use crate::receive::{Control, NodeSettings, ReadyNode};
 
 #[derive(Args, Debug)]
@@ -317,34 +317,35 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     if let Some(tls) = tls {
         http = http.with_tls(tls);
     }
-    let push_path = match &args.push_socket {
-        Some(p) if p.as_os_str() == "none" => None,
-        Some(p) => Some(p.clone()),
-        None => Some(state.join("push.sock")),
-    };
-    let datagrams_path = match (&args.push_datagrams, &push_path) {
-        (Some(p), _) if p.as_os_str() == "none" => None,
-        (Some(p), _) => Some(p.clone()),
-        // A push socket named *.dgram gets *.dgram.dgram, not its own path.
-        (None, Some(stream)) if stream.extension().is_some_and(|e| e == "dgram") => {
-            let mut name = stream.as_os_str().to_owned();
-            name.push(".dgram");
-            Some(PathBuf::from(name))
-        }
-        (None, Some(stream)) => Some(stream.with_extension("dgram")),
-        (None, None) => None,
-    };
+    let (push_path, datagrams_path) = crate::common::push::socket_paths(
+        args.push_socket.as_deref(),
+        args.push_datagrams.as_deref(),
+        &state,
+    );
+    // What can be told before binding (a path too long for a Unix socket, named against the flag that made it).
+    if let Some(problem) = crate::common::push::path_problems(
+        push_path.as_deref(),
+        datagrams_path.as_deref(),
+        args.push_datagrams.is_some(),
+        Some(&state),
+    )
+    .into_iter()
+    .next()
+    {
+        let crate::common::push::PathProblem { kind, path, why } = problem;
+        let e = match kind {
+            crate::common::push::PushSocketKind::Stream => {
+                anyhow::Error::new(crate::http::HttpError::PushSocket { path, why })
+            }
+            crate::common::push::PushSocketKind::Datagram => {
+                anyhow::Error::new(crate::receive::pushes::PushDatagramError { path, why })
+            }
+        };
+        return Err(e.context("the node did not start"));
+    }
     // The datagram socket first: if the push socket then cannot be bound, the datagram socket's file goes with the
     // node (nothing is left behind by a start that failed).
     if let Some(path) = &datagrams_path {
-        if push_path.as_ref() == Some(path) {
-            return Err(anyhow::Error::new(PushDatagramError {
-                path: path.clone(),
-                why: "it is the push socket's own path (--push-socket): give one of them another"
-                    .into(),
-            })
-            .context("the node did not start"));
-        }
         let socket = PushDatagrams::bind(path).context("the node did not start")?;
         ready.serve_push_datagrams(socket);
     }
