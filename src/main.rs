@@ -41,6 +41,7 @@ fn main() {
         Some(Command::Pubkey(a)) => cli::pubkey(a),
         Some(Command::Send(a)) => cli::send::run(a),
         Some(Command::Records(a)) => cli::records::run(a),
+        Some(Command::Senders(a)) => cli::senders::run(a),
         Some(Command::Push(a)) => cli::push::run(a),
         Some(Command::Demo(a)) => cli::demo::run(a),
         Some(Command::Check(a)) => cli::check(a),

@@ -219,6 +219,18 @@ fn a_sender_moving_between_two_nodes_and_racing_on_both_is_stored_exactly_once()
         );
         assert_eq!(v["app"].as_str(), Some("main"), "{v}");
     }
+    // `senders` reads the device's last record from the database too (issue 37: which devices went quiet).
+    let out = Command::new(bin())
+        .args(["senders", "--json", "--store", &url, "--senders"])
+        .arg(&senders)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
+    assert_eq!(v["name"], "dev");
+    assert_eq!(v["stored_through"].as_u64(), Some(count));
+    assert!(v["quiet_s"].as_u64().is_some_and(|q| q < 600), "{v}");
 
     // A second run of the same device, to the other node only, numbers after what the fleet holds.
     let seen = deliver_moving(

@@ -6,6 +6,7 @@ pub mod node;
 pub mod push;
 pub mod records;
 pub mod send;
+pub mod senders;
 
 use std::path::PathBuf;
 
@@ -165,6 +166,17 @@ pub enum Command {
         together); with --from POS (and with --follow), by position, the order the app stored them in, over all\n\
         sources. `--from 1` lists everything in store order.")]
     Records(records::RecordsArgs),
+    /// List the senders with when each last stored a record, the quietest first: which devices went quiet.
+    #[command(after_help = "Examples:\n  \
+        pure-serve senders --state /var/lib/private/pure-serve | head        # the quietest ten, and never-seen\n  \
+        pure-serve senders --quiet-for 6h                                     # no record for six hours or more\n  \
+        pure-serve senders --name kitchen- --json | jq -r .name\n\n\
+        One line per sender of the senders file: its name, when its newest record was stored (UTC) and how long\n\
+        ago, its heard sequence (the last record stored, the largest over the apps), and how many downlink records\n\
+        wait for it. Never-heard-of senders first, then the longest quiet. A count by hour and day goes to\n\
+        standard error. It reads the stores as the node keeps them (or the fleet's database with --store) and\n\
+        writes nothing; docs/operations.md, \"Which devices went quiet\".")]
+    Senders(senders::SendersArgs),
     /// Run a node and simulated senders on loopback in this process, and show what they stored and how fast.
     Demo(demo::DemoArgs),
     /// Check the node's configuration without serving: list every problem, exit non-zero if there is one.

@@ -429,6 +429,15 @@ impl AllowList {
         u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]) as usize
     }
 
+    /// The bytes of sender `index`'s name, unchecked: for comparing many names fast (`pure-serve senders` sorts a
+    /// million of them).
+    pub fn name_bytes(&self, index: SenderIndex) -> &[u8] {
+        let i = index as usize;
+        let start = if i == 0 { 0 } else { self.name_end(i - 1) };
+        let end = self.name_end(i);
+        &self.bytes()[self.names.start + start..self.names.start + end]
+    }
+
     /// The name of sender `index`. A name that is not UTF-8 (only possible in a damaged file) reads as "".
     pub fn name(&self, index: SenderIndex) -> &str {
         let i = index as usize;

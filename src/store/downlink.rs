@@ -502,6 +502,38 @@ impl AppStore {
         self.down_waiting
     }
 
+    /// How many downlink records wait for each sender (not expired at `now_ms`), by sender.
+    pub fn waiting_by_sender(&self, now_ms: i64) -> Result<Vec<(String, u64)>, StoreError> {
+        let sql = |source| StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        };
+        let has_table: bool = self
+            .conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'downlink')",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(sql)?;
+        if !has_table {
+            return Ok(Vec::new());
+        }
+        let mut q = self
+            .conn
+            .prepare(
+                "SELECT sender, COUNT(*) FROM downlink WHERE expires_at IS NULL OR expires_at > ?1
+                 GROUP BY sender ORDER BY sender",
+            )
+            .map_err(sql)?;
+        let rows = q
+            .query_map(params![now_ms], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+            })
+            .map_err(sql)?;
+        rows.collect::<Result<_, _>>().map_err(sql)
+    }
+
     /// Hands `each` the records waiting for a device (of `sender`, if given) that have not expired at `now_ms`, by
     /// sender then sequence, until it returns false (`pure-serve records --waiting`). A store made before downlink
     /// has none.

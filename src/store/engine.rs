@@ -259,6 +259,25 @@ impl AppReader<'_> {
         }
     }
 
+    /// Calls `each(name, heard, last_stored_ms)` for every source of the app, by name (`pure-serve senders`).
+    pub fn for_each_source_seen(
+        &self,
+        each: impl FnMut(&str, u64, i64) -> bool,
+    ) -> Result<(), StoreError> {
+        match &self.0 {
+            AppReading::File(s) => s.for_each_source_seen(each),
+            AppReading::Fleet(r, app) => r.for_each_source_seen(app, each),
+        }
+    }
+
+    /// How many downlink records wait for each sender, not expired at `now_ms`, by sender.
+    pub fn waiting_by_sender(&self, now_ms: i64) -> Result<Vec<(String, u64)>, StoreError> {
+        match &self.0 {
+            AppReading::File(s) => s.waiting_by_sender(now_ms),
+            AppReading::Fleet(r, app) => r.waiting_by_sender(app, now_ms),
+        }
+    }
+
     /// Calls `each` for every record at position ≥ `from` (of one source, if given): ordered by source then
     /// sequence when `from` is 0, else by position (a follower); `each` returns false to stop.
     pub fn for_each(

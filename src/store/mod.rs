@@ -1328,6 +1328,35 @@ impl AppStore {
         self.for_each_record_view(source, 0, |r| each(r.source, r.seq, r.payload))
     }
 
+    /// Calls `each(name, heard, last_stored_ms)` for every source of the app, by name: its heard sequence (the
+    /// last record stored) and when its newest chunk was committed (milliseconds since the Unix epoch; 0 when it
+    /// has none, or was stored by a node before commit times were kept). One index lookup per source (the chunks'
+    /// key is (source, first_seq)); `each` returns false to stop.
+    pub fn for_each_source_seen(
+        &self,
+        mut each: impl FnMut(&str, u64, i64) -> bool,
+    ) -> Result<(), StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT s.name, s.heard,
+                        COALESCE((SELECT c.stored_at FROM chunks c WHERE c.source = s.id
+                                  ORDER BY c.first_seq DESC LIMIT 1), 0)
+                 FROM sources s ORDER BY s.name",
+            )
+            .map_err(self.err())?;
+        let mut rows = stmt.query([]).map_err(self.err())?;
+        while let Some(row) = rows.next().map_err(self.err())? {
+            let name = row.get_ref(0).map_err(self.err())?.as_str().unwrap_or("");
+            let heard: i64 = row.get(1).map_err(self.err())?;
+            let at: i64 = row.get(2).map_err(self.err())?;
+            if !each(name, heard.max(0) as u64, at) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Calls `each` for every stored record at position ≥ `from_pos` (of one source, if given) with all the
     /// store knows of it: ordered by source then sequence when `from_pos` is 0, else by position (a follower).
     pub fn for_each_record_view(

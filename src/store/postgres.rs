@@ -2150,6 +2150,62 @@ impl PgReader {
         }
     }
 
+    /// As [`super::AppStore::for_each_source_seen`]: every source of `app`, by name, with its heard sequence and
+    /// its newest chunk's commit time (0: none), a page at a time.
+    pub fn for_each_source_seen(
+        &self,
+        app: &str,
+        mut each: impl FnMut(&str, u64, i64) -> bool,
+    ) -> Result<(), StoreError> {
+        let id = self.app_id(app)?;
+        let mut after = String::new();
+        loop {
+            let rows = self.wait(
+                "reading the senders' last records",
+                self.client.query(
+                    "SELECT s.name, s.heard, \
+                            COALESCE((SELECT c.stored_at FROM chunks c WHERE c.app = s.app AND c.source = s.id \
+                                      ORDER BY c.first_seq DESC LIMIT 1), 0) \
+                     FROM sources s WHERE s.app = $1 AND s.name > $2 ORDER BY s.name LIMIT $3",
+                    &[&id, &after, &READ_PAGE],
+                ),
+            )?;
+            for row in &rows {
+                let name: String = row.get(0);
+                let heard: i64 = row.get(1);
+                let at: i64 = row.get(2);
+                if !each(&name, heard.max(0) as u64, at) {
+                    return Ok(());
+                }
+                after = name;
+            }
+            if (rows.len() as i64) < READ_PAGE {
+                return Ok(());
+            }
+        }
+    }
+
+    /// As [`super::AppStore::waiting_by_sender`]: how many downlink records wait for each sender of `app`.
+    pub fn waiting_by_sender(
+        &self,
+        app: &str,
+        now_ms: i64,
+    ) -> Result<Vec<(String, u64)>, StoreError> {
+        let id = self.app_id(app)?;
+        let rows = self.wait(
+            "counting waiting downlink records",
+            self.client.query(
+                "SELECT sender, COUNT(*) FROM downlink WHERE app = $1 AND (expires_at IS NULL OR expires_at > $2) \
+                 GROUP BY sender ORDER BY sender",
+                &[&id, &now_ms],
+            ),
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1).max(0) as u64))
+            .collect())
+    }
+
     /// As [`super::AppStore::for_each_record_view`]: every record of `app` at position ≥ `from_pos` (of one source,
     /// if given), by source then sequence when `from_pos` is 0, else by position.
     pub fn for_each_record_view(
