@@ -221,32 +221,13 @@ impl NodeArgs {
     }
 }
 
-/// The first line of the store password file, without its line end.
-pub(crate) fn read_store_password(file: &std::path::Path) -> anyhow::Result<String> {
-    let bytes = crate::files::read(file, &crate::files::STORE_PASSWORD)?;
-    let text = String::from_utf8(bytes).map_err(|_| {
-        anyhow::anyhow!(
-            "store password file {}: its first line is not UTF-8 text; write the password alone on the first line",
-            file.display()
-        )
-    })?;
-    let first = text.lines().next().unwrap_or("").trim_end_matches('\r');
-    if first.is_empty() {
-        anyhow::bail!(
-            "store password file {}: its first line is empty; write the database user's password on it",
-            file.display()
-        );
-    }
-    Ok(first.to_string())
-}
-
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     crate::receive::heap::set_phase(crate::receive::heap::Phase::ReadingSenders);
     let mut settings = args.settings().context("the node did not start")?;
     settings.store_password = match &args.store_password_file {
-        Some(file) if args.store.is_shared() => {
-            Some(read_store_password(file).context("the node did not start")?)
-        }
+        Some(file) if args.store.is_shared() => Some(
+            crate::store::engine::read_store_password(file).context("the node did not start")?,
+        ),
         Some(file) => {
             tracing::warn!(
                 "--store-password-file {} is not read: the node stores in SQLite (give --store postgres://… to \

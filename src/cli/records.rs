@@ -66,7 +66,7 @@ pub fn run(args: &RecordsArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(super::node::default_state_dir);
     let password = match &args.store_password_file {
-        Some(f) if args.store.is_shared() => Some(super::node::read_store_password(f)?),
+        Some(f) if args.store.is_shared() => Some(store::engine::read_store_password(f)?),
         _ => None,
     };
     let reader = StoreReader::open(&args.store, &state, password.as_deref())?;

@@ -292,6 +292,39 @@ pub enum StoreChoiceError {
     PasswordInUrl { given: String },
 }
 
+/// Why `--store-password-file` gave no password. Each is the operator's to fix (a missing or unreadable file is a
+/// [`crate::files::FileError`]).
+#[derive(Debug, Error)]
+pub enum StorePasswordError {
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
+    #[error(
+        "store password file {}: its first line is not UTF-8 text; write the password alone on the first line",
+        path.display()
+    )]
+    NotText { path: PathBuf },
+    #[error(
+        "store password file {}: its first line is empty; write the database user's password on it",
+        path.display()
+    )]
+    Empty { path: PathBuf },
+}
+
+/// The first line of the store password file (`--store-password-file`), without its line end.
+pub fn read_store_password(file: &Path) -> Result<String, StorePasswordError> {
+    let bytes = crate::files::read(file, &crate::files::STORE_PASSWORD)?;
+    let text = String::from_utf8(bytes).map_err(|_| StorePasswordError::NotText {
+        path: file.to_path_buf(),
+    })?;
+    let first = text.lines().next().unwrap_or("").trim_end_matches('\r');
+    if first.is_empty() {
+        return Err(StorePasswordError::Empty {
+            path: file.to_path_buf(),
+        });
+    }
+    Ok(first.to_string())
+}
+
 impl StoreChoice {
     /// Parses `--store`: `sqlite`, or a `postgres://` / `postgresql://` URL without a password.
     pub fn parse(s: &str) -> Result<Self, String> {
@@ -336,6 +369,15 @@ impl StoreChoice {
                 given: shown_briefly(&redact(s)),
             }
             .to_string());
+        }
+        // What PostgreSQL's client would refuse when the node connects is refused here, with the flag's other
+        // mistakes (its words name an option at most, never the value).
+        if let Err(e) = <tokio_postgres::Config as std::str::FromStr>::from_str(s) {
+            return Err(format!(
+                "--store {:?} is not a PostgreSQL URL ({e}): give postgres://USER@HOST[:PORT]/DATABASE, with \
+                 ?host=/run/postgresql for a unix socket (docs/scale-out.md)",
+                shown_briefly(s)
+            ));
         }
         Ok(StoreChoice::Postgres(s.to_string()))
     }
@@ -453,5 +495,11 @@ mod tests {
         assert!(e.len() < 200, "{e}");
         let e = StoreChoice::parse("mysql://x").unwrap_err();
         assert!(e.contains("sqlite"), "{e}");
+        // What the client would refuse at the first connection is refused by the flag.
+        let e = StoreChoice::parse("postgres://pure@db/fleet?sslmode=sometimes").unwrap_err();
+        assert!(
+            e.contains("sslmode") && e.contains("is not a PostgreSQL URL"),
+            "{e}"
+        );
     }
 }

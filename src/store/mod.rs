@@ -218,6 +218,17 @@ pub enum StoreError {
     },
     #[error("the fleet's database {url} is refused: {why}")]
     DatabaseRefused { url: String, why: String },
+    /// What about the fleet's database its operator must change: a login refused, a database that is not there, no
+    /// right to make the tables, tables of a newer layout, `synchronous_commit` off, a URL it cannot take. Trying
+    /// again cannot help ([`StoreError::is_configuration`]).
+    #[error("the fleet's database {url}, {doing}: {what}: {}", fault.fix())]
+    DatabaseMisconfigured {
+        url: String,
+        doing: &'static str,
+        fault: postgres::DatabaseFault,
+        /// What the database (or the client) said, in its words.
+        what: String,
+    },
     #[error("the thread of the fleet's database {url} (pure-store) has stopped: restart the node")]
     StoreThreadGone { url: String },
     #[error("no store for app {app} in {dir} (stores there: {known})")]
@@ -1547,6 +1558,14 @@ impl StoreError {
             ),
             _ => false,
         }
+    }
+
+    /// Whether the operator must change something before the store can work: a store of a newer layout, a file that
+    /// is not a database ([`StoreError::is_fatal_at_open`]), or a fleet's database that refuses this node's
+    /// configuration ([`StoreError::DatabaseMisconfigured`]). A process stopped by one exits with EX_CONFIG, which
+    /// systemd does not restart (docs/operations.md); a database that is down or unreachable is not one.
+    pub fn is_configuration(&self) -> bool {
+        self.is_fatal_at_open() || matches!(self, StoreError::DatabaseMisconfigured { .. })
     }
 
     /// Whether this error is about the store's configuration or contents (a layout from a newer pure-serve, a file

@@ -150,6 +150,108 @@ const DOWN_CHANNEL: &str = "pure_downlink";
 /// How a new `chunks` table keeps its bodies (docs/scale-out.md, "The schema").
 const CHUNK_BODIES: &str = "ALTER TABLE chunks ALTER COLUMN body SET STORAGE EXTERNAL";
 
+/// What the operator of a fleet's database must change before a node or a tool can use it
+/// ([`StoreError::DatabaseMisconfigured`]): starting again cannot help, so a node stopped by one exits with EX_CONFIG
+/// and systemd does not restart it (docs/operations.md, "What the node tells systemd").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatabaseFault {
+    /// The login was refused: a wrong password, a user that does not exist, or no line of the server's
+    /// `pg_hba.conf` lets it in (SQLSTATE class 28).
+    Login,
+    /// The server asks for a password and none was given.
+    NoPassword,
+    /// The database the URL names is not there (SQLSTATE 3D000).
+    NoDatabase,
+    /// The user may not do what the node needs: make the tables at the first start, read and write them after
+    /// (SQLSTATE 42501).
+    NoPermission,
+    /// The tables were made by a newer pure-serve (`pure_layout.version` above [`LAYOUT_VERSION`]).
+    NewerLayout,
+    /// `synchronous_commit` is off: a COMMIT that returned may be lost in a crash of the database.
+    Asynchronous,
+    /// The URL is not one PostgreSQL's client takes.
+    Url,
+}
+
+impl DatabaseFault {
+    /// What to do about it, said once, naming the flag.
+    pub fn fix(self) -> &'static str {
+        match self {
+            DatabaseFault::Login => {
+                "check the user in --store and the password in --store-password-file, and that the server's \
+                 pg_hba.conf lets that user in from this host"
+            }
+            DatabaseFault::NoPassword => {
+                "write the database user's password on the first line of a file (mode 0600) and name it with \
+                 --store-password-file"
+            }
+            DatabaseFault::NoDatabase => {
+                "create it (as a superuser: createdb -O USER DATABASE), or name an existing one in --store"
+            }
+            DatabaseFault::NoPermission => {
+                "the user must be allowed to make the tables at the first start (on PostgreSQL 15 and later: GRANT \
+                 CREATE ON SCHEMA public TO USER, in that database as its owner) and to read and write them after \
+                 (docs/scale-out.md)"
+            }
+            DatabaseFault::NewerLayout => {
+                "run the newer pure-serve that made them, or name another database in --store"
+            }
+            DatabaseFault::Asynchronous => {
+                "set synchronous_commit = on (the default) for the node's user: ALTER ROLE USER SET \
+                 synchronous_commit = on"
+            }
+            DatabaseFault::Url => {
+                "give --store as postgres://USER@HOST[:PORT]/DATABASE (docs/scale-out.md)"
+            }
+        }
+    }
+}
+
+/// The fault of the operator's that `e` shows, if it shows one, with what the database (or the client) said.
+fn fault_of(e: &tokio_postgres::Error) -> Option<(DatabaseFault, String)> {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        let fault = if code.starts_with("28") {
+            DatabaseFault::Login
+        } else if *db.code() == SqlState::INVALID_CATALOG_NAME {
+            DatabaseFault::NoDatabase
+        } else if *db.code() == SqlState::INSUFFICIENT_PRIVILEGE {
+            DatabaseFault::NoPermission
+        } else {
+            return None;
+        };
+        return Some((fault, db.message().to_string()));
+    }
+    // The client's own refusal to go on without a password the server asked for (tokio-postgres has no kind for
+    // it but its words).
+    let cause = std::error::Error::source(e)?.to_string();
+    (cause == "password missing").then(|| {
+        (
+            DatabaseFault::NoPassword,
+            "the server asks for a password and none was given".to_string(),
+        )
+    })
+}
+
+/// `source` as a [`StoreError`]: [`StoreError::DatabaseMisconfigured`] if it shows a fault of the operator's, else
+/// what `otherwise` makes of it.
+fn classified(
+    url: &str,
+    doing: &'static str,
+    source: tokio_postgres::Error,
+    otherwise: impl FnOnce(String, &'static str, tokio_postgres::Error) -> StoreError,
+) -> StoreError {
+    match fault_of(&source) {
+        Some((fault, what)) => StoreError::DatabaseMisconfigured {
+            url: url.to_string(),
+            doing,
+            fault,
+            what,
+        },
+        None => otherwise(url.to_string(), doing, source),
+    }
+}
+
 /// Where the database is, for connections and for messages (without a password).
 #[derive(Clone)]
 struct Target {
@@ -207,12 +309,14 @@ fn config_of(
     password: Option<&str>,
     application: &str,
 ) -> Result<tokio_postgres::Config, StoreError> {
-    let mut config =
-        tokio_postgres::Config::from_str(url).map_err(|source| StoreError::Database {
+    let mut config = tokio_postgres::Config::from_str(url).map_err(|source| {
+        StoreError::DatabaseMisconfigured {
             url: url.to_string(),
             doing: "reading the URL",
-            source,
-        })?;
+            fault: DatabaseFault::Url,
+            what: source.to_string(),
+        }
+    })?;
     if let Some(p) = password {
         config.password(p);
     }
@@ -224,10 +328,10 @@ fn db_err<'a>(
     target: &'a Target,
     doing: &'static str,
 ) -> impl Fn(tokio_postgres::Error) -> StoreError + 'a {
-    move |source| StoreError::Database {
-        url: target.shown.clone(),
-        doing,
-        source,
+    move |source| {
+        classified(&target.shown, doing, source, |url, doing, source| {
+            StoreError::Database { url, doing, source }
+        })
     }
 }
 
@@ -910,6 +1014,28 @@ fn refused_too_often(target: &Target, what: &str, so: &str) -> StoreError {
     }
 }
 
+/// Refuses tables whose `pure_layout` says a newer pure-serve made them.
+async fn check_layout(client: &Client, t: &Target) -> Result<(), StoreError> {
+    let doing = "reading the layout's version";
+    let found: Option<i32> = client
+        .query_one("SELECT max(version) FROM pure_layout", &[])
+        .await
+        .map_err(db_err(t, doing))?
+        .get(0);
+    match found {
+        Some(found) if found > LAYOUT_VERSION => Err(StoreError::DatabaseMisconfigured {
+            url: t.shown.clone(),
+            doing,
+            fault: DatabaseFault::NewerLayout,
+            what: format!(
+                "its tables have layout {found}, this pure-serve knows layouts up to {LAYOUT_VERSION}: they were \
+                 made by a newer pure-serve"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Makes a connection: the settings checked, the tables made if they are not there, the apps registered, every
 /// statement prepared. Bounded as a whole by twice [`NET_TIMEOUT`], whatever the network does.
 async fn make_conn(
@@ -963,13 +1089,23 @@ async fn make_conn_within(
         .map_err(db_err(t, "reading synchronous_commit"))?
         .get(0);
     if sync == "off" {
-        return Err(StoreError::DatabaseRefused {
+        return Err(StoreError::DatabaseMisconfigured {
             url: t.shown.clone(),
-            why: "its synchronous_commit is off, so a COMMIT that returned may still be lost in a crash of the \
-                  database, and \"stored\" would not mean stored: set synchronous_commit = on (the default) for \
-                  the node's user (ALTER ROLE … SET synchronous_commit = on)"
+            doing: "reading synchronous_commit",
+            fault: DatabaseFault::Asynchronous,
+            what: "it is off, so a COMMIT that returned may still be lost in a crash of the database, and \
+                   \"stored\" would not mean stored"
                 .into(),
         });
+    }
+    // Tables of a newer layout are refused before anything is made beside them.
+    let layout_there: bool = client
+        .query_one("SELECT to_regclass('pure_layout') IS NOT NULL", &[])
+        .await
+        .map_err(db_err(t, "looking for the tables"))?
+        .get(0);
+    if layout_there {
+        check_layout(&client, t).await?;
     }
     let new_tables: bool = client
         .query_one("SELECT to_regclass('chunks') IS NULL", &[])
@@ -1007,20 +1143,7 @@ async fn make_conn_within(
         ))
         .await
         .map_err(db_err(t, "writing the layout's version"))?;
-    let found: i32 = client
-        .query_one("SELECT max(version) FROM pure_layout", &[])
-        .await
-        .map_err(db_err(t, "reading the layout's version"))?
-        .get(0);
-    if found > LAYOUT_VERSION {
-        return Err(StoreError::DatabaseRefused {
-            url: t.shown.clone(),
-            why: format!(
-                "its tables have layout {found}, this pure-serve knows layouts up to {LAYOUT_VERSION}: they were \
-                 made by a newer pure-serve; run that one"
-            ),
-        });
-    }
+    check_layout(&client, t).await?;
     let mut app_ids = Vec::new();
     register_apps(&client, t, apps, &mut app_ids).await?;
     client
@@ -2012,11 +2135,12 @@ impl PgReader {
         };
         match client {
             Ok(client) => Ok(reader(rt, client)),
-            Err(source) => Err(StoreError::DatabaseRead {
-                url: target.shown.clone(),
-                doing: "connecting",
+            Err(source) => Err(classified(
+                &target.shown,
+                "connecting",
                 source,
-            }),
+                |url, doing, source| StoreError::DatabaseRead { url, doing, source },
+            )),
         }
     }
 
@@ -2049,10 +2173,10 @@ impl PgReader {
     }
 
     fn err(&self, doing: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
-        move |source| StoreError::DatabaseRead {
-            url: self.shown.clone(),
-            doing,
-            source,
+        move |source| {
+            classified(&self.shown, doing, source, |url, doing, source| {
+                StoreError::DatabaseRead { url, doing, source }
+            })
         }
     }
 

@@ -163,6 +163,24 @@ impl PgCluster {
         );
     }
 
+    /// Puts `line` first in the server's `pg_hba.conf` (so it wins over initdb's `trust` lines) and starts the server
+    /// again to read it (a restart, which waits, rather than a reload, which does not say when it took effect).
+    pub fn hba_first(&self, line: &str) {
+        let path = self.data().join("pg_hba.conf");
+        let old = std::fs::read_to_string(&path).expect("pg_hba.conf");
+        std::fs::write(&path, format!("{line}\n{old}")).expect("write pg_hba.conf");
+        self.kill();
+        self.start_server();
+    }
+
+    /// The cluster as `--store` names it, as `user` on `database`.
+    pub fn url_as(&self, user: &str, database: &str) -> String {
+        format!(
+            "postgresql://{user}@localhost/{database}?host={}",
+            self.socket_dir().display()
+        )
+    }
+
     fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
