@@ -59,7 +59,7 @@ fn main() {
         Some(Command::Check(a)) => cli::check(a),
     };
     if let Err(e) = result {
-        let text = format!("pure-serve: {}\n", one_line(&e));
+        let text = format!("pure-serve: {}\n", cli::one_line(&e));
         if journal {
             eprint!("{}", journal::with_priority(&tracing::Level::ERROR, &text));
         } else {
@@ -73,24 +73,4 @@ fn main() {
         };
         std::process::exit(status);
     }
-}
-
-/// The error and its causes, each said once: a cause whose words the message already holds (an OS error that a
-/// layer above already quoted, SQLite's code behind its own message) is left out.
-fn one_line(e: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in e.chain() {
-        if cause.is::<rusqlite::ffi::Error>() {
-            continue;
-        }
-        let words = cause.to_string();
-        if text.contains(&words) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&words);
-    }
-    text
 }

@@ -395,3 +395,24 @@ pub fn usage_exit_status(e: &clap::Error, args: &[std::ffi::OsString]) -> i32 {
         .map_or(true, |m| m.subcommand_name().is_none());
     if node { EXIT_CONFIG } else { e.exit_code() }
 }
+
+/// The error and its causes, each said once: a cause whose words the message already holds (an OS error that a
+/// layer above already quoted, SQLite's code behind its own message, the client's "db error" before the database's
+/// own words) is left out.
+pub fn one_line(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        if cause.is::<rusqlite::ffi::Error>() {
+            continue;
+        }
+        let words = cause.to_string();
+        if text.contains(&words) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&words);
+    }
+    text
+}

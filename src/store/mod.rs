@@ -216,6 +216,18 @@ pub enum StoreError {
         doing: &'static str,
         source: tokio_postgres::Error,
     },
+    /// A wait on the fleet's database that got no answer a PostgreSQL server would give in time: nothing there
+    /// answers, or what answers is not PostgreSQL.
+    #[error(
+        "the fleet's database {url}, {doing}: no answer as PostgreSQL within {} s (check --store: is it the address \
+         of a PostgreSQL server that runs, and does the network reach it?)",
+        within.as_secs()
+    )]
+    DatabaseSilent {
+        url: String,
+        doing: &'static str,
+        within: std::time::Duration,
+    },
     #[error("the fleet's database {url} is refused: {why}")]
     DatabaseRefused { url: String, why: String },
     /// What about the fleet's database its operator must change: a login refused, a database that is not there, no
@@ -1566,6 +1578,25 @@ impl StoreError {
     /// systemd does not restart (docs/operations.md); a database that is down or unreachable is not one.
     pub fn is_configuration(&self) -> bool {
         self.is_fatal_at_open() || matches!(self, StoreError::DatabaseMisconfigured { .. })
+    }
+
+    /// Whether this failure of a fleet's database may pass by itself: the database down, restarting or out of
+    /// connections, the network to it silent, or the connection lost (SQLSTATE classes 08, 53 and 57, or the
+    /// client's own errors, which carry none). A tool that follows the database (`records --follow`) connects again
+    /// after one; a fault of the configuration, or a statement the database refused, is not one.
+    pub fn may_pass(&self) -> bool {
+        match self {
+            StoreError::DatabaseDown { .. }
+            | StoreError::DatabaseSilent { .. }
+            | StoreError::StoreThreadGone { .. } => true,
+            StoreError::Database { source, .. } | StoreError::DatabaseRead { source, .. } => {
+                match source.code() {
+                    None => true,
+                    Some(code) => matches!(&code.code()[..2], "08" | "53" | "57"),
+                }
+            }
+            _ => false,
+        }
     }
 
     /// Whether this error is about the store's configuration or contents (a layout from a newer pure-serve, a file

@@ -71,6 +71,12 @@ const TRIES_AT_ONCE: usize = 24;
 /// bytes to be acknowledged (TCP_USER_TIMEOUT), and idle before keepalives start.
 pub const NET_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a tool (`records --store`) waits for any one answer of the database — a connection made and set up,
+/// a page of records — before it gives up, naming --store: a server that takes the connection and says nothing,
+/// or answers what is not PostgreSQL, would otherwise hold it for ever (the node bounds its own waits by
+/// [`NET_TIMEOUT`] and its leases).
+pub const TOOL_WAIT: Duration = Duration::from_secs(10);
+
 /// A session of a node that stays in a transaction without sending (cut off between a turn's two waits) is ended by
 /// the database after this, so that its row locks do not stop the other nodes' turns on its senders for longer.
 pub const IDLE_IN_TRANSACTION: &str = "5s";
@@ -1046,12 +1052,10 @@ async fn make_conn(
 ) -> Result<Conn, StoreError> {
     match tokio::time::timeout(2 * NET_TIMEOUT, make_conn_within(t, apps, lost, heard)).await {
         Ok(made) => made,
-        Err(_) => Err(StoreError::DatabaseDown {
+        Err(_) => Err(StoreError::DatabaseSilent {
             url: t.shown.clone(),
-            why: format!(
-                "connecting took more than {} s",
-                (2 * NET_TIMEOUT).as_secs()
-            ),
+            doing: "connecting",
+            within: 2 * NET_TIMEOUT,
         }),
     }
 }
@@ -2075,6 +2079,8 @@ pub struct PgReader {
     /// When set, every wait ends by then, answered or not (the outbox's reads, which must end before the leases
     /// they feed for run out: src/apps/host/outbox.rs).
     deadline: std::cell::Cell<Option<tokio::time::Instant>>,
+    /// When set, each wait ends after this, answered or not ([`TOOL_WAIT`], for the tools).
+    each_wait: Option<Duration>,
 }
 
 /// Chunk rows fetched per query by [`PgReader::for_each_record_view`].
@@ -2085,21 +2091,34 @@ const READ_PAGE: i64 = 512;
 const FEED_PAGE: i64 = 32;
 
 impl PgReader {
-    /// Connects to the database at `url` (docs/scale-out.md); tables need not be there yet.
+    /// Connects to the database at `url` (docs/scale-out.md) for a tool; tables need not be there yet. Every wait
+    /// of the reader, the connection's included, gives up after [`TOOL_WAIT`].
     pub fn open(url: &str, password: Option<&str>) -> Result<Self, StoreError> {
         let mut config = config_of(url, password, "pure-serve records")?;
-        config.connect_timeout(NET_TIMEOUT);
+        config
+            .connect_timeout(NET_TIMEOUT)
+            .tcp_user_timeout(NET_TIMEOUT)
+            .keepalives(true)
+            .keepalives_idle(NET_TIMEOUT)
+            .keepalives_interval(Duration::from_secs(1))
+            .keepalives_retries(3);
         Self::connect(
             Target {
                 config,
                 shown: url.to_string(),
             },
             None,
+            Some(TOOL_WAIT),
         )
     }
 
-    /// Connects to `target`, giving up at `deadline` if one is given.
-    fn connect(target: Target, deadline: Option<tokio::time::Instant>) -> Result<Self, StoreError> {
+    /// Connects to `target`, giving up at `deadline` if one is given, and each wait after `each_wait` if given
+    /// (the connection, made and set up, is one wait).
+    fn connect(
+        target: Target,
+        deadline: Option<tokio::time::Instant>,
+        each_wait: Option<Duration>,
+    ) -> Result<Self, StoreError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -2109,6 +2128,7 @@ impl PgReader {
             client,
             shown: target.shown.clone(),
             deadline: std::cell::Cell::new(deadline),
+            each_wait,
         };
         let connecting = async {
             let (client, connection) = target.config.connect(NoTls).await?;
@@ -2119,17 +2139,13 @@ impl PgReader {
             client.batch_execute(PLANS).await?;
             Ok(client)
         };
-        let client = match deadline {
+        let (at, silent) = wait_until(deadline, each_wait);
+        let client = match at {
             None => rt.block_on(connecting),
             Some(at) => {
                 match rt.block_on(async { tokio::time::timeout_at(at, connecting).await }) {
                     Ok(r) => r,
-                    Err(_) => {
-                        return Err(StoreError::DatabaseDown {
-                            url: target.shown.clone(),
-                            why: "connecting: no answer in time".into(),
-                        });
-                    }
+                    Err(_) => return Err(silent.ran_out(&target.shown, "connecting")),
                 }
             }
         };
@@ -2151,15 +2167,12 @@ impl PgReader {
         doing: &'static str,
         f: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<Result<T, tokio_postgres::Error>, StoreError> {
-        match self.deadline.get() {
-            None => Ok(self.rt.block_on(f)),
-            Some(at) => self
+        match wait_until(self.deadline.get(), self.each_wait) {
+            (None, _) => Ok(self.rt.block_on(f)),
+            (Some(at), bound) => self
                 .rt
                 .block_on(async { tokio::time::timeout_at(at, f).await })
-                .map_err(|_| StoreError::DatabaseDown {
-                    url: self.shown.clone(),
-                    why: format!("{doing}: no answer in time"),
-                }),
+                .map_err(|_| bound.ran_out(&self.shown, doing)),
         }
     }
 
@@ -2370,29 +2383,29 @@ impl PgReader {
         let mut after_name = String::new();
         let mut first_page = true;
         loop {
-            let sources = self
-                .rt
-                .block_on(self.client.query(
+            let sources = self.wait(
+                "reading sources",
+                self.client.query(
                     "SELECT id, name FROM sources \
                      WHERE app = $1 AND ($2::text IS NULL OR name = $2) AND (name > $3 OR $4) \
                      ORDER BY name LIMIT $5",
                     &[&id, &source, &after_name, &first_page, &READ_PAGE],
-                ))
-                .map_err(self.err("reading sources"))?;
+                ),
+            )?;
             first_page = false;
             for s in &sources {
                 let (sid, name): (i64, String) = (s.get(0), s.get(1));
                 let mut after_first = -1i64;
                 loop {
-                    let rows = self
-                        .rt
-                        .block_on(self.client.query(
+                    let rows = self.wait(
+                        "reading records",
+                        self.client.query(
                             "SELECT c.first_seq, c.count, c.body, c.pos, c.stored_at, c.format FROM chunks c \
                              WHERE c.app = $1 AND c.source = $2 AND c.first_seq > $3 \
                              ORDER BY c.first_seq LIMIT $4",
                             &[&id, &sid, &after_first, &READ_PAGE],
-                        ))
-                        .map_err(self.err("reading records"))?;
+                        ),
+                    )?;
                     for row in &rows {
                         let chunk = chunk_row(&name, row, 0);
                         if !chunk.each_record(store, 0, each)? {
@@ -2410,6 +2423,47 @@ impl PgReader {
                 return Ok(());
             }
         }
+    }
+}
+
+/// Which bound ends a reader's wait first: the reader's deadline (the outbox's leases) or its bound per wait (a
+/// tool's).
+#[derive(Clone, Copy)]
+enum Bound {
+    Deadline,
+    EachWait(Duration),
+}
+
+impl Bound {
+    /// The error of a wait `doing` that this bound ended.
+    fn ran_out(self, url: &str, doing: &'static str) -> StoreError {
+        match self {
+            Bound::Deadline => StoreError::DatabaseDown {
+                url: url.to_string(),
+                why: format!("{doing}: no answer in time"),
+            },
+            Bound::EachWait(within) => StoreError::DatabaseSilent {
+                url: url.to_string(),
+                doing,
+                within,
+            },
+        }
+    }
+}
+
+/// When a wait that starts now must end (if ever), and which bound says so.
+fn wait_until(
+    deadline: Option<tokio::time::Instant>,
+    each_wait: Option<Duration>,
+) -> (Option<tokio::time::Instant>, Bound) {
+    let each = each_wait.map(|d| (tokio::time::Instant::now() + d, Bound::EachWait(d)));
+    match (deadline.map(|at| (at, Bound::Deadline)), each) {
+        (Some(a), Some(b)) => {
+            let first = if a.0 <= b.0 { a } else { b };
+            (Some(first.0), first.1)
+        }
+        (Some((at, b)), None) | (None, Some((at, b))) => (Some(at), b),
+        (None, None) => (None, Bound::Deadline),
     }
 }
 

@@ -106,7 +106,7 @@ impl LeaseConn {
             config,
             shown: url.to_string(),
         };
-        let reader = PgReader::connect(target, Some(tokio::time::Instant::now() + within))?;
+        let reader = PgReader::connect(target, Some(tokio::time::Instant::now() + within), None)?;
         let p = |sql: &'static str| {
             reader.wait("preparing a lease statement", reader.client.prepare(sql))
         };
