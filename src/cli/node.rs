@@ -36,7 +36,9 @@ pub struct NodeArgs {
     pub state: Option<PathBuf>,
     /// Where records and heard sequences are stored: `sqlite` (one SQLite file per app in the state directory), or
     /// the PostgreSQL that several nodes of one fleet share, as a URL `postgres://USER@HOST[:PORT]/DATABASE`
-    /// (docs/scale-out.md). A password in the URL is refused: give it in --store-password-file. On PostgreSQL the
+    /// (docs/scale-out.md); for a database that fails over, every server's address,
+    /// `postgres://USER@HOST1:PORT1,HOST2:PORT2/DATABASE`: the node writes only to the one that takes writes, the
+    /// primary. A password in the URL is refused: give it in --store-password-file. On PostgreSQL the
     /// node stores links' records exactly once across the fleet's nodes, each outlet is driven by one node at a
     /// time (a lease in the database), and downlink records pushed on any node reach their device on any node.
     #[arg(long, value_name = "URL", default_value = "sqlite",

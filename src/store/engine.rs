@@ -370,6 +370,19 @@ impl StoreChoice {
             }
             .to_string());
         }
+        // Several hosts go in the URL's own host part: the client here takes `host=A,B` as one name.
+        if let Some((_, query)) = s.split_once('?')
+            && query
+                .split('&')
+                .any(|kv| kv.strip_prefix("host=").is_some_and(|v| v.contains(',')))
+        {
+            return Err(
+                "--store's host= parameter names several hosts, which this PostgreSQL client takes as one name: \
+                 name each in the URL itself, postgres://USER@HOST1:PORT1,HOST2:PORT2/DATABASE?target_session_attrs=read-write \
+                 (docs/scale-out.md, \"A database that fails over\")"
+                    .to_string(),
+            );
+        }
         // What PostgreSQL's client would refuse when the node connects is refused here, with the flag's other
         // mistakes (its words name an option at most, never the value).
         if let Err(e) = <tokio_postgres::Config as std::str::FromStr>::from_str(s) {
@@ -495,6 +508,15 @@ mod tests {
         assert!(e.len() < 200, "{e}");
         let e = StoreChoice::parse("mysql://x").unwrap_err();
         assert!(e.contains("sqlite"), "{e}");
+        // Several hosts, as the client takes them, and as it does not.
+        assert!(
+            StoreChoice::parse(
+                "postgres://pure@db1:5432,db2:5432/fleet?target_session_attrs=read-write"
+            )
+            .is_ok()
+        );
+        let e = StoreChoice::parse("postgres://pure@/fleet?host=/a,/b").unwrap_err();
+        assert!(e.contains("HOST1:PORT1,HOST2:PORT2"), "{e}");
         // What the client would refuse at the first connection is refused by the flag.
         let e = StoreChoice::parse("postgres://pure@db/fleet?sslmode=sometimes").unwrap_err();
         assert!(

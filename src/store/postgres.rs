@@ -309,6 +309,29 @@ pub struct PostgresTurns {
     thread: Option<JoinHandle<()>>,
 }
 
+/// The connection settings of a node's own connections (its turns, its outbox): as [`config_of`], and only ever to
+/// a server that takes writes. Of several hosts in the URL (`postgres://USER@H1,H2/DB`, docs/scale-out.md,
+/// "A database that fails over") each connection tries them in order and keeps the first whose
+/// `transaction_read_only` is off: the primary, never a standby. A server that accepts no writes after all (a
+/// standby reached otherwise, a primary fenced read-only) refuses every write, and the connection is then made
+/// again ([`Worker::until_done`]): nothing is acked through it.
+fn writer_config_of(
+    url: &str,
+    password: Option<&str>,
+    application: &str,
+) -> Result<tokio_postgres::Config, StoreError> {
+    let mut config = config_of(url, password, application)?;
+    config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+    Ok(config)
+}
+
+/// Whether `e` is the refusal of a write by a server that takes none (SQLSTATE 25006): a standby, or a primary
+/// made read-only.
+fn write_refused(e: &StoreError) -> bool {
+    matches!(e, StoreError::Database { source, .. }
+        if source.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION))
+}
+
 /// The connection settings `url` names, with the password from its file and the name the database shows for it.
 fn config_of(
     url: &str,
@@ -346,7 +369,7 @@ impl PostgresTurns {
     /// there, registers `apps` (app index = place in the list), and starts the store thread. The first connection
     /// is made here, so that a wrong address or a refused login stops the start with its reason.
     pub fn open(url: &str, password: Option<&str>, apps: &[String]) -> Result<Self, StoreError> {
-        let mut config = config_of(url, password, "pure-serve")?;
+        let mut config = writer_config_of(url, password, "pure-serve")?;
         // A database cut off by a firewall that drops packets must fail the turns in hand within seconds, not after
         // the kernel's 15 minutes of retransmissions: nothing is acked meanwhile, and the node says so once they
         // fail (docs/scale-out.md, "When the database is unreachable").
@@ -991,10 +1014,23 @@ impl Worker {
                         return Err((refused_too_often(&target, what, then), false));
                     }
                 }
-                Err(Refused::Failed(e)) => return Err((e, false)),
-                Err(Refused::Unknown(e)) => return Err((e, true)),
+                Err(Refused::Failed(e)) => return Err(self.unless_read_only(e, false)),
+                Err(Refused::Unknown(e)) => return Err(self.unless_read_only(e, true)),
             }
         }
+    }
+
+    /// A part's failure `e`, passed on; if it is a write refused by a server that takes none, the connection is
+    /// given up first, so that the next is made to the server of the URL that takes writes (a failover).
+    fn unless_read_only(&mut self, e: StoreError, maybe: bool) -> (StoreError, bool) {
+        if write_refused(&e) && self.conn.take().is_some() {
+            tracing::warn!(
+                "the fleet's database {} takes no writes on this connection (a standby, or a primary made read-only): \
+                 nothing is acknowledged through it; connecting again to the one that takes writes",
+                self.target.shown
+            );
+        }
+        (e, maybe)
     }
 }
 
@@ -1018,6 +1054,56 @@ fn refused_too_often(target: &Target, what: &str, so: &str) -> StoreError {
             "it refused {what} {RETRIES} times in a row (serialization failures or deadlocks), so {so}"
         ),
     }
+}
+
+/// How many hosts the URL names, in its authority (`USER@H1:P1,H2:P2`) or its `host=` parameter (`?host=/a,/b`). Not
+/// the client's count: it keeps the authority's `localhost` beside a `host=` directory, where libpq takes the
+/// directory alone.
+fn hosts_named(url: &str) -> usize {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let authority = before_query.split('/').next().unwrap_or("");
+    let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let in_authority = if hosts.is_empty() {
+        0
+    } else {
+        hosts.split(',').count()
+    };
+    let in_query = query
+        .split('&')
+        .filter_map(|kv| kv.strip_prefix("host="))
+        .map(|v| v.split(',').count())
+        .max()
+        .unwrap_or(0);
+    in_authority.max(in_query)
+}
+
+/// Said once a process: a URL of several hosts is a database meant to fail over, and if its commits do not wait
+/// for a standby, a promoted standby may lack what was acknowledged last (docs/scale-out.md, "A database that fails
+/// over").
+async fn warn_if_asynchronous(client: &Client, t: &Target, sync: &str) -> Result<(), StoreError> {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let standbys: String = client
+        .query_one("SHOW synchronous_standby_names", &[])
+        .await
+        .map_err(db_err(t, "reading synchronous_standby_names"))?
+        .get(0);
+    let why = if standbys.trim().is_empty() {
+        "its synchronous_standby_names is empty"
+    } else if sync == "local" {
+        "its synchronous_commit is local for this user"
+    } else {
+        return Ok(());
+    };
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "the fleet's database {} names several hosts, but {why}, so a commit does not wait for a standby: if the \
+             primary is lost and a standby promoted, the records acknowledged in the last moments before may be lost \
+             (docs/scale-out.md, \"A database that fails over\")",
+            t.shown
+        );
+    }
+    Ok(())
 }
 
 /// Refuses tables whose `pure_layout` says a newer pure-serve made them.
@@ -1101,6 +1187,9 @@ async fn make_conn_within(
                    \"stored\" would not mean stored"
                 .into(),
         });
+    }
+    if hosts_named(&t.shown) > 1 {
+        warn_if_asynchronous(&client, t, &sync).await?;
     }
     // Tables of a newer layout are refused before anything is made beside them.
     let layout_there: bool = client
@@ -2477,5 +2566,30 @@ fn chunk_row<'a>(name: &'a str, row: &'a tokio_postgres::Row, at: usize) -> supe
         pos: row.get::<_, i64>(at + 3) as u64,
         stored_at_ms: row.get(at + 4),
         forwarded: row.get::<_, i16>(at + 5) == RecordFormat::Forwarded as i16,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_named_counts_the_authority_or_the_host_parameter_as_libpq_does() {
+        assert_eq!(hosts_named("postgres://pure@db/fleet"), 1);
+        assert_eq!(
+            hosts_named("postgres://pure@db1:5432,db2:5433/fleet?target_session_attrs=read-write"),
+            2
+        );
+        // A directory given by `host=` replaces the authority's host, as in libpq.
+        assert_eq!(
+            hosts_named("postgresql://postgres@localhost/postgres?host=/run/postgresql"),
+            1
+        );
+        assert_eq!(
+            hosts_named(
+                "postgresql://postgres@/postgres?host=/a,/b&target_session_attrs=read-write"
+            ),
+            2
+        );
     }
 }
