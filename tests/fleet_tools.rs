@@ -1,6 +1,8 @@
-//! The fleet's tools survive its database (issue 36, item 2). `records --store` against a server that takes the
-//! connection and says nothing, or answers what is not PostgreSQL, gives up with a message naming --store rather
-//! than hanging for ever, and so does a node starting against one. `records --follow --store` lives through a
+//! The fleet's tools and nodes survive its database (issue 36, item 2). `records --store` against a server that
+//! takes the connection and says nothing, or answers what is not PostgreSQL, gives up with a message naming --store
+//! rather than hanging for ever, and so does a node starting against one; a node whose database backend stops
+//! answering mid-flow (SIGSTOP: its kernel still acknowledges every byte, so no TCP timeout sees it) gives the
+//! connection up, acks nothing of the turn, and stores again on a new one. `records --follow --store` lives through a
 //! restart of PostgreSQL (killed as a crash would, mid-flow): it says so on standard error, connects again, and goes
 //! on after the last position it printed, every record printed once, in position order. Real processes against a
 //! PostgreSQL cluster made by the test (`pg_util`; skipped without PostgreSQL unless `PURE_REQUIRE_POSTGRES=1`, as
@@ -277,4 +279,93 @@ fn records_follow_lives_through_a_database_restart_and_prints_every_record_once_
         err.contains("pure-serve records: connected again to "),
         "{err}"
     );
+}
+
+/// The database's processes serving connections named `application` (pg_stat_activity).
+fn backends_of(cluster: &pg_util::PgCluster, application: &str) -> Vec<i32> {
+    pg_util::sql(&cluster.conninfo(), async |client| {
+        client
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+                &[&application],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    })
+}
+
+/// A process stopped with SIGSTOP, continued when dropped (so that its cluster can stop, whatever the test found).
+struct Stopped(i32);
+
+impl Stopped {
+    fn new(pid: i32) -> Self {
+        // SAFETY: kill(2) of the test's own cluster's backend, by the pid the cluster gave.
+        assert_eq!(
+            unsafe { libc::kill(pid, libc::SIGSTOP) },
+            0,
+            "SIGSTOP {pid}"
+        );
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as in `new`.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+#[test]
+fn a_node_whose_database_backend_stops_answering_gives_it_up_acks_nothing_of_it_and_stores_again() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "a_node_whose_database_backend_stops_answering_gives_it_up_acks_nothing_of_it_and_stores_again",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, node_public, device_key, senders) = keys_with_public(dir.path());
+    let node = start_node(dir.path(), "a", &cluster.url(), &node_key, &senders, &[]);
+    send_all(None, &device_key, &node_public, node.link, 100);
+
+    // The backend of the node's connection stops, as a hung server would: its kernel goes on taking the bytes.
+    let stopped = backends_of(&cluster, "pure-serve");
+    assert_eq!(stopped.len(), 1, "the node's one connection: {stopped:?}");
+    let _stopped = Stopped::new(stopped[0]);
+    let mut send =
+        fleet_util::send_command(None, &device_key, &node_public, &node.link.to_string())
+            .spawn()
+            .unwrap();
+    {
+        let mut stdin = send.stdin.take().unwrap();
+        for i in 1..=100 {
+            writeln!(stdin, "r{i}").unwrap();
+        }
+    }
+    let wait_said = |words: &str| {
+        let deadline = Instant::now() + DEADLINE;
+        while !node.stderr_text().contains(words) {
+            assert!(
+                Instant::now() < deadline,
+                "the node never said {words:?}: {}",
+                node.stderr_text()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    wait_said("applying a turn: no answer as PostgreSQL within 10 s");
+    wait_said("app main can store again");
+    let (ok, said) = ops_util::finish_send(send);
+    assert!(ok, "{said}");
+    // Stored through a connection of its own, made while the stopped backend still stands.
+    assert!(
+        backends_of(&cluster, "pure-serve")
+            .iter()
+            .any(|&pid| pid != stopped[0]),
+        "the node has no connection but the stopped one"
+    );
+    fleet_util::assert_exactly_once(&cluster, 200, &[100]);
 }

@@ -116,8 +116,8 @@ pub trait TurnStore {
     fn wake_fd(&self) -> Option<RawFd>;
     /// Turns submitted whose outcome has not been returned yet.
     fn waiting(&self) -> usize;
-    /// The heard sequence of `source` in `app` (0 if none): a read that may wait, for starts, tests and tools,
-    /// never for a loop.
+    /// The heard sequence of `source` in `app` (0 if none): a read that may wait (on a fleet's database at most
+    /// 10 s), for starts, tests and tools, never for a loop.
     fn heard_of(&mut self, app: AppIndex, source: &str) -> Result<u64, StoreError>;
     /// The app's next position (1 when empty) as the store holds it now, turns still waiting for their outcome
     /// included: a read that may wait, as [`TurnStore::heard_of`].

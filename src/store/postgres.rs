@@ -16,7 +16,8 @@
 //!
 //! A part refused with a serialization failure or a deadlock, or whose conditional update finds a heard sequence
 //! moved, is rolled back and applied again from the start (at most [`RETRIES`] times). A broken connection fails
-//! the parts in hand (never acked: their outcome may be unknown). It is made again **beside the jobs, not in
+//! the parts in hand (never acked: their outcome may be unknown), and so does a part the database leaves
+//! unanswered for [`PART_WAIT`] (a hung server, which no TCP timeout sees), whose connection is then given up. It is made again **beside the jobs, not in
 //! them**: while there is none, a try to connect starts every [`RECONNECT_EVERY`] (several may be under way at once
 //! against a network that drops packets, each bounded by [`NET_TIMEOUT`]), and every part that needs the database
 //! fails at once, naming why the last try failed. So a turn never waits behind a connection that cannot be made,
@@ -70,6 +71,12 @@ const TRIES_AT_ONCE: usize = 24;
 /// How long the network to the database may stay silent before a connection is given up: to connect, for sent
 /// bytes to be acknowledged (TCP_USER_TIMEOUT), and idle before keepalives start.
 pub const NET_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one app's part of a turn may wait for the database, its statements together, before its connection is
+/// given up ([`Worker::part_unanswered`]). Far above what a part takes (milliseconds; a row lock another node's
+/// session holds is released within [`IDLE_IN_TRANSACTION`] of it going silent), and a bound on what a server that
+/// takes the bytes and answers nothing can hold a node's turns.
+pub const PART_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a tool (`records --store`) waits for any one answer of the database — a connection made and set up,
 /// a page of records — before it gives up, naming --store: a server that takes the connection and says nothing,
@@ -710,7 +717,11 @@ impl Worker {
                 let mut apps = Vec::with_capacity(parts.len());
                 let mut pushes = Vec::new();
                 for part in &parts {
-                    let (r, pushed) = self.apply_part(part).await;
+                    let (r, pushed) =
+                        match tokio::time::timeout(PART_WAIT, self.apply_part(part)).await {
+                            Ok(applied) => applied,
+                            Err(_) => self.part_unanswered(part),
+                        };
                     if !part.pushes.is_empty() {
                         pushes.push((part.app, pushed));
                     }
@@ -722,18 +733,24 @@ impl Worker {
             }
             Job::Heard(app, source, reply) => {
                 // A read for starts, tests and tools, which may wait for a connection to be made.
-                let r = match self.connected_or_wait(done).await {
-                    Ok(()) => self.heard_of(app, &source).await,
-                    Err(e) => Err(e),
+                let read = async {
+                    self.connected_or_wait(done).await?;
+                    self.heard_of(app, &source).await
                 };
-                let _ = reply.send(r);
+                let r = tokio::time::timeout(TOOL_WAIT, read).await;
+                let _ = reply.send(r.unwrap_or_else(|_| {
+                    Err(self.read_unanswered("reading a heard sequence", TOOL_WAIT))
+                }));
             }
             Job::Head(app, reply) => {
-                let r = match self.connected_or_wait(done).await {
-                    Ok(()) => self.head_of(app).await,
-                    Err(e) => Err(e),
+                let read = async {
+                    self.connected_or_wait(done).await?;
+                    self.head_of(app).await
                 };
-                let _ = reply.send(r);
+                let r = tokio::time::timeout(TOOL_WAIT, read).await;
+                let _ = reply.send(r.unwrap_or_else(|_| {
+                    Err(self.read_unanswered("reading an app's head", TOOL_WAIT))
+                }));
             }
             Job::AddApps(names) => {
                 Arc::make_mut(&mut self.apps).extend(names.iter().cloned());
@@ -746,6 +763,38 @@ impl Worker {
                     self.conn = None;
                 }
             }
+        }
+    }
+
+    /// A part the database did not finish within [`PART_WAIT`] (a server that takes the bytes and answers nothing: a
+    /// stopped or hung backend, which neither `TCP_USER_TIMEOUT` nor keepalives notice, since its kernel answers
+    /// for it). Its connection is given up, so the server rolls back what the part did unless its COMMIT had gone:
+    /// its outcome is unknown, nothing of it is acked, and its pushes may or may not be queued. The next part
+    /// finds no connection and a new one is made beside the turns, as after a lost connection.
+    fn part_unanswered(
+        &mut self,
+        part: &AppTurn,
+    ) -> (Result<Applied, Arc<StoreError>>, Vec<PushOutcome>) {
+        let e = Arc::new(self.read_unanswered("applying a turn", PART_WAIT));
+        let result = Err(e);
+        let pushed = outcomes_of(&result, part.pushes.len(), true);
+        (result, pushed)
+    }
+
+    /// Gives up the connection on which `doing` got no answer `within`, and says why.
+    fn read_unanswered(&mut self, doing: &'static str, within: Duration) -> StoreError {
+        if self.conn.take().is_some() {
+            tracing::warn!(
+                "the fleet's database {} answered nothing for {} s while {doing}: the connection is given up and made \
+                 again; nothing of what it was doing is acknowledged",
+                self.target.shown,
+                within.as_secs()
+            );
+        }
+        StoreError::DatabaseSilent {
+            url: self.target.shown.clone(),
+            doing,
+            within,
         }
     }
 
