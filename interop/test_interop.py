@@ -1030,5 +1030,46 @@ class DownlinkRestart(unittest.TestCase):
         self.assertEqual((rc, again), (0, []), e)
 
 
+class LagBudget(unittest.TestCase):
+    """§6.3: while an app has a lag budget, frames are taken while its records in the turn are below the room the
+    budget leaves; the frame that reaches it is taken whole, so a burst passes the budget by less than a frame —
+    within one packet as across packets, and from a node's very first packet."""
+
+    def test_frames_in_one_packet_stop_at_the_budget_plus_less_than_a_frame(self):
+        tmp = tempfile.mkdtemp(prefix="interop-lag-")
+        try:
+            key, pub = new_key(tmp, "burst")
+            senders = os.path.join(tmp, "senders")
+            with open(senders, "w") as f:
+                f.write("burst %s\n" % pub)
+            dead = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            dead.bind(("127.0.0.1", 0))
+            dead_port = dead.getsockname()[1]
+            dead.close()  # nobody answers there: the outlet's lag only grows
+            far = S.b64(S.raw_public(S.X25519PrivateKey.generate()))
+            apps = os.path.join(tmp, "apps.toml")
+            with open(apps, "w") as f:
+                f.write('[apps.main]\n[apps.main.outlets.away]\nkind = "link"\nto = "127.0.0.1:%d"\n'
+                        'node_key = "%s"\napp = "far"\nmax_lag_records = 5\n' % (dead_port, far))
+            node = Node(tmp, senders, ["--apps", apps]).start()
+            try:
+                p = Probe(node, key)
+                try:
+                    frames = b"".join(S.data_frame(b"main", first, [b"r%d" % i for i in range(first, first + 4)])
+                                      for first in (1, 5, 9))
+                    r = p.ask(p.packet(frames))
+                    self.assertIsNotNone(r, "no answer to the packet of three frames")
+                    acks = [f[2] for f in r[1][2] if f[0] == "ack" and f[1] == b"main"]
+                    # 4 records < 5: the second frame is taken whole (8); 8 >= 5: the third is held back.
+                    self.assertEqual(acks, [8], r[1])
+                finally:
+                    p.close()
+                self.assertEqual(sorted(rec["seq"] for rec in node.records("burst")), list(range(1, 9)))
+            finally:
+                node.stop()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -372,3 +372,90 @@ fn send_takes_every_line_across_block_boundaries_and_short_reads() {
     assert!(said.contains("line 3 of standard input"), "{said}");
     assert!(said.contains("does not fit"), "{said}");
 }
+
+/// `--bind`'s default listens on every address, IPv6 and IPv4 (issue 37): one device sends over IPv6 loopback,
+/// another over IPv4 loopback, to the same port, and both are stored and acknowledged; the HTTP port answers on
+/// both too. Skipped (said) on a host without IPv6 loopback.
+#[test]
+fn by_default_the_node_listens_on_ipv6_and_ipv4() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("skipped: this host has no IPv6 loopback");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let senders = dir.path().join("senders");
+    let (key6, public6) = keygen(dir.path(), "six");
+    let (key4, public4) = keygen(dir.path(), "four");
+    std::fs::write(&senders, format!("six {public6}\nfour {public4}\n")).unwrap();
+    let child = Command::new(bin())
+        .arg("--state")
+        .arg(&state)
+        .arg("--senders")
+        .arg(&senders)
+        .args(["--http-port", "0", "--link-port", "0"])
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let node = NodeProcess::attach(child, &state);
+    assert_eq!(
+        node.link.ip().to_string(),
+        "::",
+        "the link line names every address"
+    );
+    for (key, to, record) in [
+        (&key6, format!("[::1]:{}", node.link.port()), "over IPv6"),
+        (
+            &key4,
+            format!("127.0.0.1:{}", node.link.port()),
+            "over IPv4",
+        ),
+    ] {
+        let mut child = Command::new(bin())
+            .arg("send")
+            .arg("--key")
+            .arg(key)
+            .args(["--node", &node.public_key, "--to", &to, "--timeout", "30"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("{record}\n").as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "send to {to}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stored: Vec<(String, String)> = records(&state)
+        .into_iter()
+        .map(|(source, _, payload)| (source, payload))
+        .collect();
+    assert!(
+        stored.contains(&("six".into(), "over IPv6".into())),
+        "{stored:?}"
+    );
+    assert!(
+        stored.contains(&("four".into(), "over IPv4".into())),
+        "{stored:?}"
+    );
+    for host in ["[::1]", "127.0.0.1"] {
+        let addr: std::net::SocketAddr = format!("{host}:{}", node.http.port()).parse().unwrap();
+        let mut s = std::net::TcpStream::connect_timeout(&addr, DEADLINE).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        std::io::Read::read_to_string(&mut s, &mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{host}: {answer}");
+    }
+}

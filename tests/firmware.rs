@@ -180,10 +180,10 @@ fn firmware_record(seq: u64, size: usize) -> String {
     r
 }
 
-/// The `down SEQ PAYLOAD` lines of a run's console, in order.
+/// The `down SEQ PAYLOAD` lines of a run's console, in order (a line a power cut left without its end is not
+/// taken: the record was not printed whole, and its heard sequence was not kept).
 fn downs(console: &str) -> Vec<(u64, String)> {
-    console
-        .lines()
+    whole_lines(console)
         .filter_map(|l| {
             let rest = l.strip_prefix("down ")?;
             let (seq, payload) = rest.split_once(' ').unwrap_or((rest, ""));
@@ -379,6 +379,123 @@ fn sender_firmware_delivers_to_a_real_node_and_prints_its_downlink_once() {
     assert!(downs(&fourth.console).is_empty(), "{}", fourth.console);
 }
 
+/// Every record any boot said was queued is stored (`1..=records` is); none was said queued twice (a sequence
+/// is never given twice); within a boot they go up by one; `records` is at most one past the largest said (a
+/// record written as the power went may be there, unannounced: at most one per cut). Returns how many were
+/// stored unannounced.
+fn assert_queued_once(consoles: &[&str], records: u64, killed: usize, seed: u64) -> u64 {
+    let mut said = std::collections::BTreeSet::new();
+    for (i, console) in consoles.iter().enumerate() {
+        let q = queued_lines(console);
+        assert!(
+            q.windows(2).all(|w| w[1] == w[0] + 1),
+            "seed {seed}: boot {} queued {q:?}",
+            i + 1
+        );
+        for s in q {
+            assert!(said.insert(s), "seed {seed}: queued {s} said twice");
+            assert!(s <= records, "seed {seed}: queued {s} is not stored");
+        }
+    }
+    let largest = said.last().copied().unwrap_or(0);
+    assert!(
+        records <= largest + 1,
+        "seed {seed}: {records} stored, {largest} the largest said queued"
+    );
+    let unannounced = records - said.len() as u64;
+    assert!(
+        unannounced <= killed as u64,
+        "seed {seed}: {unannounced} records stored that no boot said queued, with {killed} cuts"
+    );
+    unannounced
+}
+
+/// Downlink across boots: every record `pushed` printed at least once, each sequence with one payload. A record
+/// can be printed twice only across a cut: the firmware prints a record, then keeps its sequence as heard in
+/// flash (docs/devices.md: do what the record asks, then `set_heard`); a cut between the two leaves the old heard
+/// sequence in flash, so the next boot listens from it and the node hands the record over again (at least once).
+/// Then no earlier boot can have printed `kept heard` for it.
+fn assert_downlink_once_but_across_cuts(consoles: &[&str], pushed: &[String], seed: u64) {
+    let mut payload_of: std::collections::BTreeMap<u64, String> = Default::default();
+    for (i, console) in consoles.iter().enumerate() {
+        let mut in_boot = std::collections::BTreeSet::new();
+        for (seq, payload) in downs(console) {
+            assert!(
+                in_boot.insert(seq),
+                "seed {seed}: boot {} printed downlink {seq} twice",
+                i + 1
+            );
+            if let Some(before) = payload_of.insert(seq, payload.clone()) {
+                assert_eq!(before, payload, "seed {seed}: downlink {seq}");
+                let kept_before = consoles[..i].iter().any(|e| {
+                    whole_lines(e).any(|l| {
+                        l.strip_prefix("kept heard ")
+                            .and_then(|h| h.parse::<u64>().ok())
+                            .is_some_and(|h| h >= seq)
+                    })
+                });
+                assert!(
+                    !kept_before,
+                    "seed {seed}: downlink {seq} printed again after its heard sequence was kept"
+                );
+            }
+        }
+    }
+    let printed: std::collections::BTreeSet<&str> =
+        payload_of.values().map(String::as_str).collect();
+    for p in pushed {
+        assert!(
+            printed.contains(p.as_str()),
+            "seed {seed}: pushed {p:?} never printed; printed {payload_of:?}"
+        );
+    }
+    assert_eq!(
+        payload_of.len(),
+        pushed.len(),
+        "seed {seed}: {payload_of:?}"
+    );
+}
+
+/// The seed of a test's power cuts: `PURE_FIRMWARE_SEED`, else the clock's nanoseconds; printed, so that a run
+/// can be replayed.
+fn cut_seed(test: &str) -> u64 {
+    let seed: u64 = std::env::var("PURE_FIRMWARE_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("{test}: seed {seed} (PURE_FIRMWARE_SEED={seed} replays these cuts)");
+    seed
+}
+
+/// SIGKILLs the node and starts it again on the same state, senders file and port.
+fn restart_node(
+    mut old: ops_util::NodeProcess,
+    state: &Path,
+    senders: &Path,
+) -> ops_util::NodeProcess {
+    let link = old.link;
+    old.signal(libc::SIGKILL);
+    old.wait_exit();
+    let child = ops_util::node_command_at(
+        None,
+        "127.0.0.1",
+        link.port(),
+        state,
+        &["--senders", senders.to_str().unwrap()],
+        None,
+    )
+    .spawn()
+    .unwrap();
+    let node = ops_util::NodeProcess::attach(child, state);
+    assert_eq!(node.link, link, "the node is back on its port");
+    node
+}
+
 /// A small deterministic generator (splitmix64) for the power cuts: a seed replays them.
 struct Rng(u64);
 
@@ -421,16 +538,7 @@ fn sender_firmware_outbox_survives_power_cuts_at_random_moments() {
     const RECORDS: u64 = 5_000;
     const SIZE: usize = 32;
     const MAX_CUT_BOOTS: usize = 400;
-    let seed: u64 = std::env::var("PURE_FIRMWARE_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("{TEST}: seed {seed} (PURE_FIRMWARE_SEED={seed} replays these cuts)");
+    let seed = cut_seed(TEST);
     let mut rng = Rng(seed);
 
     let elf = firmware_util::build("sender");
@@ -499,7 +607,8 @@ fn sender_firmware_outbox_survives_power_cuts_at_random_moments() {
             kill,
             killed: run.killed,
             datagrams: run.datagrams.len(),
-            console,
+            // The firmware's lines only: QEMU's own messages would run into a line the cut left unfinished.
+            console: run.console.clone(),
             took: run.took,
         });
         if done {
@@ -522,7 +631,7 @@ fn sender_firmware_outbox_survives_power_cuts_at_random_moments() {
         kill: Kill::Never,
         killed: false,
         datagrams: last.datagrams.len(),
-        console: last_console.clone(),
+        console: last.console.clone(),
         took: last.took,
     });
     let took = started.elapsed();
@@ -551,76 +660,10 @@ fn sender_firmware_outbox_survives_power_cuts_at_random_moments() {
 
     // The node: 1..=N once each, in order, each record naming its own sequence.
     assert_stored(&state, RECORDS, SIZE, &format!("seed {seed}"));
-    // Every record any boot said was queued is stored; none was said queued twice (a sequence is never given
-    // twice); within a boot they go up by one; N is at most one past the largest said (a record written as the
-    // power went may be there, unannounced: at most one per cut).
-    let mut said = std::collections::BTreeSet::new();
-    for (i, b) in boots.iter().enumerate() {
-        let q = queued_lines(&b.console);
-        assert!(
-            q.windows(2).all(|w| w[1] == w[0] + 1),
-            "seed {seed}: boot {} queued {q:?}",
-            i + 1
-        );
-        for s in q {
-            assert!(said.insert(s), "seed {seed}: queued {s} said twice");
-            assert!(s <= RECORDS, "seed {seed}: queued {s} is not stored");
-        }
-    }
-    let largest = said.last().copied().unwrap_or(0);
-    assert!(
-        RECORDS <= largest + 1,
-        "seed {seed}: {RECORDS} stored, {largest} the largest said queued"
-    );
-    let unannounced = RECORDS - said.len() as u64;
-    assert!(
-        unannounced <= killed as u64,
-        "seed {seed}: {unannounced} records stored that no boot said queued, with {killed} cuts"
-    );
+    let consoles: Vec<&str> = boots.iter().map(|b| b.console.as_str()).collect();
+    let unannounced = assert_queued_once(&consoles, RECORDS, killed, seed);
 
-    // Downlink: every record pushed printed at least once, each sequence with one payload. A record can be
-    // printed twice only across a cut: the firmware prints a record, then keeps its sequence as heard in flash
-    // (docs/devices.md: do what the record asks, then `set_heard`); a cut between the two leaves the old heard
-    // sequence in flash, so the next boot listens from it and the node hands the record over again (at least
-    // once). Then the earlier boot cannot have printed `kept heard` for it.
-    let mut payload_of: std::collections::BTreeMap<u64, String> = Default::default();
-    for (i, b) in boots.iter().enumerate() {
-        let mut in_boot = std::collections::BTreeSet::new();
-        for (seq, payload) in downs(&b.console) {
-            assert!(
-                in_boot.insert(seq),
-                "seed {seed}: boot {} printed downlink {seq} twice",
-                i + 1
-            );
-            if let Some(before) = payload_of.insert(seq, payload.clone()) {
-                assert_eq!(before, payload, "seed {seed}: downlink {seq}");
-                let kept_before = boots[..i].iter().any(|e| {
-                    whole_lines(&e.console).any(|l| {
-                        l.strip_prefix("kept heard ")
-                            .and_then(|h| h.parse::<u64>().ok())
-                            .is_some_and(|h| h >= seq)
-                    })
-                });
-                assert!(
-                    !kept_before,
-                    "seed {seed}: downlink {seq} printed again after its heard sequence was kept"
-                );
-            }
-        }
-    }
-    let printed: std::collections::BTreeSet<&str> =
-        payload_of.values().map(String::as_str).collect();
-    for p in &pushed {
-        assert!(
-            printed.contains(p.as_str()),
-            "seed {seed}: pushed {p:?} never printed; printed {payload_of:?}"
-        );
-    }
-    assert_eq!(
-        payload_of.len(),
-        pushed.len(),
-        "seed {seed}: {payload_of:?}"
-    );
+    assert_downlink_once_but_across_cuts(&consoles, &pushed, seed);
     assert_eq!(
         last.field("stored through"),
         Some(RECORDS.to_string().as_str())
@@ -675,24 +718,7 @@ fn sender_firmware_delivers_through_node_restarts() {
     } = ops_util::DeviceNode::start("board-1");
     let link = node.link;
     let senders = dir.path().join("senders");
-    let restart = |old: ops_util::NodeProcess| {
-        old.signal(libc::SIGKILL);
-        let mut old = old;
-        old.wait_exit();
-        let child = ops_util::node_command_at(
-            None,
-            "127.0.0.1",
-            link.port(),
-            &state,
-            &["--senders", senders.to_str().unwrap()],
-            None,
-        )
-        .spawn()
-        .unwrap();
-        let node = ops_util::NodeProcess::attach(child, &state);
-        assert_eq!(node.link, link, "the node is back on its port");
-        node
-    };
+    let restart = |old| restart_node(old, &state, &senders);
     let flash = dir.path().join("flash.bin");
     push(&state, b"before-1\nbefore-2\n");
 
@@ -742,4 +768,135 @@ fn sender_firmware_delivers_through_node_restarts() {
     expected.extend((1..=KILLS).map(|k| format!("after-kill-{k}")));
     let printed: Vec<String> = downs(&run.console).into_iter().map(|(_, p)| p).collect();
     assert_eq!(printed, expected, "{console}");
+}
+
+/// Issue 35, items 3 and 5: the C firmware (`link-c/examples/mps2-an386/sender.c`, through `pure_link.h` and the
+/// library built for thumbv7em-none-eabihf, compiled and linked by the distribution's `arm-none-eabi-gcc` with
+/// newlib) on the emulated board, against a real node: its power cut (QEMU SIGKILLed) at random moments, seeded as
+/// in the Rust firmware's test, and in every third boot the node SIGKILLed and started again while the board runs,
+/// in the same run. The node stores records 1..=N once each, in order; every `queued SEQ` printed is among them;
+/// downlink pushed before and between the boots is printed at least once, again only across a cut before its
+/// heard sequence was kept, and applied to the program's state kept with the heard sequence exactly once.
+#[test]
+fn c_firmware_delivers_through_power_cuts_and_node_kills() {
+    const TEST: &str = "c_firmware_delivers_through_power_cuts_and_node_kills";
+    if !firmware_util::available_c(TEST) {
+        return;
+    }
+    const RECORDS: u64 = 1_000;
+    const SIZE: usize = 32;
+    const MAX_CUT_BOOTS: usize = 200;
+    let seed = cut_seed(TEST);
+    let mut rng = Rng(seed);
+    let elf = firmware_util::build_c();
+    let ops_util::DeviceNode {
+        dir,
+        state,
+        node,
+        key_hex: key,
+        node_hex: node_key,
+    } = ops_util::DeviceNode::start("board-1");
+    let link = node.link;
+    let senders = dir.path().join("senders");
+    let flash = dir.path().join("flash.bin");
+    let run = |stay_ms: u64, kill: Kill| {
+        firmware_util::run(&RunConfig {
+            elf: &elf,
+            flash: &flash,
+            to: link,
+            kill,
+            args: &sender_args(&key, &node_key, RECORDS, SIZE, stay_ms),
+        })
+    };
+    let mut pushed: Vec<String> = vec!["before-1".into(), "before-2".into()];
+    push(&state, b"before-1\nbefore-2\n");
+
+    let started = Instant::now();
+    let mut node = Some(node);
+    let mut consoles: Vec<String> = Vec::new();
+    let (mut killed, mut node_kills) = (0, 0);
+    loop {
+        assert!(
+            consoles.len() < MAX_CUT_BOOTS,
+            "seed {seed}: {MAX_CUT_BOOTS} boots cut and the records are not all stored"
+        );
+        let kill = if rng.next().is_multiple_of(2) {
+            Kill::AtDatagram(rng.between(1, 8) as usize)
+        } else {
+            Kill::After(Duration::from_millis(rng.between(10, 150)))
+        };
+        let node_kill = (consoles.len() % 3 == 2).then(|| rng.between(5, 120));
+        let outcome = std::thread::scope(|s| {
+            let board = s.spawn(|| run(0, kill));
+            if let Some(ms) = node_kill {
+                std::thread::sleep(Duration::from_millis(ms));
+                node = Some(restart_node(node.take().unwrap(), &state, &senders));
+                node_kills += 1;
+            }
+            board.join().unwrap()
+        });
+        let console = format!("{}{}", outcome.console, outcome.qemu_stderr);
+        assert!(
+            outcome.killed || outcome.code() == Some(0),
+            "seed {seed}: boot {} ({kill:?}) failed: {console}\nnode: {}",
+            consoles.len() + 1,
+            node.as_ref().unwrap().stderr_text()
+        );
+        killed += usize::from(outcome.killed);
+        let done = !outcome.killed || console.contains("\ndelivered:");
+        // The firmware's lines only: QEMU's own messages would run into a line the cut left unfinished.
+        consoles.push(outcome.console.clone());
+        if done {
+            break;
+        }
+        if consoles.len().is_multiple_of(5) {
+            let payload = format!("during-{}", consoles.len() / 5);
+            push(&state, format!("{payload}\n").as_bytes());
+            pushed.push(payload);
+        }
+    }
+    let last = run(1_000, Kill::Never);
+    let last_console = format!("{}{}", last.console, last.qemu_stderr);
+    assert_eq!(
+        last.code(),
+        Some(0),
+        "seed {seed}: the final boot failed: {last_console}\nnode: {}",
+        node.as_ref().unwrap().stderr_text()
+    );
+    assert_eq!(last.bad_frames, 0, "{last_console}");
+    consoles.push(last.console.clone());
+
+    assert_stored(&state, RECORDS, SIZE, &format!("seed {seed}"));
+    let all: Vec<&str> = consoles.iter().map(String::as_str).collect();
+    let unannounced = assert_queued_once(&all, RECORDS, killed, seed);
+    assert_downlink_once_but_across_cuts(&all, &pushed, seed);
+    assert!(
+        last.console
+            .contains(&format!("\nheard: {}\n", pushed.len())),
+        "seed {seed}: the final boot keeps the last downlink record's sequence: {last_console}"
+    );
+    // Printed at least once, applied exactly once: the state kept with the heard sequence (sender.c's module
+    // comment) is every record pushed, once each, in order.
+    let applied = whole_lines(&last.console)
+        .filter_map(|l| l.strip_prefix("applied: "))
+        .last()
+        .unwrap_or_else(|| panic!("seed {seed}: no applied: line: {last_console}"));
+    let mut hash = 0u64;
+    for p in &pushed {
+        for b in p.bytes().chain([b'\n']) {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x100000001b3);
+        }
+    }
+    assert_eq!(
+        applied,
+        format!("{} {hash:016x}", pushed.len()),
+        "seed {seed}: the downlink records applied: {last_console}"
+    );
+    eprintln!(
+        "{TEST}: seed {seed}: {RECORDS} records of {SIZE} bytes, {} boots, {killed} cut, the node killed {node_kills} \
+         times, {} downlink records, {unannounced} records stored unannounced, {:?}",
+        consoles.len(),
+        pushed.len(),
+        started.elapsed()
+    );
 }

@@ -687,3 +687,127 @@ fn a_bad_flag_of_the_node_exits_78_and_help_exits_0() {
     let out = output_within(Command::new(bin()).args(["--log", "debug", "records", "--frm", "1"]));
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
+
+/// Issue 37, "small things seen": `push` to a node running with `--push-socket none` said "no node answers … start
+/// the node". A node holds the state directory, so it says that node serves no push socket and what to do; exit
+/// 69, nothing sent. With no node there, it still says to start one.
+#[test]
+fn a_push_to_a_node_without_a_push_socket_says_so_not_start_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--push-socket", "none"], None);
+    let mut cmd = Command::new(bin());
+    cmd.args(["push", "--to", "kitchen-1", "--state"])
+        .arg(&state);
+    let out = push_one(&mut cmd);
+    let err = text(&out);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the node running on {} (pid {})",
+            state.display(),
+            node.child.id()
+        )) && err.contains("serves no push socket")
+            && err.contains("--push-socket none"),
+        "{err}"
+    );
+    assert!(!err.contains("start the node"), "{err}");
+    drop(node);
+
+    let empty = dir.path().join("no-node");
+    std::fs::create_dir(&empty).unwrap();
+    let mut cmd = Command::new(bin());
+    cmd.args(["push", "--to", "kitchen-1", "--state"])
+        .arg(&empty);
+    let out = push_one(&mut cmd);
+    let err = text(&out);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(err.contains("no node answers"), "{err}");
+}
+
+/// Issue 37, "small things seen": `check` knows `--push-socket` and `--push-datagrams`, and a push socket path whose
+/// datagram socket (the same path with `.dgram`) is too long for a Unix socket is blamed on `--push-socket`, by
+/// the node (exit 78, before anything is bound) and by `check` alike. A directory that is not there is found too.
+#[test]
+fn push_socket_paths_are_checked_and_a_long_derived_one_is_blamed_on_its_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    // A push socket of exactly 107 bytes (the most a Unix socket's path holds): its datagram socket, `….dgram`
+    // for `….sock`, is 108.
+    let base = dir.path().join("s");
+    std::fs::create_dir(&base).unwrap();
+    let prefix = format!("{}/", base.display());
+    let stem = "p".repeat(107 - prefix.len() - ".sock".len());
+    let long = format!("{prefix}{stem}.sock");
+    assert_eq!(long.len(), 107);
+
+    let err = node_refuses(&state, &["--push-socket", &long]);
+    assert!(
+        err.contains(&format!(
+            "push datagram socket {prefix}{stem}.dgram: its path is 108 bytes"
+        )) && err.contains("give --push-socket a shorter path, or --push-datagrams one of its own"),
+        "{err}"
+    );
+    let out = Command::new(bin())
+        .arg("--state")
+        .arg(&state)
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--link-port",
+            "0",
+            "--http-port",
+            "0",
+        ])
+        .args(["--push-socket", &long])
+        .env_remove("NOTIFY_SOCKET")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out));
+    assert!(!Path::new(&long).exists(), "nothing bound");
+
+    let out = check(&["--state", state.to_str().unwrap(), "--push-socket", &long]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains("problem: push datagram socket")
+            && t.contains("give --push-socket a shorter path"),
+        "{t}"
+    );
+    // Its own path for the datagrams: then the stream socket's is fine.
+    let short = base.join("p.dgram");
+    let out = check(&[
+        "--state",
+        state.to_str().unwrap(),
+        "--push-socket",
+        &long,
+        "--push-datagrams",
+        short.to_str().unwrap(),
+        "--link-port",
+        "0",
+        "--http-port",
+        "0",
+    ]);
+    let t = text(&out);
+    assert!(
+        t.contains(&format!("ok: push sockets: {long} and {}", short.display())),
+        "{t}"
+    );
+
+    let missing = dir.path().join("nowhere/push.sock");
+    let out = check(&[
+        "--state",
+        state.to_str().unwrap(),
+        "--push-socket",
+        missing.to_str().unwrap(),
+    ]);
+    let t = text(&out);
+    assert!(
+        t.contains(&format!(
+            "problem: push socket {}: its directory {} does not exist: make it, or give --push-socket another path",
+            missing.display(),
+            dir.path().join("nowhere").display()
+        )),
+        "{t}"
+    );
+}

@@ -87,7 +87,9 @@ typedef struct pl_device {
 int pl_open(pl_device *dev, const pl_flash *flash, const uint8_t secret[32], const uint8_t node_public[32],
             const char *app, const uint8_t *entropy, size_t entropy_len, size_t max_datagram);
 
-/* Asks the node for the app's downlink records, after the heard sequence kept in the outbox. */
+/* Asks the node for the app's downlink records, after the heard sequence kept in the outbox. Call it again to ask
+ * again: a device that stays awake asks at least every --link-idle-ms of the node's (30 s by default), so that
+ * records pushed meanwhile come at once. */
 int pl_listen(pl_device *dev);
 
 /* Queues a record. When this returns PL_OK the record is in flash and will reach the node's disk once. */
@@ -110,6 +112,21 @@ void pl_handle_timeout(pl_device *dev, uint64_t now_ms, pl_event_fn cb, void *ct
 /* Keeps seq as the downlink heard sequence in flash. Call it once the program has done what a PL_EVENT_DOWN
  * record asks, before the next pl_poll_transmit (which tells the node, which then deletes the record). */
 int pl_set_heard(pl_device *dev, uint64_t seq);
+
+/*
+ * Exactly once for a program whose downlink records change a small state: PL_STATE_LEN bytes (a setting, a
+ * counter, a hash of what was applied, where a larger state lies) kept in the outbox in the same flash write as
+ * the heard sequence. Apply each PL_EVENT_DOWN record to the state read with pl_state, then keep both with
+ * pl_set_heard_with (instead of pl_set_heard) before the next pl_poll_transmit: a power cut at any moment leaves
+ * both or neither, so a record is applied once. A seq not above the one kept changes nothing.
+ */
+#define PL_STATE_LEN 16
+int pl_set_heard_with(pl_device *dev, uint64_t seq, const uint8_t state[PL_STATE_LEN]);
+/* Copies the state kept (zeros until pl_set_heard_with kept one) to out. */
+int pl_state(pl_device *dev, uint8_t out[PL_STATE_LEN]);
+
+/* The downlink heard sequence kept in flash: the last one pl_set_heard kept (0 before any). */
+uint64_t pl_heard(pl_device *dev);
 
 /* The sequence the next record queued gets. */
 uint64_t pl_next_seq(pl_device *dev);

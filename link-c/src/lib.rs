@@ -17,7 +17,7 @@ use core::slice;
 
 use pure_link::buf::SliceOut;
 use pure_link::crypto::Identity;
-use pure_link::outbox::{Flash, FlashError, Outbox, OutboxError};
+use pure_link::outbox::{Flash, FlashError, Outbox, OutboxError, STATE_LEN};
 use pure_link::queue::RecordQueue;
 use pure_link::sender::{AppName, Event, FlowStart, Sender, SenderConfig, SenderError};
 use pure_link::time::Millis;
@@ -430,6 +430,52 @@ pub unsafe extern "C" fn pl_set_heard(dev: *mut pl_device, seq: u64) -> c_int {
     }
 }
 
+/// Keeps `seq` as the downlink heard sequence and the program's `state` (`PL_STATE_LEN` bytes) in one write:
+/// after a power cut the flash has both or neither.
+///
+/// # Safety
+/// `dev` opened by `pl_open`; `state` readable for `PL_STATE_LEN` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pl_set_heard_with(
+    dev: *mut pl_device,
+    seq: u64,
+    state: *const u8,
+) -> c_int {
+    // SAFETY: per the contract.
+    let Some(d) = (unsafe { device(dev) }) else {
+        return PL_ERR_ARG;
+    };
+    if state.is_null() {
+        return PL_ERR_ARG;
+    }
+    let mut kept = [0u8; STATE_LEN];
+    // SAFETY: `state` is readable for STATE_LEN bytes, per the contract.
+    kept.copy_from_slice(unsafe { slice::from_raw_parts(state, STATE_LEN) });
+    match d.outbox().map(|o| o.set_heard_with(seq, kept)) {
+        Some(Ok(())) => PL_OK,
+        Some(Err(e)) => outbox_error(e),
+        None => PL_ERR_ARG,
+    }
+}
+
+/// Copies the program's state kept with the heard sequence (zeros until `pl_set_heard_with` kept one) to `out`.
+///
+/// # Safety
+/// `dev` opened by `pl_open`; `out` writable for `PL_STATE_LEN` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pl_state(dev: *mut pl_device, out: *mut u8) -> c_int {
+    // SAFETY: per the contract.
+    let Some(d) = (unsafe { device(dev) }) else {
+        return PL_ERR_ARG;
+    };
+    let (Some(state), false) = (d.outbox().map(|o| o.state()), out.is_null()) else {
+        return PL_ERR_ARG;
+    };
+    // SAFETY: `out` is writable for STATE_LEN bytes, per the contract.
+    unsafe { slice::from_raw_parts_mut(out, STATE_LEN) }.copy_from_slice(&state);
+    PL_OK
+}
+
 /// The sequence the next record queued gets.
 ///
 /// # Safety
@@ -439,6 +485,19 @@ pub unsafe extern "C" fn pl_next_seq(dev: *mut pl_device) -> u64 {
     // SAFETY: per the contract.
     unsafe { device(dev) }
         .and_then(|d| d.outbox().map(|o| o.next_seq()))
+        .unwrap_or(0)
+}
+
+/// The downlink heard sequence kept in the outbox: the last downlink record the program kept with
+/// `pl_set_heard` (0 before any).
+///
+/// # Safety
+/// `dev` opened by `pl_open`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pl_heard(dev: *mut pl_device) -> u64 {
+    // SAFETY: per the contract.
+    unsafe { device(dev) }
+        .and_then(|d| d.outbox().map(|o| o.heard()))
         .unwrap_or(0)
 }
 

@@ -80,10 +80,17 @@ pub struct OutboxStats {
 }
 
 const UNIT: usize = 8;
-const MAGIC: [u8; 4] = *b"PLO1";
-/// A page's header: magic, generation (u32), next sequence, heard sequence, runs (u64 each), CRC-32 of the
-/// 36 bytes before it; then 4 bytes of 0xFF. Little-endian.
-const HEADER_LEN: usize = 40;
+/// The magic of a page written by this version: its header holds the program's state (below).
+const MAGIC: [u8; 4] = *b"PLO2";
+/// The magic of a page written by the first version, read still: its header has no program's state.
+const MAGIC_V1: [u8; 4] = *b"PLO1";
+/// A page's header: magic, generation (u32), next sequence, heard sequence, runs (u64 each), the program's state
+/// (16 bytes), CRC-32 of the 52 bytes before it; then 4 bytes of 0xFF. Little-endian.
+const HEADER_LEN: usize = 56;
+/// A first version's page header: as above without the program's state; its CRC covers 32 bytes, 40 in all.
+const HEADER_LEN_V1: usize = 40;
+/// The program's state kept with the downlink heard sequence ([`Outbox::set_heard_with`]).
+pub const STATE_LEN: usize = 16;
 /// An entry's header: kind, 0, payload length (u16), CRC-32 of those 4 bytes and the payload.
 const ENTRY_HEADER: usize = 8;
 
@@ -96,6 +103,8 @@ const KIND_RENUMBERED: u8 = 0x03;
 const KIND_HEARD: u8 = 0x04;
 /// Payload: u64, the run counter.
 const KIND_RUN: u8 = 0x05;
+/// Payload: u64, the downlink heard sequence, then the program's state ([`STATE_LEN`] bytes) kept with it.
+const KIND_HEARD_STATE: u8 = 0x06;
 const ERASED: u8 = 0xFF;
 
 static CRC: crc::Crc<u32, crc::NoTable> = crc::Crc::<u32, crc::NoTable>::new(&crc::CRC_32_ISO_HDLC);
@@ -120,6 +129,8 @@ pub struct Outbox<F: Flash, const RECORDS: usize> {
     /// The sequence of the oldest record queued (or of the next one when none is).
     first: u64,
     heard: u64,
+    /// The program's state, kept in the same write as the heard sequence it goes with.
+    state: [u8; STATE_LEN],
     runs: u64,
     /// The page written, where its next entry goes, and its generation.
     head: u16,
@@ -146,6 +157,9 @@ struct Header {
     next: u64,
     heard: u64,
     runs: u64,
+    state: [u8; STATE_LEN],
+    /// Where the page's entries start: [`HEADER_LEN`], or [`HEADER_LEN_V1`] in a first version's page.
+    len: usize,
 }
 
 impl Header {
@@ -156,18 +170,29 @@ impl Header {
         h[8..16].copy_from_slice(&self.next.to_le_bytes());
         h[16..24].copy_from_slice(&self.heard.to_le_bytes());
         h[24..32].copy_from_slice(&self.runs.to_le_bytes());
-        let crc = CRC.checksum(&h[..32]);
-        h[32..36].copy_from_slice(&crc.to_le_bytes());
+        h[32..48].copy_from_slice(&self.state);
+        let crc = CRC.checksum(&h[..48]);
+        h[48..52].copy_from_slice(&crc.to_le_bytes());
         h
     }
+    /// A header of either version (the first 40 bytes are all a first version's header has).
     fn decode(h: &[u8; HEADER_LEN]) -> Option<Self> {
         let word = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().unwrap_or([0; 8]));
-        let crc = u32::from_le_bytes(h[32..36].try_into().unwrap_or([0; 4]));
-        (h[..4] == MAGIC && CRC.checksum(&h[..32]) == crc).then(|| Header {
+        let crc_at = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().unwrap_or([0; 4]));
+        let (state, len) = if h[..4] == MAGIC && CRC.checksum(&h[..48]) == crc_at(48) {
+            (h[32..48].try_into().unwrap_or([0; STATE_LEN]), HEADER_LEN)
+        } else if h[..4] == MAGIC_V1 && CRC.checksum(&h[..32]) == crc_at(32) {
+            ([0; STATE_LEN], HEADER_LEN_V1)
+        } else {
+            return None;
+        };
+        Some(Header {
             generation: u32::from_le_bytes(h[4..8].try_into().unwrap_or([0; 4])),
             next: word(8),
             heard: word(16),
             runs: word(24),
+            state,
+            len,
         })
     }
 }
@@ -250,6 +275,7 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
             records: heapless::Deque::new(),
             first: 1,
             heard: 0,
+            state: [0; STATE_LEN],
             runs: 0,
             head: 0,
             head_at: HEADER_LEN,
@@ -318,9 +344,11 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
             self.first = h.next;
         }
         self.heard = self.heard.max(h.heard);
+        // The program's state: the last one written, in the ring's order (it goes with the largest heard).
+        self.state = h.state;
         self.runs = self.runs.max(h.runs);
         let size = self.flash.page_size();
-        let mut at = HEADER_LEN;
+        let mut at = h.len;
         let mut clean_end = true;
         while at + ENTRY_HEADER <= size {
             let mut eh = [0u8; ENTRY_HEADER];
@@ -337,8 +365,8 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
                 clean_end = false;
                 break;
             }
-            let mut word = [0u8; 16];
-            let payload = &mut word[..len.min(16)];
+            let mut word = [0u8; 8 + STATE_LEN];
+            let payload = &mut word[..len.min(8 + STATE_LEN)];
             self.flash.read(page, at + ENTRY_HEADER, payload)?;
             let u =
                 |i: usize| u64::from_le_bytes(word[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
@@ -354,6 +382,10 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
                 (KIND_ACKED, 8) => self.apply_acked(u(0)),
                 (KIND_RENUMBERED, 16) => self.apply_renumbered(u(0), u(1)),
                 (KIND_HEARD, 8) => self.heard = self.heard.max(u(0)),
+                (KIND_HEARD_STATE, 24) => {
+                    self.heard = self.heard.max(u(0));
+                    self.state.copy_from_slice(&word[8..8 + STATE_LEN]);
+                }
                 (KIND_RUN, 8) => self.runs = self.runs.max(u(0)),
                 // An entry of a later format: skipped, its length is known.
                 _ => {}
@@ -433,6 +465,8 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
             next: self.next_seq(),
             heard: self.heard,
             runs: self.runs,
+            state: self.state,
+            len: HEADER_LEN,
         }
         .encode();
         self.program(page, 0, &header)?;
@@ -472,18 +506,26 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
         self.start_page(next)
     }
 
-    /// Appends a mark: its payload, then its header.
+    /// Appends a mark of u64 words: its payload, then its header.
     fn mark(&mut self, kind: u8, words: &[u64]) -> Result<(), OutboxError> {
-        let len = words.len() * 8;
-        self.room(ENTRY_HEADER + len, false)?;
         let mut payload = [0u8; 16];
         for (i, w) in words.iter().enumerate() {
             payload[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
         }
+        self.mark_bytes(kind, &payload[..words.len() * 8])
+    }
+
+    /// Appends a mark (at most 24 bytes): its payload, then its header.
+    fn mark_bytes(&mut self, kind: u8, bytes: &[u8]) -> Result<(), OutboxError> {
+        let len = bytes.len();
+        self.room(ENTRY_HEADER + len, false)?;
+        // Padded with 0xFF to whole units: erased bytes, which a program leaves as they are.
+        let mut payload = [ERASED; 24];
+        payload[..len].copy_from_slice(bytes);
         let (page, at) = (self.head, self.head_at);
         self.head_at += align(ENTRY_HEADER + len);
         // Written past from here on, whatever happens.
-        let r = self.program(page, at + ENTRY_HEADER, &payload[..len]);
+        let r = self.program(page, at + ENTRY_HEADER, &payload[..align(len)]);
         let r = r.and_then(|()| {
             let eh = entry_header(kind, &payload[..len]);
             self.program(page, at, &eh)
@@ -533,6 +575,33 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
         self.mark(KIND_HEARD, &[heard])?;
         self.heard = heard;
         Ok(())
+    }
+
+    /// Keeps `heard` as the downlink heard sequence and `state` as the program's state, in one write: after a
+    /// power cut the outbox has both or neither. A program whose downlink records change a state that fits in
+    /// [`STATE_LEN`] bytes (a setting, a counter, a hash of what it applied, where a larger state lies) applies
+    /// them to [`Outbox::state`] and keeps the result here: each record is then applied exactly once, whenever the
+    /// power goes. A `heard` not above the one kept changes nothing (the records up to it were applied).
+    pub fn set_heard_with(
+        &mut self,
+        heard: u64,
+        state: [u8; STATE_LEN],
+    ) -> Result<(), OutboxError> {
+        if heard <= self.heard {
+            return Ok(());
+        }
+        let mut payload = [0u8; 8 + STATE_LEN];
+        payload[..8].copy_from_slice(&heard.to_le_bytes());
+        payload[8..].copy_from_slice(&state);
+        self.mark_bytes(KIND_HEARD_STATE, &payload)?;
+        self.heard = heard;
+        self.state = state;
+        Ok(())
+    }
+
+    /// The program's state kept with the heard sequence ([`Outbox::set_heard_with`]); zeros until one is kept.
+    pub fn state(&self) -> [u8; STATE_LEN] {
+        self.state
     }
 
     /// A new run: counts it in flash, then returns its id, SHA-256 of the device's secret key and the count.
@@ -969,11 +1038,13 @@ mod tests {
         assert_eq!(n, 12);
         o.release(n as usize);
         o.acked(u64::from(n), false);
-        // Once records fill a page past the one that took the acknowledgement, that one is freed too.
+        // The acknowledgement (16 bytes) does not fit after a page's 56-byte header and 4 records (504 bytes): it
+        // opens the next page, whose room then takes 3 records. Once records fill a page past the one that took
+        // the acknowledgement, that one is freed too.
         let m = fill(&mut o, n);
-        assert_eq!(m, 12);
+        assert_eq!(m, 11);
         let o = Box4::open(o.flash().clone()).unwrap();
-        assert_eq!((o.first_seq(), o.len()), (u64::from(n) + 1, 12));
+        assert_eq!((o.first_seq(), o.len()), (u64::from(n) + 1, 11));
     }
 
     /// The model of what the device program was told.
@@ -987,6 +1058,17 @@ mod tests {
         heard: u64,
         runs: u64,
         run_ids: Vec<u64>,
+        /// Every `set_heard_with` tried and possibly written, (heard, state), heard going up; those a restart
+        /// shows were not written are dropped.
+        states: Vec<(u64, [u8; STATE_LEN])>,
+    }
+
+    /// The program's state the model keeps with `heard` in `case`.
+    fn state_of(case: u64, heard: u64) -> [u8; STATE_LEN] {
+        let mut s = [0u8; STATE_LEN];
+        s[..8].copy_from_slice(&heard.to_le_bytes());
+        s[8..].copy_from_slice(&(case ^ heard.rotate_left(17)).to_le_bytes());
+        s
     }
 
     /// Power cut at random moments through thousands of operations: after every restart, every record told
@@ -1055,6 +1137,14 @@ mod tests {
                     o.heard() >= told.heard && o.runs() >= told.runs,
                     "case {case}"
                 );
+                // The program's state is the one kept with the largest heard sequence that had one.
+                told.states.retain(|&(h, _)| h <= o.heard());
+                assert_eq!(
+                    o.state(),
+                    told.states.last().map_or([0; STATE_LEN], |&(_, s)| s),
+                    "case {case}: the program's state does not go with heard {}",
+                    o.heard()
+                );
                 told.acked = first - 1;
                 told.heard = o.heard();
                 told.runs = o.runs();
@@ -1110,8 +1200,24 @@ mod tests {
                         }
                         8 => {
                             let h = o.heard() + 1 + o.flash().random() % 3;
-                            if o.set_heard(h).is_ok() {
+                            let with_state = o.flash().random().is_multiple_of(2);
+                            let kept = if with_state {
+                                told.states.push((h, state_of(case, h)));
+                                o.set_heard_with(h, state_of(case, h))
+                            } else {
+                                o.set_heard(h)
+                            };
+                            if only.is_some() {
+                                std::eprintln!(
+                                    "heard {h} with state {with_state}: {kept:?} dead {}",
+                                    o.flash().dead
+                                );
+                            }
+                            if kept.is_ok() {
                                 told.heard = h;
+                            } else if with_state && !o.flash().dead {
+                                // Refused (no room), not cut: not written.
+                                told.states.pop();
                             }
                             !o.flash().dead
                         }
@@ -1138,6 +1244,73 @@ mod tests {
                 "{records_told} told, {came_back} back"
             );
         }
+    }
+
+    /// A first version's page (header `PLO1`, 40 bytes, no program's state) is read: its records, heard sequence
+    /// and runs come back, and the outbox goes on writing after them.
+    #[test]
+    fn a_first_version_page_is_read() {
+        let mut flash = SimFlash::new(512, 3);
+        for p in &mut flash.pages {
+            p.fill(ERASED);
+        }
+        let mut h = [ERASED; HEADER_LEN_V1];
+        h[..4].copy_from_slice(&MAGIC_V1);
+        h[4..8].copy_from_slice(&1u32.to_le_bytes());
+        h[8..16].copy_from_slice(&5u64.to_le_bytes());
+        h[16..24].copy_from_slice(&2u64.to_le_bytes());
+        h[24..32].copy_from_slice(&3u64.to_le_bytes());
+        let crc = CRC.checksum(&h[..32]);
+        h[32..36].copy_from_slice(&crc.to_le_bytes());
+        flash.pages[0][..HEADER_LEN_V1].copy_from_slice(&h);
+        let r = record(77, 8);
+        flash.pages[0][HEADER_LEN_V1..HEADER_LEN_V1 + 8]
+            .copy_from_slice(&entry_header(KIND_RECORD, &r));
+        flash.pages[0][HEADER_LEN_V1 + 8..HEADER_LEN_V1 + 16].copy_from_slice(&r);
+
+        let mut o = Box4::open(flash).unwrap();
+        assert_eq!(
+            (o.first_seq(), o.next_seq(), o.heard(), o.runs()),
+            (5, 6, 2, 3)
+        );
+        assert_eq!(o.state(), [0; STATE_LEN]);
+        assert_eq!(queued(&o), vec![r.clone()]);
+        o.push_slice(&record(78, 8)).unwrap();
+        o.set_heard_with(4, [9; STATE_LEN]).unwrap();
+        let o = Box4::open(o.flash().clone()).unwrap();
+        assert_eq!(queued(&o), vec![r, record(78, 8)]);
+        assert_eq!((o.next_seq(), o.heard(), o.state()), (7, 4, [9; STATE_LEN]));
+    }
+
+    /// The program's state and its heard sequence come back together, through pages opened and freed.
+    #[test]
+    fn the_programs_state_is_kept_with_heard_across_pages() {
+        let mut o = Box4::open(SimFlash::new(512, 3)).unwrap();
+        for h in 1..=200u64 {
+            o.push_slice(&record(h as u32, 16)).unwrap();
+            o.release(1);
+            let through = o.first_seq();
+            o.acked(through, false);
+            if h % 3 == 0 {
+                o.set_heard_with(h, state_of(1, h)).unwrap();
+            } else {
+                o.set_heard(h).unwrap();
+            }
+            assert_eq!(
+                o.set_heard_with(h, [0xEE; STATE_LEN]),
+                Ok(()),
+                "not above: nothing"
+            );
+            let back = Box4::open(o.flash().clone()).unwrap();
+            assert_eq!(back.heard(), h);
+            let expected = if h < 3 {
+                [0; STATE_LEN]
+            } else {
+                state_of(1, h - h % 3)
+            };
+            assert_eq!(back.state(), expected, "heard {h}");
+        }
+        assert!(o.stats().pages_erased > 10, "{:?}", o.stats());
     }
 
     #[test]

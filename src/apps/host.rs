@@ -1583,8 +1583,9 @@ impl Host {
     /// Pauses apps whose outlets are at their lag budget; resumes them at [`LAG_RESUME_PERCENT`] of it
     /// (hysteresis). While an app takes input the node core is told the records it may still take before an outlet
     /// reaches its budget, so a burst passes it by less than a frame (protocol.md 6.3), not by a turn. Called after
-    /// each turn's commits (the head moved) and when a turn is finished (acknowledgements may have come).
-    fn check_lag(&mut self, node: &mut Node) {
+    /// each turn's commits (the head moved) and when a turn is finished (acknowledgements may have come); and once
+    /// the node core has its apps (at start and after a reload), so that a budget holds from the first packet.
+    pub fn check_lag(&mut self, node: &mut Node) {
         let heads: Vec<u64> = (0..self.apps.len())
             .map(|i| {
                 self.stores
@@ -1913,6 +1914,8 @@ impl Host {
         };
         self.rebuild_inner(&full);
         node.set_apps(self.hosted_apps());
+        // An outlet given a budget (or a new one) holds from the next packet, not from the next turn's end.
+        self.check_lag(node);
         Ok(done)
     }
 }

@@ -195,7 +195,7 @@ pub struct CheckArgs {
     #[arg(long, value_name = "FILE")]
     pub apps: Option<PathBuf>,
     /// The address the node listens on, as the node's --bind: its ports are tried (bound and let go).
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
+    #[arg(long, value_name = "ADDR", default_value = "::")]
     pub bind: std::net::IpAddr,
     /// The node's UDP port for links, to try (0: not tried).
     #[arg(long, value_name = "PORT", default_value_t = DEFAULT_LINK_PORT)]
@@ -207,6 +207,12 @@ pub struct CheckArgs {
     /// 127.0.0.1:7382, or port 0 with --http-port 0.
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_listen)]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The node's --push-socket (PATH or none), to check its path (and that of the datagram socket made from it).
+    #[arg(long, value_name = "PATH|none")]
+    pub push_socket: Option<PathBuf>,
+    /// The node's --push-datagrams (PATH or none), to check its path.
+    #[arg(long, value_name = "PATH|none")]
+    pub push_datagrams: Option<PathBuf>,
 }
 
 pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
@@ -221,15 +227,19 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
             p.exists().then_some(p)
         }),
         apps_file: args.apps.clone(),
-        link_addr: (args.link_port != 0)
-            .then(|| std::net::SocketAddr::new(args.bind, args.link_port)),
-        http_addr: (args.http_port != 0)
-            .then(|| std::net::SocketAddr::new(args.bind, args.http_port)),
+        link_addr: (args.link_port != 0).then(|| {
+            std::net::SocketAddr::new(crate::common::listen::effective(args.bind), args.link_port)
+        }),
+        http_addr: (args.http_port != 0).then(|| {
+            std::net::SocketAddr::new(crate::common::listen::effective(args.bind), args.http_port)
+        }),
         metrics_addr: Some(
             args.metrics_listen
                 .unwrap_or_else(|| default_metrics_listen(args.http_port)),
         )
         .filter(|a| a.port() != 0),
+        push_socket: args.push_socket.clone(),
+        push_datagrams: args.push_datagrams.clone(),
         state_dir,
     };
     let report = crate::ops::check::check(&input);

@@ -12,7 +12,7 @@ use crate::http::push::PushSocket;
 use crate::http::{HttpLimits, HttpServer, TlsConfig};
 use crate::ops::notify::Notifier;
 use crate::ops::signals;
-use crate::receive::pushes::{PushDatagramError, PushDatagrams};
+use crate::receive::pushes::PushDatagrams;
 use crate::receive::{Control, NodeSettings, ReadyNode};
 
 #[derive(Args, Debug)]
@@ -97,7 +97,9 @@ pub struct NodeArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub tls_handshake_budget: u32,
     /// Address to listen on for links: UDP --link-port and TCP --http-port (not the metrics: --metrics-listen).
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
+    /// The default, ::, is every address, IPv6 and IPv4 (one dual-stack socket per port; IPv4 alone on a host
+    /// without IPv6); 0.0.0.0 is every IPv4 address only.
+    #[arg(long, value_name = "ADDR", default_value = "::")]
     pub bind: IpAddr,
     /// A run's session is forgotten after this long without packets (it costs nothing while idle).
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
@@ -204,7 +206,7 @@ impl NodeArgs {
                 .clone()
                 .unwrap_or_else(|| state_dir.join("node.key")),
             senders_file,
-            link_addr: SocketAddr::new(self.bind, self.link_port),
+            link_addr: SocketAddr::new(crate::common::listen::effective(self.bind), self.link_port),
             idle: Duration::from_millis(self.link_idle_ms),
             apps,
             apps_file: self.apps.clone(),
@@ -255,7 +257,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
             None
         }
     };
-    let http_addr = SocketAddr::new(args.bind, args.http_port);
+    let http_addr = SocketAddr::new(crate::common::listen::effective(args.bind), args.http_port);
     // Before the senders file: a bad certificate should not wait for a million lines to be read to be told.
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
@@ -298,34 +300,35 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     if let Some(tls) = tls {
         http = http.with_tls(tls);
     }
-    let push_path = match &args.push_socket {
-        Some(p) if p.as_os_str() == "none" => None,
-        Some(p) => Some(p.clone()),
-        None => Some(state.join("push.sock")),
-    };
-    let datagrams_path = match (&args.push_datagrams, &push_path) {
-        (Some(p), _) if p.as_os_str() == "none" => None,
-        (Some(p), _) => Some(p.clone()),
-        // A push socket named *.dgram gets *.dgram.dgram, not its own path.
-        (None, Some(stream)) if stream.extension().is_some_and(|e| e == "dgram") => {
-            let mut name = stream.as_os_str().to_owned();
-            name.push(".dgram");
-            Some(PathBuf::from(name))
-        }
-        (None, Some(stream)) => Some(stream.with_extension("dgram")),
-        (None, None) => None,
-    };
+    let (push_path, datagrams_path) = crate::common::push::socket_paths(
+        args.push_socket.as_deref(),
+        args.push_datagrams.as_deref(),
+        &state,
+    );
+    // What can be told before binding (a path too long for a Unix socket, named against the flag that made it).
+    if let Some(problem) = crate::common::push::path_problems(
+        push_path.as_deref(),
+        datagrams_path.as_deref(),
+        args.push_datagrams.is_some(),
+        Some(&state),
+    )
+    .into_iter()
+    .next()
+    {
+        let crate::common::push::PathProblem { kind, path, why } = problem;
+        let e = match kind {
+            crate::common::push::PushSocketKind::Stream => {
+                anyhow::Error::new(crate::http::HttpError::PushSocket { path, why })
+            }
+            crate::common::push::PushSocketKind::Datagram => {
+                anyhow::Error::new(crate::receive::pushes::PushDatagramError { path, why })
+            }
+        };
+        return Err(e.context("the node did not start"));
+    }
     // The datagram socket first: if the push socket then cannot be bound, the datagram socket's file goes with the
     // node (nothing is left behind by a start that failed).
     if let Some(path) = &datagrams_path {
-        if push_path.as_ref() == Some(path) {
-            return Err(anyhow::Error::new(PushDatagramError {
-                path: path.clone(),
-                why: "it is the push socket's own path (--push-socket): give one of them another"
-                    .into(),
-            })
-            .context("the node did not start"));
-        }
         let socket = PushDatagrams::bind(path).context("the node did not start")?;
         ready.serve_push_datagrams(socket);
     }

@@ -62,6 +62,16 @@ pub enum PushError {
     )]
     NoNode { path: PathBuf, why: String },
     #[error(
+        "the node running on {dir} (pid {pid}) serves no push socket at {path}: it was started with --push-socket \
+         none, or with --push-socket elsewhere; nothing was sent: push with --socket PATH of that node, or start it \
+         without --push-socket none (docs/downlink.md, \"Queueing records\")"
+    )]
+    NoSocket {
+        dir: PathBuf,
+        pid: String,
+        path: PathBuf,
+    },
+    #[error(
         "may not connect to the push socket {path} (permission denied): nothing was sent; run push as the node's \
          user, or as a member of the node's group with the socket where that group may reach it (docs/downlink.md, \
          \"Who may push\")"
@@ -84,6 +94,7 @@ impl PushError {
             PushError::Refused(_) => EXIT_REFUSED,
             PushError::NoSuch(_) => EXIT_NO_SUCH,
             PushError::NoNode { .. }
+            | PushError::NoSocket { .. }
             | PushError::NotPermitted { .. }
             | PushError::Directory { .. } => EXIT_NO_NODE,
             PushError::TryAgain(_) => EXIT_TRY_AGAIN,
@@ -99,6 +110,16 @@ impl PushError {
             }
         } else if path.is_dir() {
             PushError::Directory {
+                path: path.to_path_buf(),
+            }
+        } else if let Some((dir, pid)) = path
+            .parent()
+            .and_then(|dir| Some((dir, crate::store::state::StateLock::holder(dir)?)))
+        {
+            // A node holds the directory the socket would be in, and answers nowhere there.
+            PushError::NoSocket {
+                dir: dir.to_path_buf(),
+                pid,
                 path: path.to_path_buf(),
             }
         } else {

@@ -11,5 +11,6 @@
 pub mod address;
 pub mod dns;
 pub mod figures;
+pub mod listen;
 pub mod push;
 pub mod wake;

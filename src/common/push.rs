@@ -210,6 +210,137 @@ pub fn clear_socket_path(
     }
 }
 
+/// The longest path a Unix socket's address holds: `sun_path` is 108 bytes, its NUL included.
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// Where the node serves its push sockets (docs/downlink.md): (the stream socket, the datagram socket), `None` for
+/// one it serves nowhere, from `--push-socket` and `--push-datagrams` as given (`None`: not given) and the state
+/// directory. The datagram socket's default is the stream socket's path with the extension `.dgram` (`.dgram`
+/// added to a path that has it already).
+pub fn socket_paths(
+    push_socket: Option<&std::path::Path>,
+    push_datagrams: Option<&std::path::Path>,
+    state: &std::path::Path,
+) -> (Option<std::path::PathBuf>, Option<std::path::PathBuf>) {
+    let stream = match push_socket {
+        Some(p) if p.as_os_str() == "none" => None,
+        Some(p) => Some(p.to_path_buf()),
+        None => Some(state.join("push.sock")),
+    };
+    let datagrams = match (push_datagrams, &stream) {
+        (Some(p), _) if p.as_os_str() == "none" => None,
+        (Some(p), _) => Some(p.to_path_buf()),
+        // A push socket named *.dgram gets *.dgram.dgram, not its own path.
+        (None, Some(s)) if s.extension().is_some_and(|e| e == "dgram") => {
+            let mut name = s.as_os_str().to_owned();
+            name.push(".dgram");
+            Some(std::path::PathBuf::from(name))
+        }
+        (None, Some(s)) => Some(s.with_extension("dgram")),
+        (None, None) => None,
+    };
+    (stream, datagrams)
+}
+
+/// One of the two push sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushSocketKind {
+    Stream,
+    Datagram,
+}
+
+/// A push socket's path that cannot be bound, found before binding (the node at its start, `check`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathProblem {
+    pub kind: PushSocketKind,
+    pub path: std::path::PathBuf,
+    /// What is wrong, the flag to change and the fix.
+    pub why: String,
+}
+
+impl std::fmt::Display for PathProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.kind {
+            PushSocketKind::Stream => "push socket",
+            PushSocketKind::Datagram => "push datagram socket",
+        };
+        write!(f, "{what} {}: {}", self.path.display(), self.why)
+    }
+}
+
+/// What can be told about the push sockets' paths before binding them: the same path for both, a path too long
+/// for a Unix socket, a directory that is not there. `datagrams_given`: `--push-datagrams` was given (else its path
+/// was made from `--push-socket`'s, and that is the flag to change). `state`: the state directory, which the node
+/// makes at its start, so it need not exist yet.
+pub fn path_problems(
+    stream: Option<&std::path::Path>,
+    datagrams: Option<&std::path::Path>,
+    datagrams_given: bool,
+    state: Option<&std::path::Path>,
+) -> Vec<PathProblem> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut problems = Vec::new();
+    let problem = |kind, path: &std::path::Path, why: String| PathProblem {
+        kind,
+        path: path.to_path_buf(),
+        why,
+    };
+    if let (Some(s), Some(d)) = (stream, datagrams)
+        && s == d
+    {
+        problems.push(problem(
+            PushSocketKind::Datagram,
+            d,
+            "it is the push socket's own path (--push-socket): give one of them another".into(),
+        ));
+    }
+    let datagrams_flag = if datagrams_given {
+        "--push-datagrams"
+    } else {
+        "--push-socket"
+    };
+    for (kind, path, flag) in [
+        (PushSocketKind::Stream, stream, "--push-socket"),
+        (PushSocketKind::Datagram, datagrams, datagrams_flag),
+    ] {
+        let Some(path) = path else { continue };
+        let len = path.as_os_str().as_bytes().len();
+        if len > MAX_SOCKET_PATH {
+            let fix = if kind == PushSocketKind::Datagram && !datagrams_given {
+                "it is --push-socket's path with .dgram: give --push-socket a shorter path, or --push-datagrams one \
+                 of its own (or none)"
+            } else if kind == PushSocketKind::Datagram {
+                "give --push-datagrams a shorter one (or none)"
+            } else {
+                "give --push-socket a shorter one (or none)"
+            };
+            problems.push(problem(
+                kind,
+                path,
+                format!(
+                    "its path is {len} bytes, and a Unix socket's path must be at most {MAX_SOCKET_PATH}: {fix}"
+                ),
+            ));
+            continue;
+        }
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        if !dir.is_dir() && Some(dir) != state {
+            problems.push(problem(
+                kind,
+                path,
+                format!(
+                    "its directory {} does not exist: make it, or give {flag} another path",
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    problems
+}
+
 /// Why a push socket could not be bound, and what to do.
 pub fn bind_problem(e: &std::io::Error) -> String {
     match e.kind() {

@@ -223,8 +223,8 @@ pub struct HttpServer {
 impl HttpServer {
     /// Binds `--http-port`'s listener.
     pub fn bind(addr: SocketAddr) -> Result<Self, HttpError> {
-        let listener =
-            std::net::TcpListener::bind(addr).map_err(|source| HttpError::Bind { addr, source })?;
+        let listener = crate::common::listen::tcp_listener(addr)
+            .map_err(|source| HttpError::Bind { addr, source })?;
         Ok(HttpServer {
             listener,
             metrics: None,
@@ -236,7 +236,7 @@ impl HttpServer {
 
     /// Also binds the metrics listener (`--metrics-listen`). Without one, `/metrics` is served nowhere.
     pub fn with_metrics_listener(mut self, addr: SocketAddr) -> Result<Self, HttpError> {
-        let listener = std::net::TcpListener::bind(addr)
+        let listener = crate::common::listen::tcp_listener(addr)
             .map_err(|source| HttpError::MetricsBind { addr, source })?;
         self.metrics = Some(listener);
         Ok(self)

@@ -29,6 +29,9 @@ pub struct CheckInput {
     pub http_addr: Option<SocketAddr>,
     /// `--metrics-listen`.
     pub metrics_addr: Option<SocketAddr>,
+    /// `--push-socket` and `--push-datagrams` as given (`None`: not given; the node's defaults apply).
+    pub push_socket: Option<PathBuf>,
+    pub push_datagrams: Option<PathBuf>,
 }
 
 /// The findings: facts that are fine, problems (each says what is wrong and how to fix it), and warnings (allowed,
@@ -177,9 +180,9 @@ pub fn check(input: &CheckInput) -> Report {
         let Some(addr) = addr else { continue };
         let proto = if udp { "UDP" } else { "TCP" };
         let bound = if udp {
-            std::net::UdpSocket::bind(addr).map(drop)
+            crate::common::listen::udp_socket(addr).map(drop)
         } else {
-            std::net::TcpListener::bind(addr).map(drop)
+            crate::common::listen::tcp_listener(addr).map(drop)
         };
         match bound {
             Ok(()) => r.fine.push(format!("{proto} {addr}: free to listen on")),
@@ -267,7 +270,37 @@ pub fn check(input: &CheckInput) -> Report {
             descriptors(&mut r, &AppsConfig::default_single());
         }
     }
+    push_sockets(&mut r, input);
     r
+}
+
+/// The push sockets' paths, as the node will make them: problems it would refuse at its start (a path too long for
+/// a Unix socket, named against the flag that made it; a directory not there; one path for both).
+fn push_sockets(r: &mut Report, input: &CheckInput) {
+    let (stream, datagrams) = crate::common::push::socket_paths(
+        input.push_socket.as_deref(),
+        input.push_datagrams.as_deref(),
+        &input.state_dir,
+    );
+    let problems = crate::common::push::path_problems(
+        stream.as_deref(),
+        datagrams.as_deref(),
+        input.push_datagrams.is_some(),
+        Some(&input.state_dir),
+    );
+    if !problems.is_empty() {
+        r.problems.extend(problems.iter().map(ToString::to_string));
+        return;
+    }
+    let shown = |p: &Option<PathBuf>| {
+        p.as_ref()
+            .map_or("none".to_string(), |p| p.display().to_string())
+    };
+    r.fine.push(format!(
+        "push sockets: {} and {} (datagrams)",
+        shown(&stream),
+        shown(&datagrams)
+    ));
 }
 
 /// Outlets the file renames, as far as the state tells: an outlet the app's store knows (it was applied) that the
@@ -337,6 +370,8 @@ mod tests {
             link_addr: None,
             http_addr: None,
             metrics_addr: None,
+            push_socket: None,
+            push_datagrams: None,
         });
         assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
         assert!(r.problems[0].contains("node.key"), "{:?}", r.problems);
@@ -367,6 +402,8 @@ mod tests {
             link_addr: None,
             http_addr: None,
             metrics_addr: None,
+            push_socket: None,
+            push_datagrams: None,
         });
         assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
         assert!(
@@ -388,9 +425,12 @@ mod tests {
             link_addr: None,
             http_addr: None,
             metrics_addr: None,
+            push_socket: None,
+            push_datagrams: None,
         });
         assert!(r.problems.is_empty(), "{:?}", r.problems);
-        assert_eq!(r.fine.len(), 5);
+        assert_eq!(r.fine.len(), 6);
+        assert!(r.fine[5].starts_with("push sockets: "), "{:?}", r.fine);
         assert!(r.fine[3].contains("one app `main`"), "{:?}", r.fine);
         assert!(
             r.fine[4].starts_with("file descriptors: the configuration needs about"),
@@ -416,6 +456,8 @@ mod tests {
             link_addr: None,
             http_addr: None,
             metrics_addr: None,
+            push_socket: None,
+            push_datagrams: None,
         });
         assert_eq!(r.problems.len(), 2, "{:?}", r.problems);
         assert!(
@@ -455,6 +497,8 @@ mod tests {
             link_addr: None,
             http_addr: None,
             metrics_addr: None,
+            push_socket: None,
+            push_datagrams: None,
         };
         let r = check(&input);
         assert!(r.problems.is_empty(), "{:?}", r.problems);

@@ -41,7 +41,7 @@ pub fn bind_problem(
             addr.port()
         ),
         ErrorKind::AddrNotAvailable => format!(
-            "{} is not an address of this host: give one it has with {addr_flag} (0.0.0.0 listens on all)",
+            "{} is not an address of this host: give one it has with {addr_flag} (:: listens on all, IPv6 and IPv4)",
             addr.ip()
         ),
         ErrorKind::PermissionDenied if addr.port() < 1024 => format!(

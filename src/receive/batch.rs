@@ -298,8 +298,13 @@ const SEND_BATCH: usize = 64;
 /// resend earns another answer.
 pub fn send_all(socket: &std::net::UdpSocket, out: &[crate::proto::node::Transmit]) {
     use std::os::fd::AsRawFd;
+    // A dual-stack socket (`--bind ::`) takes its IPv4 peers' addresses as `::ffff:a.b.c.d`.
+    let v6 = socket.local_addr().is_ok_and(|a| a.is_ipv6());
     for chunk in out.chunks(SEND_BATCH) {
-        let names: Vec<socket2::SockAddr> = chunk.iter().map(|t| t.to.into()).collect();
+        let names: Vec<socket2::SockAddr> = chunk
+            .iter()
+            .map(|t| crate::common::listen::for_socket(t.to, v6).into())
+            .collect();
         let mut iovs: Vec<libc::iovec> = chunk
             .iter()
             .map(|t| libc::iovec {
@@ -362,11 +367,14 @@ fn decode_addr(name: &libc::sockaddr_storage) -> Option<SocketAddr> {
             // SAFETY: the family is AF_INET6, so the storage holds a sockaddr_in6.
             let a =
                 unsafe { &*(name as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(a.sin6_addr.s6_addr),
-                u16::from_be(a.sin6_port),
-                a.sin6_flowinfo,
-                a.sin6_scope_id,
+            // An IPv4 peer of a dual-stack socket (`--bind ::`) is the IPv4 address it is.
+            Some(crate::common::listen::canonical(SocketAddr::V6(
+                SocketAddrV6::new(
+                    Ipv6Addr::from(a.sin6_addr.s6_addr),
+                    u16::from_be(a.sin6_port),
+                    a.sin6_flowinfo,
+                    a.sin6_scope_id,
+                ),
             )))
         }
         _ => None,

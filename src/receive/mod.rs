@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Protocol, Socket, Type};
 use thiserror::Error;
 
 use crate::apps::config::{AppsConfig, AppsError};
@@ -236,7 +236,7 @@ fn create_private_dir(path: &Path) -> Result<(), NodeError> {
 }
 
 fn bind_udp(addr: SocketAddr, recv_buffer: usize) -> Result<UdpSocket, NodeError> {
-    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
+    let socket = crate::common::listen::socket(addr, Type::DGRAM, Protocol::UDP)
         .map_err(NodeError::Socket)?;
     set_recv_buffer(&socket, recv_buffer);
     socket
@@ -331,7 +331,7 @@ impl ReadyNode {
                 .map(|a| a.name.clone())
                 .collect::<Vec<_>>(),
         )?;
-        let (host, outlets) = match shared {
+        let (mut host, outlets) = match shared {
             None => Host::open(
                 &settings.state_dir,
                 &settings.apps,
@@ -371,6 +371,8 @@ impl ReadyNode {
             Arc::new(senders),
         );
         node.set_apps(host.hosted_apps());
+        // The lag budgets' room from the start: else the first turn would take a burst whole (protocol.md 6.3).
+        host.check_lag(&mut node);
         node.set_admission(AdmissionConfig::new(
             settings.x25519_budget,
             crypto::random_array(),

@@ -80,6 +80,77 @@ pub fn available(test: &str) -> bool {
     false
 }
 
+/// [`available`], and the distribution's `arm-none-eabi-gcc` with newlib for the C firmware
+/// (`link-c/examples/mps2-an386`).
+pub fn available_c(test: &str) -> bool {
+    if !available(test) {
+        return false;
+    }
+    let gcc = Command::new("arm-none-eabi-gcc")
+        .args(["--specs=rdimon.specs", "-print-file-name=librdimon.a"])
+        .output();
+    let newlib = gcc.as_ref().is_ok_and(|o| {
+        o.status.success() && Path::new(String::from_utf8_lossy(&o.stdout).trim()).is_absolute()
+    });
+    if newlib {
+        return true;
+    }
+    let why = "this machine lacks arm-none-eabi-gcc with newlib (`apt-get install gcc-arm-none-eabi \
+               libnewlib-arm-none-eabi`); .ci/run installs them and sets PURE_REQUIRE_FIRMWARE=1";
+    let required = std::env::var_os("PURE_REQUIRE_FIRMWARE").is_some_and(|v| v == "1");
+    assert!(!required, "{test}: PURE_REQUIRE_FIRMWARE=1 but {why}");
+    eprintln!("skipped: {test}: {why}");
+    false
+}
+
+/// Builds the C firmware once per test binary: the C library (`link-c`, `cargo build --release --target
+/// thumbv7em-none-eabihf`, into its own target dir), then `make` in `link-c/examples/mps2-an386` with the
+/// distribution's `arm-none-eabi-gcc` (warnings are errors there). Returns the ELF's path.
+pub fn build_c() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let link_c = Path::new(env!("CARGO_MANIFEST_DIR")).join("link-c");
+            let target_dir = link_c.join("target");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let out = Command::new(cargo)
+                .current_dir(&link_c)
+                .args(["build", "--release", "--target", TARGET, "--manifest-path"])
+                .arg(link_c.join("Cargo.toml"))
+                .arg("--target-dir")
+                .arg(&target_dir)
+                .env_remove("RUSTFLAGS")
+                .env_remove("CARGO_ENCODED_RUSTFLAGS")
+                .env_remove("CARGO_BUILD_RUSTFLAGS")
+                .env_remove("CARGO_BUILD_TARGET")
+                .env_remove("CARGO_TARGET_DIR")
+                .output()
+                .expect("run cargo for link-c");
+            assert!(
+                out.status.success(),
+                "building link-c for {TARGET}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let lib = target_dir.join(TARGET).join("release/libpure_link_c.a");
+            let build = target_dir.join("mps2-an386");
+            let out = Command::new("make")
+                .arg("-C")
+                .arg(link_c.join("examples/mps2-an386"))
+                .arg(format!("LIB={}", lib.display()))
+                .arg(format!("OUT={}", build.display()))
+                .output()
+                .expect("run make (apt-get install make)");
+            assert!(
+                out.status.success(),
+                "building the C firmware: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            build.join("sender.elf")
+        })
+        .clone()
+}
+
 /// Whether the standard library for [`TARGET`] is in the toolchain's sysroot (how rustup installs a target).
 fn target_installed() -> bool {
     let Ok(out) = Command::new("rustc").args(["--print", "sysroot"]).output() else {
