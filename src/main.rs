@@ -7,7 +7,15 @@ use pure_serve::cli::{self, Cli, Command};
 use pure_serve::ops::journal;
 
 fn main() {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let status = cli::usage_exit_status(&e, &args);
+            let _ = e.print();
+            std::process::exit(status);
+        }
+    };
     let filter = match &cli.log {
         Some(level) => match tracing_subscriber::EnvFilter::try_new(level) {
             Ok(f) => f,
@@ -15,7 +23,12 @@ fn main() {
                 eprintln!(
                     "pure-serve: --log {level:?} is not a log level or filter ({e}); try --log debug"
                 );
-                std::process::exit(2);
+                // A flag of the node is its configuration (cli::usage_exit_status).
+                std::process::exit(if cli.command.is_none() {
+                    cli::EXIT_CONFIG
+                } else {
+                    2
+                });
             }
         },
         None => tracing_subscriber::EnvFilter::try_from_default_env()
@@ -47,38 +60,18 @@ fn main() {
         Some(Command::Check(a)) => cli::check(a),
     };
     if let Err(e) = result {
-        let text = format!("pure-serve: {}\n", one_line(&e));
+        let text = format!("pure-serve: {}\n", cli::one_line(&e));
         if journal {
             eprint!("{}", journal::with_priority(&tracing::Level::ERROR, &text));
         } else {
             eprint!("{text}");
         }
-        // The node tells a configuration at fault from a failure a restart may cure (cli::EXIT_CONFIG).
+        // The node and `records` tell a configuration at fault from a failure a restart may cure (cli::EXIT_CONFIG).
         let status = match &cli.command {
-            None => cli::node_exit_status(&e),
+            None | Some(Command::Records(_)) => cli::exit_status(&e),
             Some(Command::Push(_)) => cli::push::exit_status(&e),
             Some(_) => 1,
         };
         std::process::exit(status);
     }
-}
-
-/// The error and its causes, each said once: a cause whose words the message already holds (an OS error that a
-/// layer above already quoted, SQLite's code behind its own message) is left out.
-fn one_line(e: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in e.chain() {
-        if cause.is::<rusqlite::ffi::Error>() {
-            continue;
-        }
-        let words = cause.to_string();
-        if text.contains(&words) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&words);
-    }
-    text
 }

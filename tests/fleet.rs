@@ -3,7 +3,8 @@
 //! would move it — mid-run, mid-flow, with records in flight, and at times sending the same packet to both nodes at
 //! once. What the database holds afterwards is read with a client of the test's own: every record the sender was
 //! acked is stored exactly once, in sequence, at positions without gaps. Also: a node SIGKILLed mid-flow, the
-//! database stopped and started again under a node, and what a node on a fleet's store refuses to start with.
+//! database stopped and started again under a node (what a node on a fleet's store refuses to start with, and its
+//! exit status, is tests/fleet_refusals.rs).
 //! And outlets of a fleet: the node driving a link or a webhook SIGKILLed mid-delivery, the other taking its lease
 //! over from what the far side acknowledged, every record at the far side once (a link) or every position, none
 //! twice (a webhook); a clean stop giving the lease back. And downlink on a fleet: records pushed on either node reach
@@ -383,35 +384,6 @@ fn a_node_whose_database_stops_says_so_acks_nothing_and_stores_again_when_it_is_
     );
     // Pushes are queued again; the one refused while the database was down was not.
     assert_eq!(push_on(&node, &["after".to_string()]), 1..=1);
-}
-
-#[test]
-fn a_node_on_a_fleets_store_refuses_a_database_that_is_not_there() {
-    let dir = tempfile::tempdir().unwrap();
-    let (node_key, _, senders) = setup(dir.path());
-    // A database that is not there stops the start with its reason.
-    let out = Command::new(bin())
-        .args(["--state"])
-        .arg(dir.path().join("nowhere"))
-        .args([
-            "--bind",
-            "127.0.0.1",
-            "--link-port",
-            "0",
-            "--http-port",
-            "0",
-        ])
-        .args(["--key", node_key.to_str().unwrap()])
-        .args(["--senders", senders.to_str().unwrap()])
-        .args([
-            "--store",
-            "postgresql://postgres@localhost/postgres?host=/nonexistent-dir",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{text}");
-    assert!(text.contains("/nonexistent-dir"), "{text}");
 }
 
 /// `pure-serve send --listen main --heard-file HEARD` of the fleet's device to `node`, with `extra` arguments.

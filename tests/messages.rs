@@ -602,17 +602,19 @@ fn a_push_socket_that_is_a_directory_suggests_state() {
 
 /// Issue 36: a `--store` URL with a password was refused, but the argument parser's own prefix printed it first
 /// (`invalid value 'postgres://pure:secret@…'`), into the journal; and a 100 kB value was echoed whole. Now the
-/// message masks the password and shows at most 100 characters of a value, for the node and for `records`.
+/// message masks the password and shows at most 100 characters of a value, for the node and for `records`. A bad
+/// flag of the node is its configuration: it exits 78 (EX_CONFIG), which systemd does not restart; `records` says
+/// it with clap's usage status, 2.
 #[test]
 fn a_store_url_with_a_password_is_refused_without_printing_it_and_a_long_value_is_not_echoed() {
-    for cmd in [&[][..], &["records"][..]] {
+    for (cmd, usage) in [(&[][..], 78), (&["records"][..], 2)] {
         let out = Command::new(bin())
             .args(cmd)
             .args(["--store", "postgres://pure:hunter2@db.internal/fleet"])
             .output()
             .unwrap();
         let err = text(&out);
-        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(out.status.code(), Some(usage), "{err}");
         assert!(!err.contains("hunter2"), "the password was printed: {err}");
         assert!(
             err.contains("postgres://pure:***@db.internal/fleet")
@@ -626,7 +628,7 @@ fn a_store_url_with_a_password_is_refused_without_printing_it_and_a_long_value_i
             .output()
             .unwrap();
         let err = text(&out);
-        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(out.status.code(), Some(usage), "{err}");
         assert!(
             !err.contains("hunter2") && err.contains("holds a password"),
             "{err}"
@@ -642,10 +644,48 @@ fn a_store_url_with_a_password_is_refused_without_printing_it_and_a_long_value_i
                 .output()
                 .unwrap();
             let err = text(&out);
-            assert_eq!(out.status.code(), Some(2), "{}", &err[..err.len().min(300)]);
+            assert_eq!(
+                out.status.code(),
+                Some(usage),
+                "{}",
+                &err[..err.len().min(300)]
+            );
             assert!(err.len() < 1_000, "{} bytes of message", err.len());
         }
     }
+}
+
+/// Issue 36: a bad `--store` exited 2, which systemd restarts five times; every mistake in the node's flags is its
+/// configuration and exits 78 at once, while `--help` still exits 0 and another command's mistake 2.
+#[test]
+fn a_bad_flag_of_the_node_exits_78_and_help_exits_0() {
+    for args in [
+        &["--store", "nosuch://db"][..],
+        &["--store", "postgres://pure@db/fleet?sslmode=sometimes"][..],
+        &["--link-port", "seventy"][..],
+        &["--no-such-flag"][..],
+        &["--log", "pure_serve=loud"][..],
+    ] {
+        let out = output_within(Command::new(bin()).args(args));
+        let err = text(&out);
+        assert_eq!(out.status.code(), Some(78), "{args:?}: {err}");
+        assert!(!err.contains("ready"), "{err}");
+    }
+    let err =
+        text(&output_within(Command::new(bin()).args([
+            "--store",
+            "postgres://pure@db/fleet?sslmode=sometimes",
+        ])));
+    assert!(
+        err.contains("is not a PostgreSQL URL") && err.contains("sslmode"),
+        "{err}"
+    );
+    let out = output_within(Command::new(bin()).arg("--help"));
+    assert_eq!(out.status.code(), Some(0));
+    let out = output_within(Command::new(bin()).args(["records", "--no-such-flag"]));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let out = output_within(Command::new(bin()).args(["--log", "debug", "records", "--frm", "1"]));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
 
 /// Issue 37, "small things seen": `push` to a node running with `--push-socket none` said "no node answers … start

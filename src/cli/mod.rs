@@ -164,7 +164,9 @@ pub enum Command {
         --waiting the source is the sender each downlink record waits for.\n\n\
         Order: without --from, each app's records by source name, then by sequence (each source's records\n\
         together); with --from POS (and with --follow), by position, the order the app stored them in, over all\n\
-        sources. `--from 1` lists everything in store order.")]
+        sources. `--from 1` lists everything in store order.\n\n\
+        Exit status: 0; 78 when the fleet's database (--store) refuses the login, is not there, or may not be read\n\
+        (the message says the fix); 2 for a mistake in the flags; 1 otherwise.")]
     Records(records::RecordsArgs),
     /// List the senders with when each last stored a record, the quietest first: which devices went quiet.
     #[command(after_help = "Examples:\n  \
@@ -357,14 +359,17 @@ pub fn pubkey(args: &PubkeyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// EX_CONFIG (sysexits.h): the node did not start because of its configuration — a bad senders, apps, key or
-/// TLS file, a limit on open files too low for it, a state directory that looks like it lost data. Starting it
-/// again cannot help, so the unit does not restart on it (`RestartPreventExitStatus=78`, docs/operations.md).
+/// EX_CONFIG (sysexits.h): the command stopped because of its configuration — a bad flag of the node, a bad
+/// senders, apps, key, TLS or password file, a limit on open files too low for it, a state directory that looks like
+/// it lost data, a store of a newer layout, a fleet's database that refuses the login, is not there, may not be
+/// written, or does not make commits durable. Starting it again cannot help, so the unit does not restart on it
+/// (`RestartPreventExitStatus=78`, docs/operations.md).
 pub const EXIT_CONFIG: i32 = 78;
 
-/// The exit status of the node (the command without a subcommand) after `e` stopped it: [`EXIT_CONFIG`] when
-/// the configuration is at fault, 1 for anything a restart may cure (a port in use, a disk that failed).
-pub fn node_exit_status(e: &anyhow::Error) -> i32 {
+/// The exit status after `e` stopped a command (the node, `records`): [`EXIT_CONFIG`] when the configuration is at
+/// fault, 1 for anything a restart may cure (a port in use, a disk that failed, a database that is down). Each
+/// layer's error type says which of its errors are the configuration's (`is_configuration`); this only asks them.
+pub fn exit_status(e: &anyhow::Error) -> i32 {
     use crate::apps::config::AppsError;
     use crate::files::FileError;
     use crate::http::HttpError;
@@ -372,20 +377,17 @@ pub fn node_exit_status(e: &anyhow::Error) -> i32 {
     use crate::ops::fds::FdError;
     use crate::receive::NodeError;
     use crate::senders::SendersError;
+    use crate::store::StoreError;
+    use crate::store::engine::{StoreChoiceError, StorePasswordError};
     use crate::store::state::StateError;
     let configuration = e.chain().any(|c| {
         c.downcast_ref::<NodeError>()
             .is_some_and(NodeError::is_configuration)
-            || c.downcast_ref::<HttpError>().is_some_and(|h| {
-                matches!(
-                    h,
-                    HttpError::TlsFile(_)
-                        | HttpError::TlsCert { .. }
-                        | HttpError::TlsKey { .. }
-                        | HttpError::TlsPair { .. }
-                        | HttpError::PushSocket { .. }
-                )
-            })
+            || c.downcast_ref::<HttpError>()
+                .is_some_and(HttpError::is_configuration)
+            || c.downcast_ref::<StoreError>()
+                .is_some_and(StoreError::is_configuration)
+            // Every error of these types is a file or a setting the operator gave.
             || c.is::<AppsError>()
             || c.is::<FdError>()
             || c.is::<KeyError>()
@@ -393,7 +395,46 @@ pub fn node_exit_status(e: &anyhow::Error) -> i32 {
             || c.is::<FileError>()
             || c.is::<StateError>()
             || c.is::<crate::receive::pushes::PushDatagramError>()
-            || c.is::<crate::store::engine::StoreChoiceError>()
+            || c.is::<StoreChoiceError>()
+            || c.is::<StorePasswordError>()
     });
     if configuration { EXIT_CONFIG } else { 1 }
+}
+
+/// The exit status after the command line could not be read. The node's flags are its configuration (a unit's
+/// `ExecStart=`): a mistake in them is [`EXIT_CONFIG`], so systemd does not restart it in a loop. Another
+/// command's is clap's usage error (2); `--help` and `--version` are 0.
+pub fn usage_exit_status(e: &clap::Error, args: &[std::ffi::OsString]) -> i32 {
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) || !e.use_stderr() {
+        return e.exit_code();
+    }
+    // What the line names when its mistakes are passed over: a subcommand, or the node.
+    let node = Cli::command()
+        .ignore_errors(true)
+        .try_get_matches_from(args)
+        .map_or(true, |m| m.subcommand_name().is_none());
+    if node { EXIT_CONFIG } else { e.exit_code() }
+}
+
+/// The error and its causes, each said once: a cause whose words the message already holds (an OS error that a
+/// layer above already quoted, SQLite's code behind its own message, the client's "db error" before the database's
+/// own words) is left out.
+pub fn one_line(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        if cause.is::<rusqlite::ffi::Error>() {
+            continue;
+        }
+        let words = cause.to_string();
+        if text.contains(&words) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&words);
+    }
+    text
 }

@@ -36,7 +36,9 @@ pub struct NodeArgs {
     pub state: Option<PathBuf>,
     /// Where records and heard sequences are stored: `sqlite` (one SQLite file per app in the state directory), or
     /// the PostgreSQL that several nodes of one fleet share, as a URL `postgres://USER@HOST[:PORT]/DATABASE`
-    /// (docs/scale-out.md). A password in the URL is refused: give it in --store-password-file. On PostgreSQL the
+    /// (docs/scale-out.md); for a database that fails over, every server's address,
+    /// `postgres://USER@HOST1:PORT1,HOST2:PORT2/DATABASE`: the node writes only to the one that takes writes, the
+    /// primary. A password in the URL is refused: give it in --store-password-file. On PostgreSQL the
     /// node stores links' records exactly once across the fleet's nodes, each outlet is driven by one node at a
     /// time (a lease in the database), and downlink records pushed on any node reach their device on any node.
     #[arg(long, value_name = "URL", default_value = "sqlite",
@@ -223,32 +225,13 @@ impl NodeArgs {
     }
 }
 
-/// The first line of the store password file, without its line end.
-pub(crate) fn read_store_password(file: &std::path::Path) -> anyhow::Result<String> {
-    let bytes = crate::files::read(file, &crate::files::STORE_PASSWORD)?;
-    let text = String::from_utf8(bytes).map_err(|_| {
-        anyhow::anyhow!(
-            "store password file {}: its first line is not UTF-8 text; write the password alone on the first line",
-            file.display()
-        )
-    })?;
-    let first = text.lines().next().unwrap_or("").trim_end_matches('\r');
-    if first.is_empty() {
-        anyhow::bail!(
-            "store password file {}: its first line is empty; write the database user's password on it",
-            file.display()
-        );
-    }
-    Ok(first.to_string())
-}
-
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     crate::receive::heap::set_phase(crate::receive::heap::Phase::ReadingSenders);
     let mut settings = args.settings().context("the node did not start")?;
     settings.store_password = match &args.store_password_file {
-        Some(file) if args.store.is_shared() => {
-            Some(read_store_password(file).context("the node did not start")?)
-        }
+        Some(file) if args.store.is_shared() => Some(
+            crate::store::engine::read_store_password(file).context("the node did not start")?,
+        ),
         Some(file) => {
             tracing::warn!(
                 "--store-password-file {} is not read: the node stores in SQLite (give --store postgres://… to \

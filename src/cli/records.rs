@@ -12,6 +12,11 @@ use crate::store::{self, RecordView};
 /// How often `--follow` looks for new records.
 const FOLLOW_EVERY: Duration = Duration::from_millis(100);
 
+/// How long `--follow` waits before it connects again to a fleet's database it lost: this at first, doubled after
+/// each try that fails, up to [`RECONNECT_MOST`].
+const RECONNECT_FIRST: Duration = Duration::from_millis(250);
+const RECONNECT_MOST: Duration = Duration::from_secs(5);
+
 #[derive(Args, Debug)]
 pub struct RecordsArgs {
     /// The node's state directory. Default: $STATE_DIRECTORY or ./pure-state.
@@ -34,7 +39,10 @@ pub struct RecordsArgs {
     #[arg(long)]
     pub json: bool,
     /// Keep running and print records as they are stored, in store order, like `tail -f`. Starts after what is
-    /// stored now, unless --from says where.
+    /// stored now, unless --from says where. With --store postgres://… it survives the database: when the
+    /// connection is lost (the database restarts, fails over, or stops answering for 10 s) it says so on standard
+    /// error, connects again (after 0.25 s, doubling to 5 s between tries) and goes on after the last position it
+    /// printed, nothing skipped or printed twice.
     #[arg(long)]
     pub follow: bool,
     /// Start at this position of the app's log (1: everything), and list in store order (by position) rather than
@@ -66,7 +74,7 @@ pub fn run(args: &RecordsArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(super::node::default_state_dir);
     let password = match &args.store_password_file {
-        Some(f) if args.store.is_shared() => Some(super::node::read_store_password(f)?),
+        Some(f) if args.store.is_shared() => Some(store::engine::read_store_password(f)?),
         _ => None,
     };
     let reader = StoreReader::open(&args.store, &state, password.as_deref())?;
@@ -87,7 +95,7 @@ pub fn run(args: &RecordsArgs) -> anyhow::Result<()> {
                 apps.join(", ")
             );
         };
-        open(app).and_then(|s| follow(&s, app, args, &mut out))
+        follow_store(reader, app, args, password.as_deref(), &state, &mut out)
     } else {
         apps.iter().try_for_each(|app| {
             write_records(&open(app)?, app, args, args.from.unwrap_or(0), &mut out).map(|_| ())
@@ -175,22 +183,97 @@ fn write_waiting(
     lines.finish()
 }
 
+/// Follows `app` of the store `reader` reads (`--follow`), for as long as the process runs. A fleet's database
+/// that fails in a way that may pass ([`store::StoreError::may_pass`]) is connected to again, with a growing pause,
+/// and following goes on after the last position printed; any other error ends it.
+fn follow_store(
+    mut reader: StoreReader,
+    app: &str,
+    args: &RecordsArgs,
+    password: Option<&str>,
+    state: &std::path::Path,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut next = args.from.map(|p| p.max(1));
+    loop {
+        let lost = match reader.app(app) {
+            Ok(s) => follow(&s, app, args, &mut next, out),
+            Err(e) => Err(e.into()),
+        };
+        let e = match lost {
+            Ok(()) => return Ok(()),
+            Err(e) if may_pass(&e) => e,
+            Err(e) => return Err(e),
+        };
+        let after = match next {
+            Some(n) => format!("after position {}", n.saturating_sub(1)),
+            None => "from the app's head".to_string(),
+        };
+        let mut pause = RECONNECT_FIRST;
+        eprintln!(
+            "pure-serve records: lost the fleet's database: {}; connecting again in {:.2} s, to go on {after}",
+            super::one_line(&e),
+            pause.as_secs_f64()
+        );
+        reader = loop {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(RECONNECT_MOST);
+            match StoreReader::open(&args.store, state, password) {
+                Ok(r) => break r,
+                Err(e) if e.may_pass() => eprintln!(
+                    "pure-serve records: {}; trying again in {:.2} s",
+                    super::one_line(&e.into()),
+                    pause.as_secs_f64()
+                ),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        eprintln!(
+            "pure-serve records: connected again to {}; going on {after}",
+            args.store.shown()
+        );
+    }
+}
+
+/// Whether `e` is a failure of the store that may pass by itself (a fleet's database restarting or out of reach).
+fn may_pass(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<store::StoreError>()
+        .is_some_and(store::StoreError::may_pass)
+}
+
+/// Prints the records of `app` as they are stored, from position `next` (the head when `None`), and keeps `next`
+/// one past the last position printed, so that a follower that connects again goes on exactly there. Returns only
+/// on an error (a read of the store, or a write of standard output); what was printed before it stays printed.
 fn follow(
     s: &AppReader<'_>,
     app: &str,
     args: &RecordsArgs,
+    next: &mut Option<u64>,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let mut next = match args.from {
-        Some(p) => p.max(1),
+    let mut at = match *next {
+        Some(p) => p,
         None => s.head()?,
     };
+    *next = Some(at);
     loop {
         let head = s.head()?;
-        if head > next {
-            let last = write_records(s, app, args, next, out)?;
+        if head > at {
+            let mut lines = Lines::new(out);
+            let read = s.for_each(args.source.as_deref(), at, |r| {
+                let put = lines.put(format_args!("{}", line(app, r, args.json)));
+                if put {
+                    at = r.pos + 1;
+                }
+                put
+            });
+            *next = Some(at);
+            // What was written goes out (and a write that failed ends it) before a failed read is said.
+            lines.finish()?;
+            read?;
             // With a source filter the last record printed may be before the head; nothing before it is new.
-            next = head.max(last.map_or(next, |l| l + 1));
+            at = at.max(head);
+            *next = Some(at);
         }
         std::thread::sleep(FOLLOW_EVERY);
     }

@@ -109,6 +109,21 @@ pub enum HttpError {
     TlsSetup(String),
 }
 
+impl HttpError {
+    /// Whether a file or path the operator named is at fault (a TLS file, the push socket's path), so that starting
+    /// again cannot help; a port in use or a thread that cannot start may be cured by a restart.
+    pub fn is_configuration(&self) -> bool {
+        matches!(
+            self,
+            HttpError::TlsFile(_)
+                | HttpError::TlsCert { .. }
+                | HttpError::TlsKey { .. }
+                | HttpError::TlsPair { .. }
+                | HttpError::PushSocket { .. }
+        )
+    }
+}
+
 /// New TLS connections per second the server takes by default, in total (one prefix an eighth of it):
 /// research/015 measured what a flood of handshakes did to links over UDP and HTTP without a bound and with it.
 pub const DEFAULT_TLS_HANDSHAKE_BUDGET: u32 = 200;

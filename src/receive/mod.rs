@@ -104,7 +104,8 @@ pub enum NodeError {
 
 impl NodeError {
     /// Whether the node's configuration is at fault (a bad file, a state that lost data, a store of a newer
-    /// layout), so that starting it again cannot help (`cli::EXIT_CONFIG`).
+    /// layout, a fleet's database that refuses the node's login or settings), so that starting it again cannot help
+    /// (`cli::EXIT_CONFIG`).
     pub fn is_configuration(&self) -> bool {
         match self {
             NodeError::Key(_)
@@ -112,7 +113,7 @@ impl NodeError {
             | NodeError::State(_)
             | NodeError::Apps(_)
             | NodeError::OwnKey(_) => true,
-            NodeError::Store(e) => e.is_fatal_at_open(),
+            NodeError::Store(e) => e.is_configuration(),
             _ => false,
         }
     }

@@ -116,8 +116,8 @@ pub trait TurnStore {
     fn wake_fd(&self) -> Option<RawFd>;
     /// Turns submitted whose outcome has not been returned yet.
     fn waiting(&self) -> usize;
-    /// The heard sequence of `source` in `app` (0 if none): a read that may wait, for starts, tests and tools,
-    /// never for a loop.
+    /// The heard sequence of `source` in `app` (0 if none): a read that may wait (on a fleet's database at most
+    /// 10 s), for starts, tests and tools, never for a loop.
     fn heard_of(&mut self, app: AppIndex, source: &str) -> Result<u64, StoreError>;
     /// The app's next position (1 when empty) as the store holds it now, turns still waiting for their outcome
     /// included: a read that may wait, as [`TurnStore::heard_of`].
@@ -311,6 +311,39 @@ pub enum StoreChoiceError {
     PasswordInUrl { given: String },
 }
 
+/// Why `--store-password-file` gave no password. Each is the operator's to fix (a missing or unreadable file is a
+/// [`crate::files::FileError`]).
+#[derive(Debug, Error)]
+pub enum StorePasswordError {
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
+    #[error(
+        "store password file {}: its first line is not UTF-8 text; write the password alone on the first line",
+        path.display()
+    )]
+    NotText { path: PathBuf },
+    #[error(
+        "store password file {}: its first line is empty; write the database user's password on it",
+        path.display()
+    )]
+    Empty { path: PathBuf },
+}
+
+/// The first line of the store password file (`--store-password-file`), without its line end.
+pub fn read_store_password(file: &Path) -> Result<String, StorePasswordError> {
+    let bytes = crate::files::read(file, &crate::files::STORE_PASSWORD)?;
+    let text = String::from_utf8(bytes).map_err(|_| StorePasswordError::NotText {
+        path: file.to_path_buf(),
+    })?;
+    let first = text.lines().next().unwrap_or("").trim_end_matches('\r');
+    if first.is_empty() {
+        return Err(StorePasswordError::Empty {
+            path: file.to_path_buf(),
+        });
+    }
+    Ok(first.to_string())
+}
+
 impl StoreChoice {
     /// Parses `--store`: `sqlite`, or a `postgres://` / `postgresql://` URL without a password.
     pub fn parse(s: &str) -> Result<Self, String> {
@@ -355,6 +388,28 @@ impl StoreChoice {
                 given: shown_briefly(&redact(s)),
             }
             .to_string());
+        }
+        // Several hosts go in the URL's own host part: the client here takes `host=A,B` as one name.
+        if let Some((_, query)) = s.split_once('?')
+            && query
+                .split('&')
+                .any(|kv| kv.strip_prefix("host=").is_some_and(|v| v.contains(',')))
+        {
+            return Err(
+                "--store's host= parameter names several hosts, which this PostgreSQL client takes as one name: \
+                 name each in the URL itself, postgres://USER@HOST1:PORT1,HOST2:PORT2/DATABASE?target_session_attrs=read-write \
+                 (docs/scale-out.md, \"A database that fails over\")"
+                    .to_string(),
+            );
+        }
+        // What PostgreSQL's client would refuse when the node connects is refused here, with the flag's other
+        // mistakes (its words name an option at most, never the value).
+        if let Err(e) = <tokio_postgres::Config as std::str::FromStr>::from_str(s) {
+            return Err(format!(
+                "--store {:?} is not a PostgreSQL URL ({e}): give postgres://USER@HOST[:PORT]/DATABASE, with \
+                 ?host=/run/postgresql for a unix socket (docs/scale-out.md)",
+                shown_briefly(s)
+            ));
         }
         Ok(StoreChoice::Postgres(s.to_string()))
     }
@@ -472,5 +527,20 @@ mod tests {
         assert!(e.len() < 200, "{e}");
         let e = StoreChoice::parse("mysql://x").unwrap_err();
         assert!(e.contains("sqlite"), "{e}");
+        // Several hosts, as the client takes them, and as it does not.
+        assert!(
+            StoreChoice::parse(
+                "postgres://pure@db1:5432,db2:5432/fleet?target_session_attrs=read-write"
+            )
+            .is_ok()
+        );
+        let e = StoreChoice::parse("postgres://pure@/fleet?host=/a,/b").unwrap_err();
+        assert!(e.contains("HOST1:PORT1,HOST2:PORT2"), "{e}");
+        // What the client would refuse at the first connection is refused by the flag.
+        let e = StoreChoice::parse("postgres://pure@db/fleet?sslmode=sometimes").unwrap_err();
+        assert!(
+            e.contains("sslmode") && e.contains("is not a PostgreSQL URL"),
+            "{e}"
+        );
     }
 }

@@ -216,8 +216,31 @@ pub enum StoreError {
         doing: &'static str,
         source: tokio_postgres::Error,
     },
+    /// A wait on the fleet's database that got no answer a PostgreSQL server would give in time: nothing there
+    /// answers, or what answers is not PostgreSQL.
+    #[error(
+        "the fleet's database {url}, {doing}: no answer as PostgreSQL within {} s (check --store: is it the address \
+         of a PostgreSQL server that runs, and does the network reach it?)",
+        within.as_secs()
+    )]
+    DatabaseSilent {
+        url: String,
+        doing: &'static str,
+        within: std::time::Duration,
+    },
     #[error("the fleet's database {url} is refused: {why}")]
     DatabaseRefused { url: String, why: String },
+    /// What about the fleet's database its operator must change: a login refused, a database that is not there, no
+    /// right to make the tables, tables of a newer layout, `synchronous_commit` off, a URL it cannot take. Trying
+    /// again cannot help ([`StoreError::is_configuration`]).
+    #[error("the fleet's database {url}, {doing}: {what}: {}", fault.fix())]
+    DatabaseMisconfigured {
+        url: String,
+        doing: &'static str,
+        fault: postgres::DatabaseFault,
+        /// What the database (or the client) said, in its words.
+        what: String,
+    },
     #[error("the thread of the fleet's database {url} (pure-store) has stopped: restart the node")]
     StoreThreadGone { url: String },
     #[error("no store for app {app} in {dir} (stores there: {known})")]
@@ -1574,6 +1597,33 @@ impl StoreError {
                 Some(e) if e.code == rusqlite::ErrorCode::DiskFull
                     || e.extended_code == rusqlite::ffi::SQLITE_IOERR_WRITE
             ),
+            _ => false,
+        }
+    }
+
+    /// Whether the operator must change something before the store can work: a store of a newer layout, a file that
+    /// is not a database ([`StoreError::is_fatal_at_open`]), or a fleet's database that refuses this node's
+    /// configuration ([`StoreError::DatabaseMisconfigured`]). A process stopped by one exits with EX_CONFIG, which
+    /// systemd does not restart (docs/operations.md); a database that is down or unreachable is not one.
+    pub fn is_configuration(&self) -> bool {
+        self.is_fatal_at_open() || matches!(self, StoreError::DatabaseMisconfigured { .. })
+    }
+
+    /// Whether this failure of a fleet's database may pass by itself: the database down, restarting or out of
+    /// connections, the network to it silent, or the connection lost (SQLSTATE classes 08, 53 and 57, or the
+    /// client's own errors, which carry none). A tool that follows the database (`records --follow`) connects again
+    /// after one; a fault of the configuration, or a statement the database refused, is not one.
+    pub fn may_pass(&self) -> bool {
+        match self {
+            StoreError::DatabaseDown { .. }
+            | StoreError::DatabaseSilent { .. }
+            | StoreError::StoreThreadGone { .. } => true,
+            StoreError::Database { source, .. } | StoreError::DatabaseRead { source, .. } => {
+                match source.code() {
+                    None => true,
+                    Some(code) => matches!(&code.code()[..2], "08" | "53" | "57"),
+                }
+            }
             _ => false,
         }
     }

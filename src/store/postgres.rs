@@ -16,7 +16,8 @@
 //!
 //! A part refused with a serialization failure or a deadlock, or whose conditional update finds a heard sequence
 //! moved, is rolled back and applied again from the start (at most [`RETRIES`] times). A broken connection fails
-//! the parts in hand (never acked: their outcome may be unknown). It is made again **beside the jobs, not in
+//! the parts in hand (never acked: their outcome may be unknown), and so does a part the database leaves
+//! unanswered for [`PART_WAIT`] (a hung server, which no TCP timeout sees), whose connection is then given up. It is made again **beside the jobs, not in
 //! them**: while there is none, a try to connect starts every [`RECONNECT_EVERY`] (several may be under way at once
 //! against a network that drops packets, each bounded by [`NET_TIMEOUT`]), and every part that needs the database
 //! fails at once, naming why the last try failed. So a turn never waits behind a connection that cannot be made,
@@ -70,6 +71,18 @@ const TRIES_AT_ONCE: usize = 24;
 /// How long the network to the database may stay silent before a connection is given up: to connect, for sent
 /// bytes to be acknowledged (TCP_USER_TIMEOUT), and idle before keepalives start.
 pub const NET_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one app's part of a turn may wait for the database, its statements together, before its connection is
+/// given up ([`Worker::part_unanswered`]). Far above what a part takes (milliseconds; a row lock another node's
+/// session holds is released within [`IDLE_IN_TRANSACTION`] of it going silent), and a bound on what a server that
+/// takes the bytes and answers nothing can hold a node's turns.
+pub const PART_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a tool (`records --store`) waits for any one answer of the database — a connection made and set up,
+/// a page of records — before it gives up, naming --store: a server that takes the connection and says nothing,
+/// or answers what is not PostgreSQL, would otherwise hold it for ever (the node bounds its own waits by
+/// [`NET_TIMEOUT`] and its leases).
+pub const TOOL_WAIT: Duration = Duration::from_secs(10);
 
 /// A session of a node that stays in a transaction without sending (cut off between a turn's two waits) is ended by
 /// the database after this, so that its row locks do not stop the other nodes' turns on its senders for longer.
@@ -150,6 +163,108 @@ const DOWN_CHANNEL: &str = "pure_downlink";
 /// How a new `chunks` table keeps its bodies (docs/scale-out.md, "The schema").
 const CHUNK_BODIES: &str = "ALTER TABLE chunks ALTER COLUMN body SET STORAGE EXTERNAL";
 
+/// What the operator of a fleet's database must change before a node or a tool can use it
+/// ([`StoreError::DatabaseMisconfigured`]): starting again cannot help, so a node stopped by one exits with EX_CONFIG
+/// and systemd does not restart it (docs/operations.md, "What the node tells systemd").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatabaseFault {
+    /// The login was refused: a wrong password, a user that does not exist, or no line of the server's
+    /// `pg_hba.conf` lets it in (SQLSTATE class 28).
+    Login,
+    /// The server asks for a password and none was given.
+    NoPassword,
+    /// The database the URL names is not there (SQLSTATE 3D000).
+    NoDatabase,
+    /// The user may not do what the node needs: make the tables at the first start, read and write them after
+    /// (SQLSTATE 42501).
+    NoPermission,
+    /// The tables were made by a newer pure-serve (`pure_layout.version` above [`LAYOUT_VERSION`]).
+    NewerLayout,
+    /// `synchronous_commit` is off: a COMMIT that returned may be lost in a crash of the database.
+    Asynchronous,
+    /// The URL is not one PostgreSQL's client takes.
+    Url,
+}
+
+impl DatabaseFault {
+    /// What to do about it, said once, naming the flag.
+    pub fn fix(self) -> &'static str {
+        match self {
+            DatabaseFault::Login => {
+                "check the user in --store and the password in --store-password-file, and that the server's \
+                 pg_hba.conf lets that user in from this host"
+            }
+            DatabaseFault::NoPassword => {
+                "write the database user's password on the first line of a file (mode 0600) and name it with \
+                 --store-password-file"
+            }
+            DatabaseFault::NoDatabase => {
+                "create it (as a superuser: createdb -O USER DATABASE), or name an existing one in --store"
+            }
+            DatabaseFault::NoPermission => {
+                "the user must be allowed to make the tables at the first start (on PostgreSQL 15 and later: GRANT \
+                 CREATE ON SCHEMA public TO USER, in that database as its owner) and to read and write them after \
+                 (docs/scale-out.md)"
+            }
+            DatabaseFault::NewerLayout => {
+                "run the newer pure-serve that made them, or name another database in --store"
+            }
+            DatabaseFault::Asynchronous => {
+                "set synchronous_commit = on (the default) for the node's user: ALTER ROLE USER SET \
+                 synchronous_commit = on"
+            }
+            DatabaseFault::Url => {
+                "give --store as postgres://USER@HOST[:PORT]/DATABASE (docs/scale-out.md)"
+            }
+        }
+    }
+}
+
+/// The fault of the operator's that `e` shows, if it shows one, with what the database (or the client) said.
+fn fault_of(e: &tokio_postgres::Error) -> Option<(DatabaseFault, String)> {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        let fault = if code.starts_with("28") {
+            DatabaseFault::Login
+        } else if *db.code() == SqlState::INVALID_CATALOG_NAME {
+            DatabaseFault::NoDatabase
+        } else if *db.code() == SqlState::INSUFFICIENT_PRIVILEGE {
+            DatabaseFault::NoPermission
+        } else {
+            return None;
+        };
+        return Some((fault, db.message().to_string()));
+    }
+    // The client's own refusal to go on without a password the server asked for (tokio-postgres has no kind for
+    // it but its words).
+    let cause = std::error::Error::source(e)?.to_string();
+    (cause == "password missing").then(|| {
+        (
+            DatabaseFault::NoPassword,
+            "the server asks for a password and none was given".to_string(),
+        )
+    })
+}
+
+/// `source` as a [`StoreError`]: [`StoreError::DatabaseMisconfigured`] if it shows a fault of the operator's, else
+/// what `otherwise` makes of it.
+fn classified(
+    url: &str,
+    doing: &'static str,
+    source: tokio_postgres::Error,
+    otherwise: impl FnOnce(String, &'static str, tokio_postgres::Error) -> StoreError,
+) -> StoreError {
+    match fault_of(&source) {
+        Some((fault, what)) => StoreError::DatabaseMisconfigured {
+            url: url.to_string(),
+            doing,
+            fault,
+            what,
+        },
+        None => otherwise(url.to_string(), doing, source),
+    }
+}
+
 /// Where the database is, for connections and for messages (without a password).
 #[derive(Clone)]
 struct Target {
@@ -201,18 +316,43 @@ pub struct PostgresTurns {
     thread: Option<JoinHandle<()>>,
 }
 
+/// The connection settings of a node's own connections (its turns, its outbox): as [`config_of`], and only ever to
+/// a server that takes writes. Of several hosts in the URL (`postgres://USER@H1,H2/DB`, docs/scale-out.md,
+/// "A database that fails over") each connection tries them in order and keeps the first whose
+/// `transaction_read_only` is off: the primary, never a standby. A server that accepts no writes after all (a
+/// standby reached otherwise, a primary fenced read-only) refuses every write, and the connection is then made
+/// again ([`Worker::until_done`]): nothing is acked through it.
+fn writer_config_of(
+    url: &str,
+    password: Option<&str>,
+    application: &str,
+) -> Result<tokio_postgres::Config, StoreError> {
+    let mut config = config_of(url, password, application)?;
+    config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+    Ok(config)
+}
+
+/// Whether `e` is the refusal of a write by a server that takes none (SQLSTATE 25006): a standby, or a primary
+/// made read-only.
+fn write_refused(e: &StoreError) -> bool {
+    matches!(e, StoreError::Database { source, .. }
+        if source.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION))
+}
+
 /// The connection settings `url` names, with the password from its file and the name the database shows for it.
 fn config_of(
     url: &str,
     password: Option<&str>,
     application: &str,
 ) -> Result<tokio_postgres::Config, StoreError> {
-    let mut config =
-        tokio_postgres::Config::from_str(url).map_err(|source| StoreError::Database {
+    let mut config = tokio_postgres::Config::from_str(url).map_err(|source| {
+        StoreError::DatabaseMisconfigured {
             url: url.to_string(),
             doing: "reading the URL",
-            source,
-        })?;
+            fault: DatabaseFault::Url,
+            what: source.to_string(),
+        }
+    })?;
     if let Some(p) = password {
         config.password(p);
     }
@@ -224,10 +364,10 @@ fn db_err<'a>(
     target: &'a Target,
     doing: &'static str,
 ) -> impl Fn(tokio_postgres::Error) -> StoreError + 'a {
-    move |source| StoreError::Database {
-        url: target.shown.clone(),
-        doing,
-        source,
+    move |source| {
+        classified(&target.shown, doing, source, |url, doing, source| {
+            StoreError::Database { url, doing, source }
+        })
     }
 }
 
@@ -236,7 +376,7 @@ impl PostgresTurns {
     /// there, registers `apps` (app index = place in the list), and starts the store thread. The first connection
     /// is made here, so that a wrong address or a refused login stops the start with its reason.
     pub fn open(url: &str, password: Option<&str>, apps: &[String]) -> Result<Self, StoreError> {
-        let mut config = config_of(url, password, "pure-serve")?;
+        let mut config = writer_config_of(url, password, "pure-serve")?;
         // A database cut off by a firewall that drops packets must fail the turns in hand within seconds, not after
         // the kernel's 15 minutes of retransmissions: nothing is acked meanwhile, and the node says so once they
         // fail (docs/scale-out.md, "When the database is unreachable").
@@ -577,7 +717,11 @@ impl Worker {
                 let mut apps = Vec::with_capacity(parts.len());
                 let mut pushes = Vec::new();
                 for part in &parts {
-                    let (r, pushed) = self.apply_part(part).await;
+                    let (r, pushed) =
+                        match tokio::time::timeout(PART_WAIT, self.apply_part(part)).await {
+                            Ok(applied) => applied,
+                            Err(_) => self.part_unanswered(part),
+                        };
                     if !part.pushes.is_empty() {
                         pushes.push((part.app, pushed));
                     }
@@ -589,18 +733,24 @@ impl Worker {
             }
             Job::Heard(app, source, reply) => {
                 // A read for starts, tests and tools, which may wait for a connection to be made.
-                let r = match self.connected_or_wait(done).await {
-                    Ok(()) => self.heard_of(app, &source).await,
-                    Err(e) => Err(e),
+                let read = async {
+                    self.connected_or_wait(done).await?;
+                    self.heard_of(app, &source).await
                 };
-                let _ = reply.send(r);
+                let r = tokio::time::timeout(TOOL_WAIT, read).await;
+                let _ = reply.send(r.unwrap_or_else(|_| {
+                    Err(self.read_unanswered("reading a heard sequence", TOOL_WAIT))
+                }));
             }
             Job::Head(app, reply) => {
-                let r = match self.connected_or_wait(done).await {
-                    Ok(()) => self.head_of(app).await,
-                    Err(e) => Err(e),
+                let read = async {
+                    self.connected_or_wait(done).await?;
+                    self.head_of(app).await
                 };
-                let _ = reply.send(r);
+                let r = tokio::time::timeout(TOOL_WAIT, read).await;
+                let _ = reply.send(r.unwrap_or_else(|_| {
+                    Err(self.read_unanswered("reading an app's head", TOOL_WAIT))
+                }));
             }
             Job::AddApps(names) => {
                 Arc::make_mut(&mut self.apps).extend(names.iter().cloned());
@@ -613,6 +763,38 @@ impl Worker {
                     self.conn = None;
                 }
             }
+        }
+    }
+
+    /// A part the database did not finish within [`PART_WAIT`] (a server that takes the bytes and answers nothing: a
+    /// stopped or hung backend, which neither `TCP_USER_TIMEOUT` nor keepalives notice, since its kernel answers
+    /// for it). Its connection is given up, so the server rolls back what the part did unless its COMMIT had gone:
+    /// its outcome is unknown, nothing of it is acked, and its pushes may or may not be queued. The next part
+    /// finds no connection and a new one is made beside the turns, as after a lost connection.
+    fn part_unanswered(
+        &mut self,
+        part: &AppTurn,
+    ) -> (Result<Applied, Arc<StoreError>>, Vec<PushOutcome>) {
+        let e = Arc::new(self.read_unanswered("applying a turn", PART_WAIT));
+        let result = Err(e);
+        let pushed = outcomes_of(&result, part.pushes.len(), true);
+        (result, pushed)
+    }
+
+    /// Gives up the connection on which `doing` got no answer `within`, and says why.
+    fn read_unanswered(&mut self, doing: &'static str, within: Duration) -> StoreError {
+        if self.conn.take().is_some() {
+            tracing::warn!(
+                "the fleet's database {} answered nothing for {} s while {doing}: the connection is given up and made \
+                 again; nothing of what it was doing is acknowledged",
+                self.target.shown,
+                within.as_secs()
+            );
+        }
+        StoreError::DatabaseSilent {
+            url: self.target.shown.clone(),
+            doing,
+            within,
         }
     }
 
@@ -881,10 +1063,23 @@ impl Worker {
                         return Err((refused_too_often(&target, what, then), false));
                     }
                 }
-                Err(Refused::Failed(e)) => return Err((e, false)),
-                Err(Refused::Unknown(e)) => return Err((e, true)),
+                Err(Refused::Failed(e)) => return Err(self.unless_read_only(e, false)),
+                Err(Refused::Unknown(e)) => return Err(self.unless_read_only(e, true)),
             }
         }
+    }
+
+    /// A part's failure `e`, passed on; if it is a write refused by a server that takes none, the connection is
+    /// given up first, so that the next is made to the server of the URL that takes writes (a failover).
+    fn unless_read_only(&mut self, e: StoreError, maybe: bool) -> (StoreError, bool) {
+        if write_refused(&e) && self.conn.take().is_some() {
+            tracing::warn!(
+                "the fleet's database {} takes no writes on this connection (a standby, or a primary made read-only): \
+                 nothing is acknowledged through it; connecting again to the one that takes writes",
+                self.target.shown
+            );
+        }
+        (e, maybe)
     }
 }
 
@@ -910,6 +1105,78 @@ fn refused_too_often(target: &Target, what: &str, so: &str) -> StoreError {
     }
 }
 
+/// How many hosts the URL names, in its authority (`USER@H1:P1,H2:P2`) or its `host=` parameter (`?host=/a,/b`). Not
+/// the client's count: it keeps the authority's `localhost` beside a `host=` directory, where libpq takes the
+/// directory alone.
+fn hosts_named(url: &str) -> usize {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let authority = before_query.split('/').next().unwrap_or("");
+    let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let in_authority = if hosts.is_empty() {
+        0
+    } else {
+        hosts.split(',').count()
+    };
+    let in_query = query
+        .split('&')
+        .filter_map(|kv| kv.strip_prefix("host="))
+        .map(|v| v.split(',').count())
+        .max()
+        .unwrap_or(0);
+    in_authority.max(in_query)
+}
+
+/// Said once a process: a URL of several hosts is a database meant to fail over, and if its commits do not wait
+/// for a standby, a promoted standby may lack what was acknowledged last (docs/scale-out.md, "A database that fails
+/// over").
+async fn warn_if_asynchronous(client: &Client, t: &Target, sync: &str) -> Result<(), StoreError> {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let standbys: String = client
+        .query_one("SHOW synchronous_standby_names", &[])
+        .await
+        .map_err(db_err(t, "reading synchronous_standby_names"))?
+        .get(0);
+    let why = if standbys.trim().is_empty() {
+        "its synchronous_standby_names is empty"
+    } else if sync == "local" {
+        "its synchronous_commit is local for this user"
+    } else {
+        return Ok(());
+    };
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "the fleet's database {} names several hosts, but {why}, so a commit does not wait for a standby: if the \
+             primary is lost and a standby promoted, the records acknowledged in the last moments before may be lost \
+             (docs/scale-out.md, \"A database that fails over\")",
+            t.shown
+        );
+    }
+    Ok(())
+}
+
+/// Refuses tables whose `pure_layout` says a newer pure-serve made them.
+async fn check_layout(client: &Client, t: &Target) -> Result<(), StoreError> {
+    let doing = "reading the layout's version";
+    let found: Option<i32> = client
+        .query_one("SELECT max(version) FROM pure_layout", &[])
+        .await
+        .map_err(db_err(t, doing))?
+        .get(0);
+    match found {
+        Some(found) if found > LAYOUT_VERSION => Err(StoreError::DatabaseMisconfigured {
+            url: t.shown.clone(),
+            doing,
+            fault: DatabaseFault::NewerLayout,
+            what: format!(
+                "its tables have layout {found}, this pure-serve knows layouts up to {LAYOUT_VERSION}: they were \
+                 made by a newer pure-serve"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Makes a connection: the settings checked, the tables made if they are not there, the apps registered, every
 /// statement prepared. Bounded as a whole by twice [`NET_TIMEOUT`], whatever the network does.
 async fn make_conn(
@@ -920,12 +1187,10 @@ async fn make_conn(
 ) -> Result<Conn, StoreError> {
     match tokio::time::timeout(2 * NET_TIMEOUT, make_conn_within(t, apps, lost, heard)).await {
         Ok(made) => made,
-        Err(_) => Err(StoreError::DatabaseDown {
+        Err(_) => Err(StoreError::DatabaseSilent {
             url: t.shown.clone(),
-            why: format!(
-                "connecting took more than {} s",
-                (2 * NET_TIMEOUT).as_secs()
-            ),
+            doing: "connecting",
+            within: 2 * NET_TIMEOUT,
         }),
     }
 }
@@ -963,13 +1228,26 @@ async fn make_conn_within(
         .map_err(db_err(t, "reading synchronous_commit"))?
         .get(0);
     if sync == "off" {
-        return Err(StoreError::DatabaseRefused {
+        return Err(StoreError::DatabaseMisconfigured {
             url: t.shown.clone(),
-            why: "its synchronous_commit is off, so a COMMIT that returned may still be lost in a crash of the \
-                  database, and \"stored\" would not mean stored: set synchronous_commit = on (the default) for \
-                  the node's user (ALTER ROLE … SET synchronous_commit = on)"
+            doing: "reading synchronous_commit",
+            fault: DatabaseFault::Asynchronous,
+            what: "it is off, so a COMMIT that returned may still be lost in a crash of the database, and \
+                   \"stored\" would not mean stored"
                 .into(),
         });
+    }
+    if hosts_named(&t.shown) > 1 {
+        warn_if_asynchronous(&client, t, &sync).await?;
+    }
+    // Tables of a newer layout are refused before anything is made beside them.
+    let layout_there: bool = client
+        .query_one("SELECT to_regclass('pure_layout') IS NOT NULL", &[])
+        .await
+        .map_err(db_err(t, "looking for the tables"))?
+        .get(0);
+    if layout_there {
+        check_layout(&client, t).await?;
     }
     let new_tables: bool = client
         .query_one("SELECT to_regclass('chunks') IS NULL", &[])
@@ -1007,20 +1285,7 @@ async fn make_conn_within(
         ))
         .await
         .map_err(db_err(t, "writing the layout's version"))?;
-    let found: i32 = client
-        .query_one("SELECT max(version) FROM pure_layout", &[])
-        .await
-        .map_err(db_err(t, "reading the layout's version"))?
-        .get(0);
-    if found > LAYOUT_VERSION {
-        return Err(StoreError::DatabaseRefused {
-            url: t.shown.clone(),
-            why: format!(
-                "its tables have layout {found}, this pure-serve knows layouts up to {LAYOUT_VERSION}: they were \
-                 made by a newer pure-serve; run that one"
-            ),
-        });
-    }
+    check_layout(&client, t).await?;
     let mut app_ids = Vec::new();
     register_apps(&client, t, apps, &mut app_ids).await?;
     client
@@ -1952,6 +2217,8 @@ pub struct PgReader {
     /// When set, every wait ends by then, answered or not (the outbox's reads, which must end before the leases
     /// they feed for run out: src/apps/host/outbox.rs).
     deadline: std::cell::Cell<Option<tokio::time::Instant>>,
+    /// When set, each wait ends after this, answered or not ([`TOOL_WAIT`], for the tools).
+    each_wait: Option<Duration>,
 }
 
 /// Chunk rows fetched per query by [`PgReader::for_each_record_view`].
@@ -1962,21 +2229,34 @@ const READ_PAGE: i64 = 512;
 const FEED_PAGE: i64 = 32;
 
 impl PgReader {
-    /// Connects to the database at `url` (docs/scale-out.md); tables need not be there yet.
+    /// Connects to the database at `url` (docs/scale-out.md) for a tool; tables need not be there yet. Every wait
+    /// of the reader, the connection's included, gives up after [`TOOL_WAIT`].
     pub fn open(url: &str, password: Option<&str>) -> Result<Self, StoreError> {
         let mut config = config_of(url, password, "pure-serve records")?;
-        config.connect_timeout(NET_TIMEOUT);
+        config
+            .connect_timeout(NET_TIMEOUT)
+            .tcp_user_timeout(NET_TIMEOUT)
+            .keepalives(true)
+            .keepalives_idle(NET_TIMEOUT)
+            .keepalives_interval(Duration::from_secs(1))
+            .keepalives_retries(3);
         Self::connect(
             Target {
                 config,
                 shown: url.to_string(),
             },
             None,
+            Some(TOOL_WAIT),
         )
     }
 
-    /// Connects to `target`, giving up at `deadline` if one is given.
-    fn connect(target: Target, deadline: Option<tokio::time::Instant>) -> Result<Self, StoreError> {
+    /// Connects to `target`, giving up at `deadline` if one is given, and each wait after `each_wait` if given
+    /// (the connection, made and set up, is one wait).
+    fn connect(
+        target: Target,
+        deadline: Option<tokio::time::Instant>,
+        each_wait: Option<Duration>,
+    ) -> Result<Self, StoreError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -1986,6 +2266,7 @@ impl PgReader {
             client,
             shown: target.shown.clone(),
             deadline: std::cell::Cell::new(deadline),
+            each_wait,
         };
         let connecting = async {
             let (client, connection) = target.config.connect(NoTls).await?;
@@ -1996,27 +2277,24 @@ impl PgReader {
             client.batch_execute(PLANS).await?;
             Ok(client)
         };
-        let client = match deadline {
+        let (at, silent) = wait_until(deadline, each_wait);
+        let client = match at {
             None => rt.block_on(connecting),
             Some(at) => {
                 match rt.block_on(async { tokio::time::timeout_at(at, connecting).await }) {
                     Ok(r) => r,
-                    Err(_) => {
-                        return Err(StoreError::DatabaseDown {
-                            url: target.shown.clone(),
-                            why: "connecting: no answer in time".into(),
-                        });
-                    }
+                    Err(_) => return Err(silent.ran_out(&target.shown, "connecting")),
                 }
             }
         };
         match client {
             Ok(client) => Ok(reader(rt, client)),
-            Err(source) => Err(StoreError::DatabaseRead {
-                url: target.shown.clone(),
-                doing: "connecting",
+            Err(source) => Err(classified(
+                &target.shown,
+                "connecting",
                 source,
-            }),
+                |url, doing, source| StoreError::DatabaseRead { url, doing, source },
+            )),
         }
     }
 
@@ -2027,15 +2305,12 @@ impl PgReader {
         doing: &'static str,
         f: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<Result<T, tokio_postgres::Error>, StoreError> {
-        match self.deadline.get() {
-            None => Ok(self.rt.block_on(f)),
-            Some(at) => self
+        match wait_until(self.deadline.get(), self.each_wait) {
+            (None, _) => Ok(self.rt.block_on(f)),
+            (Some(at), bound) => self
                 .rt
                 .block_on(async { tokio::time::timeout_at(at, f).await })
-                .map_err(|_| StoreError::DatabaseDown {
-                    url: self.shown.clone(),
-                    why: format!("{doing}: no answer in time"),
-                }),
+                .map_err(|_| bound.ran_out(&self.shown, doing)),
         }
     }
 
@@ -2049,10 +2324,10 @@ impl PgReader {
     }
 
     fn err(&self, doing: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
-        move |source| StoreError::DatabaseRead {
-            url: self.shown.clone(),
-            doing,
-            source,
+        move |source| {
+            classified(&self.shown, doing, source, |url, doing, source| {
+                StoreError::DatabaseRead { url, doing, source }
+            })
         }
     }
 
@@ -2302,29 +2577,29 @@ impl PgReader {
         let mut after_name = String::new();
         let mut first_page = true;
         loop {
-            let sources = self
-                .rt
-                .block_on(self.client.query(
+            let sources = self.wait(
+                "reading sources",
+                self.client.query(
                     "SELECT id, name FROM sources \
                      WHERE app = $1 AND ($2::text IS NULL OR name = $2) AND (name > $3 OR $4) \
                      ORDER BY name LIMIT $5",
                     &[&id, &source, &after_name, &first_page, &READ_PAGE],
-                ))
-                .map_err(self.err("reading sources"))?;
+                ),
+            )?;
             first_page = false;
             for s in &sources {
                 let (sid, name): (i64, String) = (s.get(0), s.get(1));
                 let mut after_first = -1i64;
                 loop {
-                    let rows = self
-                        .rt
-                        .block_on(self.client.query(
+                    let rows = self.wait(
+                        "reading records",
+                        self.client.query(
                             "SELECT c.first_seq, c.count, c.body, c.pos, c.stored_at, c.format FROM chunks c \
                              WHERE c.app = $1 AND c.source = $2 AND c.first_seq > $3 \
                              ORDER BY c.first_seq LIMIT $4",
                             &[&id, &sid, &after_first, &READ_PAGE],
-                        ))
-                        .map_err(self.err("reading records"))?;
+                        ),
+                    )?;
                     for row in &rows {
                         let chunk = chunk_row(&name, row, 0);
                         if !chunk.each_record(store, 0, each)? {
@@ -2345,6 +2620,47 @@ impl PgReader {
     }
 }
 
+/// Which bound ends a reader's wait first: the reader's deadline (the outbox's leases) or its bound per wait (a
+/// tool's).
+#[derive(Clone, Copy)]
+enum Bound {
+    Deadline,
+    EachWait(Duration),
+}
+
+impl Bound {
+    /// The error of a wait `doing` that this bound ended.
+    fn ran_out(self, url: &str, doing: &'static str) -> StoreError {
+        match self {
+            Bound::Deadline => StoreError::DatabaseDown {
+                url: url.to_string(),
+                why: format!("{doing}: no answer in time"),
+            },
+            Bound::EachWait(within) => StoreError::DatabaseSilent {
+                url: url.to_string(),
+                doing,
+                within,
+            },
+        }
+    }
+}
+
+/// When a wait that starts now must end (if ever), and which bound says so.
+fn wait_until(
+    deadline: Option<tokio::time::Instant>,
+    each_wait: Option<Duration>,
+) -> (Option<tokio::time::Instant>, Bound) {
+    let each = each_wait.map(|d| (tokio::time::Instant::now() + d, Bound::EachWait(d)));
+    match (deadline.map(|at| (at, Bound::Deadline)), each) {
+        (Some(a), Some(b)) => {
+            let first = if a.0 <= b.0 { a } else { b };
+            (Some(first.0), first.1)
+        }
+        (Some((at, b)), None) | (None, Some((at, b))) => (Some(at), b),
+        (None, None) => (None, Bound::Deadline),
+    }
+}
+
 /// A chunk row whose columns from `at` are first_seq, count, body, pos, stored_at, format.
 fn chunk_row<'a>(name: &'a str, row: &'a tokio_postgres::Row, at: usize) -> super::StoredChunk<'a> {
     super::StoredChunk {
@@ -2355,5 +2671,30 @@ fn chunk_row<'a>(name: &'a str, row: &'a tokio_postgres::Row, at: usize) -> supe
         pos: row.get::<_, i64>(at + 3) as u64,
         stored_at_ms: row.get(at + 4),
         forwarded: row.get::<_, i16>(at + 5) == RecordFormat::Forwarded as i16,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_named_counts_the_authority_or_the_host_parameter_as_libpq_does() {
+        assert_eq!(hosts_named("postgres://pure@db/fleet"), 1);
+        assert_eq!(
+            hosts_named("postgres://pure@db1:5432,db2:5433/fleet?target_session_attrs=read-write"),
+            2
+        );
+        // A directory given by `host=` replaces the authority's host, as in libpq.
+        assert_eq!(
+            hosts_named("postgresql://postgres@localhost/postgres?host=/run/postgresql"),
+            1
+        );
+        assert_eq!(
+            hosts_named(
+                "postgresql://postgres@/postgres?host=/a,/b&target_session_attrs=read-write"
+            ),
+            2
+        );
     }
 }

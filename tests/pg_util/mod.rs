@@ -17,6 +17,18 @@ pub struct PgCluster {
     as_postgres: bool,
     /// The network namespace the server runs in, and the address there it listens on for TCP (port 5432).
     netns: Option<(String, String)>,
+    /// Its port: 5432, or a free one for a cluster on the test's own loopback ([`PgCluster::start_tcp`]).
+    port: u16,
+    /// Whether it listens on TCP at 127.0.0.1:`port` too ([`PgCluster::start_tcp`]).
+    tcp: bool,
+}
+
+/// A TCP port free on loopback now (bound and let go).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
 }
 
 /// Whether PostgreSQL's binaries are here (for a test that checks all it needs before it starts anything).
@@ -73,7 +85,17 @@ impl PgCluster {
         Self::start_with(test, Some((netns.to_string(), addr.to_string())))
     }
 
+    /// [`PgCluster::start`] with the server on TCP at 127.0.0.1 too, on a free port of its own ([`PgCluster::tcp_host`]),
+    /// so that a URL may name several clusters as hosts.
+    pub fn start_tcp(test: &str) -> Option<PgCluster> {
+        Self::start_on(test, None, true)
+    }
+
     fn start_with(test: &str, netns: Option<(String, String)>) -> Option<PgCluster> {
+        Self::start_on(test, netns, false)
+    }
+
+    fn start_on(test: &str, netns: Option<(String, String)>, tcp: bool) -> Option<PgCluster> {
         let required = std::env::var_os("PURE_REQUIRE_POSTGRES").is_some_and(|v| v == "1");
         let Some(bin) = find_bin() else {
             let why = "no PostgreSQL here (/usr/lib/postgresql/*/bin/initdb): install it \
@@ -101,6 +123,8 @@ impl PgCluster {
             bin,
             as_postgres,
             netns,
+            port: if tcp { free_port() } else { 5432 },
+            tcp,
         };
         c.run(
             "initdb",
@@ -127,10 +151,15 @@ impl PgCluster {
 
     /// Starts the server (again, after [`PgCluster::kill`]), waiting until it takes connections.
     pub fn start_server(&self) {
-        let listen = self.netns.as_ref().map_or("", |(_, addr)| addr.as_str());
+        let listen = match &self.netns {
+            Some((_, addr)) => addr.as_str(),
+            None if self.tcp => "127.0.0.1",
+            None => "",
+        };
         let opts = format!(
-            "-k {} -c listen_addresses={listen} -c fsync=on -c synchronous_commit=on",
-            self.socket_dir().display()
+            "-k {} -p {} -c listen_addresses={listen} -c fsync=on -c synchronous_commit=on",
+            self.socket_dir().display(),
+            self.port
         );
         self.run_in(
             "pg_ctl",
@@ -163,6 +192,128 @@ impl PgCluster {
         );
     }
 
+    /// Puts `line` first in the server's `pg_hba.conf` (so it wins over initdb's `trust` lines) and starts the server
+    /// again to read it (a restart, which waits, rather than a reload, which does not say when it took effect).
+    pub fn hba_first(&self, line: &str) {
+        let path = self.data().join("pg_hba.conf");
+        let old = std::fs::read_to_string(&path).expect("pg_hba.conf");
+        std::fs::write(&path, format!("{line}\n{old}")).expect("write pg_hba.conf");
+        self.kill();
+        self.start_server();
+    }
+
+    /// The cluster as `--store` names it, as `user` on `database`.
+    pub fn url_as(&self, user: &str, database: &str) -> String {
+        format!(
+            "postgresql://{user}@localhost/{database}?host={}",
+            self.socket_dir().display()
+        )
+    }
+
+    /// A standby of this cluster in a temp dir of its own, made by `pg_basebackup -R` and streaming from this one,
+    /// started (it takes read-only connections on its own socket). With `synchronous`, this cluster's commits then
+    /// wait for it ([`PgCluster::make_synchronous`]).
+    pub fn start_standby(&self, synchronous: bool) -> PgCluster {
+        let dir = tempfile::Builder::new()
+            .prefix("pure-pg-standby-")
+            .tempdir_in("/var/tmp")
+            .or_else(|_| tempfile::tempdir())
+            .expect("a temp dir for the standby");
+        if self.as_postgres {
+            let st = Command::new("chown")
+                .arg("postgres")
+                .arg(dir.path())
+                .status()
+                .expect("chown");
+            assert!(st.success(), "chown postgres {}", dir.path().display());
+        }
+        let standby = PgCluster {
+            dir,
+            bin: self.bin.clone(),
+            as_postgres: self.as_postgres,
+            netns: None,
+            port: if self.tcp { free_port() } else { 5432 },
+            tcp: self.tcp,
+        };
+        self.run(
+            "pg_basebackup",
+            &[
+                "-D",
+                &standby.data().to_string_lossy(),
+                "-R",
+                "-X",
+                "stream",
+                "-h",
+                &self.socket_dir().to_string_lossy(),
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ],
+        );
+        standby.start_server();
+        if synchronous {
+            self.make_synchronous();
+        }
+        standby
+    }
+
+    /// Makes this cluster's commits wait for a standby's flush (`synchronous_standby_names = '*'`), and waits until
+    /// a standby streams to it as a synchronous one.
+    pub fn make_synchronous(&self) {
+        sql(&self.conninfo(), async |client| {
+            client
+                .batch_execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+                .await
+                .unwrap();
+            client
+                .batch_execute("SELECT pg_reload_conf()")
+                .await
+                .unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            loop {
+                let sync: i64 = client
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                if sync > 0 {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no synchronous standby streams to the primary"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+    }
+
+    /// Kills the server's postmaster with SIGKILL, as a machine that dies would stop it (its backends end when they
+    /// find it gone; nothing is checkpointed).
+    pub fn sigkill(&self) {
+        let pid_file =
+            std::fs::read_to_string(self.data().join("postmaster.pid")).expect("postmaster.pid");
+        let pid: i32 = pid_file.lines().next().unwrap().trim().parse().unwrap();
+        // SAFETY: kill(2) of the cluster's own postmaster, by the pid it wrote.
+        assert_eq!(
+            unsafe { libc::kill(pid, libc::SIGKILL) },
+            0,
+            "kill -9 {pid}"
+        );
+    }
+
+    /// Promotes this standby to a primary (`pg_ctl promote`, which waits until it takes writes).
+    pub fn promote(&self) {
+        self.run(
+            "pg_ctl",
+            &["-D", &self.data().to_string_lossy(), "-w", "promote"],
+        );
+    }
+
     fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
@@ -192,9 +343,16 @@ impl PgCluster {
     /// The cluster as a libpq key=value string (its unix socket, reachable from every namespace).
     pub fn conninfo(&self) -> String {
         format!(
-            "host={} user=postgres dbname=postgres",
-            self.socket_dir().display()
+            "host={} port={} user=postgres dbname=postgres",
+            self.socket_dir().display(),
+            self.port
         )
+    }
+
+    /// Where a cluster of [`PgCluster::start_tcp`] listens on TCP, as a URL's host names it.
+    pub fn tcp_host(&self) -> String {
+        assert!(self.tcp, "a cluster started with start_tcp");
+        format!("127.0.0.1:{}", self.port)
     }
 
     fn command(&self, tool: &str) -> Command {

@@ -677,7 +677,8 @@ fn queue_partial(
 fn not_stored_reason(reason: u8) -> &'static str {
     match reason {
         crate::proto::wire::NOT_STORED_STORE_FAILING => {
-            "its store fails: a full or read-only disk, or a store deleted under it"
+            "its store cannot commit: a full or read-only disk or a store deleted under it, or on a fleet its \
+             database out of reach; the node's log and /healthz say which"
         }
         _ => "unknown reason",
     }

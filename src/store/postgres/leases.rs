@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 
-use super::{NET_TIMEOUT, PgReader, Target, config_of};
+use super::{NET_TIMEOUT, PgReader, Target, writer_config_of};
 use crate::store::lease::{DATABASE_LEASE, OutletKey, Renewal};
 use crate::store::{Chunk, OutletStart, StoreError};
 
@@ -98,7 +98,7 @@ impl LeaseConn {
         lease: Duration,
         within: Duration,
     ) -> Result<Self, StoreError> {
-        let mut config = config_of(url, password, "pure-serve leases")?;
+        let mut config = writer_config_of(url, password, "pure-serve leases")?;
         config
             .connect_timeout(NET_TIMEOUT)
             .tcp_user_timeout(NET_TIMEOUT);
@@ -106,7 +106,7 @@ impl LeaseConn {
             config,
             shown: url.to_string(),
         };
-        let reader = PgReader::connect(target, Some(tokio::time::Instant::now() + within))?;
+        let reader = PgReader::connect(target, Some(tokio::time::Instant::now() + within), None)?;
         let p = |sql: &'static str| {
             reader.wait("preparing a lease statement", reader.client.prepare(sql))
         };
