@@ -222,6 +222,8 @@ struct Failure {
     since: Instant,
     retry_at: Instant,
     backoff: Duration,
+    /// The fleet's database is what fails (unreachable, or a statement failed there), not a file of this node.
+    database: bool,
 }
 
 impl Failure {
@@ -229,6 +231,7 @@ impl Failure {
         Failure {
             why,
             last_try: None,
+            database: false,
             since: now,
             retry_at: now + RETRY_FIRST,
             backoff: RETRY_FIRST,
@@ -1766,6 +1769,7 @@ impl Host {
                     turns_failed: app.turns_failed,
                     queue_depth,
                     failed: app.failure.as_ref().map(Failure::words),
+                    failed_database: app.failure.as_ref().is_some_and(|f| f.database),
                     head,
                     paused_for_lag: app.lag_paused,
                     lag_pauses: app.lag_pauses,

@@ -118,6 +118,8 @@ pub struct AppFigures {
     pub queue_depth: u64,
     /// Why the app cannot store now, if it cannot.
     pub failed: Option<String>,
+    /// It cannot store because this node cannot reach or use the fleet's database (`--store postgres://…`).
+    pub failed_database: bool,
     /// The store's next position (1 when empty): what outlets' acknowledged positions are compared with.
     pub head: u64,
     pub paused_for_lag: bool,
