@@ -112,7 +112,11 @@ impl Heartbeat {
 #[derive(Debug, Clone, Default)]
 pub struct AppFigures {
     pub name: String,
+    /// Records this process stored since it started.
     pub stored_records: u64,
+    /// Records the app's store holds, from the store: every record it stored, before this start too (`None`
+    /// until known: a closed store, or on a fleet's store before this node's first commit of the app).
+    pub store_records: Option<u64>,
     pub turns_failed: u64,
     /// Records offered to the app and not yet stored (what its inner outlets' sources hold beyond it).
     pub queue_depth: u64,
@@ -142,6 +146,9 @@ pub struct OutletFigures {
     pub kind: &'static str,
     /// Records stored by the app and not yet acknowledged by the outlet's far side.
     pub lag_records: u64,
+    /// When the oldest of them was stored, at the latest (ms since the Unix epoch; `None` when none lags or it is
+    /// not known: `src/apps/host/times.rs`).
+    pub oldest_stored_ms: Option<i64>,
     pub sent_records: u64,
     pub held_bytes: usize,
     pub status: &'static str,

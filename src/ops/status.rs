@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::metrics::health;
+use super::metrics::{health, lag_seconds, outlet_failing};
 use crate::common::figures::Snapshot;
 use crate::proto::node::DropReason;
 
@@ -341,6 +341,8 @@ pub struct ListensOut {
 pub struct AppStatus {
     pub name: String,
     pub stored_total: u64,
+    /// Records the app's store holds (`pure_app_store_records`): every record it stored, before this start too.
+    pub store_records: Option<u64>,
     pub records_per_second: Option<f64>,
     pub can_store: bool,
     pub cannot_store_why: Option<String>,
@@ -586,10 +588,7 @@ pub fn issues(s: &Snapshot, loop_age: Option<Duration>, now: Instant) -> Vec<Iss
     }
     for a in &s.app_figures {
         for o in &a.outlets {
-            // Failing now, or between two tries (resolving, syncing again) with the error that sent it back.
-            let retrying =
-                o.last_error.is_some() && !matches!(o.status, "sending" | "idle" | "standby");
-            if o.status != "failing" && !retrying {
+            if !outlet_failing(o) {
                 continue;
             }
             let since = o
@@ -650,6 +649,7 @@ pub fn issues(s: &Snapshot, loop_age: Option<Duration>, now: Instant) -> Vec<Iss
 }
 
 /// Builds the status from the published snapshot, the ring and the server's addresses.
+/// `wall_ms` is `now` as a wall clock (ms since the Unix epoch), for records' stored times.
 pub fn report(
     s: &Snapshot,
     history: &History,
@@ -657,6 +657,7 @@ pub fn report(
     started: Instant,
     loop_age: Option<Duration>,
     now: Instant,
+    wall_ms: i64,
 ) -> Status {
     let c = &s.counters;
     let problems = match health(s, loop_age) {
@@ -687,6 +688,7 @@ pub fn report(
         apps.push(AppStatus {
             name: a.name.clone(),
             stored_total: a.stored_records,
+            store_records: a.store_records,
             records_per_second: rate(&a.name, "", a.head),
             can_store: a.failed.is_none(),
             cannot_store_why: a.failed.clone(),
@@ -706,9 +708,11 @@ pub fn report(
         });
         for o in &a.outlets {
             let failing = o.status == "failing";
-            let (lag_seconds, at_least) = if o.lag_records == 0 {
-                (Some(0.0), false)
+            let (lag_seconds, at_least) = if let Some(secs) = lag_seconds(o, wall_ms) {
+                // From the oldest record's stored time (0 when none waits).
+                (Some(round(secs)), false)
             } else {
+                // Its time is not known (a fleet's store): since the ring saw the app's head pass it.
                 // The oldest record not acknowledged is the one after the far side's position.
                 let oldest = a.head.saturating_sub(o.lag_records);
                 match history
@@ -872,6 +876,7 @@ mod tests {
             t0,
             Some(Duration::ZERO),
             now,
+            0,
         );
         let app = &s.apps[0];
         assert_eq!(app.records_per_second, Some(10.0));
@@ -920,7 +925,8 @@ mod tests {
             h.sample(t0 + SAMPLE_EVERY * k as u32, &s);
         }
         let now = t0 + SAMPLE_EVERY * SAMPLES as u32;
-        let json = serde_json::to_vec(&report(&s, &h, &Listens::default(), t0, None, now)).unwrap();
+        let json =
+            serde_json::to_vec(&report(&s, &h, &Listens::default(), t0, None, now, 0)).unwrap();
         eprintln!(
             "/status.json after an hour, 2 apps and 2 outlets: {} bytes",
             json.len()
@@ -934,7 +940,7 @@ mod tests {
     fn health_says_degraded_and_lists_each_issue() {
         let t0 = Instant::now();
         let h = History::new(t0);
-        let at = |s: &Snapshot| report(s, &h, &Listens::default(), t0, Some(Duration::ZERO), t0);
+        let at = |s: &Snapshot| report(s, &h, &Listens::default(), t0, Some(Duration::ZERO), t0, 0);
         let kinds = |st: &Status| -> Vec<(&'static str, Option<String>)> {
             st.issues
                 .iter()
@@ -1010,7 +1016,7 @@ mod tests {
         );
         assert_eq!(st.issues[0].severity, "fail");
         s.sending_loop_alive = Some(false);
-        let st = report(&s, &h, &Listens::default(), t0, None, t0);
+        let st = report(&s, &h, &Listens::default(), t0, None, t0, 0);
         for line in &st.problems {
             assert!(
                 st.issues
@@ -1021,6 +1027,77 @@ mod tests {
             );
         }
         assert_eq!(st.problems.len(), 3, "{:?}", st.problems);
+    }
+
+    /// An outlet's lag in seconds comes from its oldest record's stored time when the host knows it, whatever the
+    /// ring holds (after a restart it holds nothing older than the start), and `/metrics` says the same.
+    #[test]
+    fn lag_seconds_come_from_the_stored_time() {
+        let t0 = Instant::now();
+        let h = History::new(t0);
+        let mut s = snapshot(501, 0, 500);
+        s.app_figures[0].store_records = Some(500);
+        s.app_figures[0].outlets[0].oldest_stored_ms = Some(1_000_000);
+        let st = report(
+            &s,
+            &h,
+            &Listens::default(),
+            t0,
+            Some(Duration::ZERO),
+            t0,
+            1_050_250,
+        );
+        let o = &st.outlets[0];
+        assert_eq!(
+            (o.lag_seconds, o.lag_seconds_at_least),
+            (Some(50.25), false)
+        );
+        assert_eq!(st.apps[0].store_records, Some(500));
+        let page = super::super::metrics::render(
+            &s,
+            super::super::metrics::ProcessFigures::default(),
+            Some(Duration::ZERO),
+            1_050_250,
+        );
+        for line in [
+            "pure_outlet_lag_seconds{app=\"main\",outlet=\"cloud\"} 50.250\n",
+            "pure_outlet_failing{app=\"main\",outlet=\"cloud\"} 1\n",
+            "pure_app_store_records{app=\"main\"} 500\n",
+        ] {
+            assert!(page.contains(line), "{line} not in:\n{page}");
+        }
+        // Nothing waiting: 0 s, whatever the time. A clock set back never makes it negative.
+        s.app_figures[0].outlets[0].lag_records = 0;
+        s.app_figures[0].outlets[0].status = "idle";
+        s.app_figures[0].outlets[0].last_error = None;
+        let st = report(
+            &s,
+            &h,
+            &Listens::default(),
+            t0,
+            Some(Duration::ZERO),
+            t0,
+            1_050_250,
+        );
+        assert_eq!(st.outlets[0].lag_seconds, Some(0.0));
+        s.app_figures[0].outlets[0].lag_records = 3;
+        let st = report(
+            &s,
+            &h,
+            &Listens::default(),
+            t0,
+            Some(Duration::ZERO),
+            t0,
+            999_000,
+        );
+        assert_eq!(st.outlets[0].lag_seconds, Some(0.0));
+        let page = super::super::metrics::render(
+            &s,
+            super::super::metrics::ProcessFigures::default(),
+            None,
+            999_000,
+        );
+        assert!(page.contains("pure_outlet_failing{app=\"main\",outlet=\"cloud\"} 0\n"));
     }
 
     #[test]
@@ -1079,6 +1156,7 @@ mod tests {
             t0,
             None,
             t0 + SAMPLE_EVERY * 3,
+            0,
         );
         // The app's chart is empty before it came back, then 4 records in 5 s.
         assert_eq!(
