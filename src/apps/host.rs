@@ -356,8 +356,8 @@ struct App {
     down_waiting_shared: u64,
     /// When the records its outlets have not delivered were stored, for their lag in seconds (`host/times.rs`).
     times: times::StoredTimes,
-    /// Its store's head has been known: the store was opened, or a turn of it committed (on a fleet's store, the
-    /// head is what the database last returned).
+    /// Its store's head has been known: the store was opened (its head is known while it is open), or a turn of
+    /// it committed (on a fleet's store, the head is what the database last returned).
     head_known: bool,
 }
 
@@ -1603,21 +1603,24 @@ impl Host {
     /// store when an outlet's oldest record is before every point the host has (after a start, a reopened store, a
     /// reload that added an outlet: a few lookups by the position index, once), forgotten before the oldest.
     fn keep_times(&mut self, heads: &[u64]) {
+        // Per app, its outlets' oldest record not acknowledged (one pass over the inner outlets, not one per app).
+        let mut oldest: Vec<Option<u64>> = vec![None; self.apps.len()];
+        let mut lags = |i: usize, next: u64| {
+            if next < heads[i] {
+                oldest[i] = Some(oldest[i].map_or(next, |o| o.min(next)));
+            }
+        };
+        for inner in &self.inner {
+            lags(inner.source as usize, inner.heard_now() + 1);
+        }
+        for (i, app) in self.apps.iter().enumerate() {
+            for o in &app.outlets {
+                lags(i, o.outlet.acked() + 1);
+            }
+        }
         for (i, app) in self.apps.iter_mut().enumerate() {
             let head = heads[i];
-            let oldest = app
-                .outlets
-                .iter()
-                .map(|o| o.outlet.acked() + 1)
-                .chain(
-                    self.inner
-                        .iter()
-                        .filter(|x| x.source as usize == i)
-                        .map(|x| x.heard_now() + 1),
-                )
-                .filter(|&p| p < head)
-                .min();
-            let Some(oldest) = oldest else {
+            let Some(oldest) = oldest[i] else {
                 app.times.forget_before(head);
                 continue;
             };
@@ -1833,7 +1836,8 @@ impl Host {
                 AppFigures {
                     name: app.config.name.clone(),
                     stored_records: app.stored,
-                    store_records: app.head_known.then(|| head.saturating_sub(1)),
+                    store_records: (app.head_known || self.stores.app(i as AppIndex).is_some())
+                        .then(|| head.saturating_sub(1)),
                     turns_failed: app.turns_failed,
                     queue_depth,
                     failed: app.failure.as_ref().map(Failure::words),
