@@ -49,6 +49,8 @@ pub struct Snapshot {
     pub node_key: String,
     /// The link socket's address.
     pub link_addr: Option<std::net::SocketAddr>,
+    /// The node's state directory, whose filesystem `/metrics` reports (`pure_state_free_bytes`).
+    pub state_dir: Option<std::path::PathBuf>,
     /// The last reload (SIGHUP), if there was one.
     pub last_reload: Option<LastReload>,
     /// Connections made to the fleet's database so far (`None`: the apps are stored in SQLite files).

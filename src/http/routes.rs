@@ -165,7 +165,7 @@ pub(super) async fn handle(
             };
             let mut page = render(
                 &snapshot,
-                ProcessFigures::read(),
+                ProcessFigures::read(snapshot.state_dir.as_deref()),
                 shared.stats.heartbeat.age(now),
                 crate::ops::metrics::wall_ms(),
             );

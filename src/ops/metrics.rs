@@ -47,15 +47,36 @@ pub fn lag_seconds(o: &OutletFigures, wall_ms: i64) -> Option<f64> {
         .map(|ms| (wall_ms.saturating_sub(ms)).max(0) as f64 / 1000.0)
 }
 
-/// Process figures read from /proc at scrape time.
+/// Process figures read from /proc, and the state directory's filesystem from statvfs(2), at scrape time (on the
+/// HTTP thread: no loop waits for them).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProcessFigures {
     pub threads: Option<u64>,
     pub resident_bytes: Option<u64>,
+    /// Bytes the node may still write on the state directory's filesystem (`f_bavail`), and its size.
+    pub state_free_bytes: Option<u64>,
+    pub state_size_bytes: Option<u64>,
+}
+
+/// The filesystem under `dir`: (bytes available to an unprivileged writer, bytes in all).
+fn filesystem(dir: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs(2) with a NUL-terminated path and a zeroed struct it fills.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let unit = st.f_frsize as u64;
+    Some((
+        (st.f_bavail as u64).saturating_mul(unit),
+        (st.f_blocks as u64).saturating_mul(unit),
+    ))
 }
 
 impl ProcessFigures {
-    pub fn read() -> Self {
+    /// Reads them; `state` is the node's state directory.
+    pub fn read(state: Option<&std::path::Path>) -> Self {
         let threads = std::fs::read_to_string("/proc/self/status")
             .ok()
             .and_then(|s| {
@@ -70,9 +91,12 @@ impl ProcessFigures {
             .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
             .filter(|_| page > 0)
             .map(|pages| pages * page as u64);
+        let fs = state.and_then(filesystem);
         ProcessFigures {
             threads,
             resident_bytes,
+            state_free_bytes: fs.map(|f| f.0),
+            state_size_bytes: fs.map(|f| f.1),
         }
     }
 }
@@ -367,6 +391,23 @@ pub fn render(
         );
         let _ = writeln!(out, "process_resident_memory_bytes {b}");
     }
+    if let (Some(free), Some(size)) = (process.state_free_bytes, process.state_size_bytes) {
+        family(
+            &mut out,
+            "pure_state_free_bytes",
+            "gauge",
+            "Bytes the node may still write on the filesystem of its state directory (its stores, unless on a \
+             fleet's database).",
+        );
+        let _ = writeln!(out, "pure_state_free_bytes {free}");
+        family(
+            &mut out,
+            "pure_state_size_bytes",
+            "gauge",
+            "Size of the filesystem of the node's state directory, in bytes.",
+        );
+        let _ = writeln!(out, "pure_state_size_bytes {size}");
+    }
     if let Some(a) = loop_age {
         family(
             &mut out,
@@ -639,6 +680,8 @@ mod tests {
             ProcessFigures {
                 threads: Some(3),
                 resident_bytes: Some(4096),
+                state_free_bytes: Some(1 << 30),
+                state_size_bytes: Some(1 << 34),
             },
             Some(Duration::from_millis(5)),
             0,
@@ -650,6 +693,8 @@ mod tests {
         assert!(page.contains("pure_forward_frames_refused_total 2\n"));
         assert!(page.contains("pure_forward_records_refused_total 7\n"));
         assert!(page.contains("pure_threads 3\n"));
+        assert!(page.contains("pure_state_free_bytes 1073741824\n"));
+        assert!(page.contains("pure_state_size_bytes 17179869184\n"));
         assert!(page.contains("# TYPE pure_x25519_total counter\n"));
         assert!(!page.contains("sender="));
         // Every sample line is `name{labels} value` with a numeric value.

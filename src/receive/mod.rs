@@ -1183,6 +1183,7 @@ impl ReadyNode {
             if s.node_key.is_empty() {
                 s.node_key = self.public_key();
                 s.link_addr = Some(self.local_addr());
+                s.state_dir = Some(self.settings.state_dir.clone());
             }
             if let Some((at, applied)) = self.last_reload
                 && s.last_reload.as_ref().is_none_or(|r| r.at != at)
