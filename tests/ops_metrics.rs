@@ -260,6 +260,9 @@ fn figures_survive_a_restart() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
+    // The node stores, so the load balancer's question is answered yes; the outlets make it degraded.
+    assert_eq!(s["health"], "degraded", "{s}");
+    assert_eq!(node.http_get("/healthz"), (200, "ok\n".to_string()));
     let app = &s["apps"][0];
     assert_eq!(app["store_records"], 500, "from the store: {s}");
     assert_eq!(app["stored_total"], 0, "this run stored nothing: {s}");
