@@ -91,10 +91,12 @@ impl StoredTimes {
         self.seeded_from = Some(self.seeded_from.map_or(oldest, |s| s.min(oldest)));
     }
 
-    /// Forgets the points no record from `oldest` on needs: all before the last one at or before it.
+    /// Forgets the points no record from `oldest` on needs: all before the last one at or before it. An outlet
+    /// that later needs what was forgotten (one added by a reload, or one whose far side went back) gets a seed.
     pub fn forget_before(&mut self, oldest: u64) {
         while self.points.len() > 1 && self.points[1].pos <= oldest {
             self.points.pop_front();
+            self.seeded_from = None;
         }
     }
 
@@ -167,5 +169,10 @@ mod tests {
         assert!(t.wants_seed(50), "an outlet added from further back");
         t.note(101, 1);
         assert!(!t.wants_seed(101));
+        // Forgotten as the outlets went on: an outlet added from further back is seeded again.
+        t.note(300, 5_000);
+        t.forget_before(400);
+        assert!(!t.wants_seed(400));
+        assert!(t.wants_seed(101), "a reload added an outlet from 101");
     }
 }
