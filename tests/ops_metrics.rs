@@ -171,3 +171,150 @@ fn check_lists_every_problem_and_fails() {
     assert!(out.status.success(), "{out:?}");
     assert!(text.contains("1 sender"), "{text}");
 }
+
+/// Now on the wall clock, in seconds since the Unix epoch (what records' stored times are).
+fn wall() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+fn status(node: &NodeProcess) -> serde_json::Value {
+    let (code, body) = node.http_get("/status.json");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Figures that survive a restart (issue 37, §3): after a restart with 500 records waiting for two outlets whose
+/// far sides are down, "records stored" is what the store holds (not 0), each outlet's lag in seconds is the age
+/// of its oldest record (not capped at the node's uptime), and `/metrics` has a gauge for each outlet's lag in
+/// seconds and for whether it fails. The webhook is sent its records (read back from the store), the link never is
+/// (its far side never says where it stands): its figure comes from the times read at the start.
+#[test]
+fn figures_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    write_atomic(&senders, &format!("dev {public}\n"));
+    // Nothing listens on this port, TCP or UDP: both outlets fail.
+    let down = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = down.local_addr().unwrap().port();
+    drop(down);
+    let apps = dir.path().join("apps.toml");
+    write_atomic(
+        &apps,
+        &format!(
+            "[apps.main]\n\
+             [apps.main.outlets.cloud]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{port}/in\"\n\
+             [apps.main.outlets.relay]\nkind = \"link\"\nto = \"127.0.0.1:{port}\"\n\
+             node_key = \"daMGbrvtfNPfdX0m7LxP65QWRxE6CrjCt7+W4FtVWgA=\"\n"
+        ),
+    );
+    let args = [
+        "--senders",
+        senders.to_str().unwrap(),
+        "--apps",
+        apps.to_str().unwrap(),
+    ];
+    let state = dir.path().join("state");
+    let mut node = NodeProcess::start(&state, &args, None);
+    let sent_from = wall();
+    let records: Vec<String> = (1..=500).map(|i| format!("r{i}")).collect();
+    let (ok, out) = node.send(&key, &records, "60");
+    assert!(ok, "{out}");
+    // Every record was acknowledged, so stored, by now.
+    let stored_by = wall();
+    assert_eq!(
+        node.metric_published("pure_app_store_records{app=\"main\"}"),
+        500.0
+    );
+    node.signal(libc::SIGTERM);
+    assert_eq!(node.wait_exit(), Some(0), "{}", node.stderr_text());
+    // The records grow older than the next run will be: its uptime cannot stand for their age.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+
+    let node = NodeProcess::start(&state, &args, None);
+    let deadline = std::time::Instant::now() + DEADLINE;
+    let (s, asked_from, asked_by) = loop {
+        let from = wall();
+        let s = status(&node);
+        let by = wall();
+        // Both failed once since the start (between tries an outlet may wait rather than fail: the issue stands).
+        let failing = |name: &str| {
+            s["issues"].as_array().unwrap().iter().any(|i| {
+                i["kind"] == "outlet_failing" && i["subject"] == format!("main/{name}").as_str()
+            })
+        };
+        let known = s["outlets"]
+            .as_array()
+            .is_some_and(|o| o.len() == 2 && o.iter().all(|o| o["lag_seconds"].is_number()))
+            && failing("cloud")
+            && failing("relay");
+        if known {
+            break (s, from, by);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the outlets' lag in seconds never known, or they never failed: {s}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    // The node stores, so the load balancer's question is answered yes; the outlets make it degraded.
+    assert_eq!(s["health"], "degraded", "{s}");
+    assert_eq!(node.http_get("/healthz"), (200, "ok\n".to_string()));
+    let app = &s["apps"][0];
+    assert_eq!(app["store_records"], 500, "from the store: {s}");
+    assert_eq!(app["stored_total"], 0, "this run stored nothing: {s}");
+    let uptime = s["uptime_seconds"].as_f64().unwrap();
+    for o in s["outlets"].as_array().unwrap() {
+        assert_eq!(o["lag_records"], 500, "{o}");
+        assert_eq!(o["lag_seconds_at_least"], false, "{o}");
+        let lag = o["lag_seconds"].as_f64().unwrap();
+        // Its oldest record was stored after `sent_from` and before `stored_by`; the figure is never less than
+        // its age and more by under a second.
+        assert!(
+            lag >= asked_from - stored_by - 0.01 && lag <= asked_by - sent_from + 1.0,
+            "{} lag {lag} s: stored between {sent_from} and {stored_by}, asked between {asked_from} and {asked_by}",
+            o["name"]
+        );
+        assert!(
+            lag > uptime + 2.0,
+            "{}: lag {lag} s is not the node's uptime ({uptime} s)",
+            o["name"]
+        );
+    }
+    // /metrics: the store's count, and per outlet whether it fails and its lag in seconds.
+    let metrics_from = wall();
+    let (code, page) = node.http_get("/metrics");
+    let metrics_by = wall();
+    assert_eq!(code, 200);
+    let metric = |series: &str| -> f64 {
+        page.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{series} not in /metrics:\n{page}"))
+    };
+    assert_eq!(metric("pure_app_store_records{app=\"main\"}"), 500.0);
+    assert_eq!(metric("pure_records_stored_total{app=\"main\"}"), 0.0);
+    for outlet in ["cloud", "relay"] {
+        assert_eq!(
+            metric(&format!(
+                "pure_outlet_failing{{app=\"main\",outlet=\"{outlet}\"}}"
+            )),
+            1.0,
+            "{page}"
+        );
+        let lag = metric(&format!(
+            "pure_outlet_lag_seconds{{app=\"main\",outlet=\"{outlet}\"}}"
+        ));
+        assert!(
+            lag >= metrics_from - stored_by - 0.001 && lag <= metrics_by - sent_from + 1.0,
+            "{outlet}: lag {lag} s"
+        );
+    }
+    assert!(
+        page.contains("# TYPE pure_outlet_lag_seconds gauge"),
+        "{page}"
+    );
+    assert!(page.contains("# TYPE pure_outlet_failing gauge"), "{page}");
+}

@@ -82,6 +82,32 @@ fn ready_after_the_port_answers_on_an_abstract_socket() {
     ready_after_port_answers(NotifySocket::abstract_name("ready"));
 }
 
+/// The STATUS line's "records stored" is what the stores hold: after a restart it is not 0 (issue 37, §3).
+#[test]
+fn status_counts_what_the_stores_hold_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    write_atomic(&senders, &format!("dev {public}\n"));
+    let state = dir.path().join("state");
+    let args = ["--senders", senders.to_str().unwrap()];
+    let mut node = NodeProcess::start(&state, &args, None);
+    let records: Vec<String> = (1..=7).map(|i| format!("r{i}")).collect();
+    let (ok, out) = node.send(&key, &records, "60");
+    assert!(ok, "{out}");
+    node.signal(libc::SIGTERM);
+    assert_eq!(node.wait_exit(), Some(0));
+
+    let notify = NotifySocket::path();
+    let child = spawn_node(&state, &args, Some(&notify), &[]);
+    let seen = notify.until("READY=1");
+    let status = field(seen.last().unwrap(), "STATUS").expect("READY=1 comes with a STATUS");
+    assert!(status.contains(", 7 records stored,"), "{status}");
+    let mut node = NodeProcess::attach(child, &state);
+    node.signal(libc::SIGTERM);
+    assert_eq!(node.wait_exit(), Some(0));
+}
+
 #[test]
 fn no_ready_when_the_node_cannot_start() {
     let notify = NotifySocket::path();

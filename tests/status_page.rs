@@ -2,7 +2,9 @@
 //! WebDriver HTTP API (a small client below: JSON over HTTP/1.1 on loopback). A node with two apps and three
 //! outlets, a webhook and a link to a port where nothing listens and an inner one that works, serves the page; the test checks that it renders, that
 //! its figures are those of `/metrics`, that the failing outlet is shown failing with its reason and what to do,
-//! and that the rate chart moves while records flow, all without reloading the page.
+//! that the header then says DEGRADED (not the green OK) with each issue listed, and that the rate chart moves
+//! while records flow, all without reloading the page; and, once the node is stopped, that the page says NOT
+//! UPDATING and dims what it shows.
 //!
 //! Chromium and chromedriver are Debian's packages (`.ci/run` installs them). Without them the test says
 //! "skipped" and passes, unless `PURE_REQUIRE_BROWSER` is set (CI sets it), when their absence fails it.
@@ -188,7 +190,7 @@ impl Drop for Browser {
 
 /// Every figure on the page, as the operator reads it: `page` for the node's, and one object per card (app or
 /// outlet) with its class, its figures by `data-k`, and its chart's points.
-const READ_PAGE: &str = r#"
+const READ_PAGE: &str = r##"
 const page = {}, cards = {};
 for (const e of document.querySelectorAll("[data-k]")) {
   if (!e.closest("[data-card]")) page[e.dataset.k] = e.textContent;
@@ -200,9 +202,14 @@ for (const c of document.querySelectorAll("[data-card]")) {
   }
   cards[c.dataset.card] = o;
 }
+const health = document.getElementById("health");
 return {page, cards, updated: document.body.dataset.updated || null, marker: window.__marker || null,
-        text: document.body.innerText};
-"#;
+        text: document.body.innerText, health: health.textContent, health_class: health.className,
+        health_colour: getComputedStyle(health).color,
+        issues: [...document.querySelectorAll("#problems li")].map(li => [li.dataset.issue, li.textContent]),
+        stale: document.body.classList.contains("stale"),
+        opacity: Number(getComputedStyle(document.querySelector("main")).opacity)};
+"##;
 
 fn number(text: &str) -> f64 {
     let digits: String = text
@@ -444,6 +451,28 @@ fn the_status_page_in_a_real_browser() {
         !healthy["class"].as_str().unwrap().contains("fail"),
         "{healthy}"
     );
+    // The node stores, so /healthz says 200; but an outlet fails, so the header is not green: DEGRADED, and the
+    // box under it names the outlet and what is wrong.
+    assert_eq!(node.http_get("/healthz").0, 200);
+    assert_eq!(v["health"], json!("DEGRADED"), "{v}");
+    assert_eq!(v["health_class"], json!("degraded"));
+    assert_ne!(
+        v["health_colour"],
+        json!("rgb(126, 224, 143)"),
+        "the OK green"
+    );
+    let issues = v["issues"].as_array().unwrap();
+    assert!(
+        issues.iter().any(|i| i[0] == "outlet_failing"
+            && i[1]
+                .as_str()
+                .unwrap()
+                .starts_with("outlet sensors/cloud failing")),
+        "{issues:?}"
+    );
+    let status: Value = serde_json::from_str(&node.http_get("/status.json").1).unwrap();
+    assert_eq!(status["health"], json!("degraded"), "{status}");
+    assert_eq!(status["healthy"], json!(true));
     // The webhook's token is in its URL's query: not on the page.
     let text = v["text"].as_str().unwrap();
     assert!(!text.contains("s3cret"), "{text}");
@@ -466,6 +495,14 @@ fn the_status_page_in_a_real_browser() {
         "{reload}"
     );
     assert_eq!(node.metric("pure_reloads_failed_total"), Some(1.0));
+    wait_for("the refused reload among the issues", || {
+        read()["issues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i[0] == "reload_refused" && i[1].as_str().unwrap().contains("turn_records"))
+    });
+    assert_eq!(read()["stale"], json!(false));
 
     let png = browser.screenshot();
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
@@ -476,4 +513,15 @@ fn the_status_page_in_a_real_browser() {
             Path::new(&path).display()
         );
     }
+
+    // The node stops: the page says NOT UPDATING and dims what it shows, so old figures do not pass for current.
+    drop(node);
+    wait_for("the page to say it is not updating", || {
+        read()["page"]["connection"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("NOT UPDATING"))
+    });
+    let v = read();
+    assert_eq!(v["stale"], json!(true), "{v}");
+    assert!(v["opacity"].as_f64().unwrap() < 0.6, "{v}");
 }

@@ -51,6 +51,7 @@ use pushes::TurnPush;
 pub mod outbox;
 mod pushes;
 mod shared;
+mod times;
 
 /// Records read back from a store for one outlet in one turn when it is catching up.
 const CATCH_UP_RECORDS: u64 = 16_384;
@@ -222,6 +223,8 @@ struct Failure {
     since: Instant,
     retry_at: Instant,
     backoff: Duration,
+    /// The fleet's database is what fails (unreachable, or a statement failed there), not a file of this node.
+    database: bool,
 }
 
 impl Failure {
@@ -229,6 +232,7 @@ impl Failure {
         Failure {
             why,
             last_try: None,
+            database: false,
             since: now,
             retry_at: now + RETRY_FIRST,
             backoff: RETRY_FIRST,
@@ -350,6 +354,11 @@ struct App {
     /// On a fleet's store: the app's waiting records as the database last said (docs/scale-out.md, "Downlink on a
     /// fleet").
     down_waiting_shared: u64,
+    /// When the records its outlets have not delivered were stored, for their lag in seconds (`host/times.rs`).
+    times: times::StoredTimes,
+    /// Its store's head has been known: the store was opened (its head is known while it is open), or a turn of
+    /// it committed (on a fleet's store, the head is what the database last returned).
+    head_known: bool,
 }
 
 /// What one turn of the host did.
@@ -636,6 +645,8 @@ impl Host {
             down_queued: 0,
             down_refused: 0,
             down_waiting_shared: 0,
+            times: times::StoredTimes::default(),
+            head_known: self.stores.app(index).is_some(),
             last_progress_write: Instant::now(),
         });
         Ok(())
@@ -1296,6 +1307,10 @@ impl Host {
                 // Reads for LISTENs go out with the turn's answers: after its sync if it needed one.
                 c.down.extend(part.outcome.down);
             }
+            if let Some(c) = part.new_chunks.first() {
+                self.apps[i].times.note(c.pos, c.stored_at_ms);
+            }
+            self.apps[i].head_known = true;
             new_chunks[i] = part.new_chunks;
         }
         if let Some(c) = &committed {
@@ -1490,6 +1505,9 @@ impl Host {
             };
             let mut taken = 0;
             for chunk in chunks {
+                self.apps[inner.source as usize]
+                    .times
+                    .note(chunk.pos, chunk.stored_at_ms);
                 if taken >= limit {
                     report.more = true;
                     break;
@@ -1547,6 +1565,7 @@ impl Host {
                             chunks
                                 .into_iter()
                                 .take_while(|c| c.pos < head)
+                                .inspect(|c| app.times.note(c.pos, c.stored_at_ms))
                                 .map(Arc::new),
                         ),
                         Err(e) => {
@@ -1580,6 +1599,51 @@ impl Host {
         }
     }
 
+    /// Keeps each app's stored times (`host/times.rs`) to what its outlets' oldest records need: read from the
+    /// store when an outlet's oldest record is before every point the host has (after a start, a reopened store, a
+    /// reload that added an outlet: a few lookups by the position index, once), forgotten before the oldest.
+    fn keep_times(&mut self, heads: &[u64]) {
+        // Per app, its outlets' oldest record not acknowledged (one pass over the inner outlets, not one per app).
+        let mut oldest: Vec<Option<u64>> = vec![None; self.apps.len()];
+        let mut lags = |i: usize, next: u64| {
+            if next < heads[i] {
+                oldest[i] = Some(oldest[i].map_or(next, |o| o.min(next)));
+            }
+        };
+        for inner in &self.inner {
+            lags(inner.source as usize, inner.heard_now() + 1);
+        }
+        for (i, app) in self.apps.iter().enumerate() {
+            for o in &app.outlets {
+                lags(i, o.outlet.acked() + 1);
+            }
+        }
+        for (i, app) in self.apps.iter_mut().enumerate() {
+            let head = heads[i];
+            let Some(oldest) = oldest[i] else {
+                app.times.forget_before(head);
+                continue;
+            };
+            if app.times.wants_seed(oldest)
+                && let Some(store) = self.stores.app(i as AppIndex)
+            {
+                for pos in times::StoredTimes::seed_positions(oldest, head) {
+                    match store.chunk_stored_at(pos) {
+                        Ok(Some((p, ms))) => app.times.note(p, ms),
+                        Ok(None) => {}
+                        Err(e) => {
+                            // The figure stays unknown; the store's own faults are told where it commits.
+                            tracing::debug!("app {}: stored times not read: {e}", app.config.name);
+                            break;
+                        }
+                    }
+                }
+                app.times.seeded(oldest);
+            }
+            app.times.forget_before(oldest);
+        }
+    }
+
     /// Pauses apps whose outlets are at their lag budget; resumes them at [`LAG_RESUME_PERCENT`] of it
     /// (hysteresis). While an app takes input the node core is told the records it may still take before an outlet
     /// reaches its budget, so a burst passes it by less than a frame (protocol.md 6.3), not by a turn. Called after
@@ -1593,6 +1657,7 @@ impl Host {
                     .map_or(self.durable[i], |s| s.head())
             })
             .collect();
+        self.keep_times(&heads);
         let mut over: Vec<Option<bool>> = vec![None; self.apps.len()];
         let mut rooms: Vec<Option<u64>> = vec![None; self.apps.len()];
         let mut budget = |i: usize, lag: u64, max: u64, paused: bool| {
@@ -1716,10 +1781,14 @@ impl Host {
                     .iter()
                     .map(|o| {
                         let state = o.outlet.state();
+                        let lag = head.saturating_sub(1).saturating_sub(o.outlet.acked());
                         OutletFigures {
                             name: o.outlet.name.clone(),
                             kind: o.outlet.kind,
-                            lag_records: head.saturating_sub(1).saturating_sub(o.outlet.acked()),
+                            lag_records: lag,
+                            oldest_stored_ms: (lag > 0)
+                                .then(|| app.times.stored_at(o.outlet.acked() + 1))
+                                .flatten(),
                             sent_records: o.outlet.sent_records(),
                             held_bytes: o.outlet.held_bytes(),
                             status: state.status,
@@ -1733,10 +1802,14 @@ impl Host {
                     })
                     .collect();
                 for inner in self.inner.iter().filter(|x| x.source as usize == i) {
+                    let lag = head.saturating_sub(1).saturating_sub(inner.heard_now());
                     outlets.push(OutletFigures {
                         name: inner.name.clone(),
                         kind: "app",
-                        lag_records: head.saturating_sub(1).saturating_sub(inner.heard_now()),
+                        lag_records: lag,
+                        oldest_stored_ms: (lag > 0)
+                            .then(|| app.times.stored_at(inner.heard_now() + 1))
+                            .flatten(),
                         sent_records: inner.heard_now(),
                         held_bytes: 0,
                         status: "sending",
@@ -1763,9 +1836,12 @@ impl Host {
                 AppFigures {
                     name: app.config.name.clone(),
                     stored_records: app.stored,
+                    store_records: (app.head_known || self.stores.app(i as AppIndex).is_some())
+                        .then(|| head.saturating_sub(1)),
                     turns_failed: app.turns_failed,
                     queue_depth,
                     failed: app.failure.as_ref().map(Failure::words),
+                    failed_database: app.failure.as_ref().is_some_and(|f| f.database),
                     head,
                     paused_for_lag: app.lag_paused,
                     lag_pauses: app.lag_pauses,

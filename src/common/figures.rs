@@ -49,6 +49,8 @@ pub struct Snapshot {
     pub node_key: String,
     /// The link socket's address.
     pub link_addr: Option<std::net::SocketAddr>,
+    /// The node's state directory, whose filesystem `/metrics` reports (`pure_state_free_bytes`).
+    pub state_dir: Option<std::path::PathBuf>,
     /// The last reload (SIGHUP), if there was one.
     pub last_reload: Option<LastReload>,
     /// Connections made to the fleet's database so far (`None`: the apps are stored in SQLite files).
@@ -112,12 +114,18 @@ impl Heartbeat {
 #[derive(Debug, Clone, Default)]
 pub struct AppFigures {
     pub name: String,
+    /// Records this process stored since it started.
     pub stored_records: u64,
+    /// Records the app's store holds, from the store: every record it stored, before this start too (`None`
+    /// until known: a closed store, or on a fleet's store before this node's first commit of the app).
+    pub store_records: Option<u64>,
     pub turns_failed: u64,
     /// Records offered to the app and not yet stored (what its inner outlets' sources hold beyond it).
     pub queue_depth: u64,
     /// Why the app cannot store now, if it cannot.
     pub failed: Option<String>,
+    /// It cannot store because this node cannot reach or use the fleet's database (`--store postgres://…`).
+    pub failed_database: bool,
     /// The store's next position (1 when empty): what outlets' acknowledged positions are compared with.
     pub head: u64,
     pub paused_for_lag: bool,
@@ -140,6 +148,9 @@ pub struct OutletFigures {
     pub kind: &'static str,
     /// Records stored by the app and not yet acknowledged by the outlet's far side.
     pub lag_records: u64,
+    /// When the oldest of them was stored, at the latest (ms since the Unix epoch; `None` when none lags or it is
+    /// not known: `src/apps/host/times.rs`).
+    pub oldest_stored_ms: Option<i64>,
     pub sent_records: u64,
     pub held_bytes: usize,
     pub status: &'static str,

@@ -57,6 +57,7 @@ fn status_json(shared: &Shared, now: Instant) -> Answer {
             shared.stats.heartbeat.started(),
             shared.stats.heartbeat.age(now),
             now,
+            crate::ops::metrics::wall_ms(),
         ),
         Err(poisoned) => crate::ops::status::report(
             &snapshot,
@@ -65,6 +66,7 @@ fn status_json(shared: &Shared, now: Instant) -> Answer {
             shared.stats.heartbeat.started(),
             shared.stats.heartbeat.age(now),
             now,
+            crate::ops::metrics::wall_ms(),
         ),
     };
     match serde_json::to_vec(&status) {
@@ -163,8 +165,9 @@ pub(super) async fn handle(
             };
             let mut page = render(
                 &snapshot,
-                ProcessFigures::read(),
+                ProcessFigures::read(snapshot.state_dir.as_deref()),
                 shared.stats.heartbeat.age(now),
+                crate::ops::metrics::wall_ms(),
             );
             shared.counters.render_into(
                 &mut page,

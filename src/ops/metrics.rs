@@ -12,7 +12,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::common::figures::{AppFigures, Snapshot};
+use crate::common::figures::{AppFigures, OutletFigures, Snapshot};
 use crate::proto::node::DropReason;
 
 /// A receive loop that has not turned for this long is reported unhealthy. The loop turns at least every 100 ms
@@ -23,15 +23,60 @@ pub fn healthy(age: Option<Duration>, stale: Duration) -> bool {
     age.is_some_and(|a| a < stale)
 }
 
-/// Process figures read from /proc at scrape time.
+/// Now, in milliseconds since the Unix epoch: what records' `stored_at` is compared with.
+pub fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Whether an outlet is failing: failing now, or between two tries (resolving, syncing again) with the error that
+/// failed it standing. `pure_outlet_failing` and the status page's `outlet_failing` issue say the same.
+pub fn outlet_failing(o: &OutletFigures) -> bool {
+    o.status == "failing"
+        || (o.last_error.is_some() && !matches!(o.status, "sending" | "idle" | "standby"))
+}
+
+/// How long an outlet's oldest record not acknowledged has waited since it was stored, in seconds, at `wall_ms`:
+/// 0 when none waits, `None` when its time is not known (docs/operations.md, `pure_outlet_lag_seconds`).
+pub fn lag_seconds(o: &OutletFigures, wall_ms: i64) -> Option<f64> {
+    if o.lag_records == 0 {
+        return Some(0.0);
+    }
+    o.oldest_stored_ms
+        .map(|ms| (wall_ms.saturating_sub(ms)).max(0) as f64 / 1000.0)
+}
+
+/// Process figures read from /proc, and the state directory's filesystem from statvfs(2), at scrape time (on the
+/// HTTP thread: no loop waits for them).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProcessFigures {
     pub threads: Option<u64>,
     pub resident_bytes: Option<u64>,
+    /// Bytes the node may still write on the state directory's filesystem (`f_bavail`), and its size.
+    pub state_free_bytes: Option<u64>,
+    pub state_size_bytes: Option<u64>,
+}
+
+/// The filesystem under `dir`: (bytes available to an unprivileged writer, bytes in all).
+fn filesystem(dir: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs(2) with a NUL-terminated path and a zeroed struct it fills.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let unit = st.f_frsize as u64;
+    Some((
+        (st.f_bavail as u64).saturating_mul(unit),
+        (st.f_blocks as u64).saturating_mul(unit),
+    ))
 }
 
 impl ProcessFigures {
-    pub fn read() -> Self {
+    /// Reads them; `state` is the node's state directory.
+    pub fn read(state: Option<&std::path::Path>) -> Self {
         let threads = std::fs::read_to_string("/proc/self/status")
             .ok()
             .and_then(|s| {
@@ -46,9 +91,12 @@ impl ProcessFigures {
             .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
             .filter(|_| page > 0)
             .map(|pages| pages * page as u64);
+        let fs = state.and_then(filesystem);
         ProcessFigures {
             threads,
             resident_bytes,
+            state_free_bytes: fs.map(|f| f.0),
+            state_size_bytes: fs.map(|f| f.1),
         }
     }
 }
@@ -57,8 +105,13 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
-/// Renders the metrics page.
-pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>) -> String {
+/// Renders the metrics page; `wall_ms` is now ([`wall_ms`]).
+pub fn render(
+    s: &Snapshot,
+    process: ProcessFigures,
+    loop_age: Option<Duration>,
+    wall_ms: i64,
+) -> String {
     let c = &s.counters;
     let mut out = String::with_capacity(4096);
     family(
@@ -324,7 +377,7 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
             c.dropped(r)
         );
     }
-    render_apps(&mut out, s);
+    render_apps(&mut out, s, wall_ms);
     if let Some(t) = process.threads {
         family(&mut out, "pure_threads", "gauge", "Threads of the process.");
         let _ = writeln!(out, "pure_threads {t}");
@@ -337,6 +390,23 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
             "Resident memory size in bytes.",
         );
         let _ = writeln!(out, "process_resident_memory_bytes {b}");
+    }
+    if let (Some(free), Some(size)) = (process.state_free_bytes, process.state_size_bytes) {
+        family(
+            &mut out,
+            "pure_state_free_bytes",
+            "gauge",
+            "Bytes the node may still write on the filesystem of its state directory (its stores, unless on a \
+             fleet's database).",
+        );
+        let _ = writeln!(out, "pure_state_free_bytes {free}");
+        family(
+            &mut out,
+            "pure_state_size_bytes",
+            "gauge",
+            "Size of the filesystem of the node's state directory, in bytes.",
+        );
+        let _ = writeln!(out, "pure_state_size_bytes {size}");
     }
     if let Some(a) = loop_age {
         family(
@@ -351,9 +421,21 @@ pub fn render(s: &Snapshot, process: ProcessFigures, loop_age: Option<Duration>)
 }
 
 /// The apps' and outlets' families (issue 7: what operators see).
-fn render_apps(out: &mut String, s: &Snapshot) {
+fn render_apps(out: &mut String, s: &Snapshot, wall_ms: i64) {
     if s.app_figures.is_empty() {
         return;
+    }
+    family(
+        out,
+        "pure_app_store_records",
+        "gauge",
+        "Records the app's store holds, read from the store: every record the app stored, before the node's last \
+         start too (pure_records_stored_total counts this process's).",
+    );
+    for a in &s.app_figures {
+        if let Some(n) = a.store_records {
+            let _ = writeln!(out, "pure_app_store_records{{app=\"{}\"}} {n}", a.name);
+        }
     }
     // One line per app for each of these families.
     type Figure = fn(&AppFigures) -> u64;
@@ -441,6 +523,38 @@ fn render_apps(out: &mut String, s: &Snapshot) {
             out,
             "pure_outlet_lag_records{{app=\"{}\",outlet=\"{}\",kind=\"{}\"}} {}",
             a.name, o.name, o.kind, o.lag_records
+        );
+    }
+    family(
+        out,
+        "pure_outlet_lag_seconds",
+        "gauge",
+        "How long the outlet's oldest record not acknowledged by its far side has waited since it was stored (0: \
+         none waits); never less than the truth.",
+    );
+    for (a, o) in outlets() {
+        if let Some(secs) = lag_seconds(o, wall_ms) {
+            let _ = writeln!(
+                out,
+                "pure_outlet_lag_seconds{{app=\"{}\",outlet=\"{}\"}} {secs:.3}",
+                a.name, o.name
+            );
+        }
+    }
+    family(
+        out,
+        "pure_outlet_failing",
+        "gauge",
+        "1 while the outlet fails (failing now, or between two tries with the error that failed it standing); \
+         its records wait in the store.",
+    );
+    for (a, o) in outlets() {
+        let _ = writeln!(
+            out,
+            "pure_outlet_failing{{app=\"{}\",outlet=\"{}\"}} {}",
+            a.name,
+            o.name,
+            u8::from(outlet_failing(o))
         );
     }
     family(
@@ -566,8 +680,11 @@ mod tests {
             ProcessFigures {
                 threads: Some(3),
                 resident_bytes: Some(4096),
+                state_free_bytes: Some(1 << 30),
+                state_size_bytes: Some(1 << 34),
             },
             Some(Duration::from_millis(5)),
+            0,
         );
         assert!(page.contains("pure_records_stored_total{app=\"main\"} 42\n"));
         assert!(page.contains("pure_drops_total{stage=\"auth\"} 5\n"));
@@ -576,6 +693,8 @@ mod tests {
         assert!(page.contains("pure_forward_frames_refused_total 2\n"));
         assert!(page.contains("pure_forward_records_refused_total 7\n"));
         assert!(page.contains("pure_threads 3\n"));
+        assert!(page.contains("pure_state_free_bytes 1073741824\n"));
+        assert!(page.contains("pure_state_size_bytes 17179869184\n"));
         assert!(page.contains("# TYPE pure_x25519_total counter\n"));
         assert!(!page.contains("sender="));
         // Every sample line is `name{labels} value` with a numeric value.

@@ -6,7 +6,10 @@
 //! - [`History`], the ring behind the page's charts: one sample every [`SAMPLE_EVERY`] of a few counters per app
 //!   and per outlet, [`SAMPLES`] of them (the last hour);
 //! - [`report`], a pure function from the published [`Snapshot`], the ring and the server's addresses to the
-//!   [`Status`] that `/status.json` serializes.
+//!   [`Status`] that `/status.json` serializes, with [`issues`]: everything wrong now, each in words. `/healthz`
+//!   answers the load balancer's narrower question (can this node store?, [`super::metrics::health`]); `issues`
+//!   holds its problems too, and what it lets pass (a failing outlet, a paused app, a refused reload), which
+//!   makes the node `degraded` rather than `ok`.
 //!
 //! **Cost, and why the ring is sampled while nobody looks.** The issue asks that nothing be computed for the page
 //! while nobody asks, and also for a chart of the last hour, which needs the hour's history when someone first
@@ -30,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::metrics::health;
+use super::metrics::{health, lag_seconds, outlet_failing};
 use crate::common::figures::Snapshot;
 use crate::proto::node::DropReason;
 
@@ -293,6 +296,11 @@ pub struct Status {
     pub uptime_seconds: f64,
     pub healthy: bool,
     pub problems: Vec<String>,
+    /// `ok`, `degraded` (something in `issues`, and `/healthz` still answers 200) or `unhealthy` (`/healthz`
+    /// answers 503: `healthy` is false).
+    pub health: &'static str,
+    /// Everything wrong now, `problems`' included, one entry each.
+    pub issues: Vec<Issue>,
     pub listens: ListensOut,
     pub senders: usize,
     pub active_runs: usize,
@@ -304,6 +312,21 @@ pub struct Status {
     pub x25519: X25519,
     pub reloads: Reloads,
     pub history: HistoryInfo,
+}
+
+/// One thing wrong with the node (docs/operations.md, "Status page", lists the kinds).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Issue {
+    /// What is wrong: `receive_loop`, `sending_loop`, `app_cannot_store`, `database`, `app_paused`,
+    /// `outlet_failing`, `reload_refused`.
+    pub kind: &'static str,
+    /// `fail` (records go unacknowledged for it; `/healthz` says 503) or `warn` (the node stores and acknowledges;
+    /// something does not work as configured).
+    pub severity: &'static str,
+    /// The app (`APP`) or outlet (`APP/OUTLET`) concerned; `null` for the node itself.
+    pub subject: Option<String>,
+    /// What is wrong and what to do, in words.
+    pub words: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -318,6 +341,8 @@ pub struct ListensOut {
 pub struct AppStatus {
     pub name: String,
     pub stored_total: u64,
+    /// Records the app's store holds (`pure_app_store_records`): every record it stored, before this start too.
+    pub store_records: Option<u64>,
     pub records_per_second: Option<f64>,
     pub can_store: bool,
     pub cannot_store_why: Option<String>,
@@ -499,7 +524,132 @@ pub fn hint(kind: &str) -> &'static str {
     }
 }
 
+/// Everything wrong now, in the order an operator should look at it: what stops acknowledgements first (the
+/// loops, the fleet's database, stores), then what the node works around (outlets, paused apps, a refused reload).
+/// `/healthz`'s problems are all here ([`health`] is the same rule), each with the words it has there.
+pub fn issues(s: &Snapshot, loop_age: Option<Duration>, now: Instant) -> Vec<Issue> {
+    let mut out = Vec::new();
+    let node = |kind, severity, words: String| Issue {
+        kind,
+        severity,
+        subject: None,
+        words,
+    };
+    match loop_age {
+        None => out.push(node(
+            "receive_loop",
+            "fail",
+            "receive loop not started".to_string(),
+        )),
+        Some(a) if a >= super::metrics::HEALTH_STALE => out.push(node(
+            "receive_loop",
+            "fail",
+            format!(
+                "receive loop stuck: last turned {:.1} s ago",
+                a.as_secs_f64()
+            ),
+        )),
+        Some(_) => {}
+    }
+    if s.sending_loop_alive == Some(false) {
+        out.push(node(
+            "sending_loop",
+            "fail",
+            "sending loop stuck: its outlets do not run".to_string(),
+        ));
+    }
+    let no_database: Vec<&str> = s
+        .app_figures
+        .iter()
+        .filter(|a| a.failed.is_some() && a.failed_database)
+        .map(|a| a.name.as_str())
+        .collect();
+    if !no_database.is_empty() {
+        out.push(node(
+            "database",
+            "fail",
+            format!(
+                "this node cannot use the fleet's database, so app{} {} cannot store: check the database and the \
+                 network to it (the node connects again by itself; docs/scale-out.md)",
+                if no_database.len() > 1 { "s" } else { "" },
+                no_database.join(", ")
+            ),
+        ));
+    }
+    for a in &s.app_figures {
+        if let Some(why) = &a.failed {
+            out.push(Issue {
+                kind: "app_cannot_store",
+                severity: "fail",
+                subject: Some(a.name.clone()),
+                words: format!("app {} cannot store: {why}", a.name),
+            });
+        }
+    }
+    for a in &s.app_figures {
+        for o in &a.outlets {
+            if !outlet_failing(o) {
+                continue;
+            }
+            let since = o
+                .failing_since
+                .map(|t| {
+                    format!(
+                        " for {:.0} s",
+                        now.saturating_duration_since(t).as_secs_f64()
+                    )
+                })
+                .unwrap_or_default();
+            let error = o
+                .last_error
+                .as_deref()
+                .map(redact_queries)
+                .unwrap_or_else(|| "no answer yet".to_string());
+            let what = o.last_error_kind.map(hint).unwrap_or(hint(""));
+            out.push(Issue {
+                kind: "outlet_failing",
+                severity: "warn",
+                subject: Some(format!("{}/{}", a.name, o.name)),
+                words: format!(
+                    "outlet {}/{} failing{since}, {} records wait in the store: {error}; what to do: {what}",
+                    a.name, o.name, o.lag_records
+                ),
+            });
+        }
+    }
+    for a in s
+        .app_figures
+        .iter()
+        .filter(|a| a.paused_for_lag && a.failed.is_none())
+    {
+        out.push(Issue {
+            kind: "app_paused",
+            severity: "warn",
+            subject: Some(a.name.clone()),
+            words: format!(
+                "app {} takes no input: an outlet is behind its max_lag_records (its senders send again later); it \
+                 resumes when every outlet is within half of it",
+                a.name
+            ),
+        });
+    }
+    if let Some(r) = s.last_reload.as_ref().filter(|r| !r.applied) {
+        out.push(node(
+            "reload_refused",
+            "warn",
+            format!(
+                "{}; what was in force stays: fix the file and reload again",
+                r.note
+                    .as_deref()
+                    .unwrap_or("the last reload was refused (the log says why)")
+            ),
+        ));
+    }
+    out
+}
+
 /// Builds the status from the published snapshot, the ring and the server's addresses.
+/// `wall_ms` is `now` as a wall clock (ms since the Unix epoch), for records' stored times.
 pub fn report(
     s: &Snapshot,
     history: &History,
@@ -507,6 +657,7 @@ pub fn report(
     started: Instant,
     loop_age: Option<Duration>,
     now: Instant,
+    wall_ms: i64,
 ) -> Status {
     let c = &s.counters;
     let problems = match health(s, loop_age) {
@@ -537,6 +688,7 @@ pub fn report(
         apps.push(AppStatus {
             name: a.name.clone(),
             stored_total: a.stored_records,
+            store_records: a.store_records,
             records_per_second: rate(&a.name, "", a.head),
             can_store: a.failed.is_none(),
             cannot_store_why: a.failed.clone(),
@@ -556,9 +708,11 @@ pub fn report(
         });
         for o in &a.outlets {
             let failing = o.status == "failing";
-            let (lag_seconds, at_least) = if o.lag_records == 0 {
-                (Some(0.0), false)
+            let (lag_seconds, at_least) = if let Some(secs) = lag_seconds(o, wall_ms) {
+                // From the oldest record's stored time (0 when none waits).
+                (Some(round(secs)), false)
             } else {
+                // Its time is not known (a fleet's store): since the ring saw the app's head pass it.
                 // The oldest record not acknowledged is the one after the far side's position.
                 let oldest = a.head.saturating_sub(o.lag_records);
                 match history
@@ -609,12 +763,21 @@ pub fn report(
     }
     let unauth = c.x25519.saturating_sub(c.x25519_authentic);
     let unauth_rate = rate("", NODE_X25519, unauth);
+    let issues = issues(s, loop_age, now);
     Status {
         version: env!("CARGO_PKG_VERSION"),
         node_key: s.node_key.clone(),
         uptime_seconds: round(now.saturating_duration_since(started).as_secs_f64()),
         healthy: problems.is_empty(),
+        health: if !problems.is_empty() {
+            "unhealthy"
+        } else if issues.is_empty() {
+            "ok"
+        } else {
+            "degraded"
+        },
         problems,
+        issues,
         listens: ListensOut {
             udp: s.link_addr.map(|a| a.to_string()),
             http: listens.http.map(|a| a.to_string()),
@@ -713,6 +876,7 @@ mod tests {
             t0,
             Some(Duration::ZERO),
             now,
+            0,
         );
         let app = &s.apps[0];
         assert_eq!(app.records_per_second, Some(10.0));
@@ -761,12 +925,179 @@ mod tests {
             h.sample(t0 + SAMPLE_EVERY * k as u32, &s);
         }
         let now = t0 + SAMPLE_EVERY * SAMPLES as u32;
-        let json = serde_json::to_vec(&report(&s, &h, &Listens::default(), t0, None, now)).unwrap();
+        let json =
+            serde_json::to_vec(&report(&s, &h, &Listens::default(), t0, None, now, 0)).unwrap();
         eprintln!(
             "/status.json after an hour, 2 apps and 2 outlets: {} bytes",
             json.len()
         );
         assert!(json.len() > 6 * SAMPLES, "every series has its hour");
+    }
+
+    /// Each of the issue's cases makes the node `degraded` (or `unhealthy` when `/healthz` says 503) and is listed
+    /// with its subject; every line `/healthz` says is an issue too.
+    #[test]
+    fn health_says_degraded_and_lists_each_issue() {
+        let t0 = Instant::now();
+        let h = History::new(t0);
+        let at = |s: &Snapshot| report(s, &h, &Listens::default(), t0, Some(Duration::ZERO), t0, 0);
+        let kinds = |st: &Status| -> Vec<(&'static str, Option<String>)> {
+            st.issues
+                .iter()
+                .map(|i| (i.kind, i.subject.clone()))
+                .collect()
+        };
+        // A working outlet: ok, nothing listed.
+        let mut s = snapshot(5, 4, 0);
+        s.app_figures[0].outlets[0].status = "idle";
+        s.app_figures[0].outlets[0].last_error = None;
+        let st = at(&s);
+        assert_eq!((st.health, st.healthy, st.issues.len()), ("ok", true, 0));
+
+        // A failing outlet: degraded, /healthz still 200.
+        let mut s = snapshot(5, 0, 4);
+        s.app_figures[0].outlets[0].failing_since = Some(t0);
+        let st = at(&s);
+        assert_eq!((st.health, st.healthy), ("degraded", true));
+        assert_eq!(kinds(&st), [("outlet_failing", Some("main/cloud".into()))]);
+        let words = &st.issues[0].words;
+        assert!(
+            words.contains("connection refused") && words.contains("4 records wait"),
+            "{words}"
+        );
+        // Between two tries with its error standing, it is still failing; a token in its URL is not shown.
+        s.app_figures[0].outlets[0].status = "syncing";
+        s.app_figures[0].outlets[0].last_error = Some("http://h/x?token=s3cret: refused".into());
+        let st = at(&s);
+        assert_eq!(st.issues[0].kind, "outlet_failing");
+        assert!(!st.issues[0].words.contains("s3cret"), "{:?}", st.issues);
+
+        // A paused app and a refused reload: degraded.
+        let mut s = snapshot(5, 4, 0);
+        s.app_figures[0].outlets[0].status = "sending";
+        s.app_figures[0].outlets[0].last_error = None;
+        s.app_figures[0].paused_for_lag = true;
+        s.last_reload = Some(crate::common::figures::LastReload {
+            at: t0,
+            applied: false,
+            note: Some("last reload refused (apps.toml:2: turn_records)".into()),
+        });
+        let st = at(&s);
+        assert_eq!(st.health, "degraded");
+        assert_eq!(
+            kinds(&st),
+            [
+                ("app_paused", Some("main".into())),
+                ("reload_refused", None)
+            ]
+        );
+        assert!(
+            st.issues[1].words.contains("apps.toml:2"),
+            "{:?}",
+            st.issues
+        );
+
+        // A store that cannot commit: unhealthy, as /healthz says; on a fleet, the database is named first.
+        let mut s = snapshot(5, 4, 0);
+        s.app_figures[0].outlets.clear();
+        s.app_figures[0].failed = Some("the disk is full".into());
+        s.app_figures[0].paused_for_lag = true;
+        let st = at(&s);
+        assert_eq!((st.health, st.healthy), ("unhealthy", false));
+        assert_eq!(kinds(&st), [("app_cannot_store", Some("main".into()))]);
+        s.app_figures[0].failed_database = true;
+        let st = at(&s);
+        assert_eq!(
+            kinds(&st),
+            [
+                ("database", None),
+                ("app_cannot_store", Some("main".into()))
+            ]
+        );
+        assert_eq!(st.issues[0].severity, "fail");
+        s.sending_loop_alive = Some(false);
+        let st = report(&s, &h, &Listens::default(), t0, None, t0, 0);
+        for line in &st.problems {
+            assert!(
+                st.issues
+                    .iter()
+                    .any(|i| i.severity == "fail" && &i.words == line),
+                "{line} not in {:?}",
+                st.issues
+            );
+        }
+        assert_eq!(st.problems.len(), 3, "{:?}", st.problems);
+    }
+
+    /// An outlet's lag in seconds comes from its oldest record's stored time when the host knows it, whatever the
+    /// ring holds (after a restart it holds nothing older than the start), and `/metrics` says the same.
+    #[test]
+    fn lag_seconds_come_from_the_stored_time() {
+        let t0 = Instant::now();
+        let h = History::new(t0);
+        let mut s = snapshot(501, 0, 500);
+        s.app_figures[0].store_records = Some(500);
+        s.app_figures[0].outlets[0].oldest_stored_ms = Some(1_000_000);
+        let st = report(
+            &s,
+            &h,
+            &Listens::default(),
+            t0,
+            Some(Duration::ZERO),
+            t0,
+            1_050_250,
+        );
+        let o = &st.outlets[0];
+        assert_eq!(
+            (o.lag_seconds, o.lag_seconds_at_least),
+            (Some(50.25), false)
+        );
+        assert_eq!(st.apps[0].store_records, Some(500));
+        let page = super::super::metrics::render(
+            &s,
+            super::super::metrics::ProcessFigures::default(),
+            Some(Duration::ZERO),
+            1_050_250,
+        );
+        for line in [
+            "pure_outlet_lag_seconds{app=\"main\",outlet=\"cloud\"} 50.250\n",
+            "pure_outlet_failing{app=\"main\",outlet=\"cloud\"} 1\n",
+            "pure_app_store_records{app=\"main\"} 500\n",
+        ] {
+            assert!(page.contains(line), "{line} not in:\n{page}");
+        }
+        // Nothing waiting: 0 s, whatever the time. A clock set back never makes it negative.
+        s.app_figures[0].outlets[0].lag_records = 0;
+        s.app_figures[0].outlets[0].status = "idle";
+        s.app_figures[0].outlets[0].last_error = None;
+        let st = report(
+            &s,
+            &h,
+            &Listens::default(),
+            t0,
+            Some(Duration::ZERO),
+            t0,
+            1_050_250,
+        );
+        assert_eq!(st.outlets[0].lag_seconds, Some(0.0));
+        s.app_figures[0].outlets[0].lag_records = 3;
+        let st = report(
+            &s,
+            &h,
+            &Listens::default(),
+            t0,
+            Some(Duration::ZERO),
+            t0,
+            999_000,
+        );
+        assert_eq!(st.outlets[0].lag_seconds, Some(0.0));
+        let page = super::super::metrics::render(
+            &s,
+            super::super::metrics::ProcessFigures::default(),
+            None,
+            999_000,
+        );
+        assert!(page.contains("pure_outlet_failing{app=\"main\",outlet=\"cloud\"} 0\n"));
     }
 
     #[test]
@@ -825,6 +1156,7 @@ mod tests {
             t0,
             None,
             t0 + SAMPLE_EVERY * 3,
+            0,
         );
         // The app's chart is empty before it came back, then 4 records in 5 s.
         assert_eq!(

@@ -1132,15 +1132,20 @@ impl ReadyNode {
 
     /// The one line `systemctl status` shows.
     fn status_line(&self) -> String {
-        let c = self.node.counters();
+        let figures = self.host.figures();
+        // What the stores hold, so a restart does not make it 0 (an app whose store's count is not known yet
+        // counts what this process stored).
+        let stored: u64 = figures
+            .iter()
+            .map(|a| a.store_records.unwrap_or(a.stored_records))
+            .sum();
         let mut line = format!(
-            "serving udp {}: {} senders, {} records stored, {} active runs",
+            "serving udp {}: {} senders, {stored} records stored, {} active runs",
             self.local_addr(),
             self.node.senders().len(),
-            c.stored_records,
             self.node.sessions_active()
         );
-        for a in self.host.figures() {
+        for a in figures {
             if let Some(why) = &a.failed {
                 line.push_str(&format!("; app {} CANNOT STORE: {why}", a.name));
             }
@@ -1184,6 +1189,7 @@ impl ReadyNode {
             if s.node_key.is_empty() {
                 s.node_key = self.public_key();
                 s.link_addr = Some(self.local_addr());
+                s.state_dir = Some(self.settings.state_dir.clone());
             }
             if let Some((at, applied)) = self.last_reload
                 && s.last_reload.as_ref().is_none_or(|r| r.at != at)

@@ -1198,6 +1198,22 @@ impl AppStore {
         Ok(heard.unwrap_or(0) as u64)
     }
 
+    /// The chunk that holds position `pos`: its first position and when it was stored (`stored_at`, ms since the
+    /// Unix epoch; 0 for a chunk of layout 1). One lookup by the position index, reading no record.
+    pub fn chunk_stored_at(&self, pos: u64) -> Result<Option<(u64, i64)>, StoreError> {
+        let row: Option<(i64, i64)> = self
+            .conn
+            .prepare_cached(
+                "SELECT pos, stored_at FROM chunks WHERE pos <= ?1 ORDER BY pos DESC LIMIT 1",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_row([pos as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            })
+            .map_err(self.err())?;
+        Ok(row.map(|(p, ms)| (p as u64, ms)))
+    }
+
     /// Where each outlet started (docs/apps.md, `from`), and whether the store's outlets were applied by a node
     /// that kept no starts (they start from the first record).
     pub fn outlet_starts(&self) -> Result<(Vec<OutletStart>, bool), StoreError> {

@@ -442,6 +442,14 @@ impl Host {
     fn shared_failed(&mut self, app: AppIndex, error: &StoreError, node: &mut Node, now: Instant) {
         let i = app as usize;
         let words = error.to_string();
+        // What the status page calls "without its database" (docs/operations.md, `issues`).
+        let database = matches!(
+            error,
+            StoreError::Database { .. }
+                | StoreError::DatabaseDown { .. }
+                | StoreError::DatabaseRefused { .. }
+                | StoreError::StoreThreadGone { .. }
+        );
         let a = &mut self.apps[i];
         a.turns_failed += 1;
         match &mut a.failure {
@@ -451,9 +459,13 @@ impl Host {
                     "app {} cannot store, its senders get no acks until it can: {words}",
                     a.config.name
                 );
-                a.failure = Some(Failure::new(words, now));
+                a.failure = Some(Failure {
+                    database,
+                    ..Failure::new(words, now)
+                });
             }
             Some(f) => {
+                f.database = database;
                 if f.last_try.as_deref() != Some(words.as_str()) && words != f.why {
                     tracing::warn!("app {} still cannot store: {words}", a.config.name);
                 }
