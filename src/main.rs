@@ -66,9 +66,10 @@ fn main() {
         } else {
             eprint!("{text}");
         }
-        // The node and `records` tell a configuration at fault from a failure a restart may cure (cli::EXIT_CONFIG).
+        // The node, `records` and `senders` tell a configuration at fault from a failure a restart may cure
+        // (cli::EXIT_CONFIG).
         let status = match &cli.command {
-            None | Some(Command::Records(_)) => cli::exit_status(&e),
+            None | Some(Command::Records(_)) | Some(Command::Senders(_)) => cli::exit_status(&e),
             Some(Command::Push(_)) => cli::push::exit_status(&e),
             Some(_) => 1,
         };

@@ -125,7 +125,7 @@ pub fn run(args: &SendersArgs) -> anyhow::Result<()> {
     };
 
     let password = match &args.store_password_file {
-        Some(f) if args.store.is_shared() => Some(super::node::read_store_password(f)?),
+        Some(f) if args.store.is_shared() => Some(crate::store::engine::read_store_password(f)?),
         _ => None,
     };
     let reader = StoreReader::open(&args.store, &state, password.as_deref())?;
