@@ -46,7 +46,12 @@ static NODE: [u8; 32] = [9; 32];
 struct RamFlash(&'static mut [u8; PAGE_SIZE * PAGES as usize]);
 
 impl RamFlash {
-    fn range(&self, page: u16, offset: usize, len: usize) -> Result<core::ops::Range<usize>, FlashError> {
+    fn range(
+        &self,
+        page: u16,
+        offset: usize,
+        len: usize,
+    ) -> Result<core::ops::Range<usize>, FlashError> {
         if page >= PAGES || offset + len > PAGE_SIZE {
             return Err(FlashError);
         }
@@ -116,13 +121,13 @@ fn main() -> ! {
 
     let mut outbox = Outbox::<_, RECORDS>::open(flash).unwrap_or_else(|_| halt(1));
     let entropy = [source(); 8];
-    let run_id = outbox.new_run(&secret, &entropy).unwrap_or_else(|_| halt(2));
+    let run_id = outbox
+        .new_run(&secret, &entropy)
+        .unwrap_or_else(|_| halt(2));
     let first = outbox.first_seq();
-    let mut s = Sender::<Millis, Outbox<RamFlash, RECORDS>, 1, 1, 8>::new(SenderConfig::with_run_id(
-        Identity::from_secret_bytes(secret),
-        node,
-        run_id,
-    ))
+    let mut s = Sender::<Millis, Outbox<RamFlash, RECORDS>, 1, 1, 8>::new(
+        SenderConfig::with_run_id(Identity::from_secret_bytes(secret), node, run_id),
+    )
     .unwrap_or_else(|_| halt(3));
     s.open_flow_with("main", FlowStart::At(first), RecordFormat::Plain, outbox)
         .unwrap_or_else(|_| halt(4));

@@ -128,14 +128,19 @@ impl Flash for BoardFlash {
     }
     fn read(&self, page: u16, offset: usize, buf: &mut [u8]) -> Result<(), FlashError> {
         let mut f = self.0.borrow_mut();
-        f.read(FIRST_PAGE + page as usize, offset, buf).map_err(|_| FlashError)
+        f.read(FIRST_PAGE + page as usize, offset, buf)
+            .map_err(|_| FlashError)
     }
     fn program(&mut self, page: u16, offset: usize, data: &[u8]) -> Result<(), FlashError> {
         let f = self.0.get_mut();
-        f.program(FIRST_PAGE + page as usize, offset, data).map_err(|_| FlashError)
+        f.program(FIRST_PAGE + page as usize, offset, data)
+            .map_err(|_| FlashError)
     }
     fn erase(&mut self, page: u16) -> Result<(), FlashError> {
-        self.0.get_mut().erase(FIRST_PAGE + page as usize).map_err(|_| FlashError)
+        self.0
+            .get_mut()
+            .erase(FIRST_PAGE + page as usize)
+            .map_err(|_| FlashError)
     }
 }
 
@@ -152,7 +157,9 @@ fn deliver<F: Flash>(flash: F, n: usize, i: usize, ops: [&str; 3], node: &[u8; 3
     let (t, outbox) = time(|| Outbox::<F, RECORDS>::open(flash));
     let mut outbox = outbox.unwrap_or_else(|_| exit(4));
     report(open_op, i, t);
-    let run_id = outbox.new_run(&secret(i), &[i as u8; 8]).unwrap_or_else(|_| exit(4));
+    let run_id = outbox
+        .new_run(&secret(i), &[i as u8; 8])
+        .unwrap_or_else(|_| exit(4));
     let first = outbox.first_seq();
     let mut s = Sender::<Millis, Outbox<F, RECORDS>, 1, 1, 8>::new(SenderConfig::with_run_id(
         Identity::from_secret_bytes(secret(i)),
@@ -237,12 +244,36 @@ fn main() -> ! {
     }
 
     for i in 0..SAMPLES {
-        deliver(RamFlash::take(), 1, i, ["outbox_open_ram", "-", "datagram_1_ram"], &node);
-        deliver(RamFlash::take(), 20, i, ["outbox_open_ram", "queue16_ram", "datagram_20_ram"], &node);
+        deliver(
+            RamFlash::take(),
+            1,
+            i,
+            ["outbox_open_ram", "-", "datagram_1_ram"],
+            &node,
+        );
+        deliver(
+            RamFlash::take(),
+            20,
+            i,
+            ["outbox_open_ram", "queue16_ram", "datagram_20_ram"],
+            &node,
+        );
     }
     for i in 0..SAMPLES {
-        deliver(board_flash(), 1, i, ["outbox_open_board", "-", "datagram_1_board"], &node);
-        deliver(board_flash(), 20, i, ["outbox_open_board", "queue16_board", "datagram_20_board"], &node);
+        deliver(
+            board_flash(),
+            1,
+            i,
+            ["outbox_open_board", "-", "datagram_1_board"],
+            &node,
+        );
+        deliver(
+            board_flash(),
+            20,
+            i,
+            ["outbox_open_board", "queue16_board", "datagram_20_board"],
+            &node,
+        );
     }
     exit(0)
 }

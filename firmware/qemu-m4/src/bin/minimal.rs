@@ -69,7 +69,9 @@ fn main() -> ! {
 
     let mut outbox =
         Outbox::<_, RECORDS>::open(BoardFlash(RefCell::new(flash))).unwrap_or_else(|_| exit(4));
-    let run_id = outbox.new_run(&secret, &[0u8; 8]).unwrap_or_else(|_| exit(4));
+    let run_id = outbox
+        .new_run(&secret, &[0u8; 8])
+        .unwrap_or_else(|_| exit(4));
     let first = outbox.first_seq();
     let mut s = DeviceSender::new(SenderConfig::with_run_id(
         Identity::from_secret_bytes(secret),
