@@ -141,7 +141,7 @@ pub fn render(
             c.stored_records
         );
     }
-    let simple: [(&str, &str, &str, u64); 22] = [
+    let simple: [(&str, &str, &str, u64); 23] = [
         (
             "pure_records_duplicate_total",
             "counter",
@@ -163,8 +163,15 @@ pub fn render(
         (
             "pure_acks_sent_total",
             "counter",
-            "Stored acks sent (each after its commit).",
+            "Stored acks sent (each after its commit): ACK frames telling a sender of records stored since it was \
+             last told; one repeating what it was told (beside NOT_STORED, or to a resent duplicate) is not counted.",
             c.acks_sent,
+        ),
+        (
+            "pure_answers_sent_total",
+            "counter",
+            "Answer packets sent to senders: ACKs, ECHOs, REFUSE, NOT_STORED, DOWN.",
+            c.answers_sent,
         ),
         (
             "pure_frames_refused_total",

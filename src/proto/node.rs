@@ -164,7 +164,11 @@ pub struct NodeCounters {
     pub sessions_swept: u64,
     /// Idle sessions forgotten to make room for another run of the same sender at its cap (protocol.md 6.2).
     pub sessions_evicted: u64,
+    /// ACK frames that told a sender of records stored since it was last told (an ACK repeating what the flow
+    /// was told, beside NOT_STORED while a store cannot commit or to a resent duplicate, is not counted).
     pub acks_sent: u64,
+    /// Answer packets sent to senders (ACKs, ECHOs, REFUSE, NOT_STORED, DOWN): what `acks_sent` counted before.
+    pub answers_sent: u64,
     pub ack_frames_deferred: u64,
     /// DATA and FORWARD frames refused for an app this node does not host or that does not accept their sender
     /// (REFUSE reasons 1 and 2).
@@ -1398,6 +1402,7 @@ impl Node {
                 }
             }
         }
+        let mut new_acks = 0u64;
         for flow in &mut session.flows {
             if !flow.ack_owed {
                 continue;
@@ -1413,6 +1418,7 @@ impl Node {
             if packet.len() + wire::ack_len(app, heard) + wire::TAG_LEN <= budget {
                 wire::put_ack(&mut packet, app, heard);
                 flow.ack_owed = false;
+                new_acks += u64::from(flow.acked.is_none_or(|a| heard > a));
                 flow.acked = Some(heard);
             } else {
                 deferred += 1;
@@ -1443,7 +1449,8 @@ impl Node {
         self.next_packet_number += 1;
         crypto::seal(&session.k_n2s, pn, &mut packet, wire::NODE_HEADER_LEN);
         session.ack_budget = session.ack_budget.saturating_sub(packet.len());
-        self.counters.acks_sent += 1;
+        self.counters.acks_sent += new_acks;
+        self.counters.answers_sent += 1;
         self.outbox.push(Transmit {
             to: session.answer_to.unwrap_or(session.peer),
             bytes: packet,
@@ -2572,6 +2579,10 @@ mod tests {
             got,
             vec!["ack main 2", "not_stored bad 1", "refuse nosuch 1"]
         );
+        assert_eq!(
+            (node.counters().acks_sent, node.counters().answers_sent),
+            (1, 1)
+        );
 
         // A packet none of whose frames goes into a turn is answered at the end of its round, once.
         let mut frames = Vec::new();
@@ -2591,6 +2602,11 @@ mod tests {
         let mut got = frames_in(&a, node_id.public(), 7, 1, &t.bytes);
         got.sort();
         assert_eq!(got, vec!["ack main 2", "echo 1", "refuse nosuch 1"]);
+        // Telling the flow again what it was told is an answer, not a stored ack (pure_acks_sent_total).
+        assert_eq!(
+            (node.counters().acks_sent, node.counters().answers_sent),
+            (1, 2)
+        );
 
         // A turn that fails still says the REFUSE that waited for it (with the flow's ACK as it stands: nothing
         // more was stored).
@@ -2613,6 +2629,10 @@ mod tests {
         got.sort();
         assert_eq!(got, vec!["ack main 2", "echo 2", "refuse nosuch 1"]);
         assert!(node.poll_transmit().is_none());
+        assert_eq!(
+            (node.counters().acks_sent, node.counters().answers_sent),
+            (1, 3)
+        );
     }
 
     /// Two link requests of one run (protocol.md 10, issue 18 item 15): each turn's answer goes to the last request
