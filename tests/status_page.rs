@@ -290,6 +290,21 @@ fn the_status_page_in_a_real_browser() {
     let v = read();
     assert_eq!(v["page"]["node_key"], json!(node.public_key), "{v}");
     assert_eq!(v["page"]["version"], json!(env!("CARGO_PKG_VERSION")));
+    // The host (issue 37, §4): memory, the disk, each store's size, the CPU's temperature or that there is none.
+    let host = |k: &str| v["page"][k].as_str().unwrap_or("").to_string();
+    assert!(
+        host("host.memory").contains("resident") && host("host.memory").contains("anonymous"),
+        "{v}"
+    );
+    assert!(
+        host("host.disk").contains("free of") && host("host.disk").contains("written since start"),
+        "{v}"
+    );
+    assert!(host("host.stores").contains("sensors "), "{v}");
+    assert!(
+        host("host.cpu").ends_with("°C") || host("host.cpu") == "no temperature on this host",
+        "{v}"
+    );
     assert!(
         v["page"]["listens"]
             .as_str()

@@ -49,7 +49,7 @@ fn status_json(shared: &Shared, now: Instant) -> Answer {
         Ok(s) => s.clone(),
         Err(poisoned) => poisoned.into_inner().clone(),
     };
-    let status = match shared.history.lock() {
+    let mut status = match shared.history.lock() {
         Ok(h) => crate::ops::status::report(
             &snapshot,
             &h,
@@ -69,6 +69,7 @@ fn status_json(shared: &Shared, now: Instant) -> Answer {
             crate::ops::metrics::wall_ms(),
         ),
     };
+    status.host = ProcessFigures::read(snapshot.state_dir.as_deref(), &snapshot.apps);
     match serde_json::to_vec(&status) {
         Ok(body) => {
             let mut r = answer(StatusCode::OK, "application/json", body);
@@ -165,7 +166,7 @@ pub(super) async fn handle(
             };
             let mut page = render(
                 &snapshot,
-                ProcessFigures::read(snapshot.state_dir.as_deref()),
+                ProcessFigures::read(snapshot.state_dir.as_deref(), &snapshot.apps),
                 shared.stats.heartbeat.age(now),
                 crate::ops::metrics::wall_ms(),
             );

@@ -12,6 +12,8 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use serde::Serialize;
+
 use crate::common::figures::{AppFigures, OutletFigures, Snapshot};
 use crate::proto::node::DropReason;
 
@@ -49,13 +51,60 @@ pub fn lag_seconds(o: &OutletFigures, wall_ms: i64) -> Option<f64> {
 
 /// Process figures read from /proc, and the state directory's filesystem from statvfs(2), at scrape time (on the
 /// HTTP thread: no loop waits for them).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ProcessFigures {
     pub threads: Option<u64>,
     pub resident_bytes: Option<u64>,
+    /// Anonymous resident memory (`RssAnon`): the node's own heap and stacks, not the files it maps.
+    pub anonymous_bytes: Option<u64>,
+    /// Bytes this process caused to be written to storage since it started (`write_bytes` of /proc/self/io): on
+    /// a Raspberry Pi, the SD card's wear.
+    pub disk_written_bytes: Option<u64>,
+    /// The CPU's temperature where the host says it (/sys/class/thermal: the zone named for the CPU, else the
+    /// hottest).
+    pub cpu_temperature_celsius: Option<f64>,
     /// Bytes the node may still write on the state directory's filesystem (`f_bavail`), and its size.
     pub state_free_bytes: Option<u64>,
     pub state_size_bytes: Option<u64>,
+    /// Each app's store on disk (its file, `-wal` and `-shm`), by app; none on a fleet's database.
+    pub store_bytes: Vec<StoreSize>,
+}
+
+/// One app's store on disk.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoreSize {
+    pub app: String,
+    pub bytes: u64,
+}
+
+/// A `Key: N kB` line of a /proc file, in bytes.
+fn proc_kb(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+}
+
+/// The CPU's temperature from /sys/class/thermal: a zone whose type names the CPU (`cpu-thermal` on a Raspberry
+/// Pi, `x86_pkg_temp` on a PC), else the hottest zone; `None` where there is none (a VM, a container).
+fn cpu_temperature() -> Option<f64> {
+    let mut best: Option<(bool, f64)> = None;
+    for entry in std::fs::read_dir("/sys/class/thermal").ok()?.flatten() {
+        let dir = entry.path();
+        let Some(milli) = std::fs::read_to_string(dir.join("temp"))
+            .ok()
+            .and_then(|t| t.trim().parse::<i64>().ok())
+        else {
+            continue;
+        };
+        let kind = std::fs::read_to_string(dir.join("type")).unwrap_or_default();
+        let cpu = kind.contains("cpu") || kind.contains("pkg") || kind.contains("soc");
+        let c = milli as f64 / 1000.0;
+        if best.is_none_or(|(bc, bt)| (cpu && !bc) || (cpu == bc && c > bt)) {
+            best = Some((cpu, c));
+        }
+    }
+    best.map(|(_, c)| c)
 }
 
 /// The filesystem under `dir`: (bytes available to an unprivileged writer, bytes in all).
@@ -75,15 +124,41 @@ fn filesystem(dir: &std::path::Path) -> Option<(u64, u64)> {
 }
 
 impl ProcessFigures {
-    /// Reads them; `state` is the node's state directory.
-    pub fn read(state: Option<&std::path::Path>) -> Self {
-        let threads = std::fs::read_to_string("/proc/self/status")
+    /// Reads them; `state` is the node's state directory, `apps` its apps (their stores' sizes, where they are
+    /// files under it).
+    pub fn read(state: Option<&std::path::Path>, apps: &[String]) -> Self {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let threads = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|v| v.trim().parse().ok());
+        let anonymous_bytes = proc_kb(&status, "RssAnon:");
+        let disk_written_bytes = std::fs::read_to_string("/proc/self/io")
             .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|io| {
+                io.lines()
+                    .find_map(|l| l.strip_prefix("write_bytes:"))
                     .and_then(|v| v.trim().parse().ok())
             });
+        let store_bytes = state
+            .map(|dir| {
+                apps.iter()
+                    .filter_map(|app| {
+                        let path = crate::store::app_store_path(dir, app);
+                        let main = std::fs::metadata(&path).ok()?.len();
+                        let side = |suffix: &str| {
+                            let mut p = path.clone().into_os_string();
+                            p.push(suffix);
+                            std::fs::metadata(p).map_or(0, |m| m.len())
+                        };
+                        Some(StoreSize {
+                            app: app.clone(),
+                            bytes: main + side("-wal") + side("-shm"),
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         let resident_bytes = std::fs::read_to_string("/proc/self/statm")
@@ -95,8 +170,12 @@ impl ProcessFigures {
         ProcessFigures {
             threads,
             resident_bytes,
+            anonymous_bytes,
+            disk_written_bytes,
+            cpu_temperature_celsius: cpu_temperature(),
             state_free_bytes: fs.map(|f| f.0),
             state_size_bytes: fs.map(|f| f.1),
+            store_bytes,
         }
     }
 }
@@ -398,6 +477,44 @@ pub fn render(
         );
         let _ = writeln!(out, "process_resident_memory_bytes {b}");
     }
+    if let Some(b) = process.anonymous_bytes {
+        family(
+            &mut out,
+            "pure_anonymous_memory_bytes",
+            "gauge",
+            "Anonymous resident memory (RssAnon): the node's own, not the files it maps.",
+        );
+        let _ = writeln!(out, "pure_anonymous_memory_bytes {b}");
+    }
+    if let Some(b) = process.disk_written_bytes {
+        family(
+            &mut out,
+            "pure_disk_written_bytes_total",
+            "counter",
+            "Bytes this process caused to be written to storage since it started (the SD card's wear).",
+        );
+        let _ = writeln!(out, "pure_disk_written_bytes_total {b}");
+    }
+    if let Some(c) = process.cpu_temperature_celsius {
+        family(
+            &mut out,
+            "pure_cpu_temperature_celsius",
+            "gauge",
+            "The CPU's temperature, where the host has a thermal zone for it.",
+        );
+        let _ = writeln!(out, "pure_cpu_temperature_celsius {c}");
+    }
+    if !process.store_bytes.is_empty() {
+        family(
+            &mut out,
+            "pure_app_store_bytes",
+            "gauge",
+            "Bytes of each app's store on disk: its file, -wal and -shm.",
+        );
+        for StoreSize { app, bytes } in &process.store_bytes {
+            let _ = writeln!(out, "pure_app_store_bytes{{app=\"{app}\"}} {bytes}");
+        }
+    }
     if let (Some(free), Some(size)) = (process.state_free_bytes, process.state_size_bytes) {
         family(
             &mut out,
@@ -660,6 +777,38 @@ pub fn health(s: &Snapshot, loop_age: Option<Duration>) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+
+    /// Read for real from this process and a state directory of the test's: its memory and what it wrote, and a
+    /// store's file with its `-wal` counted as the app's store.
+    #[test]
+    fn process_figures_are_read_from_proc_and_the_stores() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("apps")).unwrap();
+        std::fs::write(dir.path().join("apps/main.sqlite"), vec![0u8; 4096]).unwrap();
+        std::fs::write(dir.path().join("apps/main.sqlite-wal"), vec![0u8; 1000]).unwrap();
+        let p = ProcessFigures::read(Some(dir.path()), &["main".to_string(), "gone".to_string()]);
+        assert_eq!(
+            p.store_bytes,
+            vec![StoreSize {
+                app: "main".into(),
+                bytes: 5096
+            }]
+        );
+        assert!(p.resident_bytes.is_some_and(|r| r > 0));
+        assert!(
+            p.anonymous_bytes
+                .is_some_and(|a| a > 0 && a <= p.resident_bytes.unwrap())
+        );
+        assert!(p.state_size_bytes.is_some());
+        // Where the kernel counts I/O (it does here), the counter is read; a temperature only where a zone is.
+        if std::path::Path::new("/proc/self/io").exists() {
+            assert!(p.disk_written_bytes.is_some());
+        }
+        if let Some(c) = p.cpu_temperature_celsius {
+            assert!((-40.0..150.0).contains(&c), "{c}");
+        }
+    }
+
     use super::*;
 
     #[test]
@@ -687,8 +836,15 @@ mod tests {
             ProcessFigures {
                 threads: Some(3),
                 resident_bytes: Some(4096),
+                anonymous_bytes: Some(2048),
+                disk_written_bytes: Some(1 << 20),
+                cpu_temperature_celsius: Some(51.5),
                 state_free_bytes: Some(1 << 30),
                 state_size_bytes: Some(1 << 34),
+                store_bytes: vec![StoreSize {
+                    app: "main".into(),
+                    bytes: 12_288,
+                }],
             },
             Some(Duration::from_millis(5)),
             0,
@@ -700,6 +856,10 @@ mod tests {
         assert!(page.contains("pure_forward_frames_refused_total 2\n"));
         assert!(page.contains("pure_forward_records_refused_total 7\n"));
         assert!(page.contains("pure_threads 3\n"));
+        assert!(page.contains("pure_anonymous_memory_bytes 2048\n"));
+        assert!(page.contains("pure_disk_written_bytes_total 1048576\n"));
+        assert!(page.contains("pure_cpu_temperature_celsius 51.5\n"));
+        assert!(page.contains("pure_app_store_bytes{app=\"main\"} 12288\n"));
         assert!(page.contains("pure_state_free_bytes 1073741824\n"));
         assert!(page.contains("pure_state_size_bytes 17179869184\n"));
         assert!(page.contains("# TYPE pure_x25519_total counter\n"));

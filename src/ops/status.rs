@@ -312,6 +312,9 @@ pub struct Status {
     pub x25519: X25519,
     pub reloads: Reloads,
     pub history: HistoryInfo,
+    /// The host as the node sees it: its memory, what it wrote to the disk, the state directory's filesystem,
+    /// each store's size, the CPU's temperature (docs/operations.md, "Status page").
+    pub host: super::metrics::ProcessFigures,
 }
 
 /// One thing wrong with the node (docs/operations.md, "Status page", lists the kinds).
@@ -825,6 +828,8 @@ pub fn report(
             ring_max_bytes: History::MAX_BYTES,
             series_left_out: history.left_out,
         },
+        // Read from the host by the caller, which may (the HTTP thread); this stays pure.
+        host: Default::default(),
     }
 }
 
