@@ -786,3 +786,51 @@ fn stop_closes_the_port_and_ends_the_thread() {
     // stop() returned after joining the thread, which had dropped the listener.
     assert!(TcpStream::connect(addr).is_err());
 }
+
+/// Issue 37, "small things seen": on the metrics listener (loopback by default, so every local client is one
+/// address) a program holding its 32 connections locked out every scrape. Past a bound the listener now asks its
+/// oldest connection of that address to close, and serves the new one: the scrape is answered, the oldest
+/// connection is closed, and `pure_http_evicted_total` counts it.
+#[test]
+fn a_program_holding_the_metrics_listeners_connections_cannot_lock_out_a_scrape() {
+    let (server, _addr, _) = start(HttpLimits::default(), None);
+    let metrics = metrics_of(&server);
+    // 32 connections from 127.0.0.1 that say nothing (within the 10 s head timeout): the address's bound.
+    let mut held: Vec<TcpStream> = (0..32)
+        .map(|_| TcpStream::connect(metrics).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server
+        .counters()
+        .metrics
+        .served
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 32
+    {
+        assert!(Instant::now() < deadline, "the 32 were not all accepted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut scrape = Client::connect(metrics);
+    let r = scrape.get("/metrics");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.text()
+            .contains("pure_http_evicted_total{listener=\"metrics\"} 1\n"),
+        "{}",
+        r.text()
+    );
+    // The oldest of the 32 was the one asked to close.
+    held[0]
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    assert_eq!(
+        std::io::Read::read(&mut held[0], &mut buf).unwrap(),
+        0,
+        "the oldest connection is closed"
+    );
+    assert!(
+        server.counters().metrics.refused_total() == 0,
+        "nothing refused"
+    );
+}

@@ -253,6 +253,16 @@ impl ConnectionTable {
         down(&mut self.prefixes, ticket.prefix);
     }
 
+    /// Admits a connection from `ip` past the bounds: for a listener that makes room by closing an older one
+    /// (the metrics listener, [`super::serve`]), which gives its place back when it has closed.
+    pub fn admit_over(&mut self, ip: IpAddr) -> Ticket {
+        let (source, prefix) = (Source::of(ip), Prefix::of(ip));
+        self.open += 1;
+        *self.sources.entry(source).or_default() += 1;
+        *self.prefixes.entry(prefix).or_default() += 1;
+        Ticket { source, prefix }
+    }
+
     /// Sources and prefixes with a connection open (each at most `total`).
     pub fn entries(&self) -> (usize, usize) {
         (self.sources.len(), self.prefixes.len())

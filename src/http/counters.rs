@@ -14,6 +14,8 @@ pub struct ListenerCounters {
     pub served: AtomicU64,
     /// Connections closed at once, by reason ([`Refused`], indexed by its value).
     refused: [AtomicU64; Refused::ALL.len()],
+    /// Older connections asked to close to make room for a new one (the metrics listener only).
+    pub evicted: AtomicU64,
 }
 
 impl ListenerCounters {
@@ -138,6 +140,23 @@ impl HttpCounters {
                     which.label(),
                     why.label(),
                     get(c.refused(why))
+                );
+            }
+        }
+        family(
+            out,
+            "pure_http_evicted_total",
+            "counter",
+            "Connections of the metrics listener asked to close (the oldest first) to make room for a new one past \
+             a bound, so that one local program holding connections cannot lock out every scrape.",
+        );
+        for (which, c, _) in listeners {
+            if which == Listener::Metrics {
+                let _ = writeln!(
+                    out,
+                    "pure_http_evicted_total{{listener=\"{}\"}} {}",
+                    which.label(),
+                    get(&c.evicted)
                 );
             }
         }

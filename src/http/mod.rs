@@ -302,7 +302,7 @@ impl HttpServer {
             pushes: self.push.as_ref().map(|(_, inbox)| inbox.clone()),
             counters: counters.clone(),
             http_slots: serve::Slots::new(limits.connections),
-            metrics_slots: serve::Slots::new(limits.metrics_connections),
+            metrics_slots: serve::Slots::evicting(limits.metrics_connections),
             handshakes: std::sync::Mutex::new(bounds::HandshakeBudget::new(
                 limits.tls_handshakes_per_second,
             )),

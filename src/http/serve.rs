@@ -8,8 +8,10 @@
 //! close) and, where TLS is served, its first byte if it has come (a handshake past the budget: the close).
 //! Only admitted connections are registered and spawned.
 
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -19,9 +21,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
-use super::bounds::{ConnectionLimits, ConnectionTable, Refused, Ticket};
+use super::bounds::{ConnectionLimits, ConnectionTable, Refused, Source, Ticket};
 use super::counters::bump;
 use super::stall::Stall;
 use super::{Listener, Shared, routes, tls};
@@ -38,22 +40,56 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// not keep the thread from the requests it has.
 const ACCEPT_BATCH: usize = 64;
 
-/// The connections of one listener: the table that admits them.
+/// The connections of one listener: the table that admits them, and, for a listener that makes room by closing
+/// its oldest connection rather than refusing the new one (the metrics listener: its clients are the operator's
+/// own, all from one address when it is loopback, so a refusal by address would let one program holding
+/// connections lock out every scrape), the connections open, oldest first.
 pub(super) struct Slots {
     table: Mutex<ConnectionTable>,
+    open: Option<Mutex<VecDeque<Open>>>,
+    next_id: AtomicU64,
+}
+
+/// An open connection of an evicting listener: its source, and the signal that asks it to close.
+struct Open {
+    id: u64,
+    source: Source,
+    close: Arc<Notify>,
+    asked: bool,
 }
 
 /// An admitted connection's place; given back when the connection's task ends.
 pub(super) struct Slot {
     slots: Arc<Slots>,
     ticket: Ticket,
+    id: u64,
+    /// Notified when the listener asks this connection to close to make room (evicting listeners only).
+    pub(super) close: Option<Arc<Notify>>,
 }
 
 impl Slots {
     pub(super) fn new(limits: ConnectionLimits) -> Arc<Self> {
+        Self::with_eviction(limits, false)
+    }
+
+    /// A listener that, past a bound, asks its oldest connection (of the same source when the source is at its
+    /// bound) to close and admits the new one; it refuses only when every connection it could ask has been asked.
+    pub(super) fn evicting(limits: ConnectionLimits) -> Arc<Self> {
+        Self::with_eviction(limits, true)
+    }
+
+    fn with_eviction(limits: ConnectionLimits, evicting: bool) -> Arc<Self> {
         Arc::new(Slots {
             table: Mutex::new(ConnectionTable::new(limits)),
+            open: evicting.then(|| Mutex::new(VecDeque::new())),
+            next_id: AtomicU64::new(0),
         })
+    }
+
+    fn open_list(&self) -> Option<std::sync::MutexGuard<'_, VecDeque<Open>>> {
+        self.open
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// The table, also after a panic on this thread while it was held (its counts are still right: every change
@@ -62,12 +98,45 @@ impl Slots {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn take(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, Refused> {
-        let ticket = self.table().admit(ip)?;
-        Ok(Slot {
-            slots: self.clone(),
-            ticket,
-        })
+    /// A place for a connection from `ip`, and whether an older connection was asked to close for it.
+    fn take(self: &Arc<Self>, ip: IpAddr) -> Result<(Slot, bool), Refused> {
+        let admitted = self.table().admit(ip);
+        let (ticket, evicted) = match admitted {
+            Ok(t) => (t, false),
+            Err(why) => {
+                let Some(mut open) = self.open_list() else {
+                    return Err(why);
+                };
+                let source = Source::of(ip);
+                let victim = open
+                    .iter_mut()
+                    .find(|o| !o.asked && (why != Refused::PerSource || o.source == source))
+                    .ok_or(why)?;
+                victim.asked = true;
+                victim.close.notify_one();
+                (self.table().admit_over(ip), true)
+            }
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let close = self.open_list().map(|mut open| {
+            let close = Arc::new(Notify::new());
+            open.push_back(Open {
+                id,
+                source: Source::of(ip),
+                close: close.clone(),
+                asked: false,
+            });
+            close
+        });
+        Ok((
+            Slot {
+                slots: self.clone(),
+                ticket,
+                id,
+                close,
+            },
+            evicted,
+        ))
     }
 
     pub(super) fn open(&self) -> usize {
@@ -78,6 +147,9 @@ impl Slots {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.slots.table().release(self.ticket);
+        if let Some(mut open) = self.slots.open_list() {
+            open.retain(|o| o.id != self.id);
+        }
     }
 }
 
@@ -219,7 +291,12 @@ fn admit(
 ) {
     let counters = shared.counters.listener(which);
     let slot = match shared.slots(which).take(peer.ip()) {
-        Ok(slot) => slot,
+        Ok((slot, evicted)) => {
+            if evicted {
+                bump(&counters.evicted);
+            }
+            slot
+        }
         Err(why) => {
             bump(counters.refused(why));
             let sock = socket2::SockRef::from(&stream);
@@ -270,7 +347,7 @@ async fn connection(
     which: Listener,
     first: Option<u8>,
     shared: Arc<Shared>,
-    _slot: Slot,
+    slot: Slot,
     closing: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
@@ -287,6 +364,7 @@ async fn connection(
             which,
             shared,
             closing,
+            slot.close.clone(),
         )
         .await;
     };
@@ -310,10 +388,10 @@ async fn connection(
     };
     let io = Stall::new(stream, limits.write_stall);
     if !tls::starts_tls(first) {
-        return serve(io, peer, which, shared, closing).await;
+        return serve(io, peer, which, shared, closing, slot.close.clone()).await;
     }
     match tokio::time::timeout(limits.head_timeout, acceptor.accept(io)).await {
-        Ok(Ok(tls)) => serve(tls, peer, which, shared, closing).await,
+        Ok(Ok(tls)) => serve(tls, peer, which, shared, closing, slot.close.clone()).await,
         Ok(Err(e)) => {
             bump(&shared.counters.tls_failed);
             tracing::debug!(%peer, "TLS handshake failed: {e}");
@@ -330,13 +408,15 @@ pub(super) async fn stopping(closing: &mut watch::Receiver<bool>) {
     let _ = closing.wait_for(|c| *c).await;
 }
 
-/// HTTP/1.1 on one connection, keep-alive, until the client closes, a limit is hit, or the server stops.
+/// HTTP/1.1 on one connection, keep-alive, until the client closes, a limit is hit, the server stops, or (on an
+/// evicting listener) `close` asks it to make room.
 async fn serve<I>(
     io: I,
     peer: SocketAddr,
     which: Listener,
     shared: Arc<Shared>,
     mut closing: watch::Receiver<bool>,
+    close: Option<Arc<Notify>>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -355,10 +435,21 @@ async fn serve<I>(
         .keep_alive(true);
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
+    let asked_to_close = async {
+        match close {
+            Some(n) => n.notified().await,
+            None => std::future::pending().await,
+        }
+    };
     let result = tokio::select! {
         r = conn.as_mut() => r,
         () = stopping(&mut closing) => {
             // Finish the request in progress (if any), then close.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+        () = asked_to_close => {
+            // Room for a newer connection: the request in progress (if any) is answered, then it closes.
             conn.as_mut().graceful_shutdown();
             conn.await
         }
