@@ -208,6 +208,7 @@ return {page, cards, updated: document.body.dataset.updated || null, marker: win
         health_colour: getComputedStyle(health).color,
         issues: [...document.querySelectorAll("#problems li")].map(li => [li.dataset.issue, li.textContent]),
         stale: document.body.classList.contains("stale"),
+        charts: [...document.querySelectorAll("svg.chart")].map(s => [s.viewBox.baseVal.width, s.clientWidth]),
         opacity: Number(getComputedStyle(document.querySelector("main")).opacity)};
 "##;
 
@@ -333,6 +334,11 @@ fn the_status_page_in_a_real_browser() {
         "the page was reloaded"
     );
     assert_ne!(moving["cards"]["sensors"]["chart"], json!(""), "{moving}");
+    // Each chart is drawn at its own width (issue 37: its labels were squeezed to about 8 px): viewBox = pixels.
+    for c in moving["charts"].as_array().unwrap() {
+        let (view, pixels) = (c[0].as_f64().unwrap(), c[1].as_f64().unwrap());
+        assert!(pixels < 160.0 || (view - pixels).abs() <= 1.0, "{c}");
+    }
     feeder.join().unwrap();
     outlet_util::assert_sent(send, "the records for the page");
 
