@@ -243,26 +243,10 @@ pub fn run(args: &SendersArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `2026-12-06 12:34:56` for milliseconds since the Unix epoch (UTC; days to a civil date by Howard Hinnant's
-/// algorithm, as no date crate is needed for this one line).
+/// `2026-12-06 12:34:56` for milliseconds since the Unix epoch (UTC).
 fn utc(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3_600,
-        rem % 3_600 / 60,
-        rem % 60
-    )
+    let (y, m, d, hour, minute, second, _) = crate::store::json::utc_parts(ms);
+    format!("{y:04}-{m:02}-{d:02} {hour:02}:{minute:02}:{second:02}")
 }
 
 #[cfg(test)]

@@ -502,20 +502,22 @@ impl AppStore {
         self.down_waiting
     }
 
+    /// Whether the store has the downlink tables (a store made before downlink and opened for reading has none).
+    fn has_downlink_table(&self) -> rusqlite::Result<bool> {
+        self.conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'downlink')",
+            [],
+            |r| r.get(0),
+        )
+    }
+
     /// How many downlink records wait for each sender (not expired at `now_ms`), by sender.
     pub fn waiting_by_sender(&self, now_ms: i64) -> Result<Vec<(String, u64)>, StoreError> {
         let sql = |source| StoreError::Sqlite {
             path: self.path.clone(),
             source,
         };
-        let has_table: bool = self
-            .conn
-            .query_row(
-                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'downlink')",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(sql)?;
+        let has_table = self.has_downlink_table().map_err(sql)?;
         if !has_table {
             return Ok(Vec::new());
         }
@@ -547,14 +549,7 @@ impl AppStore {
             path: self.path.clone(),
             source,
         };
-        let has_table: bool = self
-            .conn
-            .query_row(
-                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'downlink')",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(sql)?;
+        let has_table = self.has_downlink_table().map_err(sql)?;
         if !has_table {
             return Ok(());
         }

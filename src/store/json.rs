@@ -11,14 +11,11 @@ use base64::engine::general_purpose::STANDARD;
 
 use super::RecordView;
 
-/// Milliseconds since the Unix epoch as RFC 3339 UTC (`2026-12-01T10:26:00.123Z`); 0 (not known) as null.
-pub fn rfc3339(ms: i64) -> serde_json::Value {
-    if ms <= 0 {
-        return serde_json::Value::Null;
-    }
+/// A UTC time in milliseconds since the Unix epoch as (year, month, day, hour, minute, second, millisecond): the
+/// civil date by Howard Hinnant's algorithm, to need no date library for the few formats the tools print.
+pub fn utc_parts(ms: i64) -> (i64, i64, i64, i64, i64, i64, i64) {
     let secs = ms.div_euclid(1000);
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm), to need no date library for one format.
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -28,14 +25,24 @@ pub fn rfc3339(ms: i64) -> serde_json::Value {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+    (
+        year,
+        month,
+        day,
         rem / 3600,
         rem % 3600 / 60,
         rem % 60,
-        ms.rem_euclid(1000)
+        ms.rem_euclid(1000),
     )
-    .into()
+}
+
+/// Milliseconds since the Unix epoch as RFC 3339 UTC (`2026-12-01T10:26:00.123Z`); 0 (not known) as null.
+pub fn rfc3339(ms: i64) -> serde_json::Value {
+    if ms <= 0 {
+        return serde_json::Value::Null;
+    }
+    let (year, month, day, hour, minute, second, milli) = utc_parts(ms);
+    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{milli:03}Z").into()
 }
 
 /// The record's JSON object.

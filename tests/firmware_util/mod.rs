@@ -112,25 +112,7 @@ pub fn build_c() -> PathBuf {
         .get_or_init(|| {
             let link_c = Path::new(env!("CARGO_MANIFEST_DIR")).join("link-c");
             let target_dir = link_c.join("target");
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let out = Command::new(cargo)
-                .current_dir(&link_c)
-                .args(["build", "--release", "--target", TARGET, "--manifest-path"])
-                .arg(link_c.join("Cargo.toml"))
-                .arg("--target-dir")
-                .arg(&target_dir)
-                .env_remove("RUSTFLAGS")
-                .env_remove("CARGO_ENCODED_RUSTFLAGS")
-                .env_remove("CARGO_BUILD_RUSTFLAGS")
-                .env_remove("CARGO_BUILD_TARGET")
-                .env_remove("CARGO_TARGET_DIR")
-                .output()
-                .expect("run cargo for link-c");
-            assert!(
-                out.status.success(),
-                "building link-c for {TARGET}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            cargo_release(&link_c, &["--target", TARGET]);
             let lib = target_dir.join(TARGET).join("release/libpure_link_c.a");
             let build = target_dir.join("mps2-an386");
             let out = Command::new("make")
@@ -151,6 +133,33 @@ pub fn build_c() -> PathBuf {
         .clone()
 }
 
+/// `cargo build --release` of the crate in `dir` (a workspace of its own), into its own `target` directory, with
+/// `extra` arguments. The root's flags are not the crate's: RUSTFLAGS would replace the firmware's `-Tlink.x`.
+fn cargo_release(dir: &Path, extra: &[&str]) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(dir)
+        .args(["build", "--release"])
+        .args(extra)
+        .arg("--manifest-path")
+        .arg(dir.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(dir.join("target"))
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("CARGO_BUILD_RUSTFLAGS")
+        .env_remove("CARGO_BUILD_TARGET")
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Whether the standard library for [`TARGET`] is in the toolchain's sysroot (how rustup installs a target).
 fn target_installed() -> bool {
     let Ok(out) = Command::new("rustc").args(["--print", "sysroot"]).output() else {
@@ -169,29 +178,7 @@ fn target_installed() -> bool {
 pub fn build(bin: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
     let dir = crate_dir();
-    BUILT.get_or_init(|| {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let out = Command::new(cargo)
-            .current_dir(&dir)
-            .args(["build", "--release", "--manifest-path"])
-            .arg(dir.join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(dir.join("target"))
-            // The root's flags are not the firmware's: RUSTFLAGS would replace its `-Tlink.x`.
-            .env_remove("RUSTFLAGS")
-            .env_remove("CARGO_ENCODED_RUSTFLAGS")
-            .env_remove("CARGO_BUILD_RUSTFLAGS")
-            .env_remove("CARGO_BUILD_TARGET")
-            .env_remove("CARGO_TARGET_DIR")
-            .output()
-            .expect("run cargo for the firmware");
-        assert!(
-            out.status.success(),
-            "building {}: {}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    });
+    BUILT.get_or_init(|| cargo_release(&dir, &[]));
     let elf = dir.join("target").join(TARGET).join("release").join(bin);
     assert!(elf.is_file(), "no firmware at {}", elf.display());
     elf
