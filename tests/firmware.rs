@@ -507,6 +507,17 @@ impl Rng {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
+    /// When to cut a boot: by its datagram count (within its first 8) or by time (10–150 ms), one or the other at
+    /// random. A boot starts its link in some 40 ms and then stores about a record a millisecond, so both fall
+    /// mostly while records are being written, sent and acknowledged.
+    fn cut(&mut self) -> Kill {
+        if self.next().is_multiple_of(2) {
+            Kill::AtDatagram(self.between(1, 8) as usize)
+        } else {
+            Kill::After(Duration::from_millis(self.between(10, 150)))
+        }
+    }
+
     /// In `lo..=hi`.
     fn between(&mut self, lo: u64, hi: u64) -> u64 {
         lo + self.next() % (hi - lo + 1)
@@ -588,11 +599,7 @@ fn sender_firmware_outbox_survives_power_cuts_at_random_moments() {
             boots.len() < MAX_CUT_BOOTS,
             "seed {seed}: {MAX_CUT_BOOTS} boots cut and the records are not all stored"
         );
-        let kill = if rng.next().is_multiple_of(2) {
-            Kill::AtDatagram(rng.between(1, 8) as usize)
-        } else {
-            Kill::After(Duration::from_millis(rng.between(10, 150)))
-        };
+        let kill = rng.cut();
         let run = run(0, kill);
         let console = format!("{}{}", run.console, run.qemu_stderr);
         // Not cut: it finished by itself (everything was stored before the moment came), or it failed.
@@ -820,11 +827,7 @@ fn c_firmware_delivers_through_power_cuts_and_node_kills() {
             consoles.len() < MAX_CUT_BOOTS,
             "seed {seed}: {MAX_CUT_BOOTS} boots cut and the records are not all stored"
         );
-        let kill = if rng.next().is_multiple_of(2) {
-            Kill::AtDatagram(rng.between(1, 8) as usize)
-        } else {
-            Kill::After(Duration::from_millis(rng.between(10, 150)))
-        };
+        let kill = rng.cut();
         let node_kill = (consoles.len() % 3 == 2).then(|| rng.between(5, 120));
         let outcome = std::thread::scope(|s| {
             let board = s.spawn(|| run(0, kill));
