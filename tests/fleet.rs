@@ -140,7 +140,15 @@ fn a_sender_moving_between_two_nodes_and_racing_on_both_is_stored_exactly_once()
     let (node_key, device_key, senders) = setup(dir.path());
     let url = cluster.url();
     let a = start_node(dir.path(), "a", &url, &node_key, &senders, &[]);
-    let b = start_node(dir.path(), "b", &url, &node_key, &senders, &[]);
+    // b's devices census scans every second (a quarter of --quiet-after, at least 1 s), so the test sees it count.
+    let b = start_node(
+        dir.path(),
+        "b",
+        &url,
+        &node_key,
+        &senders,
+        &["--quiet-after", "4s"],
+    );
     assert_eq!(a.public_key, b.public_key, "one fleet, one key");
     let nodes = [a.link, b.link];
     // A follower of the fleet's store from its first position, started before anything is stored.
@@ -232,6 +240,17 @@ fn a_sender_moving_between_two_nodes_and_racing_on_both_is_stored_exactly_once()
     assert_eq!(v["name"], "dev");
     assert_eq!(v["stored_through"].as_u64(), Some(count));
     assert!(v["quiet_s"].as_u64().is_some_and(|q| q < 600), "{v}");
+    // The node's own census reads the database too: the device was heard within the hour, by whichever node.
+    let deadline = Instant::now() + DEADLINE;
+    while b.metric("pure_senders_heard_last_hour") != Some(1.0) {
+        assert!(
+            Instant::now() < deadline,
+            "b's census never counted dev: {:?}",
+            b.http_get("/status.json")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(b.metric("pure_senders_never_heard"), Some(0.0));
 
     // A second run of the same device, to the other node only, numbers after what the fleet holds.
     let seen = deliver_moving(

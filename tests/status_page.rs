@@ -208,6 +208,9 @@ return {page, cards, updated: document.body.dataset.updated || null, marker: win
         health_colour: getComputedStyle(health).color,
         issues: [...document.querySelectorAll("#problems li")].map(li => [li.dataset.issue, li.textContent]),
         stale: document.body.classList.contains("stale"),
+        devices_class: document.getElementById("devices").className,
+        quietest: [...document.querySelectorAll("#quietest tr[data-sender]")].map(r => [...r.cells].map(c => c.textContent)),
+        found: [...document.querySelectorAll("#found tr[data-sender]")].map(r => [...r.cells].map(c => c.textContent)),
         charts: [...document.querySelectorAll("svg.chart")].map(s => [s.viewBox.baseVal.width, s.clientWidth]),
         opacity: Number(getComputedStyle(document.querySelector("main")).opacity)};
 "##;
@@ -251,7 +254,13 @@ fn the_status_page_in_a_real_browser() {
     let dir = tempfile::tempdir().unwrap();
     let (key, public) = keygen(dir.path(), "dev");
     let senders = dir.path().join("senders");
-    write_atomic(&senders, &format!("dev {public}\n"));
+    // Two more senders that never send: the devices panel counts them as never heard, and finds them by name.
+    let (_, boiler) = keygen(dir.path(), "boiler");
+    let (_, gauge) = keygen(dir.path(), "gauge");
+    write_atomic(
+        &senders,
+        &format!("dev {public}\nBoiler-42 {boiler}\ngauge-17 {gauge}\n"),
+    );
     // Nothing listens on this port: the webhook fails to connect, and says so.
     let down = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let down_port = down.local_addr().unwrap().port();
@@ -275,6 +284,9 @@ fn the_status_page_in_a_real_browser() {
             senders.to_str().unwrap(),
             "--apps",
             apps.to_str().unwrap(),
+            // Quiet soon after its last record, so the test sees a sender go quiet (the default is 1h).
+            "--quiet-after",
+            "3s",
         ],
         None,
     );
@@ -356,6 +368,66 @@ fn the_status_page_in_a_real_browser() {
                 .as_str()
                 .is_some_and(|l| l.starts_with("0 records"))
     });
+    // Devices (issue 37, §1): once `dev` has been silent for --quiet-after, the census counts it quiet, lists it
+    // first among the quietest with what the store holds of it, and the two that never sent as never heard.
+    wait_for("the devices panel to count dev as quiet", || {
+        let v = read();
+        v["page"]["devices.quiet"]
+            .as_str()
+            .is_some_and(|q| q.starts_with("1 heard before, silent for 3 s or longer"))
+    });
+    let v = read();
+    assert_eq!(v["page"]["devices.never"], json!("2 of 3"), "{v}");
+    assert_eq!(v["page"]["devices.hour"], json!("1 of 3"), "{v}");
+    assert_eq!(v["page"]["devices.day"], json!("1 of 3"), "{v}");
+    let quietest = v["quietest"].as_array().unwrap();
+    assert_eq!(quietest.len(), 1, "{v}");
+    assert_eq!(quietest[0][0], json!("dev"));
+    assert!(quietest[0][1].as_str().unwrap().starts_with("20"), "{v}");
+    assert_eq!(
+        number(quietest[0][3].as_str().unwrap()),
+        total as f64,
+        "{v}"
+    );
+    assert!(v["devices_class"].as_str().unwrap().contains("warn"), "{v}");
+    assert_eq!(node.metric("pure_senders_quiet"), Some(1.0));
+    assert_eq!(node.metric("pure_senders_never_heard"), Some(2.0));
+    assert_eq!(node.metric("pure_senders_heard_last_hour"), Some(1.0));
+    assert_eq!(node.metric("pure_senders_quiet_after_seconds"), Some(3.0));
+    // The search by name: letters in either case, each match looked up in the stores.
+    let search = |text: &str| {
+        browser.run(&format!(
+            "document.getElementById('device-name').value = {text:?}; \
+             document.querySelector('#device-search button').click(); return null;"
+        ));
+    };
+    search("BOILER");
+    wait_for("the search to find Boiler-42", || {
+        read()["found"] == json!([["Boiler-42", "never", "–", "0"]])
+    });
+    assert_eq!(read()["page"]["devices.found"], json!("1 found"));
+    search("De");
+    wait_for("the search to find dev", || {
+        let f = read()["found"].clone();
+        f.as_array().is_some_and(|rows| {
+            rows.len() == 1
+                && rows[0][0] == "dev"
+                && rows[0][3].as_str().map(number) == Some(total as f64)
+        })
+    });
+    search("nobody-by-that-name");
+    wait_for("the search to say none matched", || {
+        read()["page"]["devices.found"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("no sender's name contains"))
+    });
+    let (code, body) = node.http_get("/devices.json?name=gauge");
+    assert_eq!(code, 200, "{body}");
+    let found: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(found["senders"][0]["name"], json!("gauge-17"), "{found}");
+    assert_eq!(found["senders"][0]["last_seen_ms"], json!(null), "{found}");
+    assert_eq!(node.http_get("/devices.json").0, 400);
+
     // Downlink: two records pushed for `dev` wait for it, on the page as in /metrics.
     let (code, said) = ops_util::push(&node.state, "sensors", "dev", b"rate=10\nreboot\n");
     assert_eq!(code, 0, "{said}");

@@ -68,6 +68,11 @@ pub struct NodeArgs {
     /// --http-port 0 the default port is 0 too (a free one, printed), so nodes started side by side never collide.
     #[arg(long, value_name = "ADDR:PORT", value_parser = super::parse_listen)]
     pub metrics_listen: Option<SocketAddr>,
+    /// A sender with no record stored for this long counts as quiet: the status page's devices panel and
+    /// `pure_senders_quiet` on /metrics, which the shipped alert "devices quiet" fires on (docs/operations.md). Give
+    /// a few times your devices' reporting interval: e.g. 90s, 30m, 6h, 2d.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = super::senders::parse_duration)]
+    pub quiet_after: std::time::Duration,
     /// Where programs of this machine queue downlink records for senders (`pure-serve push`, or HTTP `POST
     /// /push?app=APP&to=SENDER` on it: docs/downlink.md): a Unix socket, mode 0660, so who may push is who may
     /// open it. Default: push.sock in the state directory (0700: the node's user and root). `none` serves none.
@@ -274,6 +279,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     if let Some((path, size)) = &big_senders {
         eprint!("reading {} ({} MB)…", path.display(), size >> 20);
     }
+    let store_password = settings.store_password.clone();
     let ready = ReadyNode::prepare(settings);
     if big_senders.is_some() {
         eprint!("\r\x1b[K");
@@ -341,7 +347,19 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     } else {
         Some(ready.link_inbox().context("the node did not start")?)
     };
+    // The devices census reads the stores on a thread of its own (src/ops/devices.rs); the page searches through it.
+    let census = crate::ops::devices::Census::spawn(
+        ready.stats.clone(),
+        crate::ops::devices::CensusStore {
+            choice: args.store.clone(),
+            state: state.clone(),
+            password: store_password,
+        },
+        args.quiet_after,
+    )
+    .context("the node did not start: cannot start the devices census thread")?;
     let http = http
+        .with_device_search(census.search())
         .spawn(ready.stats.clone(), inbox)
         .context("the node did not start")?;
     if ready.key_created {
@@ -389,6 +407,7 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     });
     // The loop is gone: link requests still queued were answered 503. Let requests in progress finish, then stop.
     http.stop();
+    drop(census);
     // A senders index written at this start or a reload may still be syncing: in place before the process ends, or
     // the next start would parse the file again (src/senders.rs, `sync_then_rename`).
     crate::senders::wait_index_synced();

@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use clap::Args;
 
+use crate::ops::devices::{ByName, name_matches};
 use crate::store::engine::{StoreChoice, StoreReader};
 
 #[derive(Args, Debug)]
@@ -34,7 +35,7 @@ pub struct SendersArgs {
     /// Only senders with no record stored for this long (never heard of included): e.g. 90s, 30m, 6h, 2d.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub quiet_for: Option<Duration>,
-    /// Only senders whose name contains this.
+    /// Only senders whose name contains this (ASCII letters match in either case).
     #[arg(long, value_name = "TEXT")]
     pub name: Option<String>,
     /// At most this many lines (the quietest).
@@ -54,7 +55,7 @@ pub struct SendersArgs {
 }
 
 /// `90s`, `30m`, `6h`, `2d`, or a number of seconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(super) fn parse_duration(s: &str) -> Result<Duration, String> {
     let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
         Some(i) => s.split_at(i),
         None => (s, "s"),
@@ -115,14 +116,8 @@ pub fn run(args: &SendersArgs) -> anyhow::Result<()> {
         )
     })?;
     // The names, sorted, each with what the stores say of it.
-    let mut order: Vec<u32> = (0..list.len() as u32).collect();
-    order.sort_unstable_by(|&a, &b| list.name_bytes(a).cmp(list.name_bytes(b)));
-    let mut seen = vec![Seen::default(); order.len()];
-    let find = |name: &str| {
-        order
-            .binary_search_by(|&i| list.name_bytes(i).cmp(name.as_bytes()))
-            .ok()
-    };
+    let by_name = ByName::new(&list);
+    let mut seen = vec![Seen::default(); by_name.len()];
 
     let password = match &args.store_password_file {
         Some(f) if args.store.is_shared() => Some(crate::store::engine::read_store_password(f)?),
@@ -138,38 +133,24 @@ pub fn run(args: &SendersArgs) -> anyhow::Result<()> {
         .map_or(0, |d| d.as_millis() as i64);
     for app in &apps {
         let store = reader.app(app)?;
-        // The store's sources come by name: in byte order (as `order`) from SQLite, so both are walked together
-        // rather than searched; a database whose collation orders otherwise is searched where the walk misses.
-        let mut cursor = 0;
-        store.for_each_source_seen(|name, heard, at| {
-            while cursor < order.len() && list.name_bytes(order[cursor]) < name.as_bytes() {
-                cursor += 1;
-            }
-            let hit = if cursor < order.len() && list.name_bytes(order[cursor]) == name.as_bytes() {
-                Some(cursor)
-            } else {
-                find(name)
-            };
-            if let Some(k) = hit {
-                let s = &mut seen[k];
-                s.last_ms = s.last_ms.max(at);
-                s.stored_through = s.stored_through.max(heard);
-            }
-            true
+        by_name.walk(&store, |k, heard, at| {
+            let s = &mut seen[k];
+            s.last_ms = s.last_ms.max(at);
+            s.stored_through = s.stored_through.max(heard);
         })?;
         for (name, n) in store.waiting_by_sender(now_ms)? {
-            if let Some(k) = find(&name) {
+            if let Some(k) = by_name.find(&name) {
                 seen[k].downlink_waiting += n;
             }
         }
     }
 
     // The quietest first: never heard of (by name), then the longest quiet.
-    let mut rows: Vec<usize> = (0..order.len())
+    let mut rows: Vec<usize> = (0..by_name.len())
         .filter(|&k| {
             args.name
                 .as_deref()
-                .is_none_or(|t| list.name(order[k]).contains(t))
+                .is_none_or(|t| name_matches(by_name.name(k), t))
         })
         .filter(|&k| {
             args.quiet_for.is_none_or(|q| {
@@ -198,7 +179,7 @@ pub fn run(args: &SendersArgs) -> anyhow::Result<()> {
         )?;
     }
     for &k in rows.iter().take(args.limit.unwrap_or(usize::MAX)) {
-        let name = list.name(order[k]);
+        let name = by_name.name(k);
         let s = seen[k];
         if args.json {
             let (last, quiet) = if s.last_ms == 0 {

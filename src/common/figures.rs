@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::proto::allow_list::AllowList;
 use crate::proto::node::NodeCounters;
 
 /// Live figures a caller (the demo, tests, later metrics) may read while the node runs.
@@ -26,6 +27,47 @@ pub struct LiveStats {
     /// Node packets for a link request (HTTP) that was answered already: lost, as a datagram to a peer that moved
     /// on would be; the sender sends again.
     pub link_packets_unrouted: AtomicU64,
+    /// The allow-list the loop serves, as it last published it (at start and after each reload): what the devices
+    /// census reads its names from.
+    pub allow_list: Mutex<Option<Arc<AllowList>>>,
+    /// What the devices census found last (`None` until its first scan ends): `src/ops/devices.rs`.
+    pub devices: Mutex<Option<DeviceCensus>>,
+}
+
+/// Who went quiet: the counts of the devices census (`src/ops/devices.rs`), one scan of every app's store, and the
+/// quietest senders. `/status.json` shows it as `devices`, `/metrics` as `pure_senders_*` (docs/operations.md).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct DeviceCensus {
+    /// Senders in the allow-list when the scan ran.
+    pub senders: u64,
+    /// Senders with a record stored in the last hour.
+    pub heard_last_hour: u64,
+    /// Senders with a record stored in the last day (the last hour's included).
+    pub heard_last_day: u64,
+    /// Senders with no record in any app's store: never heard of (or only listening for downlink).
+    pub never_heard: u64,
+    /// Senders heard of before whose newest record is at least `quiet_after_seconds` old.
+    pub quiet: u64,
+    /// `--quiet-after`, in seconds.
+    pub quiet_after_seconds: u64,
+    /// When the scan read the stores (milliseconds since the Unix epoch), and how long it took.
+    pub scanned_at_ms: i64,
+    pub scan_seconds: f64,
+    /// The quietest senders heard of before, the quietest first (at most [`QUIETEST_LISTED`]).
+    pub quietest: Vec<SenderSeen>,
+}
+
+/// At most this many senders in [`DeviceCensus::quietest`].
+pub const QUIETEST_LISTED: usize = 10;
+
+/// One sender as the stores see it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SenderSeen {
+    pub name: String,
+    /// Its newest record's commit time over every app (milliseconds since the Unix epoch); `None`: never.
+    pub last_seen_ms: Option<i64>,
+    /// Its heard sequence, the largest over the apps.
+    pub stored_through: u64,
 }
 
 /// What the receive loop publishes each round for the metrics page.

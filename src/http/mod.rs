@@ -188,6 +188,8 @@ struct Shared {
     links: Option<LinkInbox>,
     /// Where the push socket's pushes go (docs/downlink.md), when it is served.
     pushes: Option<crate::common::push::PushInbox>,
+    /// Where the status page's search by name goes (the devices census), when there is one.
+    devices: Option<crate::ops::devices::DeviceSearch>,
     counters: Arc<HttpCounters>,
     limits: HttpLimits,
     /// The connections of each listener.
@@ -216,6 +218,7 @@ pub struct HttpServer {
     listener: std::net::TcpListener,
     metrics: Option<std::net::TcpListener>,
     push: Option<(push::PushSocket, crate::common::push::PushInbox)>,
+    devices: Option<crate::ops::devices::DeviceSearch>,
     limits: HttpLimits,
     tls: Option<TlsConfig>,
 }
@@ -229,6 +232,7 @@ impl HttpServer {
             listener,
             metrics: None,
             push: None,
+            devices: None,
             limits: HttpLimits::default(),
             tls: None,
         })
@@ -249,6 +253,12 @@ impl HttpServer {
         inbox: crate::common::push::PushInbox,
     ) -> Self {
         self.push = Some((socket, inbox));
+        self
+    }
+
+    /// Also answers the status page's search by name (`/devices.json?name=TEXT`) through the devices census.
+    pub fn with_device_search(mut self, search: crate::ops::devices::DeviceSearch) -> Self {
+        self.devices = Some(search);
         self
     }
 
@@ -300,6 +310,7 @@ impl HttpServer {
             stats,
             links,
             pushes: self.push.as_ref().map(|(_, inbox)| inbox.clone()),
+            devices: self.devices,
             counters: counters.clone(),
             http_slots: serve::Slots::new(limits.connections),
             metrics_slots: serve::Slots::evicting(limits.metrics_connections),

@@ -70,6 +70,12 @@ fn status_json(shared: &Shared, now: Instant) -> Answer {
         ),
     };
     status.host = ProcessFigures::read(snapshot.state_dir.as_deref(), &snapshot.apps);
+    status.devices = shared
+        .stats
+        .devices
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
     match serde_json::to_vec(&status) {
         Ok(body) => {
             let mut r = answer(StatusCode::OK, "application/json", body);
@@ -80,6 +86,57 @@ fn status_json(shared: &Shared, now: Instant) -> Answer {
         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
     }
 }
+
+/// `/devices.json?name=TEXT`: the senders whose names contain TEXT (ASCII letters in either case), at most
+/// [`crate::ops::devices::SEARCH_LISTED`], each with its last record's time, from the devices census's thread (which
+/// reads the stores; a search waits for a scan in progress).
+async fn devices_json(query: Option<&str>, shared: &Shared) -> Answer {
+    let Some(search) = &shared.devices else {
+        return text(
+            StatusCode::NOT_FOUND,
+            "this node runs no devices census: /devices.json is not served\n",
+        );
+    };
+    let text_asked = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .find(|(k, _)| k == "name")
+        .map(|(_, v)| v.into_owned());
+    let Some(name) = text_asked.filter(|t| !t.is_empty() && t.len() <= 256) else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "give the text to look for: /devices.json?name=TEXT (1 to 256 bytes)\n",
+        );
+    };
+    let asked = match search.ask(&name) {
+        Ok(rx) => rx,
+        Err(crate::ops::devices::SearchRefused::Busy) => {
+            return unavailable("busy: other searches wait for the devices census; try again\n");
+        }
+        Err(crate::ops::devices::SearchRefused::Stopped) => {
+            return unavailable("the devices census has stopped (the node is stopping)\n");
+        }
+    };
+    match tokio::time::timeout(SEARCH_WAIT, asked).await {
+        Ok(Ok(Ok((found, more)))) => {
+            let body = serde_json::json!({"name": name, "senders": found, "more": more});
+            let mut r = answer(StatusCode::OK, "application/json", body.to_string());
+            r.headers_mut()
+                .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            r
+        }
+        Ok(Ok(Err(why))) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the stores could not be read: {why}\n"),
+        ),
+        Ok(Err(_)) => unavailable("the devices census has stopped (the node is stopping)\n"),
+        Err(_) => unavailable(format!(
+            "no answer within {} s: the devices census is scanning the stores; try again\n",
+            SEARCH_WAIT.as_secs()
+        )),
+    }
+}
+
+/// How long a search may wait for the devices census (a scan of a million senders takes about 5 s here).
+const SEARCH_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// The media type of a `POST /link` answer (and what a request should say it sends).
 pub const LINK_CONTENT_TYPE: &str = "application/x-pure-link";
@@ -144,7 +201,10 @@ pub(super) async fn handle(
     }
     // A path not served is 404 whatever the method (a POST to a mistyped /link too): 405 would say the path
     // exists (protocol.md 10).
-    let served = matches!(path, "/" | "/status.json" | "/healthz" | "/metrics");
+    let served = matches!(
+        path,
+        "/" | "/status.json" | "/devices.json" | "/healthz" | "/metrics"
+    );
     if served && req.method() != Method::GET && req.method() != Method::HEAD {
         let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n");
         r.headers_mut()
@@ -182,6 +242,15 @@ pub(super) async fn handle(
                     .load(std::sync::atomic::Ordering::Relaxed),
                 shared.limits.tls_handshakes_per_second,
             );
+            if let Some(c) = shared
+                .stats
+                .devices
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .as_ref()
+            {
+                crate::ops::metrics::render_devices(&mut page, c);
+            }
             answer(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -201,7 +270,7 @@ pub(super) async fn handle(
                 Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
             }
         }
-        "/" | "/status.json" if which == Listener::Http => text(
+        "/" | "/status.json" | "/devices.json" if which == Listener::Http => text(
             if path == "/" {
                 StatusCode::OK
             } else {
@@ -217,6 +286,7 @@ pub(super) async fn handle(
             r
         }
         "/status.json" => status_json(&shared, now),
+        "/devices.json" => devices_json(req.uri().query(), &shared).await,
         _ => text(
             StatusCode::NOT_FOUND,
             match which {

@@ -544,6 +544,52 @@ pub fn render(
     out
 }
 
+/// The devices census's families (`src/ops/devices.rs`), appended to the page once its first scan has ended: absent
+/// before, so that no alert reads a zero that was never counted.
+pub fn render_devices(out: &mut String, c: &crate::common::figures::DeviceCensus) {
+    let gauges: [(&str, &str, String); 7] = [
+        (
+            "pure_senders_heard_last_hour",
+            "Senders with a record stored in the last hour (the devices census, at its last scan).",
+            c.heard_last_hour.to_string(),
+        ),
+        (
+            "pure_senders_heard_last_day",
+            "Senders with a record stored in the last day, the last hour's included.",
+            c.heard_last_day.to_string(),
+        ),
+        (
+            "pure_senders_never_heard",
+            "Senders of the allow-list with no record in any app's store.",
+            c.never_heard.to_string(),
+        ),
+        (
+            "pure_senders_quiet",
+            "Senders heard of before with no record stored for --quiet-after or longer.",
+            c.quiet.to_string(),
+        ),
+        (
+            "pure_senders_quiet_after_seconds",
+            "The node's --quiet-after, in seconds: how long a sender must be silent to count as quiet.",
+            c.quiet_after_seconds.to_string(),
+        ),
+        (
+            "pure_senders_scan_timestamp_seconds",
+            "When the devices census last read the stores (Unix time).",
+            format!("{:.3}", c.scanned_at_ms as f64 / 1000.0),
+        ),
+        (
+            "pure_senders_scan_seconds",
+            "How long the devices census's last scan of the stores took.",
+            format!("{:.3}", c.scan_seconds),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        family(out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+}
+
 /// The apps' and outlets' families (issue 7: what operators see).
 fn render_apps(out: &mut String, s: &Snapshot, wall_ms: i64) {
     if s.app_figures.is_empty() {

@@ -9,6 +9,8 @@
 //!   publishes; [`crate::http`] serves them on `--metrics-listen` (and `/healthz` on `--http-port` too) from its
 //!   own thread, so a slow scraper never slows the loop;
 //! - [`status`] — the status page's figures (`/status.json`) and the ring of samples behind its charts;
+//! - [`devices`] — the devices census: who went quiet, scanned from the stores on a thread of its own, and the
+//!   page's search by name;
 //! - [`check`] — `pure-serve check`: validate the configuration without serving;
 //! - [`fds`] — the limit on open files: raised at start, and checked against what the configuration needs;
 //! - [`journal`] — log lines with the journal's priorities when standard error is systemd's journal.
@@ -18,6 +20,7 @@
 //! thread that pings regardless would tell systemd nothing.
 
 pub mod check;
+pub mod devices;
 pub mod fds;
 pub mod journal;
 pub mod metrics;

@@ -315,6 +315,8 @@ pub struct Status {
     /// The host as the node sees it: its memory, what it wrote to the disk, the state directory's filesystem,
     /// each store's size, the CPU's temperature (docs/operations.md, "Status page").
     pub host: super::metrics::ProcessFigures,
+    /// Who went quiet: the devices census's last scan (`null` until the first ends; src/ops/devices.rs).
+    pub devices: Option<crate::common::figures::DeviceCensus>,
 }
 
 /// One thing wrong with the node (docs/operations.md, "Status page", lists the kinds).
@@ -830,6 +832,7 @@ pub fn report(
         },
         // Read from the host by the caller, which may (the HTTP thread); this stays pure.
         host: Default::default(),
+        devices: None,
     }
 }
 

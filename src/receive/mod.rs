@@ -403,6 +403,11 @@ impl ReadyNode {
             };
             (Some(sending), outbox)
         };
+        let stats = Arc::new(LiveStats::default());
+        *stats
+            .allow_list
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(node.senders().clone());
         Ok(ReadyNode {
             node,
             host,
@@ -414,7 +419,7 @@ impl ReadyNode {
             socket,
             key_created,
             senders_source,
-            stats: Arc::new(LiveStats::default()),
+            stats,
             settings,
             reloads_ok: 0,
             reloads_failed: 0,
@@ -1081,6 +1086,12 @@ impl ReadyNode {
                 if let Some(q) = &self.pushes {
                     q.publish(self.node.senders().clone());
                 }
+                *self
+                    .stats
+                    .allow_list
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                    Some(self.node.senders().clone());
                 self.count_reload(true);
                 self.status_note = None;
                 tracing::info!(

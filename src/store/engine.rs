@@ -270,6 +270,14 @@ impl AppReader<'_> {
         }
     }
 
+    /// One source's heard sequence and its newest record's commit time (0: none); `None`: the app never stored one.
+    pub fn source_seen(&self, name: &str) -> Result<Option<(u64, i64)>, StoreError> {
+        match &self.0 {
+            AppReading::File(s) => s.source_seen(name),
+            AppReading::Fleet(r, app) => r.source_seen(app, name),
+        }
+    }
+
     /// How many downlink records wait for each sender, not expired at `now_ms`, by sender.
     pub fn waiting_by_sender(&self, now_ms: i64) -> Result<Vec<(String, u64)>, StoreError> {
         match &self.0 {

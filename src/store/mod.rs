@@ -1396,6 +1396,29 @@ impl AppStore {
         Ok(())
     }
 
+    /// One source's heard sequence and its newest chunk's commit time (0: none), as
+    /// [`AppStore::for_each_source_seen`] gives them; `None` when the app has never stored a record of it.
+    pub fn source_seen(&self, name: &str) -> Result<Option<(u64, i64)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT s.heard,
+                        COALESCE((SELECT c.stored_at FROM chunks c WHERE c.source = s.id
+                                  ORDER BY c.first_seq DESC LIMIT 1), 0)
+                 FROM sources s WHERE s.name = ?1",
+            )
+            .map_err(self.err())?;
+        let mut rows = stmt.query([name]).map_err(self.err())?;
+        match rows.next().map_err(self.err())? {
+            Some(row) => {
+                let heard: i64 = row.get(0).map_err(self.err())?;
+                let at: i64 = row.get(1).map_err(self.err())?;
+                Ok(Some((heard.max(0) as u64, at)))
+            }
+            None => Ok(None),
+        }
+    }
+
     /// Calls `each` for every stored record at position ≥ `from_pos` (of one source, if given) with all the
     /// store knows of it: ordered by source then sequence when `from_pos` is 0, else by position (a follower).
     pub fn for_each_record_view(

@@ -2460,6 +2460,26 @@ impl PgReader {
         }
     }
 
+    /// As [`super::AppStore::source_seen`]: one source of `app`, its heard sequence and newest chunk's commit time.
+    pub fn source_seen(&self, app: &str, name: &str) -> Result<Option<(u64, i64)>, StoreError> {
+        let id = self.app_id(app)?;
+        let rows = self.wait(
+            "reading a sender's last record",
+            self.client.query(
+                "SELECT s.heard, \
+                        COALESCE((SELECT c.stored_at FROM chunks c WHERE c.app = s.app AND c.source = s.id \
+                                  ORDER BY c.first_seq DESC LIMIT 1), 0) \
+                 FROM sources s WHERE s.app = $1 AND s.name = $2",
+                &[&id, &name],
+            ),
+        )?;
+        Ok(rows.first().map(|row| {
+            let heard: i64 = row.get(0);
+            let at: i64 = row.get(1);
+            (heard.max(0) as u64, at)
+        }))
+    }
+
     /// As [`super::AppStore::waiting_by_sender`]: how many downlink records wait for each sender of `app`.
     pub fn waiting_by_sender(
         &self,
