@@ -910,3 +910,119 @@ fn a_push_socket_named_dgram_keeps_its_datagram_socket_apart_and_one_path_for_bo
     assert_eq!(out.status.code(), Some(78), "{err}");
     assert!(err.contains("push socket's own path"), "{err}");
 }
+
+/// `pure-serve push --many` on the node of `state`, standard input `stdin`: (exit status, stdout, stderr).
+fn push_many(state: &Path, app: &str, stdin: &[u8]) -> (i32, String, String) {
+    let mut child = Command::new(bin())
+        .args(["push", "--many", "--app", app, "--state"])
+        .arg(state)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_push_of_many_queues_each_line_for_its_sender_in_order_and_says_what_became_of_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let too_large = format!("other {}\n", "a".repeat(1_050));
+    let body = [
+        "kitchen-1 one\n",
+        "other x\n",
+        "kitchen-1 two\n",
+        "nobody hi\n",
+        "garbage\n",
+        &too_large,
+        "kitchen-1 three",
+    ]
+    .concat();
+    let (code, out, err) = push_many(&state, "main", body.as_bytes());
+    assert_eq!(code, 65, "{out}{err}");
+    assert_eq!(
+        out.lines().next(),
+        Some("queued 4 of 7 lines in app main"),
+        "{out}"
+    );
+    assert!(
+        err.contains("line 4: not_found (nobody): no sender \"nobody\""),
+        "{err}"
+    );
+    assert!(
+        err.contains("line 5: malformed (): a line is SENDER RECORD"),
+        "{err}"
+    );
+    assert!(err.contains("line 6: refused (other): "), "{err}");
+    assert!(err.contains("above the downlink limit"), "{err}");
+    assert!(
+        err.contains(
+            "3 of 7 lines not queued: 1 refused by a bound, 1 to no such sender or app, 1 malformed"
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        waiting_lines(&state, &[]),
+        [
+            "main\tkitchen-1\t1\tone",
+            "main\tkitchen-1\t2\ttwo",
+            "main\tkitchen-1\t3\tthree",
+            "main\tother\t1\tx"
+        ]
+    );
+    let got = listen(&node, &key, 0, 3);
+    assert_eq!(
+        got,
+        [
+            (1, b"one".to_vec()),
+            (2, b"two".to_vec()),
+            (3, b"three".to_vec())
+        ]
+    );
+
+    // Past one batch of lines (8,192), to two senders in turn: each line is a push of its own, so each sender's
+    // bound (max_records, 1,024 by default) refuses its lines past it, and the answer counts them all.
+    let many: String = (0..9_000)
+        .map(|i| format!("{} r{i}\n", if i % 2 == 0 { "kitchen-1" } else { "other" }))
+        .collect();
+    let (code, out, err) = push_many(&state, "main", many.as_bytes());
+    assert_eq!(code, 65, "{out}{err}");
+    // kitchen-1 took what it was handed, so 1,024 may wait for it again; `other` has one waiting already.
+    assert_eq!(
+        out.lines().next(),
+        Some("queued 2047 of 9000 lines in app main"),
+        "{out}"
+    );
+    assert!(err.contains("… and 6853 more lines not queued"), "{err}");
+    assert!(err.contains("6953 refused by a bound"), "{err}");
+    let waiting = waiting_lines(&state, &["--source", "kitchen-1"]);
+    assert_eq!(waiting.len(), 1_024);
+    assert_eq!(waiting[0], "main\tkitchen-1\t4\tr0");
+    assert_eq!(waiting[1_023], "main\tkitchen-1\t1027\tr2046");
+
+    // Over HTTP as any client makes it: an app that is not there is each line's outcome; a `to` is refused.
+    let socket = state.join("push.sock");
+    let (status, body) = post_raw(&socket, "/push-many?app=nope", b"other x\n");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["outcomes"]["not_found"], 1, "{v}");
+    assert!(
+        v["problems"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no app \"nope\""),
+        "{v}"
+    );
+    let (status, body) = post_raw(&socket, "/push-many?app=main&to=other", b"other x\n");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("not from to="), "{body}");
+}

@@ -1227,3 +1227,51 @@ fn two_nodes(
         Some(start_node(dir, "b", url, node_key, senders, extra)),
     ]
 }
+
+/// A push of many on a fleet's node (docs/downlink.md, "Pushing to many devices"): each line queued in the
+/// database for its sender, in order, whichever node then serves the device; a line to no such sender is its own
+/// outcome and stops nothing.
+#[test]
+fn a_push_of_many_on_a_fleet_queues_each_line_in_the_database() {
+    let Some(cluster) =
+        pg_util::PgCluster::start("a_push_of_many_on_a_fleet_queues_each_line_in_the_database")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, device_key, senders) = setup(dir.path());
+    let url = cluster.url();
+    let a = start_node(dir.path(), "a", &url, &node_key, &senders, &[]);
+    let mut child = Command::new(bin())
+        .args(["push", "--many", "--app", "main", "--state"])
+        .arg(&a.state)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"dev m1\nnobody x\ndev m2\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(65), "{out:?}");
+    assert!(
+        said.starts_with("queued 2 of 3 lines in app main"),
+        "{said}"
+    );
+    assert_eq!(downlink_rows(&cluster), (2, 2));
+    // Another node of the fleet hands them to the device, in order.
+    let b = start_node(dir.path(), "b", &url, &node_key, &senders, &[]);
+    let heard = dir.path().join("dev.heard");
+    let got = listen_command(&device_key, &heard, &b, &[])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(got.status.success(), "{got:?}");
+    assert_eq!(String::from_utf8_lossy(&got.stdout), "m1\nm2\n");
+}

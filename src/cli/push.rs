@@ -30,8 +30,13 @@ pub struct PushArgs {
     #[arg(long, value_name = "APP", default_value = "main")]
     pub app: String,
     /// The sender the records are for, by its name in the senders file.
-    #[arg(long, value_name = "SENDER")]
-    pub to: String,
+    #[arg(long, value_name = "SENDER", required_unless_present = "many")]
+    pub to: Option<String>,
+    /// A push of many: standard input is `SENDER RECORD` lines, each a record for its sender (a configuration to a
+    /// million devices in one command; docs/downlink.md, "Pushing to many devices"). Prints what became of the lines
+    /// and lists those not queued.
+    #[arg(long, conflicts_with = "to")]
+    pub many: bool,
     /// The running node's state directory: its push socket is push.sock there (default: as the node's, i.e.
     /// $STATE_DIRECTORY under systemd, else ./pure-state).
     #[arg(long, value_name = "DIR")]
@@ -281,6 +286,9 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
             .unwrap_or_else(super::node::default_state_dir)
             .join("push.sock")
     });
+    let Some(to) = args.to.as_deref() else {
+        return push_many(args, &path);
+    };
     let mut body = Vec::new();
     std::io::stdin()
         .lock()
@@ -299,7 +307,8 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
         .enable_io()
         .build()
         .context("cannot start the push")?;
-    let (status, answer) = runtime.block_on(post(&path, &args.app, &args.to, body))?;
+    let target = format!("/push?app={}&to={}", encode(&args.app), encode(to));
+    let (status, answer) = runtime.block_on(post(&path, &target, body))?;
     let value: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
     let field = |k: &str| value.get(k).and_then(serde_json::Value::as_u64);
     let error = value
@@ -313,8 +322,8 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
             match (first, last, count) {
                 (Some(_), Some(_), Some(0)) => {
                     println!(
-                        "nothing to queue: standard input was empty (app {} takes records for {})",
-                        args.app, args.to
+                        "nothing to queue: standard input was empty (app {} takes records for {to})",
+                        args.app
                     );
                     Ok(())
                 }
@@ -325,10 +334,7 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
                         format!("sequences {f}-{l}")
                     };
                     let records = if c == 1 { "record" } else { "records" };
-                    println!(
-                        "queued {c} {records} for {} in app {}: {seqs}",
-                        args.to, args.app
-                    );
+                    println!("queued {c} {records} for {to} in app {}: {seqs}", args.app);
                     if let Some(e) = field("expired").filter(|e| *e > 0) {
                         println!("({e} of its records had expired and were deleted unsent)");
                     }
@@ -344,15 +350,98 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
         404 => Err(PushError::NoSuch(error).into()),
         503 => Err(PushError::TryAgain(error).into()),
         500 => Err(PushError::MaybeQueued(format!(
-            "{error} (pure-serve records --waiting --app {} --source {} lists what still waits for it)",
-            args.app, args.to
+            "{error} (pure-serve records --waiting --app {} --source {to} lists what still waits for it)",
+            args.app
         ))
         .into()),
         other => Err(anyhow::anyhow!("the node answered {other}: {error}")),
     }
 }
 
-async fn post(path: &Path, app: &str, to: &str, body: Vec<u8>) -> anyhow::Result<(u16, Bytes)> {
+/// `push --many`: standard input's `SENDER RECORD` lines in one `POST /push-many`, and what became of each.
+fn push_many(args: &PushArgs, path: &Path) -> anyhow::Result<()> {
+    let mut body = Vec::new();
+    std::io::stdin()
+        .lock()
+        .read_to_end(&mut body)
+        .context("cannot read standard input")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .context("cannot start the push")?;
+    let target = format!("/push-many?app={}", encode(&args.app));
+    let (status, answer) = runtime.block_on(post(path, &target, body))?;
+    let value: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+    let field = |k: &str| value.get(k).and_then(serde_json::Value::as_u64);
+    let (Some(lines), Some(queued), 200) = (field("lines"), field("queued"), status) else {
+        let error = value
+            .get("error")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| String::from_utf8_lossy(&answer).trim().to_string());
+        return Err(match status {
+            404 => PushError::NoSuch(error).into(),
+            503 => PushError::TryAgain(error).into(),
+            400 => PushError::Refused(error).into(),
+            other => anyhow::anyhow!("the node answered {other}: {error}"),
+        });
+    };
+    let outcomes = value.get("outcomes").cloned().unwrap_or_default();
+    let count = |k: &str| {
+        outcomes
+            .get(k)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0)
+    };
+    println!("queued {queued} of {lines} lines in app {}", args.app);
+    if let Some(e) = field("expired").filter(|e| *e > 0) {
+        println!("({e} records that had expired were deleted unsent)");
+    }
+    for p in value
+        .get("problems")
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        eprintln!(
+            "line {}: {} ({}): {}",
+            p["line"],
+            p["outcome"].as_str().unwrap_or("?"),
+            p["to"].as_str().unwrap_or(""),
+            p["error"].as_str().unwrap_or("")
+        );
+    }
+    if let Some(n) = field("problems_left_out").filter(|n| *n > 0) {
+        eprintln!("… and {n} more lines not queued");
+    }
+    if let Some(cut) = value.get("cut").and_then(serde_json::Value::as_str) {
+        eprintln!("the push was cut: {cut}");
+    }
+    let not_queued = lines - queued;
+    if not_queued == 0 {
+        return Ok(());
+    }
+    let summary = format!(
+        "{not_queued} of {lines} lines not queued: {} refused by a bound, {} to no such sender or app, {} malformed,          {} while the store could not take them, {} maybe queued (the lines above say which and why)",
+        count("refused"),
+        count("not_found"),
+        count("malformed"),
+        count("unavailable"),
+        count("maybe_queued"),
+    );
+    // The worst outcome decides the status: maybe queued (pushing again may queue twice), then try again, then
+    // refused.
+    Err(if count("maybe_queued") > 0 {
+        PushError::MaybeQueued(summary)
+    } else if count("unavailable") > 0 {
+        PushError::TryAgain(summary)
+    } else {
+        PushError::Refused(summary)
+    }
+    .into())
+}
+
+async fn post(path: &Path, target: &str, body: Vec<u8>) -> anyhow::Result<(u16, Bytes)> {
     let stream = tokio::net::UnixStream::connect(path)
         .await
         .map_err(|e| PushError::connect(path, &e))?;
@@ -365,7 +454,7 @@ async fn post(path: &Path, app: &str, to: &str, body: Vec<u8>) -> anyhow::Result
         .await
         .map_err(|e| PushError::broken(&progress, &e.to_string()))?;
     tokio::spawn(conn);
-    let request = Request::post(format!("/push?app={}&to={}", encode(app), encode(to)))
+    let request = Request::post(target)
         .header(hyper::header::HOST, "pure-serve")
         .body(Full::new(Bytes::from(body)))
         .context("cannot make the request")?;

@@ -109,14 +109,16 @@ pub fn run(args: &SendersArgs) -> anyhow::Result<()> {
         .senders
         .clone()
         .unwrap_or_else(|| state.join("senders"));
-    let list = crate::senders::load(&senders_path).with_context(|| {
-        format!(
-            "cannot read the senders file {} (give the node's with --senders)",
-            senders_path.display()
-        )
-    })?;
+    let list = crate::senders::load(&senders_path)
+        .map(std::sync::Arc::new)
+        .with_context(|| {
+            format!(
+                "cannot read the senders file {} (give the node's with --senders)",
+                senders_path.display()
+            )
+        })?;
     // The names, sorted, each with what the stores say of it.
-    let by_name = ByName::new(&list);
+    let by_name = ByName::new(list);
     let mut seen = vec![Seen::default(); by_name.len()];
 
     let password = match &args.store_password_file {

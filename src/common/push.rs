@@ -36,7 +36,7 @@ pub struct PushRequest {
     pub to: String,
     pub records: Vec<Vec<u8>>,
     /// Sent once the records are synced, or refused; dropped unsent if the node stops first.
-    pub answer: oneshot::Sender<PushAnswer>,
+    pub answer: AnswerTo,
     /// `to` looked up by the producer ([`PushInbox::look_up`]), if it did.
     pub found: Option<Found>,
 }
@@ -105,6 +105,125 @@ pub enum PushAnswer {
     MaybeQueued(String),
 }
 
+/// Where a push's answer goes: to its own pusher, or as one line of a push of many (`POST /push-many`,
+/// docs/downlink.md "Pushing to many devices"), whose answers go back together.
+#[derive(Debug)]
+pub enum AnswerTo {
+    One(oneshot::Sender<PushAnswer>),
+    Line(LineAnswer),
+}
+
+impl AnswerTo {
+    /// Sends the answer; `Err` gives it back when nobody waits for it any more.
+    pub fn send(self, answer: PushAnswer) -> Result<(), PushAnswer> {
+        match self {
+            AnswerTo::One(tx) => tx.send(answer),
+            AnswerTo::Line(mut line) => {
+                line.put(answer);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl From<oneshot::Sender<PushAnswer>> for AnswerTo {
+    fn from(tx: oneshot::Sender<PushAnswer>) -> Self {
+        AnswerTo::One(tx)
+    }
+}
+
+/// The answers of a batch of lines of a push of many: sent together once every line has its own.
+#[derive(Debug)]
+struct BatchAnswers {
+    answers: Vec<Option<PushAnswer>>,
+    left: usize,
+    done: Option<oneshot::Sender<Vec<PushAnswer>>>,
+}
+
+/// One line's answer slot in a batch ([`batch_answers`]). Dropped unanswered (the node stopped before the line was
+/// applied), it answers that nothing was queued, as a single push's pusher is told when its answer is dropped.
+#[derive(Debug)]
+pub struct LineAnswer {
+    batch: Arc<Mutex<BatchAnswers>>,
+    k: usize,
+    answered: bool,
+}
+
+impl LineAnswer {
+    fn put(&mut self, answer: PushAnswer) {
+        self.answered = true;
+        let mut b = self
+            .batch
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if b.answers[self.k].replace(answer).is_none() {
+            b.left -= 1;
+        }
+        if b.left == 0
+            && let Some(done) = b.done.take()
+        {
+            let all = b
+                .answers
+                .iter_mut()
+                .map(|a| a.take().unwrap_or(PushAnswer::Empty))
+                .collect();
+            let _ = done.send(all);
+        }
+    }
+}
+
+impl Drop for LineAnswer {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.put(PushAnswer::Unavailable(
+                "the node stopped before this line was applied: nothing of it was queued".into(),
+            ));
+        }
+    }
+}
+
+/// `n` answer slots and where their answers come, together, in the order of the slots.
+pub fn batch_answers(n: usize) -> (Vec<LineAnswer>, oneshot::Receiver<Vec<PushAnswer>>) {
+    let (tx, rx) = oneshot::channel();
+    let batch = Arc::new(Mutex::new(BatchAnswers {
+        answers: (0..n).map(|_| None).collect(),
+        left: n,
+        done: Some(tx),
+    }));
+    if n == 0 {
+        let _ = batch
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .done
+            .take()
+            .map(|d| d.send(Vec::new()));
+    }
+    let slots = (0..n)
+        .map(|k| LineAnswer {
+            batch: batch.clone(),
+            k,
+            answered: false,
+        })
+        .collect();
+    (slots, rx)
+}
+
+/// What the push queue carries: one push, or a batch of the lines of a push of many, taken into one turn.
+#[derive(Debug)]
+pub enum PushWork {
+    One(PushRequest),
+    Many(Vec<PushRequest>),
+}
+
+impl PushWork {
+    pub fn into_requests(self) -> std::vec::IntoIter<PushRequest> {
+        match self {
+            PushWork::One(r) => vec![r].into_iter(),
+            PushWork::Many(v) => v.into_iter(),
+        }
+    }
+}
+
 /// Why a push was not queued for the loop.
 #[derive(Debug)]
 pub enum PushRefused {
@@ -117,7 +236,7 @@ pub enum PushRefused {
 /// The producer's end (the HTTP server).
 #[derive(Debug, Clone)]
 pub struct PushInbox {
-    tx: SyncSender<PushRequest>,
+    tx: SyncSender<PushWork>,
     wake: Arc<Wake>,
     senders: Arc<Mutex<Arc<AllowList>>>,
 }
@@ -134,9 +253,38 @@ impl PushInbox {
         Found { list, index }
     }
 
+    /// The allow-list as the loop last published it.
+    pub fn list(&self) -> Arc<AllowList> {
+        self.senders
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
     /// Queues a push and wakes the loop; never blocks.
     pub fn send(&self, request: PushRequest) -> Result<(), PushRefused> {
-        match self.tx.try_send(request) {
+        self.send_work(PushWork::One(request))
+    }
+
+    /// Queues a batch of pushes, taken into one turn, and wakes the loop; never blocks. Refused, the batch comes back.
+    pub fn send_many(
+        &self,
+        requests: Vec<PushRequest>,
+    ) -> Result<(), (PushRefused, Vec<PushRequest>)> {
+        match self.tx.try_send(PushWork::Many(requests)) {
+            Ok(()) => {
+                self.wake.wake();
+                Ok(())
+            }
+            Err(TrySendError::Full(w)) => Err((PushRefused::Busy, w.into_requests().collect())),
+            Err(TrySendError::Disconnected(w)) => {
+                Err((PushRefused::Stopped, w.into_requests().collect()))
+            }
+        }
+    }
+
+    fn send_work(&self, work: PushWork) -> Result<(), PushRefused> {
+        match self.tx.try_send(work) {
             Ok(()) => {
                 self.wake.wake();
                 Ok(())
@@ -150,7 +298,7 @@ impl PushInbox {
 /// The consumer's end (the receive loop). Dropping it drops every queued push's answer: each is told 503.
 #[derive(Debug)]
 pub struct PushQueue {
-    rx: Receiver<PushRequest>,
+    rx: Receiver<PushWork>,
     senders: Arc<Mutex<Arc<AllowList>>>,
 }
 
@@ -163,7 +311,7 @@ impl PushQueue {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = list;
     }
 
-    pub fn try_recv(&self) -> Option<PushRequest> {
+    pub fn try_recv(&self) -> Option<PushWork> {
         self.rx.try_recv().ok()
     }
 }
@@ -453,6 +601,32 @@ pub fn target(query: &str) -> Result<(String, String), String> {
     match (app, to) {
         (Some(a), Some(t)) if !a.is_empty() && !t.is_empty() => Ok((a, t)),
         _ => Err("a push names its app and its sender: POST /push?app=APP&to=SENDER".into()),
+    }
+}
+
+/// The app of a push of many, `POST /push-many?app=APP` (docs/downlink.md, "Pushing to many devices"): its
+/// senders are in its lines.
+pub fn many_target(query: &str) -> Result<String, String> {
+    let mut app = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v =
+            percent_decode(v).ok_or_else(|| format!("{k}: not a percent-encoded UTF-8 value"))?;
+        match k {
+            "app" if app.is_none() => app = Some(v),
+            "app" => return Err("app is given twice: a push of many names one app".into()),
+            "to" => {
+                return Err(
+                    "a push of many takes its senders from its lines (SENDER RECORD), not from to=: give app only"
+                        .into(),
+                );
+            }
+            _ => return Err(format!("unknown parameter {k:?}: a push of many takes app")),
+        }
+    }
+    match app {
+        Some(a) if !a.is_empty() => Ok(a),
+        _ => Err("a push of many names its app: POST /push-many?app=APP".into()),
     }
 }
 

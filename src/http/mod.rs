@@ -41,6 +41,7 @@ pub mod framing;
 pub mod link;
 pub mod order;
 pub mod push;
+pub mod push_many;
 mod routes;
 mod serve;
 mod stall;

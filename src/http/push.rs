@@ -238,13 +238,23 @@ fn push_too_large() -> Answer {
 }
 
 async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
+    if req.uri().path() == "/push-many" && req.method() == Method::POST {
+        let app = match crate::common::push::many_target(req.uri().query().unwrap_or("")) {
+            Ok(app) => app,
+            Err(why) => return error(StatusCode::BAD_REQUEST, why),
+        };
+        let Some(inbox) = &shared.pushes else {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "this node takes no pushes");
+        };
+        return super::push_many::handle(req.into_body(), app, inbox).await;
+    }
     // 400, not 404 or 405: a 404 of the push socket means no such app or sender (docs/downlink.md).
     if req.uri().path() != "/push" || req.method() != Method::POST {
         return error(
             StatusCode::BAD_REQUEST,
             format!(
-                "{} {}: the push socket serves POST /push?app=APP&to=SENDER only, with the records as the body, one \
-                 per line (docs/downlink.md)",
+                "{} {}: the push socket serves POST /push?app=APP&to=SENDER, with the records as the body, one per \
+                 line, and POST /push-many?app=APP, with SENDER RECORD lines (docs/downlink.md)",
                 req.method(),
                 req.uri().path()
             ),
@@ -293,7 +303,7 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
         app: app.clone(),
         to: to.clone(),
         records,
-        answer: tx,
+        answer: tx.into(),
         found: Some(inbox.look_up(&to)),
     };
     match inbox.send(request) {

@@ -34,18 +34,29 @@ pub const DEFAULT_QUIET_AFTER: Duration = Duration::from_secs(3_600);
 /// Searches that may wait for the census thread at once; more are answered busy.
 const SEARCHES_WAITING: usize = 4;
 
-/// The allow-list's senders in the byte order of their names, so that the stores' sources, which come by name,
-/// are walked beside them rather than each searched for.
-pub struct ByName<'a> {
-    list: &'a AllowList,
+/// The allow-list's senders in the byte order of their names (4 bytes per sender, for as long as it is kept), so
+/// that the stores' sources, which come by name, are walked beside them rather than each searched for, and a name
+/// is found by a binary search rather than [`AllowList::find_name`]'s scan (a push of many, `src/http/push_many.rs`).
+pub struct ByName {
+    list: Arc<AllowList>,
     order: Vec<SenderIndex>,
 }
 
-impl<'a> ByName<'a> {
-    pub fn new(list: &'a AllowList) -> Self {
+impl ByName {
+    pub fn new(list: Arc<AllowList>) -> Self {
         let mut order: Vec<SenderIndex> = (0..list.len() as SenderIndex).collect();
         order.sort_unstable_by(|&a, &b| list.name_bytes(a).cmp(list.name_bytes(b)));
         ByName { list, order }
+    }
+
+    /// The list it orders.
+    pub fn list(&self) -> &Arc<AllowList> {
+        &self.list
+    }
+
+    /// The `k`th name's index in the list.
+    pub fn index(&self, k: usize) -> SenderIndex {
+        self.order[k]
     }
 
     pub fn len(&self) -> usize {
@@ -57,7 +68,7 @@ impl<'a> ByName<'a> {
     }
 
     /// The `k`th name in byte order.
-    pub fn name(&self, k: usize) -> &'a str {
+    pub fn name(&self, k: usize) -> &str {
         self.list.name(self.order[k])
     }
 
@@ -106,12 +117,12 @@ pub fn name_matches(name: &str, text: &str) -> bool {
 
 /// The counts and the quietest senders of every app's store in `reader`, at `now_ms`.
 pub fn census(
-    list: &AllowList,
+    list: &Arc<AllowList>,
     reader: &StoreReader,
     now_ms: i64,
     quiet_after: Duration,
 ) -> Result<DeviceCensus, StoreError> {
-    let by_name = ByName::new(list);
+    let by_name = ByName::new(list.clone());
     // Each sender's newest record over the apps (0: none): read whole, then counted.
     let mut last = vec![0i64; by_name.len()];
     let apps = reader.apps()?.unwrap_or_default();

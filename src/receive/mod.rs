@@ -600,8 +600,10 @@ impl ReadyNode {
             }
             links_left = !stopping && self.take_link_requests(now)?;
             if let Some(q) = self.pushes.as_ref().filter(|_| !stopping) {
-                while let Some(push) = q.try_recv() {
-                    self.host.push(&mut self.node, push, now);
+                while let Some(work) = q.try_recv() {
+                    for push in work.into_requests() {
+                        self.host.push(&mut self.node, push, now);
+                    }
                 }
             }
             if let Some(d) = self.push_datagrams.as_mut().filter(|_| pushes_ready) {

@@ -229,7 +229,7 @@ impl PushDatagrams {
                 app: app.clone(),
                 to: to.clone(),
                 records,
-                answer: tx,
+                answer: tx.into(),
                 found: Some(Found {
                     list: senders.clone(),
                     index,

@@ -9,12 +9,11 @@
 use std::time::Instant;
 
 use super::Host;
-use crate::common::push::{PushAnswer, PushBound};
+use crate::common::push::{AnswerTo, PushAnswer, PushBound};
 use crate::proto::allow_list::SenderIndex;
 use crate::proto::node::Node;
 use crate::proto::turn::AppIndex;
 use crate::store::downlink::{DownPush, DownRefusal, MAX_DOWN_PAYLOAD, PushOutcome, Pushed};
-use tokio::sync::oneshot;
 
 /// A push taken by the loop: its records ride with the next turn, and its answer waits for that turn's outcome.
 pub(in crate::apps) struct TurnPush {
@@ -25,7 +24,7 @@ pub(in crate::apps) struct TurnPush {
     /// The sender's name, for the answer.
     to: String,
     records: u64,
-    answer: oneshot::Sender<PushAnswer>,
+    answer: AnswerTo,
     /// Whether a read of the sender's listening session rides the same turn after the push (the node core put it
     /// there when the push was taken): then the records go out when the turn is finished, and nothing need be
     /// read again. Else a session whose read was already on its way reads again once the push is answered.
@@ -37,7 +36,7 @@ impl TurnPush {
         app: AppIndex,
         sender: SenderIndex,
         push: DownPush,
-        answer: oneshot::Sender<PushAnswer>,
+        answer: AnswerTo,
         read_with_it: bool,
     ) -> Self {
         TurnPush {

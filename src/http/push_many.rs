@@ -1,0 +1,329 @@
+//! A push of many (docs/downlink.md, "Pushing to many devices"): `POST /push-many?app=APP` on the push socket, a
+//! body of `SENDER RECORD` lines, each line a push of one record to one sender, answered with an outcome per line
+//! once every line is applied. It is how a configuration reaches a million devices: a push a request costs a
+//! request, a name scan of the allow-list (half a millisecond at a million senders, research/024) and a turn of
+//! its own; here the names are found by a binary search in the list sorted once for the request, and the lines go
+//! to the receive loop in batches of [`BATCH`], each applied in one turn (one transaction, one sync), two batches
+//! in flight so that one fills while the other syncs.
+//!
+//! The body is read as it comes, a batch at a time: the node holds at most [`IN_FLIGHT`] + 1 batches of lines and
+//! the sorted names (4 bytes per sender, for the request's length), however long the body is. Each line is a push
+//! of its own, with the outcome a single push would have (queued, refused by a bound, no such sender, the store
+//! unable to take it); lines to one sender are queued in the order of the body. Nothing is all or nothing across
+//! lines: the answer counts the outcomes and lists the lines not queued.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use hyper::StatusCode;
+use hyper::body::Incoming;
+use tokio::sync::oneshot;
+
+use super::routes::{Answer, answer};
+use crate::common::push::{
+    AnswerTo, Found, PushAnswer, PushInbox, PushRefused, PushRequest, batch_answers,
+};
+use crate::ops::devices::ByName;
+use crate::senders::MAX_NAME_LEN;
+use crate::store::downlink::MAX_DOWN_PAYLOAD;
+
+/// Lines handed to the receive loop at once, applied in one turn.
+pub const BATCH: usize = 8192;
+
+/// Batches handed over and not yet answered, at most: one fills a turn while the one before it syncs.
+const IN_FLIGHT: usize = 2;
+
+/// The longest line: a sender's name, a space, a record.
+const MAX_LINE: usize = MAX_NAME_LEN + 1 + MAX_DOWN_PAYLOAD;
+
+/// Lines not queued listed in the answer, at most (all are counted).
+const PROBLEMS_LISTED: usize = 100;
+
+/// How long the body may pause between two of its parts, and a batch wait for its answer.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// What became of one line, by the word the answer counts it under.
+fn outcome_word(a: &PushAnswer) -> &'static str {
+    match a {
+        PushAnswer::Queued { .. } | PushAnswer::Empty => "queued",
+        PushAnswer::Refused { .. } => "refused",
+        PushAnswer::NotFound(_) => "not_found",
+        PushAnswer::Unavailable(_) => "unavailable",
+        PushAnswer::MaybeQueued(_) => "maybe_queued",
+    }
+}
+
+/// The tally of a push of many, made into its answer at the end.
+#[derive(Default)]
+struct Tally {
+    lines: u64,
+    counts: std::collections::BTreeMap<&'static str, u64>,
+    problems: Vec<serde_json::Value>,
+    expired: u64,
+}
+
+impl Tally {
+    fn note(&mut self, line: u64, to: &str, outcome: &'static str, why: Option<String>) {
+        *self.counts.entry(outcome).or_default() += 1;
+        if outcome != "queued" && self.problems.len() < PROBLEMS_LISTED {
+            self.problems.push(serde_json::json!({
+                "line": line, "to": to, "outcome": outcome, "error": why,
+            }));
+        }
+    }
+
+    fn answered(&mut self, line: u64, to: &str, a: PushAnswer) {
+        let word = outcome_word(&a);
+        let why = match a {
+            PushAnswer::Queued { expired, .. } => {
+                self.expired += expired;
+                None
+            }
+            PushAnswer::Empty => None,
+            PushAnswer::Refused { why, expired, .. } => {
+                self.expired += expired;
+                Some(why)
+            }
+            PushAnswer::NotFound(why)
+            | PushAnswer::Unavailable(why)
+            | PushAnswer::MaybeQueued(why) => Some(why),
+        };
+        self.note(line, to, word, why);
+    }
+
+    fn into_answer(self, app: &str, cut: Option<String>) -> Answer {
+        let queued = self.counts.get("queued").copied().unwrap_or(0);
+        let listed = self.problems.len() as u64;
+        let value = serde_json::json!({
+            "app": app,
+            "lines": self.lines,
+            "queued": queued,
+            "not_queued": self.lines - queued,
+            "outcomes": self.counts,
+            "expired": self.expired,
+            "problems": self.problems,
+            "problems_left_out": self.lines - queued - listed,
+            "cut": cut,
+        });
+        answer(StatusCode::OK, "application/json", format!("{value}\n"))
+    }
+}
+
+/// A line of the body, parsed: its sender and record, or why it is not a push.
+fn parse_line(line: &[u8]) -> Result<(&str, &[u8]), String> {
+    let Some(space) = memchr::memchr(b' ', line) else {
+        return Err("a line is SENDER RECORD: no space after the sender's name".into());
+    };
+    let (name, record) = (&line[..space], &line[space + 1..]);
+    match std::str::from_utf8(name) {
+        Ok(n) if !n.is_empty() && n.len() <= MAX_NAME_LEN => Ok((n, record)),
+        _ => Err(format!(
+            "the sender's name is not 1–{MAX_NAME_LEN} characters of a senders file's name"
+        )),
+    }
+}
+
+/// A batch handed to the loop: its lines' numbers and senders, and where their answers come.
+struct Sent {
+    lines: Vec<(u64, String)>,
+    answers: oneshot::Receiver<Vec<PushAnswer>>,
+}
+
+/// Serves `POST /push-many?app=APP` (docs/downlink.md, "Pushing to many devices").
+pub(super) async fn handle(body: Incoming, app: String, inbox: &PushInbox) -> Answer {
+    // Sorted off the HTTP thread: a million names take about a second, and this thread also answers /link.
+    let list = inbox.list();
+    let Ok(names) = tokio::task::spawn_blocking(move || ByName::new(list)).await else {
+        return answer(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "application/json",
+            "{\"error\": \"could not sort the senders' names\"}\n",
+        );
+    };
+    let names = Arc::new(names);
+    let mut tally = Tally::default();
+    let mut in_flight: VecDeque<Sent> = VecDeque::new();
+    let mut batch: Vec<(u64, String, Vec<u8>)> = Vec::with_capacity(BATCH);
+    let mut pending: Vec<u8> = Vec::new();
+    // The line being skipped because it is too long (its number), until its end.
+    let mut skipping: Option<u64> = None;
+    let mut body = body;
+    let mut cut = None;
+    loop {
+        let frame = match tokio::time::timeout(WAIT, body.frame()).await {
+            Ok(Some(Ok(f))) => f,
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                cut = Some(format!(
+                    "the body could not be read past line {}: {e}",
+                    tally.lines
+                ));
+                break;
+            }
+            Err(_) => {
+                cut = Some(format!(
+                    "the body paused for more than {} s after line {}: what came before was applied",
+                    WAIT.as_secs(),
+                    tally.lines
+                ));
+                break;
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        pending.extend_from_slice(&data);
+        let mut start = 0;
+        while let Some(k) = memchr::memchr(b'\n', &pending[start..]) {
+            let line = &pending[start..start + k];
+            start += k + 1;
+            if skipping.take().is_some() {
+                continue;
+            }
+            take_line(line, &mut tally, &mut batch);
+            if batch.len() == BATCH {
+                send_batch(&mut batch, &app, &names, inbox, &mut in_flight, &mut tally).await;
+            }
+        }
+        pending.drain(..start);
+        if pending.len() > MAX_LINE {
+            // Too long to be a line: counted once, and skipped to its end.
+            if skipping.is_none() {
+                tally.lines += 1;
+                tally.note(
+                    tally.lines,
+                    "",
+                    "malformed",
+                    Some(format!(
+                        "the line is longer than {MAX_LINE} bytes (a name of at most {MAX_NAME_LEN}, a space and a \
+                         record of at most {MAX_DOWN_PAYLOAD})"
+                    )),
+                );
+                skipping = Some(tally.lines);
+            }
+            pending.clear();
+        }
+    }
+    if !pending.is_empty() && skipping.is_none() && cut.is_none() {
+        // The last line, without its newline.
+        let line = std::mem::take(&mut pending);
+        take_line(&line, &mut tally, &mut batch);
+    }
+    if !batch.is_empty() {
+        send_batch(&mut batch, &app, &names, inbox, &mut in_flight, &mut tally).await;
+    }
+    while let Some(sent) = in_flight.pop_front() {
+        collect(sent, &mut tally).await;
+    }
+    tally.into_answer(&app, cut)
+}
+
+/// Counts a line and puts it in the batch, or notes why it is not a push.
+fn take_line(line: &[u8], tally: &mut Tally, batch: &mut Vec<(u64, String, Vec<u8>)>) {
+    tally.lines += 1;
+    match parse_line(line) {
+        Ok((to, record)) => batch.push((tally.lines, to.to_string(), record.to_vec())),
+        Err(why) => tally.note(tally.lines, "", "malformed", Some(why)),
+    }
+}
+
+/// Hands the batch to the loop (waiting while its queue is full), after waiting for the oldest batch in flight if
+/// [`IN_FLIGHT`] are.
+async fn send_batch(
+    batch: &mut Vec<(u64, String, Vec<u8>)>,
+    app: &str,
+    names: &ByName,
+    inbox: &PushInbox,
+    in_flight: &mut VecDeque<Sent>,
+    tally: &mut Tally,
+) {
+    if in_flight.len() >= IN_FLIGHT
+        && let Some(sent) = in_flight.pop_front()
+    {
+        collect(sent, tally).await;
+    }
+    let (slots, answers) = batch_answers(batch.len());
+    let mut lines = Vec::with_capacity(batch.len());
+    let mut requests: Vec<PushRequest> = Vec::with_capacity(batch.len());
+    for ((line, to, record), slot) in batch.drain(..).zip(slots) {
+        let index = names.find(&to).map(|k| names.index(k));
+        requests.push(PushRequest {
+            app: app.to_string(),
+            to: to.clone(),
+            records: vec![record],
+            answer: AnswerTo::Line(slot),
+            found: Some(Found {
+                list: names.list().clone(),
+                index,
+            }),
+        });
+        lines.push((line, to));
+    }
+    // The queue holds 64 pushes of any kind; a push of many waits for room rather than fail its lines.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match inbox.send_many(requests) {
+            Ok(()) => break,
+            Err((PushRefused::Busy, back)) if tokio::time::Instant::now() < deadline => {
+                requests = back;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            Err((why, back)) => {
+                let words = match why {
+                    PushRefused::Busy => format!(
+                        "the node's push queue stayed full for {} s: nothing of this line was queued",
+                        WAIT.as_secs()
+                    ),
+                    PushRefused::Stopped => {
+                        "the node is stopping: nothing of this line was queued".to_string()
+                    }
+                };
+                for r in back {
+                    let _ = r.answer.send(PushAnswer::Unavailable(words.clone()));
+                }
+                break;
+            }
+        }
+    }
+    in_flight.push_back(Sent { lines, answers });
+}
+
+/// Waits for a batch's answers and counts them.
+async fn collect(sent: Sent, tally: &mut Tally) {
+    match tokio::time::timeout(WAIT, sent.answers).await {
+        Ok(Ok(answers)) => {
+            for ((line, to), a) in sent.lines.iter().zip(answers) {
+                tally.answered(*line, to, a);
+            }
+        }
+        Ok(Err(_)) => {
+            for (line, to) in &sent.lines {
+                tally.note(
+                    *line,
+                    to,
+                    "unavailable",
+                    Some(
+                        "the node stopped before this line was applied: nothing of it was queued"
+                            .into(),
+                    ),
+                );
+            }
+        }
+        Err(_) => {
+            for (line, to) in &sent.lines {
+                tally.note(
+                    *line,
+                    to,
+                    "maybe_queued",
+                    Some(format!(
+                        "no answer within {} s (the store may be slow or its disk failing): the record may or may \
+                         not be queued",
+                        WAIT.as_secs()
+                    )),
+                );
+            }
+        }
+    }
+}
