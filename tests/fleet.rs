@@ -29,8 +29,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fleet_util::{
-    assert_exactly_once, holder_index, holders, keys_with_public, outlets_acked, send_all, setup,
-    spawn_send_to, start_node, stored, stored_by,
+    RunningSend, assert_exactly_once, holder_index, holders, keys_with_public, outlets_acked,
+    send_all, setup, spawn_send_to, start_node, stored, stored_by,
 };
 use ops_util::{DEADLINE, NodeProcess, bin};
 use pure_serve::keys;
@@ -59,6 +59,27 @@ fn deliver_moving(
     route: Route<'_>,
     deadline: Instant,
 ) -> Seen {
+    deliver_until(
+        device_key,
+        node_public,
+        nodes,
+        count,
+        route,
+        deadline,
+        &|_| false,
+    )
+}
+
+/// [`deliver_moving`], returning as well once `done` holds for what was seen so far.
+fn deliver_until(
+    device_key: &Path,
+    node_public: &str,
+    nodes: &[SocketAddr],
+    count: u64,
+    route: Route<'_>,
+    deadline: Instant,
+    done: &dyn Fn(&Seen) -> bool,
+) -> Seen {
     let identity = keys::read_identity(device_key).unwrap();
     let public = keys::parse_public_key(node_public).unwrap();
     let mut sender = Sender::new(SenderConfig::new(identity, public)).unwrap();
@@ -70,7 +91,7 @@ fn deliver_moving(
     let mut out = Vec::with_capacity(1500);
     let mut buf = vec![0u8; 2048];
     let mut seen = Seen::default();
-    while sender.unacked_total() > 0 && Instant::now() < deadline {
+    while sender.unacked_total() > 0 && Instant::now() < deadline && !done(&seen) {
         let now = Instant::now();
         sender.handle_timeout(now);
         while sender.poll_transmit(now, &mut out) {
@@ -344,31 +365,39 @@ fn a_node_whose_database_stops_says_so_acks_nothing_and_stores_again_when_it_is_
     let (code, said) = ops_util::push(&node.state, "main", "dev", b"while-down\n");
     assert_eq!(code, 75, "{said}");
     assert!(said.contains("nothing was queued"), "{said}");
-    // A sender now is told NOT_STORED and is acked nothing, and the node says why.
-    let seen = deliver_moving(
+    // A sender now is told NOT_STORED and is acked nothing, and the node says why. It sends for 3 s at least, and
+    // on until it is told (an answer, so an ack would have been seen too), however slow the machine.
+    let sending = Instant::now();
+    let seen = deliver_until(
         &device_key,
         &node.public_key,
         &nodes,
         50,
         &mut |_, _| vec![0],
-        Instant::now() + Duration::from_secs(3),
+        Instant::now() + DEADLINE,
+        &|seen| seen.not_stored > 0 && sending.elapsed() >= Duration::from_secs(3),
     );
     assert_eq!(
         seen.stored_through, 0,
         "nothing acked while the database is down"
     );
     assert!(seen.not_stored > 0, "the sender is told NOT_STORED");
-    let (code, body) = node.http_get("/healthz");
-    assert_eq!(code, 503, "{body}");
+    let deadline = Instant::now() + DEADLINE;
+    let body = loop {
+        let (code, body) = node.http_get("/healthz");
+        if code == 503 {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "/healthz says {code}: {body}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert!(
         body.contains("app main cannot store") && body.contains("database"),
         "{body}"
     );
-    assert!(
-        node.stderr_text().contains("app main cannot store"),
-        "{}",
-        node.stderr_text()
-    );
+    outlet_util::wait_until("the node's log to say it cannot store", || {
+        node.stderr_text().contains("app main cannot store")
+    });
 
     cluster.start_server();
     let seen = deliver_moving(
@@ -389,11 +418,9 @@ fn a_node_whose_database_stops_says_so_acks_nothing_and_stores_again_when_it_is_
         assert!(Instant::now() < deadline, "{}", node.http_get("/healthz").1);
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(
-        node.stderr_text().contains("app main can store again"),
-        "{}",
-        node.stderr_text()
-    );
+    outlet_util::wait_until("the node's log to say it can store again", || {
+        node.stderr_text().contains("app main can store again")
+    });
     // The connection was made again, and /metrics counts it (1 at the start, then the one after the restart).
     assert!(
         node.metric("pure_store_connections_total")
@@ -715,13 +742,14 @@ fn the_database_sigkilled_under_load_and_started_again_loses_nothing_acked() {
     let a = start_node(dir.path(), "a", &url, &node_key, &senders, &[]);
     let b = start_node(dir.path(), "b", &url, &node_key, &senders, &[]);
     let count = 1_000_000;
-    let send = spawn_send_to(
+    let send = RunningSend::watch(spawn_send_to(
         &device_key,
         &a.public_key,
         &format!("{},{}", a.link, b.link),
         count,
-    );
-    // Killed as a crash would (no checkpoint, connections cut) once some records are stored, and back 1 s later.
+    ));
+    // Killed as a crash would (no checkpoint, connections cut) once some records are stored, and started again
+    // once the node says so and its sender was told.
     let deadline = Instant::now() + DEADLINE;
     while stored_by(&a) == 0.0 {
         assert!(Instant::now() < deadline, "a stored nothing");
@@ -729,20 +757,20 @@ fn the_database_sigkilled_under_load_and_started_again_loses_nothing_acked() {
     }
     cluster.kill();
     let stored_at_kill = stored_by(&a);
-    std::thread::sleep(Duration::from_secs(1));
-    let (code, body) = a.http_get("/healthz");
-    assert_eq!(code, 503, "{body}");
+    outlet_util::wait_until("a's /healthz to say 503", || {
+        a.http_get("/healthz").0 == 503
+    });
+    outlet_util::wait_until("the sender to be told the node cannot store", || {
+        send.said().contains("cannot store")
+    });
     cluster.start_server();
-    let (ok, said) = ops_util::finish_send(send);
+    let (ok, said) = send.finish();
     assert!(ok, "{said}");
     assert!(stored_at_kill < count as f64, "the kill came mid-flow");
-    assert!(said.contains("cannot store"), "the sender was told: {said}");
     assert_exactly_once(&cluster, count, &[0]);
-    assert!(
-        a.stderr_text().contains("app main can store again"),
-        "{}",
-        a.stderr_text()
-    );
+    outlet_util::wait_until("a's log to say it can store again", || {
+        a.stderr_text().contains("app main can store again")
+    });
     drop(b);
 }
 
