@@ -982,8 +982,12 @@ fn an_outlets_forwarding_node_sigkilled_mid_delivery_is_taken_over_and_every_rec
         far_has(total as usize)
     });
 
-    // Nothing doubled later, and every record once, in order, with its origin.
+    // Nothing doubled later (over a while, and until the driver has nothing left to send), and every record once,
+    // in order, with its origin.
     std::thread::sleep(Duration::from_secs(2));
+    outlet_util::wait_until("the driver to have nothing left to send", || {
+        outlet_util::lag(nodes[holder].as_ref().unwrap(), "main", "out", "link") == Some(0.0)
+    });
     let got = outlet_util::records(&far_state, "far");
     assert_eq!(got.len() as u64, total, "records on the far node");
     for (k, r) in got.iter().enumerate() {
@@ -1233,7 +1237,12 @@ fn an_inner_outlet_of_a_fleet_copies_every_record_once_through_a_sigkill_of_the_
     );
     let total = first + second;
     outlet_util::wait_until("every record copied", || copied(&url).len() as u64 >= total);
+    // Nothing doubled later: over a while, and until the node copying has nothing left to copy.
     std::thread::sleep(Duration::from_secs(1));
+    let successor = nodes[1 - holder].as_ref().unwrap();
+    outlet_util::wait_until("the successor to have nothing left to copy", || {
+        outlet_util::lag(successor, "main", "copy", "app") == Some(0.0)
+    });
     let got = copied(&url);
     assert_eq!(got.len() as u64, total, "records in copy");
     for (k, r) in got.iter().enumerate() {
