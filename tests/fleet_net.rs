@@ -302,15 +302,31 @@ fn wait_until(
     }
 }
 
-/// `from` stores nothing over half a second while `to` stores: the flow has left `from` for `to`.
+/// How many records `to` stores in a row, with `from` storing none meanwhile, for the flow to count as moved.
+const LEFT_AFTER: f64 = 2_000.0;
+
+/// The flow has left `from` for `to`: `to` stores [`LEFT_AFTER`] records while `from` stores none. What was in
+/// flight to `from` when the map changed may still be stored there meanwhile, so the count starts again until it
+/// holds; were the flow still split between the two, it never would, and the test fails at the deadline.
 fn assert_left(from: &NodeProcess, to: &NodeProcess, names: (&str, &str)) {
-    // What was in flight to `from` when the map changed is stored (or not) by now.
-    std::thread::sleep(Duration::from_millis(300));
-    let (f1, t1) = (stored_by(from), stored_by(to));
-    std::thread::sleep(Duration::from_millis(500));
-    let (f2, t2) = (stored_by(from), stored_by(to));
-    assert_eq!(f1, f2, "{} still stores after the rehash", names.0);
-    assert!(t2 > t1, "{} stores nothing after the rehash", names.1);
+    let deadline = Instant::now() + DEADLINE;
+    let (mut f1, mut t1) = (stored_by(from), stored_by(to));
+    loop {
+        let (f2, t2) = (stored_by(from), stored_by(to));
+        if f2 != f1 {
+            (f1, t1) = (f2, t2);
+        } else if t2 - t1 >= LEFT_AFTER {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} stored {f2} (still storing after the rehash?), {} stored {} since",
+            names.0,
+            names.1,
+            t2 - t1
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
