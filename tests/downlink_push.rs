@@ -638,7 +638,7 @@ fn a_connection_past_the_bound_is_answered_busy_and_push_exits_75() {
         .map(|_| UnixStream::connect(&socket).unwrap())
         .collect();
     // Until the node has taken all 32: then one more is answered busy.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + DEADLINE;
     let (status, body) = loop {
         let (status, body) = post_raw(&socket, "/push?app=main&to=kitchen-1", b"x\n");
         if status == 503 || Instant::now() >= deadline {
