@@ -69,10 +69,12 @@ fn live_listening_link(node: &NodeProcess, key: &Path) -> UdpLink {
     let public = keys::parse_public_key(&node.public_key).unwrap();
     let mut link = UdpLink::connect(identity, public, node.link).unwrap();
     link.sender().listen("main", 0).unwrap();
-    for _ in 0..20 {
-        link.drive(Instant::now() + Duration::from_millis(20))
-            .unwrap();
-    }
+    // deliver returns once the LISTEN is answered and the node says nothing more waits.
+    link.deliver(Some(DEADLINE)).unwrap();
+    assert!(
+        link.sender().is_idle(),
+        "the node never answered the LISTEN"
+    );
     link
 }
 
