@@ -830,9 +830,7 @@ fn a_program_holding_the_metrics_listeners_connections_cannot_lock_out_a_scrape(
         r.text()
     );
     // The oldest of the 32 was the one asked to close.
-    held[0]
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    held[0].set_read_timeout(Some(HANG)).unwrap();
     let mut buf = [0u8; 64];
     assert_eq!(
         std::io::Read::read(&mut held[0], &mut buf).unwrap(),

@@ -110,7 +110,7 @@ accept = []
         .sender()
         .queue("copy", b"not for you".to_vec())
         .unwrap();
-    let refused = direct.deliver(Some(Duration::from_secs(5))).unwrap();
+    let refused = direct.deliver(Some(HANG)).unwrap();
     assert_eq!(refused.refused, vec![("copy".to_string(), 2)]);
 
     wait_for("B to store every record", Duration::from_secs(60), || {
