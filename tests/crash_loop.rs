@@ -98,13 +98,22 @@ fn every_acked_record_survives_repeated_kills_exactly_once() {
         .collect();
     // Each sender's lines come in steadily, so the kills land while all four are delivering.
     let pace = Duration::from_micros(env_or("CRASH_LOOP_PACE_US", 25_000) as u64);
+    // The last part of each sender's records is held back until the last kill, so that every kill lands in the
+    // middle of the delivery however slow the machine is.
+    let gate = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(
+        per_sender - per_sender / (2 * (cycles + 1)),
+    ));
     let writers: Vec<_> = sends
         .iter_mut()
         .enumerate()
         .map(|(s, child)| {
             let mut stdin = child.stdin.take().unwrap();
+            let gate = gate.clone();
             std::thread::spawn(move || {
                 for chunk in (1..=per_sender).collect::<Vec<_>>().chunks(50) {
+                    while chunk[chunk.len() - 1] > gate.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::thread::sleep(pace);
+                    }
                     let text: String = chunk.iter().map(|&i| payload(s, i) + "\n").collect();
                     stdin.write_all(text.as_bytes()).unwrap();
                     std::thread::sleep(pace);
@@ -139,6 +148,7 @@ fn every_acked_record_survives_repeated_kills_exactly_once() {
             started.elapsed().as_secs_f64()
         );
     }
+    gate.store(per_sender, std::sync::atomic::Ordering::Relaxed);
     for w in writers {
         w.join().unwrap();
     }

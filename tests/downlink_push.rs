@@ -69,10 +69,12 @@ fn live_listening_link(node: &NodeProcess, key: &Path) -> UdpLink {
     let public = keys::parse_public_key(&node.public_key).unwrap();
     let mut link = UdpLink::connect(identity, public, node.link).unwrap();
     link.sender().listen("main", 0).unwrap();
-    for _ in 0..20 {
-        link.drive(Instant::now() + Duration::from_millis(20))
-            .unwrap();
-    }
+    // deliver returns once the LISTEN is answered and the node says nothing more waits.
+    link.deliver(Some(DEADLINE)).unwrap();
+    assert!(
+        link.sender().is_idle(),
+        "the node never answered the LISTEN"
+    );
     link
 }
 
@@ -638,7 +640,7 @@ fn a_connection_past_the_bound_is_answered_busy_and_push_exits_75() {
         .map(|_| UnixStream::connect(&socket).unwrap())
         .collect();
     // Until the node has taken all 32: then one more is answered busy.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + DEADLINE;
     let (status, body) = loop {
         let (status, body) = post_raw(&socket, "/push?app=main&to=kitchen-1", b"x\n");
         if status == 503 || Instant::now() >= deadline {

@@ -101,14 +101,20 @@ fn three_senders_deliver_everything_exactly_once_across_two_node_kills() {
     let mut node = node_on_port(&state, &senders, 0);
     let port = node.link.port();
     let mut sends: Vec<Child> = keys.iter().map(|(key, _)| spawn_send(key, &node)).collect();
-    // Feed each sender its lines over a few seconds so the kills land in the middle of delivery.
+    // Feed each sender its lines over a few seconds, the last 40% held back until the last kill, so the kills
+    // land in the middle of delivery however slow the machine is.
+    let gate = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(PER_SENDER * 3 / 5));
     let writers: Vec<_> = sends
         .iter_mut()
         .enumerate()
         .map(|(i, child)| {
             let mut stdin = child.stdin.take().unwrap();
+            let gate = gate.clone();
             std::thread::spawn(move || {
                 for chunk in 0..PER_SENDER / 100 {
+                    while chunk * 100 >= gate.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(15));
+                    }
                     let mut text = String::new();
                     for k in chunk * 100 + 1..=chunk * 100 + 100 {
                         text.push_str(&format!("dev{i} line {k}\n"));
@@ -130,6 +136,7 @@ fn three_senders_deliver_everything_exactly_once_across_two_node_kills() {
         );
         node = node_on_port(&state, &senders, port);
     }
+    gate.store(PER_SENDER, std::sync::atomic::Ordering::Relaxed);
     for w in writers {
         w.join().unwrap();
     }

@@ -8,12 +8,14 @@ mod ops_util;
 mod outlet_util;
 
 use std::process::Child;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ops_util::{NodeProcess, keygen};
 use outlet_util::{
-    args, assert_each_once_forwarded, assert_sent, errors, feed_lines, kill_and_restart, metric,
-    node_files, records, spawn_send, start, wait_until,
+    args, assert_each_once_forwarded, assert_sent, errors, feed_lines, feed_lines_gated,
+    kill_and_restart, lag, metric, node_files, records, spawn_send, start, wait_until,
 };
 use pure_serve::proto::wire::{REFUSE_NOT_FORWARDER, RecordFormat};
 use pure_serve::sender::{FlowStart, UdpLink};
@@ -79,17 +81,20 @@ fn every_record_reaches_the_far_node_and_the_inner_app_once_through_kills_of_bot
         .iter()
         .map(|(k, _)| spawn_send(k, &a, "main", 120))
         .collect();
-    // Paced over about four seconds, so the kills land in the middle of delivery.
+    // Paced over about four seconds, and the last fifth held back until the last kill, so the kills land in the
+    // middle of delivery however slow the machine is.
+    let gate = Arc::new(AtomicU64::new(PER_DEVICE * 4 / 5));
     let writers: Vec<_> = sends
         .iter_mut()
         .enumerate()
         .map(|(i, child)| {
-            feed_lines(
+            feed_lines_gated(
                 child,
                 &format!("dev{i}"),
                 PER_DEVICE,
                 100,
                 Duration::from_millis(40),
+                gate.clone(),
             )
         })
         .collect();
@@ -110,6 +115,7 @@ fn every_record_reaches_the_far_node_and_the_inner_app_once_through_kills_of_bot
             kill_and_restart(&mut b, &args_b);
         }
     }
+    gate.store(PER_DEVICE, Ordering::Relaxed);
     for w in writers {
         w.join().unwrap();
     }
@@ -122,8 +128,11 @@ fn every_record_reaches_the_far_node_and_the_inner_app_once_through_kills_of_bot
     wait_until("every record in copy", || {
         records(&state_a, "copy").len() as u64 >= total
     });
-    // Let anything that would be a duplicate arrive before looking.
+    // Anything that would be a duplicate has had its chance to arrive: a while, and both outlets caught up.
     std::thread::sleep(Duration::from_millis(500));
+    wait_until("A to see both outlets caught up", || {
+        lag(&a, "main", "to-b", "link") == Some(0.0) && lag(&a, "main", "copy", "app") == Some(0.0)
+    });
     assert_each_once_forwarded(
         &records(&state_b, "ingest"),
         &["dev0", "dev1"],
@@ -257,8 +266,11 @@ fn a_device_cannot_forge_origins_and_only_an_apps_forwarders_may_forward_to_it()
     wait_until("A's outlet to closed refused", || {
         errors(&a, "main", "to-closed", "refused") >= 1.0
     });
-    // Let anything forged that would get through arrive before looking.
+    // Let anything forged that would get through arrive before looking: a while, and A's outlet to B caught up.
     std::thread::sleep(Duration::from_millis(500));
+    wait_until("A's outlet to ingest caught up", || {
+        lag(&a, "main", "to-b", "link") == Some(0.0)
+    });
     assert_each_once_forwarded(
         &records(&state_b, "ingest"),
         &["dev0"],
@@ -325,6 +337,9 @@ fn a_device_cannot_forge_origins_and_only_an_apps_forwarders_may_forward_to_it()
         records(&state_b, "closed").len() as u64 >= PER_DEVICE
     });
     std::thread::sleep(Duration::from_millis(500));
+    wait_until("A's outlet to closed caught up", || {
+        lag(&a, "main", "to-closed", "link") == Some(0.0)
+    });
     assert_each_once_forwarded(
         &records(&state_b, "closed"),
         &["dev0"],

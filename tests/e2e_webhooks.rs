@@ -11,12 +11,14 @@ mod ops_util;
 mod outlet_util;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ops_util::keygen;
 use outlet_util::{
-    Answer, HookServer, args, assert_sent, errors, feed_lines, kill_and_restart, lag, node_files,
-    records, spawn_send, start, wait_until,
+    Answer, HookServer, args, assert_sent, errors, feed_lines, feed_lines_gated, kill_and_restart,
+    lag, node_files, records, spawn_send, start, wait_until,
 };
 
 /// The records of every 2xx'd request, by `(source, seq)`: `(pos, payload)` as each request had them.
@@ -161,10 +163,22 @@ fn a_webhook_gets_every_record_at_least_once_through_errors_drops_and_a_kill() {
         .iter()
         .map(|(k, _)| spawn_send(k, &a, "main", 120))
         .collect();
+    // The second half held back until the kill, so that it lands in the middle of the delivery however slow the
+    // machine is.
+    let gate = Arc::new(AtomicU64::new(PER_DEVICE / 2));
     let writers: Vec<_> = sends
         .iter_mut()
         .zip(devices)
-        .map(|(child, d)| feed_lines(child, d, PER_DEVICE, 50, Duration::from_millis(80)))
+        .map(|(child, d)| {
+            feed_lines_gated(
+                child,
+                d,
+                PER_DEVICE,
+                50,
+                Duration::from_millis(80),
+                gate.clone(),
+            )
+        })
         .collect();
     let total = devices.len() as u64 * PER_DEVICE;
 
@@ -177,6 +191,7 @@ fn a_webhook_gets_every_record_at_least_once_through_errors_drops_and_a_kill() {
         "the kill landed after delivery ended"
     );
     kill_and_restart(&mut a, &args_a);
+    gate.store(PER_DEVICE, Ordering::Relaxed);
     for w in writers {
         w.join().unwrap();
     }

@@ -43,17 +43,20 @@ fn assert_clean(run: &Outcome, counter: u32) {
         // The probe ends each datagram with the bytes SLIP escapes: they crossed both ways intact.
         assert_eq!(&d[d.len() - 5..], &[0xC0, 0xDB, 0xDC, 0xDD, 0xC0]);
     }
-    // The board's clock against the host's: datagram 2 leaves 500 ms after datagram 1 by the board's clock.
+    // The board's clock against the host's: datagram 2 leaves 500 ms after datagram 1 by the board's clock, and
+    // the host sees at least that much between them (the board's clock runs no faster than the host's). How much
+    // more is not checked: a loaded host delays the emulated board and the UART as it likes.
     let board_gap: u64 = run
         .field("clock gap")
         .and_then(|v| v.strip_suffix(" ms")?.parse().ok())
         .unwrap_or_else(|| panic!("no clock gap printed: {console}"));
-    assert!((500..600).contains(&board_gap), "{console}");
+    assert!(board_gap >= 500, "{console}");
     let gap = run.datagrams[1].0 - run.datagrams[0].0;
     assert!(
-        gap >= Duration::from_millis(450) && gap <= Duration::from_millis(2_000),
+        gap >= Duration::from_millis(450),
         "500 ms of the board's clock took {gap:?} of the host's: {console}"
     );
+    eprintln!("500 ms of the board's clock ({board_gap} ms printed) took {gap:?} of the host's");
     let peak: usize = run
         .field("stack peak")
         .and_then(|v| v.split_whitespace().next()?.parse().ok())

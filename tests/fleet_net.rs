@@ -28,13 +28,15 @@ mod outlet_util;
 mod pg_util;
 
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fleet_util::{assert_exactly_once, holders, send_all, send_command, setup, stored_by};
+use fleet_util::{
+    RunningSend, assert_exactly_once, holders, send_all, send_command, setup, stored_by,
+};
 use ops_util::{DEADLINE, NodeProcess, in_netns};
 
 /// The nodes' UDP link port.
@@ -250,36 +252,6 @@ fn can_run(test: &str) -> bool {
     false
 }
 
-/// A `send` running, its standard error read as it comes (for the test to see what it was told meanwhile).
-struct RunningSend {
-    child: Child,
-    stderr: Arc<std::sync::Mutex<String>>,
-    reader: JoinHandle<()>,
-}
-
-impl RunningSend {
-    /// What it has printed on its standard error so far.
-    fn said(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    /// Waits for it to exit: whether it exited 0, and everything it printed.
-    fn finish(mut self) -> (bool, String) {
-        use std::io::Read;
-        let mut out = String::new();
-        self.child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut out)
-            .unwrap();
-        let status = self.child.wait().unwrap();
-        self.reader.join().unwrap();
-        let err = self.stderr.lock().unwrap().clone();
-        (status.success(), format!("{out}{err}"))
-    }
-}
-
 /// A `send` in namespace `ns` to `to`, fed `r1`, `r2`, … until at least `min` records are written and `stop`
 /// is set (at most 100,000 a second, slowed by the pipe to what the sender takes), then its input closed. The thread
 /// returns how many records it wrote.
@@ -291,23 +263,9 @@ fn feed_send(
     min: u64,
     stop: Arc<AtomicBool>,
 ) -> (RunningSend, JoinHandle<u64>) {
-    use std::io::Read;
     let mut child = send_command(Some(ns), device_key, public, to)
         .spawn()
         .unwrap();
-    let stderr = Arc::new(std::sync::Mutex::new(String::new()));
-    let (mut pipe, sink) = (child.stderr.take().unwrap(), stderr.clone());
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = pipe.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
     let mut stdin = std::io::BufWriter::new(child.stdin.take().unwrap());
     let writer = std::thread::spawn(move || {
         let mut i = 0u64;
@@ -328,14 +286,7 @@ fn feed_send(
         }
         i
     });
-    (
-        RunningSend {
-            child,
-            stderr,
-            reader,
-        },
-        writer,
-    )
+    (RunningSend::watch(child), writer)
 }
 
 /// Polls `what` until it holds, failing the test (with `why()`) at the deadline.
@@ -351,15 +302,31 @@ fn wait_until(
     }
 }
 
-/// `from` stores nothing over half a second while `to` stores: the flow has left `from` for `to`.
+/// How many records `to` stores in a row, with `from` storing none meanwhile, for the flow to count as moved.
+const LEFT_AFTER: f64 = 2_000.0;
+
+/// The flow has left `from` for `to`: `to` stores [`LEFT_AFTER`] records while `from` stores none. What was in
+/// flight to `from` when the map changed may still be stored there meanwhile, so the count starts again until it
+/// holds; were the flow still split between the two, it never would, and the test fails at the deadline.
 fn assert_left(from: &NodeProcess, to: &NodeProcess, names: (&str, &str)) {
-    // What was in flight to `from` when the map changed is stored (or not) by now.
-    std::thread::sleep(Duration::from_millis(300));
-    let (f1, t1) = (stored_by(from), stored_by(to));
-    std::thread::sleep(Duration::from_millis(500));
-    let (f2, t2) = (stored_by(from), stored_by(to));
-    assert_eq!(f1, f2, "{} still stores after the rehash", names.0);
-    assert!(t2 > t1, "{} stores nothing after the rehash", names.1);
+    let deadline = Instant::now() + DEADLINE;
+    let (mut f1, mut t1) = (stored_by(from), stored_by(to));
+    loop {
+        let (f2, t2) = (stored_by(from), stored_by(to));
+        if f2 != f1 {
+            (f1, t1) = (f2, t2);
+        } else if t2 - t1 >= LEFT_AFTER {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} stored {f2} (still storing after the rehash?), {} stored {} since",
+            names.0,
+            names.1,
+            t2 - t1
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

@@ -12,6 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http_util::*;
+
+/// How long a test waits for what the server does at once or after its own short limits: only a hang takes this
+/// long (a test that measures time belongs in a bench).
+const HANG: Duration = Duration::from_secs(60);
 use pure_serve::common::figures::LiveStats;
 use pure_serve::http::{
     ConnectionLimits, HttpHandle, HttpLimits, HttpServer, LinkInbox, LinkQueue, Refused, TlsConfig,
@@ -174,7 +178,13 @@ fn one_connection_serves_many_requests() {
 
 #[test]
 fn health_answers_while_100_slow_clients_hold_connections() {
-    let (server, addr, stats) = start(HttpLimits::default(), None);
+    // Slow clients are never cut off here (their heads may take five minutes): were the server held by them, the
+    // requests below would go unanswered until the test's own read timeout.
+    let limits = HttpLimits {
+        head_timeout: Duration::from_secs(300),
+        ..HttpLimits::default()
+    };
+    let (server, addr, stats) = start(limits, None);
     let metrics = metrics_of(&server);
     // From 10 addresses in 4 networks: within what one address and one network may hold.
     let mut slow: Vec<TcpStream> = (0..100)
@@ -213,16 +223,12 @@ fn health_answers_while_100_slow_clients_hold_connections() {
     }
     stats.heartbeat.beat(Instant::now());
     let mut c = Client::connect(addr);
-    let started = Instant::now();
     let r = c.get("/healthz");
     assert_eq!((r.status, r.text().as_str()), (200, "ok\n"));
     let r = Client::connect(metrics).get("/metrics");
     assert_eq!(r.status, 200);
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "/healthz and /metrics took {:?} beside 100 slow clients",
-        started.elapsed()
-    );
+    // Answered while every slow client still holds its connection.
+    assert!(metric(metrics, "pure_http_connections_open{listener=\"http\"}") >= 100.0);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     drop(dribble.join().unwrap());
 }
@@ -247,7 +253,7 @@ fn connections_beyond_the_limit_are_refused_and_counted() {
     let r = extra.read_reply(false).unwrap();
     assert_eq!((r.status, r.header("retry-after")), (503, Some("1")));
     assert_eq!(r.text(), "too many connections\n");
-    assert!(extra.closed_within(Duration::from_secs(5)));
+    assert!(extra.closed_within(HANG));
     let total = |s: &HttpHandle| {
         s.counters()
             .http
@@ -345,7 +351,7 @@ fn one_address_at_its_most_leaves_room_for_another() {
     let r = refused.read_reply(false).unwrap();
     assert_eq!(r.status, 503);
     assert_eq!(r.text(), "too many connections from your address\n");
-    assert!(refused.closed_within(Duration::from_secs(5)));
+    assert!(refused.closed_within(HANG));
     // A TLS client from there gets no handshake.
     assert!(Client::connect_tls_from(ip("127.0.0.1"), addr, &ca.ca_der).is_err());
 
@@ -466,8 +472,8 @@ fn a_head_that_never_ends_and_an_idle_connection_are_closed() {
         .unwrap();
     let mut idle = Client::connect(addr);
     assert_eq!(idle.get("/healthz").status, 200);
-    assert!(partial.closed_within(Duration::from_secs(10)));
-    assert!(idle.closed_within(Duration::from_secs(10)));
+    assert!(partial.closed_within(HANG));
+    assert!(idle.closed_within(HANG));
 }
 
 #[test]
@@ -779,10 +785,14 @@ fn stop_closes_the_port_and_ends_the_thread() {
     let (server, addr, _) = start(HttpLimits::default(), None);
     let mut idle = Client::connect(addr);
     assert_eq!(idle.get("/healthz").status, 200);
-    let started = Instant::now();
-    server.stop();
-    assert!(started.elapsed() < Duration::from_secs(10));
-    assert!(idle.closed_within(Duration::from_secs(5)));
+    // stop() returns (on a thread of the test's, so that a hang fails the test rather than holding it).
+    let (done, stopped) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        server.stop();
+        let _ = done.send(());
+    });
+    stopped.recv_timeout(HANG).expect("stop() returned");
+    assert!(idle.closed_within(HANG));
     // stop() returned after joining the thread, which had dropped the listener.
     assert!(TcpStream::connect(addr).is_err());
 }
@@ -820,9 +830,7 @@ fn a_program_holding_the_metrics_listeners_connections_cannot_lock_out_a_scrape(
         r.text()
     );
     // The oldest of the 32 was the one asked to close.
-    held[0]
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    held[0].set_read_timeout(Some(HANG)).unwrap();
     let mut buf = [0u8; 64];
     assert_eq!(
         std::io::Read::read(&mut held[0], &mut buf).unwrap(),

@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use crate::ops_util::{NodeProcess, bin, keygen};
 use crate::pg_util;
@@ -140,6 +142,59 @@ pub fn send_command(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     cmd
+}
+
+/// A `send` running, what it prints on its standard error read as it comes, so a test can wait for a line.
+pub struct RunningSend {
+    child: std::process::Child,
+    stderr: Arc<Mutex<String>>,
+    reader: JoinHandle<()>,
+}
+
+impl RunningSend {
+    /// Takes over `child` (its stderr piped), reading its stderr on a thread of its own.
+    pub fn watch(mut child: std::process::Child) -> RunningSend {
+        use std::io::Read;
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (mut pipe, sink) = (child.stderr.take().unwrap(), stderr.clone());
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        RunningSend {
+            child,
+            stderr,
+            reader,
+        }
+    }
+
+    /// What it has printed on its standard error so far.
+    pub fn said(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits for it to exit: whether it exited 0, and everything it printed.
+    pub fn finish(mut self) -> (bool, String) {
+        use std::io::Read;
+        let mut out = String::new();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        let status = self.child.wait().unwrap();
+        self.reader.join().unwrap();
+        let err = self.stderr.lock().unwrap().clone();
+        (status.success(), format!("{out}{err}"))
+    }
 }
 
 /// `pure-serve send` of `r1` … `rN` from the device to `to` (comma-separated addresses), started.
