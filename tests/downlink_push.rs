@@ -586,7 +586,8 @@ fn the_push_socket_answers_400_for_another_path_method_or_a_repeated_name() {
         assert_eq!(status, 400, "{request}: {body}");
         let why = json_error(&body).unwrap_or_else(|| panic!("{request}: not JSON: {body}"));
         assert!(
-            why.contains("serves POST /push?app=APP&to=SENDER only"),
+            why.contains("serves POST /push?app=APP&to=SENDER")
+                && why.contains("POST /push-many?app=APP"),
             "{why}"
         );
     }
@@ -991,7 +992,7 @@ fn a_push_of_many_queues_each_line_for_its_sender_in_order_and_says_what_became_
         ]
     );
 
-    // Past one batch of lines (8,192), to two senders in turn: each line is a push of its own, so each sender's
+    // Past several batches of lines (2,048 each), to two senders in turn: each line is a push of its own, so each sender's
     // bound (max_records, 1,024 by default) refuses its lines past it, and the answer counts them all.
     let many: String = (0..9_000)
         .map(|i| format!("{} r{i}\n", if i % 2 == 0 { "kitchen-1" } else { "other" }))
