@@ -1029,3 +1029,46 @@ fn a_push_of_many_queues_each_line_for_its_sender_in_order_and_says_what_became_
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("not from to="), "{body}");
 }
+
+#[test]
+fn a_push_to_all_queues_the_records_for_every_sender_the_app_accepts_and_passes_over_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, senders) = setup(dir.path());
+    let (node, state, _apps) = node_with_apps(
+        dir.path(),
+        &senders,
+        "[apps.main]\naccept = [\"kitchen-1\"]\n",
+    );
+    let mut child = Command::new(bin())
+        .args(["push", "--to-all", "--app", "main", "--state"])
+        .arg(&state)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"cfg=1\ncfg=2\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        said.trim(),
+        "queued for 1 of the 1 senders app main accepts (1 it does not accept passed over)"
+    );
+    assert_eq!(
+        waiting_lines(&state, &[]),
+        ["main\tkitchen-1\t1\tcfg=1", "main\tkitchen-1\t2\tcfg=2"]
+    );
+    assert_eq!(
+        listen(&node, &key, 0, 2),
+        [(1, b"cfg=1".to_vec()), (2, b"cfg=2".to_vec())]
+    );
+    // No record is refused before anything is pushed.
+    let (status, body) = post_raw(&state.join("push.sock"), "/push-all?app=main", b"");
+    assert_eq!(status, 400, "{body}");
+}

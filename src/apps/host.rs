@@ -1111,7 +1111,7 @@ impl Host {
             return;
         };
         if !a.config.accept.allows(&to) {
-            let _ = answer.send(PushAnswer::NotFound(format!(
+            let _ = answer.send(PushAnswer::NotAccepted(format!(
                 "app {app} does not accept sender {to:?}: add it to accept in [apps.{app}] of the apps file and \
                  reload, or push in an app that accepts it"
             )));

@@ -30,13 +30,17 @@ pub struct PushArgs {
     #[arg(long, value_name = "APP", default_value = "main")]
     pub app: String,
     /// The sender the records are for, by its name in the senders file.
-    #[arg(long, value_name = "SENDER", required_unless_present = "many")]
+    #[arg(long, value_name = "SENDER", required_unless_present_any = ["many", "to_all"])]
     pub to: Option<String>,
     /// A push of many: standard input is `SENDER RECORD` lines, each a record for its sender (a configuration to a
     /// million devices in one command; docs/downlink.md, "Pushing to many devices"). Prints what became of the lines
     /// and lists those not queued.
     #[arg(long, conflicts_with = "to")]
     pub many: bool,
+    /// Push standard input's records (one per line, as for --to) to every sender of the senders file that the app
+    /// accepts, each sender's all or nothing (docs/downlink.md, "Pushing to many devices").
+    #[arg(long, conflicts_with_all = ["to", "many"])]
+    pub to_all: bool,
     /// The running node's state directory: its push socket is push.sock there (default: as the node's, i.e.
     /// $STATE_DIRECTORY under systemd, else ./pure-state).
     #[arg(long, value_name = "DIR")]
@@ -358,18 +362,36 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
     }
 }
 
-/// `push --many`: standard input's `SENDER RECORD` lines in one `POST /push-many`, and what became of each.
+/// `push --many`: standard input's `SENDER RECORD` lines in one `POST /push-many`, and what became of each; `push
+/// --to-all`: standard input's records in one `POST /push-all`, and what became of each sender's push.
 fn push_many(args: &PushArgs, path: &Path) -> anyhow::Result<()> {
     let mut body = Vec::new();
+    let limit = if args.to_all {
+        MAX_PUSH_BODY as u64 + 1
+    } else {
+        u64::MAX
+    };
     std::io::stdin()
         .lock()
+        .take(limit)
         .read_to_end(&mut body)
         .context("cannot read standard input")?;
+    if args.to_all && body.len() > MAX_PUSH_BODY {
+        return Err(PushError::Refused(format!(
+            "standard input is more than {MAX_PUSH_BODY} bytes (4 MiB), the most one push takes: nothing was \
+             queued"
+        ))
+        .into());
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
         .context("cannot start the push")?;
-    let target = format!("/push-many?app={}", encode(&args.app));
+    let target = if args.to_all {
+        format!("/push-all?app={}", encode(&args.app))
+    } else {
+        format!("/push-many?app={}", encode(&args.app))
+    };
     let (status, answer) = runtime.block_on(post(path, &target, body))?;
     let value: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
     let field = |k: &str| value.get(k).and_then(serde_json::Value::as_u64);
@@ -393,7 +415,15 @@ fn push_many(args: &PushArgs, path: &Path) -> anyhow::Result<()> {
             .and_then(serde_json::Value::as_u64)
             .unwrap_or(0)
     };
-    println!("queued {queued} of {lines} lines in app {}", args.app);
+    if args.to_all {
+        let passed = field("passed_over").unwrap_or(0);
+        println!(
+            "queued for {queued} of the {lines} senders app {} accepts ({passed} it does not accept passed over)",
+            args.app
+        );
+    } else {
+        println!("queued {queued} of {lines} lines in app {}", args.app);
+    }
     if let Some(e) = field("expired").filter(|e| *e > 0) {
         println!("({e} records that had expired were deleted unsent)");
     }

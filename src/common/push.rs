@@ -98,6 +98,9 @@ pub enum PushAnswer {
     },
     /// No such app, or no such sender for it.
     NotFound(String),
+    /// The sender is listed but the app does not accept it (answered as [`PushAnswer::NotFound`]; a push to every
+    /// sender an app accepts passes over it).
+    NotAccepted(String),
     /// Nothing queued: the app's store failed, or the node is stopping. The same push later may succeed.
     Unavailable(String),
     /// The push may or may not be queued: its store failed after it may have committed it (a failed sync, a
@@ -547,7 +550,7 @@ pub fn answer_json(app: &str, to: &str, a: PushAnswer) -> (u16, serde_json::Valu
                 serde_json::json!({ "error": why, "refused": bound.word(), "expired": expired }),
             )
         }
-        PushAnswer::NotFound(why) => error_json(404, why),
+        PushAnswer::NotFound(why) | PushAnswer::NotAccepted(why) => error_json(404, why),
         PushAnswer::Unavailable(why) => error_json(503, why),
         PushAnswer::MaybeQueued(why) => maybe_queued_json(why),
     }
@@ -626,7 +629,9 @@ pub fn many_target(query: &str) -> Result<String, String> {
     }
     match app {
         Some(a) if !a.is_empty() => Ok(a),
-        _ => Err("a push of many names its app: POST /push-many?app=APP".into()),
+        _ => Err(
+            "a push of many names its app: POST /push-many?app=APP (or /push-all?app=APP)".into(),
+        ),
     }
 }
 

@@ -237,6 +237,33 @@ fn push_too_large() -> Answer {
     json(StatusCode::PAYLOAD_TOO_LARGE, value)
 }
 
+/// A push's body, read whole within [`MAX_PUSH_BODY`] and the request deadline; or the answer that says why not.
+async fn read_body(req: Request<Incoming>, shared: &Shared) -> Result<hyper::body::Bytes, Answer> {
+    if req.body().size_hint().lower() > MAX_PUSH_BODY as u64 {
+        return Err(push_too_large());
+    }
+    match tokio::time::timeout(
+        shared.limits.request_deadline,
+        Limited::new(req.into_body(), MAX_PUSH_BODY).collect(),
+    )
+    .await
+    {
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(push_too_large()),
+        Ok(Err(e)) => Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("could not read the body: {e}"),
+        )),
+        Err(_) => Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the body did not arrive within {} s",
+                shared.limits.request_deadline.as_secs_f64()
+            ),
+        )),
+    }
+}
+
 async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
     if req.uri().path() == "/push-many" && req.method() == Method::POST {
         let app = match crate::common::push::many_target(req.uri().query().unwrap_or("")) {
@@ -248,13 +275,34 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
         };
         return super::push_many::handle(req.into_body(), app, inbox).await;
     }
+    if req.uri().path() == "/push-all" && req.method() == Method::POST {
+        let app = match crate::common::push::many_target(req.uri().query().unwrap_or("")) {
+            Ok(app) => app,
+            Err(why) => return error(StatusCode::BAD_REQUEST, why),
+        };
+        let Some(inbox) = shared.pushes.clone() else {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "this node takes no pushes");
+        };
+        let body = match read_body(req, shared).await {
+            Ok(b) => b,
+            Err(answer) => return answer,
+        };
+        let records = lines(&body);
+        if records.is_empty() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "a push to every sender has no record: give the records as the body, one per line",
+            );
+        }
+        return super::push_many::handle_all(records, app, &inbox).await;
+    }
     // 400, not 404 or 405: a 404 of the push socket means no such app or sender (docs/downlink.md).
     if req.uri().path() != "/push" || req.method() != Method::POST {
         return error(
             StatusCode::BAD_REQUEST,
             format!(
                 "{} {}: the push socket serves POST /push?app=APP&to=SENDER, with the records as the body, one per \
-                 line, and POST /push-many?app=APP, with SENDER RECORD lines (docs/downlink.md)",
+                 line, POST /push-many?app=APP, with SENDER RECORD lines, and POST /push-all?app=APP (docs/downlink.md)",
                 req.method(),
                 req.uri().path()
             ),
@@ -264,34 +312,9 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
         Ok(t) => t,
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
-    if req.body().size_hint().lower() > MAX_PUSH_BODY as u64 {
-        return push_too_large();
-    }
-    let body = match tokio::time::timeout(
-        shared.limits.request_deadline,
-        Limited::new(req.into_body(), MAX_PUSH_BODY).collect(),
-    )
-    .await
-    {
-        Ok(Ok(c)) => c.to_bytes(),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            return push_too_large();
-        }
-        Ok(Err(e)) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("could not read the body: {e}"),
-            );
-        }
-        Err(_) => {
-            return error(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the body did not arrive within {} s",
-                    shared.limits.request_deadline.as_secs_f64()
-                ),
-            );
-        }
+    let body = match read_body(req, shared).await {
+        Ok(b) => b,
+        Err(answer) => return answer,
     };
     // A push of no record goes to the loop all the same, which checks its app and sender and queues nothing.
     let records = lines(&body);

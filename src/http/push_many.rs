@@ -26,6 +26,7 @@ use crate::common::push::{
     AnswerTo, Found, PushAnswer, PushInbox, PushRefused, PushRequest, batch_answers,
 };
 use crate::ops::devices::ByName;
+use crate::proto::allow_list::{AllowList, SenderIndex};
 use crate::senders::MAX_NAME_LEN;
 use crate::store::downlink::MAX_DOWN_PAYLOAD;
 
@@ -51,7 +52,7 @@ fn outcome_word(a: &PushAnswer) -> &'static str {
     match a {
         PushAnswer::Queued { .. } | PushAnswer::Empty => "queued",
         PushAnswer::Refused { .. } => "refused",
-        PushAnswer::NotFound(_) => "not_found",
+        PushAnswer::NotFound(_) | PushAnswer::NotAccepted(_) => "not_found",
         PushAnswer::Unavailable(_) => "unavailable",
         PushAnswer::MaybeQueued(_) => "maybe_queued",
     }
@@ -60,6 +61,9 @@ fn outcome_word(a: &PushAnswer) -> &'static str {
 /// The tally of a push of many, made into its answer at the end.
 #[derive(Default)]
 struct Tally {
+    /// A push to every sender an app accepts: senders it does not accept are passed over, not counted as lines.
+    to_all: bool,
+    passed_over: u64,
     lines: u64,
     counts: std::collections::BTreeMap<&'static str, u64>,
     problems: Vec<serde_json::Value>,
@@ -88,7 +92,14 @@ impl Tally {
                 self.expired += expired;
                 Some(why)
             }
+            PushAnswer::NotAccepted(_) if self.to_all => {
+                // A push to every sender the app accepts passes over those it does not.
+                self.lines -= 1;
+                self.passed_over += 1;
+                return;
+            }
             PushAnswer::NotFound(why)
+            | PushAnswer::NotAccepted(why)
             | PushAnswer::Unavailable(why)
             | PushAnswer::MaybeQueued(why) => Some(why),
         };
@@ -98,7 +109,7 @@ impl Tally {
     fn into_answer(self, app: &str, cut: Option<String>) -> Answer {
         let queued = self.counts.get("queued").copied().unwrap_or(0);
         let listed = self.problems.len() as u64;
-        let value = serde_json::json!({
+        let mut value = serde_json::json!({
             "app": app,
             "lines": self.lines,
             "queued": queued,
@@ -109,6 +120,9 @@ impl Tally {
             "problems_left_out": self.lines - queued - listed,
             "cut": cut,
         });
+        if self.to_all {
+            value["passed_over"] = self.passed_over.into();
+        }
         answer(StatusCode::OK, "application/json", format!("{value}\n"))
     }
 }
@@ -125,6 +139,15 @@ fn parse_line(line: &[u8]) -> Result<(&str, &[u8]), String> {
             "the sender's name is not 1–{MAX_NAME_LEN} characters of a senders file's name"
         )),
     }
+}
+
+/// A line to hand to the loop: its number, its sender (and the sender's index in the list, if it is there), its
+/// records.
+struct Line {
+    number: u64,
+    to: String,
+    index: Option<SenderIndex>,
+    records: Vec<Vec<u8>>,
 }
 
 /// A batch handed to the loop: its lines' numbers and senders, and where their answers come.
@@ -147,7 +170,7 @@ pub(super) async fn handle(body: Incoming, app: String, inbox: &PushInbox) -> An
     let names = Arc::new(names);
     let mut tally = Tally::default();
     let mut in_flight: VecDeque<Sent> = VecDeque::new();
-    let mut batch: Vec<(u64, String, Vec<u8>)> = Vec::with_capacity(BATCH);
+    let mut batch: Vec<Line> = Vec::with_capacity(BATCH);
     let mut pending: Vec<u8> = Vec::new();
     // The line being skipped because it is too long (its number), until its end.
     let mut skipping: Option<u64> = None;
@@ -184,9 +207,17 @@ pub(super) async fn handle(body: Incoming, app: String, inbox: &PushInbox) -> An
             if skipping.take().is_some() {
                 continue;
             }
-            take_line(line, &mut tally, &mut batch);
+            take_line(line, &names, &mut tally, &mut batch);
             if batch.len() == BATCH {
-                send_batch(&mut batch, &app, &names, inbox, &mut in_flight, &mut tally).await;
+                send_batch(
+                    &mut batch,
+                    &app,
+                    names.list(),
+                    inbox,
+                    &mut in_flight,
+                    &mut tally,
+                )
+                .await;
             }
         }
         pending.drain(..start);
@@ -211,10 +242,18 @@ pub(super) async fn handle(body: Incoming, app: String, inbox: &PushInbox) -> An
     if !pending.is_empty() && skipping.is_none() && cut.is_none() {
         // The last line, without its newline.
         let line = std::mem::take(&mut pending);
-        take_line(&line, &mut tally, &mut batch);
+        take_line(&line, &names, &mut tally, &mut batch);
     }
     if !batch.is_empty() {
-        send_batch(&mut batch, &app, &names, inbox, &mut in_flight, &mut tally).await;
+        send_batch(
+            &mut batch,
+            &app,
+            names.list(),
+            inbox,
+            &mut in_flight,
+            &mut tally,
+        )
+        .await;
     }
     while let Some(sent) = in_flight.pop_front() {
         collect(sent, &mut tally).await;
@@ -222,11 +261,48 @@ pub(super) async fn handle(body: Incoming, app: String, inbox: &PushInbox) -> An
     tally.into_answer(&app, cut)
 }
 
+/// Serves `POST /push-all?app=APP` (docs/downlink.md, "Pushing to many devices"): the body's records (one per line,
+/// at most [`crate::common::push::MAX_PUSH_BODY`] as a single push) pushed to every sender of the senders file that the app accepts, each
+/// sender's all or nothing; senders the app does not accept are passed over.
+pub(super) async fn handle_all(records: Vec<Vec<u8>>, app: String, inbox: &PushInbox) -> Answer {
+    let list = inbox.list();
+    let mut tally = Tally {
+        to_all: true,
+        ..Tally::default()
+    };
+    let mut in_flight: VecDeque<Sent> = VecDeque::new();
+    let mut batch: Vec<Line> = Vec::with_capacity(BATCH);
+    for index in 0..list.len() as SenderIndex {
+        tally.lines += 1;
+        batch.push(Line {
+            number: tally.lines,
+            to: list.name(index).to_string(),
+            index: Some(index),
+            records: records.clone(),
+        });
+        if batch.len() == BATCH {
+            send_batch(&mut batch, &app, &list, inbox, &mut in_flight, &mut tally).await;
+        }
+    }
+    if !batch.is_empty() {
+        send_batch(&mut batch, &app, &list, inbox, &mut in_flight, &mut tally).await;
+    }
+    while let Some(sent) = in_flight.pop_front() {
+        collect(sent, &mut tally).await;
+    }
+    tally.into_answer(&app, None)
+}
+
 /// Counts a line and puts it in the batch, or notes why it is not a push.
-fn take_line(line: &[u8], tally: &mut Tally, batch: &mut Vec<(u64, String, Vec<u8>)>) {
+fn take_line(line: &[u8], names: &ByName, tally: &mut Tally, batch: &mut Vec<Line>) {
     tally.lines += 1;
     match parse_line(line) {
-        Ok((to, record)) => batch.push((tally.lines, to.to_string(), record.to_vec())),
+        Ok((to, record)) => batch.push(Line {
+            number: tally.lines,
+            to: to.to_string(),
+            index: names.find(to).map(|k| names.index(k)),
+            records: vec![record.to_vec()],
+        }),
         Err(why) => tally.note(tally.lines, "", "malformed", Some(why)),
     }
 }
@@ -234,9 +310,9 @@ fn take_line(line: &[u8], tally: &mut Tally, batch: &mut Vec<(u64, String, Vec<u
 /// Hands the batch to the loop (waiting while its queue is full), after waiting for the oldest batch in flight if
 /// [`IN_FLIGHT`] are.
 async fn send_batch(
-    batch: &mut Vec<(u64, String, Vec<u8>)>,
+    batch: &mut Vec<Line>,
     app: &str,
-    names: &ByName,
+    list: &Arc<AllowList>,
     inbox: &PushInbox,
     in_flight: &mut VecDeque<Sent>,
     tally: &mut Tally,
@@ -249,19 +325,18 @@ async fn send_batch(
     let (slots, answers) = batch_answers(batch.len());
     let mut lines = Vec::with_capacity(batch.len());
     let mut requests: Vec<PushRequest> = Vec::with_capacity(batch.len());
-    for ((line, to, record), slot) in batch.drain(..).zip(slots) {
-        let index = names.find(&to).map(|k| names.index(k));
+    for (line, slot) in batch.drain(..).zip(slots) {
         requests.push(PushRequest {
             app: app.to_string(),
-            to: to.clone(),
-            records: vec![record],
+            to: line.to.clone(),
+            records: line.records,
             answer: AnswerTo::Line(slot),
             found: Some(Found {
-                list: names.list().clone(),
-                index,
+                list: list.clone(),
+                index: line.index,
             }),
         });
-        lines.push((line, to));
+        lines.push((line.number, line.to));
     }
     // The queue holds 64 pushes of any kind; a push of many waits for room rather than fail its lines.
     let deadline = tokio::time::Instant::now() + WAIT;
