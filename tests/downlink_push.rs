@@ -916,16 +916,7 @@ fn a_push_socket_named_dgram_keeps_its_datagram_socket_apart_and_one_path_for_bo
 
 /// `pure-serve push --many` on the node of `state`, standard input `stdin`: (exit status, stdout, stderr).
 fn push_many(state: &Path, app: &str, stdin: &[u8]) -> (i32, String, String) {
-    let mut child = Command::new(bin())
-        .args(["push", "--many", "--app", app, "--state"])
-        .arg(state)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = ops_util::push_command(state, &["--many", "--app", app], stdin);
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -1039,21 +1030,7 @@ fn a_push_to_all_queues_the_records_for_every_sender_the_app_accepts_and_passes_
         &senders,
         "[apps.main]\naccept = [\"kitchen-1\"]\n",
     );
-    let mut child = Command::new(bin())
-        .args(["push", "--to-all", "--app", "main", "--state"])
-        .arg(&state)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"cfg=1\ncfg=2\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = ops_util::push_command(&state, &["--to-all", "--app", "main"], b"cfg=1\ncfg=2\n");
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(

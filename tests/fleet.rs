@@ -1285,22 +1285,11 @@ fn a_push_of_many_on_a_fleet_queues_each_line_in_the_database() {
     let (node_key, device_key, senders) = setup(dir.path());
     let url = cluster.url();
     let a = start_node(dir.path(), "a", &url, &node_key, &senders, &[]);
-    let mut child = Command::new(bin())
-        .args(["push", "--many", "--app", "main", "--state"])
-        .arg(&a.state)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"dev m1\nnobody x\ndev m2\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = ops_util::push_command(
+        &a.state,
+        &["--many", "--app", "main"],
+        b"dev m1\nnobody x\ndev m2\n",
+    );
     let said = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(65), "{out:?}");
     assert!(

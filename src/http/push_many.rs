@@ -167,10 +167,8 @@ pub(super) async fn handle(body: Incoming, app: String, inbox: &PushInbox) -> An
             "{\"error\": \"could not sort the senders' names\"}\n",
         );
     };
-    let names = Arc::new(names);
     let mut tally = Tally::default();
-    let mut in_flight: VecDeque<Sent> = VecDeque::new();
-    let mut batch: Vec<Line> = Vec::with_capacity(BATCH);
+    let mut handing = Handing::new(&app, names.list().clone(), inbox);
     let mut pending: Vec<u8> = Vec::new();
     // The line being skipped because it is too long (its number), until its end.
     let mut skipping: Option<u64> = None;
@@ -207,17 +205,8 @@ pub(super) async fn handle(body: Incoming, app: String, inbox: &PushInbox) -> An
             if skipping.take().is_some() {
                 continue;
             }
-            take_line(line, &names, &mut tally, &mut batch);
-            if batch.len() == BATCH {
-                send_batch(
-                    &mut batch,
-                    &app,
-                    names.list(),
-                    inbox,
-                    &mut in_flight,
-                    &mut tally,
-                )
-                .await;
+            if let Some(line) = take_line(line, &names, &mut tally) {
+                handing.add(line, &mut tally).await;
             }
         }
         pending.drain(..start);
@@ -242,22 +231,11 @@ pub(super) async fn handle(body: Incoming, app: String, inbox: &PushInbox) -> An
     if !pending.is_empty() && skipping.is_none() && cut.is_none() {
         // The last line, without its newline.
         let line = std::mem::take(&mut pending);
-        take_line(&line, &names, &mut tally, &mut batch);
+        if let Some(line) = take_line(&line, &names, &mut tally) {
+            handing.add(line, &mut tally).await;
+        }
     }
-    if !batch.is_empty() {
-        send_batch(
-            &mut batch,
-            &app,
-            names.list(),
-            inbox,
-            &mut in_flight,
-            &mut tally,
-        )
-        .await;
-    }
-    while let Some(sent) = in_flight.pop_front() {
-        collect(sent, &mut tally).await;
-    }
+    handing.finish(&mut tally).await;
     tally.into_answer(&app, cut)
 }
 
@@ -270,101 +248,129 @@ pub(super) async fn handle_all(records: Vec<Vec<u8>>, app: String, inbox: &PushI
         to_all: true,
         ..Tally::default()
     };
-    let mut in_flight: VecDeque<Sent> = VecDeque::new();
-    let mut batch: Vec<Line> = Vec::with_capacity(BATCH);
+    let mut handing = Handing::new(&app, list.clone(), inbox);
     for index in 0..list.len() as SenderIndex {
         tally.lines += 1;
-        batch.push(Line {
+        let line = Line {
             number: tally.lines,
             to: list.name(index).to_string(),
             index: Some(index),
             records: records.clone(),
-        });
-        if batch.len() == BATCH {
-            send_batch(&mut batch, &app, &list, inbox, &mut in_flight, &mut tally).await;
-        }
+        };
+        handing.add(line, &mut tally).await;
     }
-    if !batch.is_empty() {
-        send_batch(&mut batch, &app, &list, inbox, &mut in_flight, &mut tally).await;
-    }
-    while let Some(sent) = in_flight.pop_front() {
-        collect(sent, &mut tally).await;
-    }
+    handing.finish(&mut tally).await;
     tally.into_answer(&app, None)
 }
 
-/// Counts a line and puts it in the batch, or notes why it is not a push.
-fn take_line(line: &[u8], names: &ByName, tally: &mut Tally, batch: &mut Vec<Line>) {
+/// Counts a line: the push it is, or none (noted why).
+fn take_line(line: &[u8], names: &ByName, tally: &mut Tally) -> Option<Line> {
     tally.lines += 1;
     match parse_line(line) {
-        Ok((to, record)) => batch.push(Line {
+        Ok((to, record)) => Some(Line {
             number: tally.lines,
             to: to.to_string(),
             index: names.find(to).map(|k| names.index(k)),
             records: vec![record.to_vec()],
         }),
-        Err(why) => tally.note(tally.lines, "", "malformed", Some(why)),
+        Err(why) => {
+            tally.note(tally.lines, "", "malformed", Some(why));
+            None
+        }
     }
 }
 
-/// Hands the batch to the loop (waiting while its queue is full), after waiting for the oldest batch in flight if
-/// [`IN_FLIGHT`] are.
-async fn send_batch(
-    batch: &mut Vec<Line>,
-    app: &str,
-    list: &Arc<AllowList>,
-    inbox: &PushInbox,
-    in_flight: &mut VecDeque<Sent>,
-    tally: &mut Tally,
-) {
-    if in_flight.len() >= IN_FLIGHT
-        && let Some(sent) = in_flight.pop_front()
-    {
-        collect(sent, tally).await;
-    }
-    let (slots, answers) = batch_answers(batch.len());
-    let mut lines = Vec::with_capacity(batch.len());
-    let mut requests: Vec<PushRequest> = Vec::with_capacity(batch.len());
-    for (line, slot) in batch.drain(..).zip(slots) {
-        requests.push(PushRequest {
-            app: app.to_string(),
-            to: line.to.clone(),
-            records: line.records,
-            answer: AnswerTo::Line(slot),
-            found: Some(Found {
-                list: list.clone(),
-                index: line.index,
-            }),
-        });
-        lines.push((line.number, line.to));
-    }
-    // The queue holds 64 pushes of any kind; a push of many waits for room rather than fail its lines.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        match inbox.send_many(requests) {
-            Ok(()) => break,
-            Err((PushRefused::Busy, back)) if tokio::time::Instant::now() < deadline => {
-                requests = back;
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            Err((why, back)) => {
-                let words = match why {
-                    PushRefused::Busy => format!(
-                        "the node's push queue stayed full for {} s: nothing of this line was queued",
-                        WAIT.as_secs()
-                    ),
-                    PushRefused::Stopped => {
-                        "the node is stopping: nothing of this line was queued".to_string()
-                    }
-                };
-                for r in back {
-                    let _ = r.answer.send(PushAnswer::Unavailable(words.clone()));
-                }
-                break;
-            }
+/// The lines of a request on their way to the loop: a batch filling, and the batches handed over and not yet
+/// answered.
+struct Handing<'a> {
+    app: &'a str,
+    list: Arc<AllowList>,
+    inbox: &'a PushInbox,
+    batch: Vec<Line>,
+    in_flight: VecDeque<Sent>,
+}
+
+impl<'a> Handing<'a> {
+    fn new(app: &'a str, list: Arc<AllowList>, inbox: &'a PushInbox) -> Self {
+        Handing {
+            app,
+            list,
+            inbox,
+            batch: Vec::with_capacity(BATCH),
+            in_flight: VecDeque::new(),
         }
     }
-    in_flight.push_back(Sent { lines, answers });
+
+    /// Adds a line; a full batch goes to the loop.
+    async fn add(&mut self, line: Line, tally: &mut Tally) {
+        self.batch.push(line);
+        if self.batch.len() == BATCH {
+            self.send(tally).await;
+        }
+    }
+
+    /// Hands what is left to the loop and counts every batch's answers.
+    async fn finish(mut self, tally: &mut Tally) {
+        if !self.batch.is_empty() {
+            self.send(tally).await;
+        }
+        while let Some(sent) = self.in_flight.pop_front() {
+            collect(sent, tally).await;
+        }
+    }
+
+    /// Hands the batch to the loop (waiting while its queue is full), after waiting for the oldest batch in flight
+    /// if [`IN_FLIGHT`] are.
+    async fn send(&mut self, tally: &mut Tally) {
+        if self.in_flight.len() >= IN_FLIGHT
+            && let Some(sent) = self.in_flight.pop_front()
+        {
+            collect(sent, tally).await;
+        }
+        let (slots, answers) = batch_answers(self.batch.len());
+        let mut lines = Vec::with_capacity(self.batch.len());
+        let mut requests: Vec<PushRequest> = Vec::with_capacity(self.batch.len());
+        for (line, slot) in self.batch.drain(..).zip(slots) {
+            requests.push(PushRequest {
+                app: self.app.to_string(),
+                to: line.to.clone(),
+                records: line.records,
+                answer: AnswerTo::Line(slot),
+                found: Some(Found {
+                    list: self.list.clone(),
+                    index: line.index,
+                }),
+            });
+            lines.push((line.number, line.to));
+        }
+        // The queue holds 64 pushes of any kind; a push of many waits for room rather than fail its lines.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match self.inbox.send_many(requests) {
+                Ok(()) => break,
+                Err((PushRefused::Busy, back)) if tokio::time::Instant::now() < deadline => {
+                    requests = back;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                Err((why, back)) => {
+                    let words = match why {
+                        PushRefused::Busy => format!(
+                            "the node's push queue stayed full for {} s: nothing of this line was queued",
+                            WAIT.as_secs()
+                        ),
+                        PushRefused::Stopped => {
+                            "the node is stopping: nothing of this line was queued".to_string()
+                        }
+                    };
+                    for r in back {
+                        let _ = r.answer.send(PushAnswer::Unavailable(words.clone()));
+                    }
+                    break;
+                }
+            }
+        }
+        self.in_flight.push_back(Sent { lines, answers });
+    }
 }
 
 /// Waits for a batch's answers and counts them.

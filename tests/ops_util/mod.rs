@@ -492,11 +492,12 @@ pub fn finish_send(child: Child) -> (bool, String) {
     (out.status.success(), text)
 }
 
-/// `pure-serve push` of `stdin` (one record per line) for `to` in `app`, through the push socket of the node on
-/// `state`: its exit code and what it said (docs/downlink.md).
-pub fn push(state: &Path, app: &str, to: &str, stdin: &[u8]) -> (i32, String) {
+/// `pure-serve push ARGS --state STATE`, `stdin` on its standard input, run to its end.
+pub fn push_command(state: &Path, args: &[&str], stdin: &[u8]) -> std::process::Output {
     let mut child = Command::new(bin())
-        .args(["push", "--app", app, "--to", to, "--state"])
+        .arg("push")
+        .args(args)
+        .arg("--state")
         .arg(state)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -504,7 +505,13 @@ pub fn push(state: &Path, app: &str, to: &str, stdin: &[u8]) -> (i32, String) {
         .spawn()
         .unwrap();
     child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// `pure-serve push` of `stdin` (one record per line) for `to` in `app`, through the push socket of the node on
+/// `state`: its exit code and what it said (docs/downlink.md).
+pub fn push(state: &Path, app: &str, to: &str, stdin: &[u8]) -> (i32, String) {
+    let out = push_command(state, &["--app", app, "--to", to], stdin);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
