@@ -18,7 +18,7 @@ for r in $(seq "$RUNS"); do
   fi
   line=$(grep -a '^research-041 ' "$log" | sed 's/^research-041 //' || true)
   [ -n "$line" ] || line='{"what":"cut"}'
-  echo "$line" | python3 -c "import json,sys; d=json.load(sys.stdin); d.update(run=$r, ok=$ok, build='$BUILD', loadavg_1m_at_start=$load); print(json.dumps(d))" >> "$OUT"
+  echo "$line" | python3 -c "import json,sys; d=json.load(sys.stdin); d.update(run=$r, ok=('$ok' == 'true'), build='$BUILD', loadavg_1m_at_start=$load); print(json.dumps(d))" >> "$OUT"
   $ok || { echo "run $r failed:" >&2; tail -30 "$log" >&2; }
   rm -f "$log"
 done
