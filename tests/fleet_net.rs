@@ -600,6 +600,11 @@ fn a_node_cut_off_from_its_database_by_a_firewall_acks_nothing_says_so_and_serve
         },
     );
     let told = cut.elapsed();
+    // And the node counts what it told (`pure_not_stored_sent_total`, docs/operations.md).
+    assert!(
+        node.metric("pure_not_stored_sent_total").unwrap_or(0.0) > 0.0,
+        "NOT_STORED told but not counted"
+    );
     // (Its log is read from a pipe by a thread of the test: it may come a little after the status.)
     wait_until(
         "the node's log says app main cannot store",
