@@ -731,7 +731,7 @@ fn main() {
     let Some(cluster) = pg_util::PgCluster::start("bench fleet") else {
         panic!("the fleet bench needs PostgreSQL: apt-get install postgresql");
     };
-    let postmaster = postmaster_pid(&cluster);
+    let mut postmaster = postmaster_pid(&cluster);
     let dir = tempfile::Builder::new()
         .prefix("pure-fleet-bench-")
         .tempdir_in("/var/tmp")
@@ -779,6 +779,10 @@ fn main() {
             "pg1" | "pg2" | "pg3" => (config[2..].parse().unwrap(), true, false, None),
             "db1" | "db2" | "db3" => (base[2..].parse().unwrap(), true, true, None),
             "pg1-pglz" => (1, true, false, Some("SET STORAGE EXTENDED")),
+            // research/041: one node on a PostgreSQL whose fsync is off (the cluster is started with it on, as the
+            // tests start theirs; this sets it off for the run and back on after), to show what such a harness
+            // default does to the comparison with SQLite.
+            "pg1-fsync-off" => (1, true, false, None),
             "pg1-lz4" => (
                 1,
                 true,
@@ -786,7 +790,8 @@ fn main() {
                 Some("SET STORAGE EXTENDED, ALTER COLUMN body SET COMPRESSION lz4"),
             ),
             other => panic!(
-                "no configuration {other:?}: sqlite1, pg1, pg2, pg3, db1, db2, db3 (-d1), pg1-pglz, pg1-lz4"
+                "no configuration {other:?}: sqlite1, pg1, pg2, pg3, db1, db2, db3 (-d1), pg1-pglz, pg1-lz4, \
+                 pg1-fsync-off"
             ),
         };
         let db = format!("fleet_{round}_{}", config.replace('-', "_"));
@@ -805,6 +810,32 @@ fn main() {
             "host={} user=postgres dbname={db}",
             cluster.socket_dir().display()
         );
+        if pg {
+            let fsync_off = config == "pg1-fsync-off";
+            let shown = |c: &str| {
+                sql(c, async |c| {
+                    c.query_one("SHOW fsync", &[])
+                        .await
+                        .expect("show fsync")
+                        .get::<_, String>(0)
+                })
+            };
+            // fsync is set on the server's command line (tests/pg_util), which ALTER SYSTEM cannot override: the
+            // server is started again with it off for this run, and with it on for the next.
+            if (shown(&cluster.conninfo()) == "off") != fsync_off {
+                cluster.restart_with_fsync(!fsync_off);
+                postmaster = postmaster_pid(&cluster);
+            }
+            let fsync = shown(&cluster.conninfo());
+            assert_eq!(fsync == "off", fsync_off, "{config}: fsync is {fsync}");
+            emit(
+                round,
+                config,
+                "postgres_fsync_on",
+                if fsync == "on" { 1.0 } else { 0.0 },
+                "bool",
+            );
+        }
         let heard = workload.timed_seqs().1;
         let total = devices as u64 * heard;
         let run_dir = d.join(config);

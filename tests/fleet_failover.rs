@@ -125,6 +125,7 @@ fn a_primary_sigkilled_under_load_and_its_synchronous_standby_promoted_loses_not
 
     // The primary dies as a machine would, and the standby is promoted.
     primary.sigkill();
+    let killed = Instant::now();
     let stored_at_kill = stored();
     standby.promote();
     let promoted = Instant::now();
@@ -143,6 +144,14 @@ fn a_primary_sigkilled_under_load_and_its_synchronous_standby_promoted_loses_not
     eprintln!(
         "killed at {stored_at_kill} records stored; stored again {:.2} s after the promotion returned",
         promoted.elapsed().as_secs_f64()
+    );
+    // For research/041 (its run.sh collects these lines).
+    eprintln!(
+        "research-041 {{\"what\":\"failover\",\"promote_s\":{:.3},\"stored_again_after_promotion_s\":{:.3},\
+         \"stored_again_after_kill_s\":{:.3}}}",
+        promoted.duration_since(killed).as_secs_f64(),
+        promoted.elapsed().as_secs_f64(),
+        killed.elapsed().as_secs_f64()
     );
     writer.join().unwrap();
     let (ok, said) = ops_util::finish_send(send);

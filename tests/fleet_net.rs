@@ -7,9 +7,10 @@
 //!   0, and every record is in the database once, in sequence. That the flow really moved is proven, not assumed:
 //!   after each rehash the node it left stops storing while the other stores, and the balancer counted answers
 //!   from both.
-//! - A node cut off from its database by a drop rule on the router between them, mid-flow: within 10 s it acks
-//!   nothing more, `/healthz` says 503 naming the database, the log says so; with the rule gone it stores again,
-//!   the send finishes, and every record is in the database once.
+//! - A node cut off from its database by a drop rule on the router between them, mid-flow: before the
+//!   connection's TCP timeout could end it, `/healthz` says 503 naming the database and the log says so; its sender
+//!   is told NOT_STORED; it acks nothing more; with the rule gone it stores again, the send finishes, and every
+//!   record is in the database once.
 //! - The node driving a link outlet cut off from its database the same way: it stops the outlet before the other
 //!   node takes the lease (7 s after its last good renewal by its own clock, against the database's 10 s), the
 //!   other delivers on, every record reaches the far node once, and the node cut off stays on standby once healed.
@@ -42,8 +43,11 @@ use ops_util::{DEADLINE, NodeProcess, in_netns};
 /// The nodes' UDP link port.
 const PORT: u16 = 7380;
 
-/// How long a node cut off from its database may take to say so (the engine's NET_TIMEOUT is 5 s).
-const CUT_OFF_WITHIN: Duration = Duration::from_secs(10);
+/// How long a node cut off from its database may take to say so. The host takes the database as out of reach once
+/// a turn has waited 750 ms for its outcome (`STORE_SILENT`, src/apps/host/shared.rs); the bound is generous for a
+/// shared machine, yet below the engine's `NET_TIMEOUT` (5 s), so the notice cannot come from the connection's TCP
+/// timeout (what research/041 measures is the time itself).
+const CUT_OFF_WITHIN: Duration = Duration::from_millis(4_500);
 /// Once the node says it is cut off, its sender is told within this.
 const TOLD_WITHIN: Duration = Duration::from_secs(5);
 /// A node serves again within this of its database coming back (BRIEF.md: within 1 s; a test on a shared machine
@@ -547,28 +551,9 @@ fn a_node_cut_off_from_its_database_by_a_firewall_acks_nothing_says_so_and_serve
         body.contains("app main cannot store") && body.contains("database"),
         "{body}"
     );
-    // (Its log is read from a pipe by a thread of the test: it may come a little after the status.)
-    wait_until(
-        "the node's log says app main cannot store",
-        Instant::now() + Duration::from_secs(2),
-        || node.stderr_text().contains("app main cannot store"),
-        || node.stderr_text(),
-    );
-    // It acks nothing more.
-    let s1 = stored_by(&node);
-    std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(stored_by(&node), s1, "the node stores while cut off");
-    // And the rule really drops: the node's packets to the database hit it, and a connection cannot be made.
-    let dropped = ns.counter("rtr", "cut", "pre", &format!("ip saddr {node_addr} "));
-    assert!(dropped > 0, "the drop rule saw nothing");
-    let to_db: std::net::SocketAddr = format!("{db_addr}:5432").parse().unwrap();
-    let connects = in_netns(Some(ns.name("node")), move || {
-        std::net::TcpStream::connect_timeout(&to_db, Duration::from_millis(500)).is_ok()
-    });
-    assert!(!connects, "the database is reachable through the cut");
-    // And its sender is told so (NOT_STORED), not left to time out: the store fails each turn at once while it
-    // cannot connect, so the node's turns go on finishing and answering (docs/scale-out.md, "When the database is
-    // unreachable").
+    // And its sender is told so (NOT_STORED), not left to time out: the host does not wait for the turn in hand,
+    // whose outcome the cut leaves unknown, to answer the packets that come after it (docs/scale-out.md, "When the
+    // database is unreachable").
     wait_until(
         "the sender is told NOT_STORED while cut off",
         Instant::now() + TOLD_WITHIN,
@@ -582,6 +567,30 @@ fn a_node_cut_off_from_its_database_by_a_firewall_acks_nothing_says_so_and_serve
         },
     );
     let told = cut.elapsed();
+    // And the node counts what it told (`pure_not_stored_sent_total`, docs/operations.md).
+    assert!(
+        node.metric("pure_not_stored_sent_total").unwrap_or(0.0) > 0.0,
+        "NOT_STORED told but not counted"
+    );
+    // (Its log is read from a pipe by a thread of the test: it may come a little after the status.)
+    wait_until(
+        "the node's log says app main cannot store",
+        Instant::now() + Duration::from_secs(2),
+        || node.stderr_text().contains("app main cannot store"),
+        || node.stderr_text(),
+    );
+    // It acks nothing more: not the turn in hand at the cut either, whose outcome is unknown.
+    let s1 = stored_by(&node);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(stored_by(&node), s1, "the node stores while cut off");
+    // And the rule really drops: the node's packets to the database hit it, and a connection cannot be made.
+    let dropped = ns.counter("rtr", "cut", "pre", &format!("ip saddr {node_addr} "));
+    assert!(dropped > 0, "the drop rule saw nothing");
+    let to_db: std::net::SocketAddr = format!("{db_addr}:5432").parse().unwrap();
+    let connects = in_netns(Some(ns.name("node")), move || {
+        std::net::TcpStream::connect_timeout(&to_db, Duration::from_millis(500)).is_ok()
+    });
+    assert!(!connects, "the database is reachable through the cut");
     assert_eq!(node.http_get("/healthz").0, 503, "cut off still");
 
     // Healed: the rules gone, the node serves again.
@@ -600,6 +609,7 @@ fn a_node_cut_off_from_its_database_by_a_firewall_acks_nothing_says_so_and_serve
         || stored_by(&node) > s1,
         || node.stderr_text(),
     );
+    let flowing = healed.elapsed();
     assert!(
         node.stderr_text().contains("app main can store again"),
         "{}",
@@ -611,8 +621,17 @@ fn a_node_cut_off_from_its_database_by_a_firewall_acks_nothing_says_so_and_serve
     assert!(ok, "{said}");
     assert_exactly_once(&cluster, count, &[0]);
     eprintln!(
-        "cut off: 503 after {noticed:.1?}, the sender told NOT_STORED by {told:.1?}; healed: 200 after {back:.1?}; \
-         {count} records, {s1} stored before the cut"
+        "cut off: 503 after {noticed:.1?}, the sender told NOT_STORED by {told:.1?}; healed: 200 after {back:.1?}, \
+         stored acks again after {flowing:.1?}; {count} records, {s1} stored before the cut"
+    );
+    // For research/041 (its run.sh collects these lines).
+    eprintln!(
+        "research-041 {{\"what\":\"cut\",\"healthz_503_s\":{:.3},\"not_stored_s\":{:.3},\"healthz_200_s\":{:.3},\
+         \"stored_again_s\":{:.3},\"records\":{count}}}",
+        noticed.as_secs_f64(),
+        told.as_secs_f64(),
+        back.as_secs_f64(),
+        flowing.as_secs_f64()
     );
     assert!(
         back <= BACK_WITHIN,

@@ -432,6 +432,9 @@ pub struct Host {
     shared: Option<Box<dyn TurnStore + Send>>,
     /// The shared store's [`TurnStore::connections`] when last looked at.
     shared_connections: u64,
+    /// On a shared store: when it last handed back an outcome, or the host last gave up waiting for one (or the
+    /// host started): silence is measured from here ([`shared::STORE_SILENT`]).
+    shared_heard: Instant,
     /// On a shared store: the outbox's wake ([`outbox`]), which the outlets ring instead of the receive loop's (the
     /// outbox feeds them) and the host rings when a turn stored records.
     outbox_wake: Option<Arc<Wake>>,
@@ -592,6 +595,7 @@ impl Host {
             feed_mode: FeedMode::Chunks,
             shared: None,
             shared_connections: 0,
+            shared_heard: Instant::now(),
             outbox_wake,
             inner_queue: None,
             turn_pushes: Vec::new(),
@@ -1167,6 +1171,7 @@ impl Host {
                 self.shared_connections = connections;
                 self.probe_now(Instant::now());
             }
+            self.notice_silence(node, Instant::now());
             return any;
         }
         let Some(syncer) = &self.syncer else {
@@ -1237,9 +1242,11 @@ impl Host {
     /// Whether [`Host::turn`] takes the node core's turn now. Always on the host's own files (a turn waits there
     /// for the oldest sync when too many are behind); on a shared store only while at most [`MAX_UNSYNCED`] turns
     /// wait for their outcome (so at most one more is handed over: as on its own files, where the turn after the
-    /// fourth waits for the oldest), so that the loop never waits on the database (`shared.rs`).
+    /// fourth waits for the oldest), so that the loop never waits on the database (`shared.rs`), or while the
+    /// database is out of reach for every app (a turn that filled before then is taken and stores nothing, so that
+    /// the loop reads on and answers NOT_STORED rather than waiting for the turns in hand).
     pub fn can_take_turn(&self) -> bool {
-        self.shared.is_none() || self.unsynced.len() <= MAX_UNSYNCED
+        self.shared.is_none() || self.unsynced.len() <= MAX_UNSYNCED || self.database_out_of_reach()
     }
 
     /// Whether committed turns wait for their sync.

@@ -435,6 +435,13 @@ pub fn render(
     let _ = writeln!(out, "pure_commit_seconds_total {}", s.commit_seconds);
     family(
         &mut out,
+        "pure_not_stored_sent_total",
+        "counter",
+        "NOT_STORED frames sent to senders: an app's store cannot commit now (on a fleet, its database out of reach or refusing); one per app per answer.",
+    );
+    let _ = writeln!(out, "pure_not_stored_sent_total {}", c.not_stored_sent);
+    family(
+        &mut out,
         "pure_records_held_back_total",
         "counter",
         "Records decrypted but not taken, unacknowledged (the sender resends): their app was paused, or had its share of the turn.",

@@ -169,6 +169,8 @@ pub struct NodeCounters {
     pub acks_sent: u64,
     /// Answer packets sent to senders (ACKs, ECHOs, REFUSE, NOT_STORED, DOWN): what `acks_sent` counted before.
     pub answers_sent: u64,
+    /// NOT_STORED frames sent (one per app per answer: its store cannot commit now, docs/protocol.md 5.2).
+    pub not_stored_sent: u64,
     pub ack_frames_deferred: u64,
     /// DATA and FORWARD frames refused for an app this node does not host or that does not accept their sender
     /// (REFUSE reasons 1 and 2).
@@ -1378,12 +1380,14 @@ impl Node {
         .emit(&mut packet);
         wire::put_echo(&mut packet, session.replay.largest());
         let mut deferred = 0;
-        for (list, put) in [
+        let mut not_stored_sent = 0;
+        for (list, put, not_stored) in [
             (
                 &mut session.refusals,
                 wire::put_refuse as fn(&mut Vec<u8>, &[u8], u8),
+                false,
             ),
-            (&mut session.not_stored, wire::put_not_stored),
+            (&mut session.not_stored, wire::put_not_stored, true),
         ] {
             let owed = std::mem::take(list);
             let mut sent: Vec<Box<[u8]>> = Vec::new();
@@ -1395,6 +1399,9 @@ impl Node {
                     // One frame per app per answer, however many packets earned it (protocol.md 5.3).
                 } else if packet.len() + 3 + n.app.len() + wire::TAG_LEN <= budget {
                     put(&mut packet, &n.app, n.reason);
+                    if not_stored {
+                        not_stored_sent += 1;
+                    }
                     sent.push(n.app);
                 } else {
                     list.push(n);
@@ -1451,6 +1458,7 @@ impl Node {
         session.ack_budget = session.ack_budget.saturating_sub(packet.len());
         self.counters.acks_sent += new_acks;
         self.counters.answers_sent += 1;
+        self.counters.not_stored_sent += not_stored_sent;
         self.outbox.push(Transmit {
             to: session.answer_to.unwrap_or(session.peer),
             bytes: packet,

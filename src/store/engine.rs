@@ -136,6 +136,11 @@ pub trait TurnStore {
     fn down_notices(&mut self) -> Vec<DownNotice> {
         Vec::new()
     }
+    /// The host has taken the database as out of reach (a turn left without an outcome too long): a part waiting
+    /// on it now is given up with its connection (its outcome unknown, so it fails and nothing of it is acked),
+    /// and a new connection is tried at once, so that the store serves again soon after the database is back
+    /// rather than after the network's timeouts. Nothing on a store that needs no connection.
+    fn give_up_waiting(&mut self) {}
 }
 
 /// What a renewal of leases found: the leases this node holds (with their acknowledged positions), and every

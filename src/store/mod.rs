@@ -228,6 +228,15 @@ pub enum StoreError {
         doing: &'static str,
         within: std::time::Duration,
     },
+    /// The fleet's database left the turn in hand without an outcome for this long (said by the host, which does
+    /// not wait for the network's own timeouts to notice a database cut off: src/apps/host/shared.rs).
+    #[error(
+        "the fleet's database has answered nothing for {} ms while a turn waits for its outcome: taken as out of \
+         reach until it answers (the records of the turns in hand are acknowledged only if their outcome comes back \
+         stored)",
+        waited.as_millis()
+    )]
+    DatabaseLate { waited: std::time::Duration },
     #[error("the fleet's database {url} is refused: {why}")]
     DatabaseRefused { url: String, why: String },
     /// What about the fleet's database its operator must change: a login refused, a database that is not there, no
@@ -1656,6 +1665,7 @@ impl StoreError {
         match self {
             StoreError::DatabaseDown { .. }
             | StoreError::DatabaseSilent { .. }
+            | StoreError::DatabaseLate { .. }
             | StoreError::StoreThreadGone { .. } => true,
             StoreError::Database { source, .. } | StoreError::DatabaseRead { source, .. } => {
                 match source.code() {

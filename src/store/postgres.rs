@@ -291,6 +291,9 @@ struct Done {
     gone: std::sync::atomic::AtomicBool,
     /// Connections made so far ([`TurnStore::connections`]).
     connections: std::sync::atomic::AtomicU64,
+    /// Told by the host when it takes the database as out of reach ([`TurnStore::give_up_waiting`]): wakes only a
+    /// part waiting now, and leaves no permit for the next.
+    give_up: tokio::sync::Notify,
 }
 
 /// Held by the store thread: when it ends, however it ends, a waiter is told rather than left waiting.
@@ -398,6 +401,7 @@ impl PostgresTurns {
             wake: Wake::new().map_err(|source| StoreError::SyncThread { source })?,
             gone: std::sync::atomic::AtomicBool::new(false),
             connections: std::sync::atomic::AtomicU64::new(0),
+            give_up: tokio::sync::Notify::new(),
         });
         let (jobs, rx) = tokio::sync::mpsc::unbounded_channel();
         let (started_tx, started_rx) = mpsc::channel();
@@ -578,6 +582,10 @@ impl TurnStore for PostgresTurns {
     fn down_notices(&mut self) -> Vec<DownNotice> {
         std::mem::take(&mut *lock(&self.done.notices))
     }
+
+    fn give_up_waiting(&mut self) {
+        self.done.give_up.notify_waiters();
+    }
 }
 
 impl Drop for PostgresTurns {
@@ -717,11 +725,15 @@ impl Worker {
                 let mut apps = Vec::with_capacity(parts.len());
                 let mut pushes = Vec::new();
                 for part in &parts {
-                    let (r, pushed) =
-                        match tokio::time::timeout(PART_WAIT, self.apply_part(part)).await {
-                            Ok(applied) => applied,
-                            Err(_) => self.part_unanswered(part),
-                        };
+                    let waited = tokio::select! {
+                        r = tokio::time::timeout(PART_WAIT, self.apply_part(part)) => Some(r),
+                        () = done.give_up.notified() => None,
+                    };
+                    let (r, pushed) = match waited {
+                        Some(Ok(applied)) => applied,
+                        Some(Err(_)) => self.part_unanswered(part),
+                        None => self.part_given_up(part),
+                    };
                     if !part.pushes.is_empty() {
                         pushes.push((part.app, pushed));
                     }
@@ -777,6 +789,29 @@ impl Worker {
     ) -> (Result<Applied, Arc<StoreError>>, Vec<PushOutcome>) {
         let e = Arc::new(self.read_unanswered("applying a turn", PART_WAIT));
         let result = Err(e);
+        let pushed = outcomes_of(&result, part.pushes.len(), true);
+        (result, pushed)
+    }
+
+    /// A part the host gave up waiting for ([`TurnStore::give_up_waiting`]: the database out of reach by its
+    /// reckoning). As for a part left unanswered ([`Worker::part_unanswered`]): the connection is given up, the
+    /// part's outcome is unknown, it fails and nothing of it is acked; the next part finds no connection, and a
+    /// new one is tried at once, beside the turns.
+    fn part_given_up(
+        &mut self,
+        part: &AppTurn,
+    ) -> (Result<Applied, Arc<StoreError>>, Vec<PushOutcome>) {
+        if self.conn.take().is_some() {
+            tracing::warn!(
+                "the fleet's database {} left a turn without an answer until the node took it as out of reach: the \
+                 connection is given up and made again; nothing of that turn is acknowledged",
+                self.target.shown
+            );
+        }
+        let result = Err(Arc::new(StoreError::DatabaseDown {
+            url: self.target.shown.clone(),
+            why: "it left a turn without an answer, and the node gave up its connection".into(),
+        }));
         let pushed = outcomes_of(&result, part.pushes.len(), true);
         (result, pushed)
     }

@@ -151,13 +151,36 @@ impl PgCluster {
 
     /// Starts the server (again, after [`PgCluster::kill`]), waiting until it takes connections.
     pub fn start_server(&self) {
+        self.start_server_fsync(true);
+    }
+
+    /// Stops the server cleanly and starts it again with `fsync` on or off (research/041 measures a node beside a
+    /// database whose fsync is off; every test runs with it on).
+    #[allow(dead_code)]
+    pub fn restart_with_fsync(&self, on: bool) {
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data().to_string_lossy(),
+                "-m",
+                "fast",
+                "-w",
+                "stop",
+            ],
+        );
+        self.start_server_fsync(on);
+    }
+
+    fn start_server_fsync(&self, fsync: bool) {
         let listen = match &self.netns {
             Some((_, addr)) => addr.as_str(),
             None if self.tcp => "127.0.0.1",
             None => "",
         };
+        let fsync = if fsync { "on" } else { "off" };
         let opts = format!(
-            "-k {} -p {} -c listen_addresses={listen} -c fsync=on -c synchronous_commit=on",
+            "-k {} -p {} -c listen_addresses={listen} -c fsync={fsync} -c synchronous_commit=on",
             self.socket_dir().display(),
             self.port
         );

@@ -29,6 +29,12 @@
 //! connection to be made (it fails the part at once and connects beside its jobs, src/store/postgres.rs), so the
 //! turns of a node cut off go on finishing and its senders are told NOT_STORED; and when a connection is made the
 //! failed apps are probed at once ([`Host::probe_now`]).
+//!
+//! **When the database says nothing** (a firewall that drops packets, a hung server), no failure comes back for the
+//! network's timeouts: so once the turn in hand has had no outcome for [`STORE_SILENT`] the host takes the database
+//! as out of reach ([`Host::notice_silence`]): every app stops as above, and the store gives up the part it waits
+//! on with its connection and connects again at once ([`TurnStore::give_up_waiting`]). The turns in hand are never
+//! acked on that account: their outcome is unknown until it comes back.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,8 +52,20 @@ use crate::store::engine::{AppTurn, DownNotice, OwnedPiece, TurnOutcome, TurnSto
 use crate::store::lease::OutletKey;
 use crate::store::{self, Applied, StoreError};
 
+/// How long the database may leave a turn handed to it without an outcome (saying nothing else meanwhile) before
+/// the host takes it as out of reach: its apps stop taking input, their senders are told NOT_STORED at once, and
+/// `/healthz` says 503 ([`Host::notice_silence`]). Without it a database cut off by a firewall that drops packets
+/// was noticed only when the connection's TCP_USER_TIMEOUT ended it (`NET_TIMEOUT`, 5 s), and the node answered
+/// nothing meanwhile (issue 36: 5.7 s). A part takes milliseconds (two waits per app, research/025), so 750 ms is
+/// far above a healthy database's answer, and leaves a quarter of the 1 s target for the loop's wake (at most
+/// 100 ms) and the status publish. Taking a slow database for a lost one costs little: its senders send again
+/// (NOT_STORED is not final) and the turns in hand are acked as soon as their outcome comes back stored.
+pub(super) const STORE_SILENT: Duration = Duration::from_millis(750);
+
 /// What a turn handed to the shared store needs once its outcome is back.
 pub(super) struct SharedTurn {
+    /// When it was handed to the store (`None`: finished at once, nothing handed over).
+    submitted: Option<Instant>,
     /// The node core's turn, to name its flows by sender again ([`Committed::add`]).
     turn: Option<Turn>,
     senders: Arc<AllowList>,
@@ -321,6 +339,7 @@ impl Host {
             pushes: Vec::new(),
             pushed: Vec::new(),
             shared: Some(SharedTurn {
+                submitted: None,
                 turn,
                 senders,
                 inner,
@@ -333,6 +352,10 @@ impl Host {
             self.finish_shared(unsynced, Vec::new(), Vec::new(), node, now);
         } else {
             shared.submit(seq, parts);
+            let mut unsynced = unsynced;
+            if let Some(s) = unsynced.shared.as_mut() {
+                s.submitted = Some(now);
+            }
             self.unsynced.push_back(unsynced);
         }
         TurnReport::default()
@@ -341,6 +364,9 @@ impl Host {
     /// Finishes the turns whose outcome is back, in order.
     pub(super) fn finish_outcomes(&mut self, done: Vec<TurnOutcome>, node: &mut Node) {
         let now = Instant::now();
+        if !done.is_empty() {
+            self.shared_heard = now;
+        }
         for outcome in done {
             let Some(unsynced) = self.unsynced.pop_front() else {
                 break;
@@ -365,6 +391,7 @@ impl Host {
             senders,
             inner,
             pushes,
+            ..
         }) = unsynced.shared.take()
         else {
             return;
@@ -437,9 +464,67 @@ impl Host {
         self.finish(unsynced, &[], node, now);
     }
 
+    /// The oldest turn handed to the store has had no outcome for [`STORE_SILENT`], and no other outcome came
+    /// meanwhile: the database is taken as out of reach. Every app that stores stops as if its part had failed
+    /// (NOT_STORED to its senders from now on, `/healthz` 503 naming the database, probes at its retries), without
+    /// waiting for the network's timeouts. The turns in hand are not touched: their records stay unacknowledged
+    /// until their outcome comes (stored: acked, and the apps store again; failed: never acked), since a COMMIT
+    /// may have reached the database before the cut (docs/scale-out.md, "When the database is unreachable").
+    pub(super) fn notice_silence(&mut self, node: &mut Node, now: Instant) {
+        let Some(submitted) = self
+            .unsynced
+            .front()
+            .and_then(|u| u.shared.as_ref())
+            .and_then(|s| s.submitted)
+        else {
+            return;
+        };
+        let waited = now.saturating_duration_since(submitted.max(self.shared_heard));
+        if waited < STORE_SILENT {
+            return;
+        }
+        let error = StoreError::DatabaseLate { waited };
+        for app in 0..self.apps.len() as AppIndex {
+            if self.apps[app as usize].failure.is_none() {
+                self.database_failed(app, &error, node, now);
+            }
+        }
+        // The part waiting now is given up with its connection, and a new one tried at once: a connection cut off
+        // would otherwise hold the store until its TCP timeout, and the node would serve again that long after
+        // the database is back. Measured again from now: a part after it that waits as long is given up too.
+        if let Some(shared) = self.shared.as_mut() {
+            shared.give_up_waiting();
+        }
+        self.shared_heard = now;
+    }
+
+    /// Whether every app is stopped for its database (out of reach, silent, refusing): the turns then carry no
+    /// records, only probes, and one that filled before the apps stopped is taken past [`super::MAX_UNSYNCED`], so
+    /// that the loop goes on reading and telling senders NOT_STORED ([`Host::can_take_turn`]).
+    pub(super) fn database_out_of_reach(&self) -> bool {
+        !self.apps.is_empty()
+            && self
+                .apps
+                .iter()
+                .all(|a| a.failure.as_ref().is_some_and(|f| f.database))
+    }
+
     /// An app's part failed on the shared store: it stops taking input; the first reason is logged and kept, a
     /// later probe's reason is logged only when it says something new.
     fn shared_failed(&mut self, app: AppIndex, error: &StoreError, node: &mut Node, now: Instant) {
+        self.apps[app as usize].turns_failed += 1;
+        self.database_failed(app, error, node, now);
+    }
+
+    /// An app cannot store on the shared store (its part failed, or the database is silent): it stops taking
+    /// input; the first reason is logged and kept, a later one is logged only when it says something new.
+    fn database_failed(
+        &mut self,
+        app: AppIndex,
+        error: &StoreError,
+        node: &mut Node,
+        now: Instant,
+    ) {
         let i = app as usize;
         let words = error.to_string();
         // What the status page calls "without its database" (docs/operations.md, `issues`).
@@ -448,10 +533,11 @@ impl Host {
             StoreError::Database { .. }
                 | StoreError::DatabaseDown { .. }
                 | StoreError::DatabaseRefused { .. }
+                | StoreError::DatabaseSilent { .. }
+                | StoreError::DatabaseLate { .. }
                 | StoreError::StoreThreadGone { .. }
         );
         let a = &mut self.apps[i];
-        a.turns_failed += 1;
         match &mut a.failure {
             None => {
                 tracing::error!(
