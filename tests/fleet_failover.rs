@@ -4,7 +4,8 @@
 //! with both it stores on the primary. With the standby asynchronous a node says at start what a failover may
 //! lose. With it synchronous, the primary SIGKILLed under load and the standby promoted (`pg_ctl promote`, as
 //! Patroni would): the nodes find the new primary by themselves and store again, and the new primary holds every
-//! record the sender was acked, once, in sequence, at positions without gaps. Real processes against real
+//! record the sender was acked, once, in sequence, at positions without gaps; and downlink records queued before
+//! the kill reach the device after it, once and in order. Real processes against real
 //! clusters (`pg_util`; skipped without PostgreSQL unless `PURE_REQUIRE_POSTGRES=1`, as in CI).
 
 #[path = "fleet_util/mod.rs"]
@@ -123,6 +124,11 @@ fn a_primary_sigkilled_under_load_and_its_synchronous_standby_promoted_loses_not
         std::thread::sleep(Duration::from_millis(5));
     }
 
+    // Downlink queued before the failover is carried over: committed on the primary and its synchronous standby
+    // now, handed to the device after the promotion, once and in order.
+    let (code, said) = ops_util::push(&a.state, "main", "dev", b"d1\nd2\nd3\n");
+    assert_eq!(code, 0, "{said}");
+
     // The primary dies as a machine would, and the standby is promoted.
     primary.sigkill();
     let killed = Instant::now();
@@ -160,5 +166,19 @@ fn a_primary_sigkilled_under_load_and_its_synchronous_standby_promoted_loses_not
 
     // Every record the sender was acked is on the new primary, once, in order, at positions without gaps.
     assert_exactly_once(&standby, count, &[0]);
+    // And what waited for the device before the failover reaches it from the new primary, through either node.
+    let heard = dir.path().join("dev.heard");
+    let got = output_within(
+        Command::new(bin())
+            .arg("send")
+            .arg("--key")
+            .arg(&device_key)
+            .args(["--node", &node_public, "--to", &b.link.to_string()])
+            .args(["--listen", "main", "--heard-file"])
+            .arg(&heard)
+            .stdin(std::process::Stdio::null()),
+    );
+    assert!(got.status.success(), "{got:?}");
+    assert_eq!(String::from_utf8_lossy(&got.stdout), "d1\nd2\nd3\n");
     drop((a, b));
 }
