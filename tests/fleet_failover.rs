@@ -5,13 +5,17 @@
 //! lose. With it synchronous, the primary SIGKILLed under load and the standby promoted (`pg_ctl promote`, as
 //! Patroni would): the nodes find the new primary by themselves and store again, and the new primary holds every
 //! record the sender was acked, once, in sequence, at positions without gaps; and downlink records queued before
-//! the kill reach the device after it, once and in order. Real processes against real
+//! the kill reach the device after it, once and in order, and a webhook outlet delivers every record through it. Real processes against real
 //! clusters (`pg_util`; skipped without PostgreSQL unless `PURE_REQUIRE_POSTGRES=1`, as in CI).
 
 #[path = "fleet_util/mod.rs"]
 mod fleet_util;
+#[path = "http_util/mod.rs"]
+mod http_util;
 #[path = "ops_util/mod.rs"]
 mod ops_util;
+#[path = "outlet_util/mod.rs"]
+mod outlet_util;
 #[path = "pg_util/mod.rs"]
 mod pg_util;
 
@@ -90,8 +94,29 @@ fn a_primary_sigkilled_under_load_and_its_synchronous_standby_promoted_loses_not
     // Synchronous from now on: two nodes on both hosts, and a device sending to both, a hundred records every
     // 10 ms.
     primary.make_synchronous();
-    let a = start_node(dir.path(), "a", &url, &node_key, &senders, &[]);
-    let b = start_node(dir.path(), "b", &url, &node_key, &senders, &[]);
+    // An outlet, whose lease (and where its far side stands) is rows of the database too: a webhook to a receiver
+    // of the test's own over HTTPS, with a CA made here.
+    let ca_dir = dir.path().join("ca");
+    std::fs::create_dir_all(&ca_dir).unwrap();
+    let ca = http_util::test_ca(&ca_dir);
+    let server =
+        outlet_util::HookServer::start(&ca.cert_file, &ca.key_file, |_| outlet_util::Answer::Ok);
+    let apps = dir.path().join("apps.toml");
+    std::fs::write(
+        &apps,
+        format!(
+            "[apps.main]\n[apps.main.outlets.hook]\nkind = \"webhook\"\nurl = \"https://localhost:{}/ingest\"\n\
+             ca_file = \"{}\"\n",
+            server.port(),
+            ca.ca_file.display()
+        ),
+    )
+    .unwrap();
+    let dns = outlet_util::FakeDns::nxdomain();
+    let dns_addr = dns.addr.to_string();
+    let extra = ["--apps", apps.to_str().unwrap(), "--dns", &dns_addr];
+    let a = start_node(dir.path(), "a", &url, &node_key, &senders, &extra);
+    let b = start_node(dir.path(), "b", &url, &node_key, &senders, &extra);
     for node in [&a, &b] {
         assert!(
             !node.stderr_text().contains(ASYNC_WARNING),
@@ -130,6 +155,7 @@ fn a_primary_sigkilled_under_load_and_its_synchronous_standby_promoted_loses_not
     assert_eq!(code, 0, "{said}");
 
     // The primary dies as a machine would, and the standby is promoted.
+    let posted_before_kill = server.requests().len();
     primary.sigkill();
     let killed = Instant::now();
     let stored_at_kill = stored();
@@ -180,5 +206,33 @@ fn a_primary_sigkilled_under_load_and_its_synchronous_standby_promoted_loses_not
     );
     assert!(got.status.success(), "{got:?}");
     assert_eq!(String::from_utf8_lossy(&got.stdout), "d1\nd2\nd3\n");
+    // The outlet goes on from the new primary: every record reaches the receiver (at least once, as a webhook's
+    // records do; each (source, seq) is counted once here).
+    let deadline = Instant::now() + DEADLINE;
+    let delivered = || {
+        let mut seqs = std::collections::BTreeSet::new();
+        for req in server.requests() {
+            if req.answer != outlet_util::Answer::Ok {
+                continue;
+            }
+            for r in req.json()["records"].as_array().unwrap() {
+                seqs.insert(r["seq"].as_u64().unwrap());
+            }
+        }
+        seqs
+    };
+    while delivered().len() < count as usize {
+        assert!(
+            Instant::now() < deadline,
+            "the webhook has {} of {count} records after the failover:\nA: {}\nB: {}",
+            delivered().len(),
+            a.stderr_text(),
+            b.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(delivered(), (1..=count).collect());
+    // It posted after the failover, not only before it (the kill came mid-flow, above).
+    assert!(server.requests().len() > posted_before_kill);
     drop((a, b));
 }
