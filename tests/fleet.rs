@@ -769,7 +769,18 @@ fn the_database_sigkilled_under_load_and_started_again_loses_nothing_acked() {
     outlet_util::wait_until("the sender to be told the node cannot store", || {
         send.said().contains("cannot store")
     });
+    let stored_while_down = stored_by(&a) + stored_by(&b);
     cluster.start_server();
+    let started = Instant::now();
+    outlet_util::wait_until("records to be stored again", || {
+        stored_by(&a) + stored_by(&b) > stored_while_down
+    });
+    // For research/041 (time from the database accepting connections again to records stored again; never
+    // asserted on).
+    eprintln!(
+        "research-041 {{\"what\":\"database restarted\",\"stored_again_after_start_s\":{:.3}}}",
+        started.elapsed().as_secs_f64()
+    );
     let (ok, said) = send.finish();
     assert!(ok, "{said}");
     assert!(stored_at_kill < count as f64, "the kill came mid-flow");
