@@ -708,9 +708,10 @@ fn send_given_two_addresses_moves_to_the_other_when_a_node_stops_answering() {
     outlet_util::wait_until("b to store the sender's next records", || {
         stored_by(&b) > before
     });
+    // For research/044 (its run collects these lines).
     eprintln!(
-        "b stored the sender's next records {:?} after a's SIGKILL",
-        killed.elapsed()
+        "research-044 {{\"what\":\"node killed, send moved\",\"stored_on_b_after_kill_s\":{:.3}}}",
+        killed.elapsed().as_secs_f64()
     );
     let (ok, said) = ops_util::finish_send(send);
     assert!(ok, "{said}");
