@@ -15,7 +15,7 @@ mod ops_util;
 #[path = "pg_util/mod.rs"]
 mod pg_util;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -155,20 +155,7 @@ impl Follower {
                 }
             }
         });
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let sink = stderr.clone();
-        let mut pipe = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let (stderr, _reader) = fleet_util::collect_stderr(&mut child);
         Follower {
             child,
             lines,

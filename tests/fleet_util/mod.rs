@@ -151,23 +151,29 @@ pub struct RunningSend {
     reader: JoinHandle<()>,
 }
 
+/// Reads `child`'s standard error (piped) on a thread of its own into a string the caller may look at any time.
+pub fn collect_stderr(child: &mut std::process::Child) -> (Arc<Mutex<String>>, JoinHandle<()>) {
+    use std::io::Read;
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let (mut pipe, sink) = (child.stderr.take().unwrap(), stderr.clone());
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    (stderr, reader)
+}
+
 impl RunningSend {
     /// Takes over `child` (its stderr piped), reading its stderr on a thread of its own.
     pub fn watch(mut child: std::process::Child) -> RunningSend {
-        use std::io::Read;
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let (mut pipe, sink) = (child.stderr.take().unwrap(), stderr.clone());
-        let reader = std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let (stderr, reader) = collect_stderr(&mut child);
         RunningSend {
             child,
             stderr,
