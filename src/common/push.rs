@@ -583,10 +583,7 @@ pub fn maybe_queued_json(why: String) -> (u16, serde_json::Value) {
 /// `app` and `to` from a query string, percent-decoded.
 pub fn target(query: &str) -> Result<(String, String), String> {
     let (mut app, mut to) = (None, None);
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v =
-            percent_decode(v).ok_or_else(|| format!("{k}: not a percent-encoded UTF-8 value"))?;
+    for (k, v) in decoded_pairs(query)? {
         let slot = match k {
             "app" => &mut app,
             "to" => &mut to,
@@ -611,10 +608,7 @@ pub fn target(query: &str) -> Result<(String, String), String> {
 /// senders are in its lines.
 pub fn many_target(query: &str) -> Result<String, String> {
     let mut app = None;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v =
-            percent_decode(v).ok_or_else(|| format!("{k}: not a percent-encoded UTF-8 value"))?;
+    for (k, v) in decoded_pairs(query)? {
         match k {
             "app" if app.is_none() => app = Some(v),
             "app" => return Err("app is given twice: a push of many names one app".into()),
@@ -633,6 +627,21 @@ pub fn many_target(query: &str) -> Result<String, String> {
             "a push of many names its app: POST /push-many?app=APP (or /push-all?app=APP)".into(),
         ),
     }
+}
+
+/// A query's `NAME=VALUE` pairs in their order, each value percent-decoded; an error names a value that is not
+/// percent-encoded UTF-8. (The push sockets' targets and the status page's search.)
+pub fn decoded_pairs(query: &str) -> Result<Vec<(&str, String)>, String> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            percent_decode(v)
+                .map(|v| (k, v))
+                .ok_or_else(|| format!("{k}: not a percent-encoded UTF-8 value"))
+        })
+        .collect()
 }
 
 /// Decodes `%XX` and `+` of a query value. By hand: two names per request need no URL crate.

@@ -97,9 +97,10 @@ async fn devices_json(query: Option<&str>, shared: &Shared) -> Answer {
             "this node runs no devices census: /devices.json is not served\n",
         );
     };
-    let text_asked = form_urlencoded::parse(query.unwrap_or("").as_bytes())
-        .find(|(k, _)| k == "name")
-        .map(|(_, v)| v.into_owned());
+    let text_asked = crate::common::push::decoded_pairs(query.unwrap_or(""))
+        .ok()
+        .and_then(|pairs| pairs.into_iter().find(|(k, _)| *k == "name"))
+        .map(|(_, v)| v);
     let Some(name) = text_asked.filter(|t| !t.is_empty() && t.len() <= 256) else {
         return text(
             StatusCode::BAD_REQUEST,
