@@ -83,6 +83,10 @@ struct Device {
     sent: Vec<Vec<u8>>,
     /// The next this many packets of this device to the node are lost.
     lose_next: usize,
+    /// Bytes of node packets sent to this device after it spoke 1.2 (docs/protocol.md 13).
+    wide_received: usize,
+    /// A run of this device at its address echoed a challenge: a session of any of its runs may be validated there.
+    was_wide: bool,
 }
 
 struct Sim {
@@ -176,6 +180,8 @@ impl Sim {
                 queued: Vec::new(),
                 events: Vec::new(),
                 answer_credit: 0,
+                wide_received: 0,
+                was_wide: false,
                 captured: Vec::new(),
                 sent: Vec::new(),
                 lose_next: 0,
@@ -401,6 +407,21 @@ impl Sim {
             if t.bytes[0] == wire::TYPE_COOKIE {
                 // A COOKIE answers one packet and is smaller than any packet the node takes.
                 assert!(t.bytes.len() < wire::MIN_SENDER_DATAGRAM);
+                self.send(usize::MAX, Dest::Sender(i), t.bytes);
+                continue;
+            }
+            if self.devices[i].sender.wide() {
+                self.devices[i].was_wide = true;
+            }
+            if self.devices[i].was_wide {
+                // Version 1.2 (docs/protocol.md 13): this device echoes challenges, so the node may have validated
+                // its address and send beyond what it received, within a congestion window. What other addresses
+                // are sent is still bounded (`a_replay_from_another_address_is_never_sent_beyond_its_bytes`).
+                self.devices[i].answer_credit =
+                    self.devices[i].answer_credit.saturating_sub(t.bytes.len());
+                self.node_datagrams += 1;
+                self.devices[i].wide_received += t.bytes.len();
+                self.devices[i].captured.push(t.bytes.clone());
                 self.send(usize::MAX, Dest::Sender(i), t.bytes);
                 continue;
             }
@@ -2344,5 +2365,185 @@ fn a_device_that_lost_its_heard_sequence_is_handed_what_still_waits_and_a_node_t
             .down_records("dev0")
             .unwrap()
             .is_empty()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Wide downlink (docs/protocol.md 13): a validated address is sent beyond the bytes it sent, within a window.
+
+/// Pushes `n` records of about 1000 bytes for `device` (a firmware image in pieces).
+fn push_image(
+    sim: &mut Sim,
+    device: usize,
+    n: usize,
+    pushed: &mut BTreeMap<(usize, u64), Vec<u8>>,
+) {
+    let name = format!("dev{device}");
+    let payloads: Vec<Vec<u8>> = (0..n)
+        .map(|k| {
+            let mut p = format!("img/{device}/{k}/").into_bytes();
+            p.resize(1000, (k % 251) as u8);
+            p
+        })
+        .collect();
+    let limits = DownLimits {
+        max_records: 100_000,
+        max_bytes: 100 << 20,
+        expiry_ms: None,
+    };
+    let (outcome, _) = sim
+        .stores
+        .app_mut(0)
+        .unwrap()
+        .queue_down(&name, &payloads, &limits)
+        .unwrap();
+    let Pushed::Queued { first, .. } = outcome else {
+        panic!("queued: {outcome:?}")
+    };
+    for (k, p) in payloads.into_iter().enumerate() {
+        pushed.insert((device, first + k as u64), p);
+    }
+    let sender = sim.sender_index(device);
+    sim.node.downlink_queued(sim.now, sender, 0);
+}
+
+fn device_bytes_sent(sim: &Sim, device: usize) -> usize {
+    sim.devices[device].sent.iter().map(Vec::len).sum()
+}
+
+#[test]
+fn a_validated_device_is_sent_an_image_beyond_its_own_bytes_each_record_once_and_sooner() {
+    let mut sim = Sim::new(31, CLEAN, 2, FlowStart::Probe);
+    let mut pushed = BTreeMap::new();
+    // Device 0 speaks 1.2; device 1 is a device of 1.1, side by side.
+    sim.devices[0].sender.set_down_window(256 * 1024);
+    for i in 0..2 {
+        push_image(&mut sim, i, 300, &mut pushed);
+        sim.devices[i].sender.listen("main", 0).unwrap();
+    }
+    let start = sim.now;
+    let mut done_at = [None, None];
+    while done_at.iter().any(Option::is_none) {
+        assert!(
+            sim.now - start < Duration::from_secs(60),
+            "{:?}",
+            sim.node.counters()
+        );
+        for (i, done) in done_at.iter_mut().enumerate() {
+            if done.is_none() && sim.handed(i).len() == 300 {
+                *done = Some(sim.now - start);
+            }
+        }
+        sim.step();
+    }
+    sim.run_downlink(&pushed, Duration::from_secs(5), Duration::from_secs(10));
+    sim.assert_handed_once(&pushed);
+    assert!(sim.devices[0].sender.wide() && !sim.devices[1].sender.wide());
+    let c = sim.node.counters();
+    assert_eq!(c.validated, 1, "{c:?}");
+    assert_eq!(c.wide_losses, 0, "a clean path loses nothing: {c:?}");
+    // The device of 1.2 paid for its image with acknowledgements, not with its own bytes; the one of 1.1 sent more
+    // than it got.
+    let (sent0, got0) = (device_bytes_sent(&sim, 0), sim.devices[0].wide_received);
+    let sent1 = device_bytes_sent(&sim, 1);
+    assert!(got0 > 300_000, "{got0}");
+    assert!(sent0 * 5 < got0, "the device sent {sent0} bytes for {got0}");
+    assert!(
+        sent1 > 300_000,
+        "the device of 1.1 pays with its own bytes: {sent1}"
+    );
+    // And in fewer round trips: a window of datagrams per round trip, not one.
+    let (wide, narrow) = (done_at[0].unwrap(), done_at[1].unwrap());
+    assert!(wide * 4 < narrow, "1.2 took {wide:?}, 1.1 {narrow:?}");
+}
+
+#[test]
+fn a_wide_image_reaches_each_program_once_over_loss_duplication_and_reordering_both_ways() {
+    for seed in 1..=4 {
+        let mut sim = Sim::new(400 + seed, BAD, 3, FlowStart::Probe);
+        sim.down = BAD;
+        let mut pushed = BTreeMap::new();
+        for i in 0..3 {
+            sim.devices[i].sender.set_down_window(64 * 1024);
+            push_image(&mut sim, i, 120 + i * 40, &mut pushed);
+            sim.devices[i].sender.listen("main", 0).unwrap();
+            sim.queue(i, 30);
+        }
+        sim.run_downlink(&pushed, Duration::from_secs(5), Duration::from_secs(600));
+        sim.assert_handed_once(&pushed);
+        sim.run_until_idle(Duration::from_secs(60));
+        sim.assert_exactly_once();
+        let c = sim.node.counters();
+        assert!(c.validated >= 3, "{c:?}");
+        assert!(
+            c.wide_losses > 0,
+            "a fifth lost each way: windows were lost and sent again: {c:?}"
+        );
+    }
+}
+
+#[test]
+fn a_wide_image_resumes_from_the_heard_sequence_across_device_and_node_restarts() {
+    for seed in 1..=3 {
+        let mut sim = Sim::new(500 + seed, lossy(), 1, FlowStart::Probe);
+        let mut pushed = BTreeMap::new();
+        sim.devices[0].sender.set_down_window(64 * 1024);
+        push_image(&mut sim, 0, 400, &mut pushed);
+        sim.devices[0].sender.listen("main", 0).unwrap();
+        let mut run = 7000 + seed * 10;
+        for round in 0..4u64 {
+            sim.run_for(Duration::from_millis(40 + 13 * round));
+            if round % 2 == 0 {
+                run += 1;
+                sim.restart_device(0, run, true);
+                sim.devices[0].sender.set_down_window(64 * 1024);
+            } else {
+                sim.restart_node(seed * 100 + round);
+            }
+        }
+        sim.run_downlink(&pushed, Duration::from_secs(5), Duration::from_secs(600));
+        sim.assert_handed_once(&pushed);
+    }
+}
+
+#[test]
+fn a_replay_from_another_address_is_never_sent_beyond_its_bytes() {
+    let mut sim = Sim::new(47, CLEAN, 1, FlowStart::Probe);
+    let mut pushed = BTreeMap::new();
+    sim.devices[0].sender.set_down_window(256 * 1024);
+    push_image(&mut sim, 0, 50, &mut pushed);
+    sim.devices[0].sender.listen("main", 0).unwrap();
+    sim.run_downlink(&pushed, Duration::from_secs(5), Duration::from_secs(10));
+    assert_eq!(sim.node.counters().validated, 1);
+    // More waits for the device; its session is swept; someone replays everything it sent (its LISTENs with
+    // the token it echoed) from a victim's address.
+    push_image(&mut sim, 0, 200, &mut pushed);
+    sim.run_for(sim.idle * 2);
+    assert_eq!(sim.node.sessions_active(), 0, "swept");
+    let victim: SocketAddr = "192.0.2.99:4444".parse().unwrap();
+    let replayed: Vec<Vec<u8>> = sim.devices[0].sent.clone();
+    let mut sent_from_victim = 0;
+    for p in &replayed {
+        sent_from_victim += p.len();
+        sim.node.handle_datagram(sim.now, victim, p, &mut sim.memo);
+        sim.work();
+        sim.now += Duration::from_millis(1);
+    }
+    sim.run_for(Duration::from_secs(5));
+    let to_victim: usize = sim
+        .strays
+        .iter()
+        .filter(|(to, _)| *to == victim)
+        .map(|(_, b)| b.len())
+        .sum();
+    assert!(to_victim > 0, "the first replay is answered, as in 1.1");
+    assert!(
+        to_victim <= sent_from_victim,
+        "the victim got {to_victim} bytes for {sent_from_victim} sent from its address"
+    );
+    assert_eq!(
+        sim.node.counters().validated,
+        1,
+        "nothing more was validated"
     );
 }

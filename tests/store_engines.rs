@@ -64,6 +64,7 @@ fn listen(index: usize, sender: &str, heard: u64, room: usize) -> OwnedFetch {
         index,
         source: sender.into(),
         heard,
+        from: heard,
         room,
     }
 }

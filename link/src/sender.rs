@@ -331,8 +331,32 @@ pub struct Sender<T, Q, const FLOWS: usize, const LISTENS: usize, const SENT: us
     /// Downlink flows listened on (docs/protocol.md 12), and how large a packet carrying LISTEN is made.
     listens: heapless::Vec<Listen<T>, LISTENS>,
     listen_room: usize,
+    wide: WideState,
     stats: SenderStats,
 }
+
+/// Version 1.2's state of a run (docs/protocol.md 13.2).
+#[derive(Default)]
+struct WideState {
+    /// The `window` a RESPONSE says; 0: this sender does not offer 1.2.
+    window: u64,
+    /// Offers made in the run (at most [`MAX_OFFERS`]), the packet of the one not yet answered, whether the node
+    /// answered one without a CHALLENGE (it will not validate this run), and whether the next LISTEN goes without
+    /// one (an offer's RTO passed: the node may be 1.1).
+    offers: u8,
+    offer_pn: Option<u64>,
+    declined: bool,
+    skip_offer: bool,
+    /// The latest CHALLENGE's token.
+    token: Option<[u8; wire::TOKEN_LEN]>,
+    /// A new token came: the next LISTEN is padded to the room (the address may not be validated yet).
+    pad: bool,
+    /// A node datagram with DOWN records came: acknowledge it with a LISTEN at once.
+    ack: bool,
+}
+
+/// A sender offers 1.2 at most this many times a run (docs/protocol.md 13.2).
+const MAX_OFFERS: u8 = 2;
 
 #[derive(Debug, Default, Clone)]
 pub struct SenderStats {
@@ -388,6 +412,7 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
             listen_room: config
                 .max_datagram
                 .clamp(wire::MIN_SENDER_DATAGRAM, wire::MAX_DATAGRAM),
+            wide: WideState::default(),
             stats: SenderStats::default(),
         })
     }
@@ -659,6 +684,18 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
         self.listen_room = bytes.clamp(wire::MIN_SENDER_DATAGRAM, self.max_datagram);
     }
 
+    /// Offers the node version 1.2 (docs/protocol.md 13): once it validated this device's address it may send DOWN
+    /// records beyond what the device sent, at most `bytes` of datagrams in flight beyond what the program was
+    /// handed. 0 (the default) offers nothing: section 12's room.
+    pub fn set_down_window(&mut self, bytes: u64) {
+        self.wide.window = bytes;
+    }
+
+    /// Whether the node sent this run a CHALLENGE (it speaks 1.2 and will validate the address it was sent to).
+    pub fn wide(&self) -> bool {
+        self.wide.token.is_some()
+    }
+
     /// The downlink heard sequence of `app`: the last record handed to the program.
     pub fn downlink_heard(&self, app: &str) -> Option<u64> {
         self.listens.iter().find(|l| l.app == *app).map(|l| l.heard)
@@ -674,6 +711,7 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
                 l.refused
                     || (l.outstanding.is_none()
                         && !l.want
+                        && !self.wide.ack
                         && l.sent_heard == Some(l.heard)
                         && l.node_last <= l.heard)
             })
@@ -707,7 +745,8 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
             .flows
             .iter()
             .any(|f| self.wants_probe(f) || (f.has_unsent() && f.in_flight() < self.window))
-            || self.listens.iter().any(|l| l.due(now));
+            || self.listens.iter().any(|l| l.due(now))
+            || (self.wide.ack && self.listens.iter().any(|l| !l.refused));
         if !wants {
             return false;
         }
@@ -740,9 +779,26 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
         // LISTENs first. Until the node has answered one with DOWN, they go in a packet of their own: a node
         // without downlink drops a packet with an unknown frame whole, and DATA must not go with it (12.6).
         let mut listened = false;
-        let alone = self.listens.iter().any(|l| l.due(now) && !l.confirmed);
+        let ack = core::mem::take(&mut self.wide.ack);
+        let due = |l: &Listen<T>| l.due(now) || (ack && !l.refused);
+        // An offer of 1.2 goes without DATA too: a node of 1.1 drops it whole (13.2).
+        let offering = self.wide.token.is_none()
+            && self.wide.window > 0
+            && !self.wide.declined
+            && !self.wide.skip_offer
+            && self.wide.offers < MAX_OFFERS;
+        let alone = self
+            .listens
+            .iter()
+            .any(|l| due(l) && (!l.confirmed || offering));
+        let response = if self.wide.token.is_some() || offering {
+            wire::response_len(self.max_datagram as u64, self.wide.window)
+        } else {
+            0
+        };
         for l in &mut self.listens {
-            if !l.due(now) || out.len() + wire::listen_len(l.app.as_bytes(), l.heard) > limit {
+            if !due(l) || out.len() + wire::listen_len(l.app.as_bytes(), l.heard) + response > limit
+            {
                 continue;
             }
             wire::put_listen(out, l.app.as_bytes(), l.heard);
@@ -751,6 +807,26 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
             l.want = false;
             l.hold_until = None;
             listened = true;
+        }
+        let mut padded = true;
+        if listened {
+            if let Some(token) = self.wide.token {
+                wire::put_response(out, &token, self.max_datagram as u64, self.wide.window);
+                // The node validated the address this token came from: an acknowledgement needs no room, unless
+                // the token is new (13.2, step 3).
+                padded = core::mem::take(&mut self.wide.pad);
+            } else if offering {
+                wire::put_response(
+                    out,
+                    &[0; wire::TOKEN_LEN],
+                    self.max_datagram as u64,
+                    self.wide.window,
+                );
+                self.wide.offers += 1;
+                self.wide.offer_pn = Some(pn);
+            } else {
+                self.wide.skip_offer = false;
+            }
         }
         let n = if alone { 0 } else { self.flows.len() };
         for k in 0..n {
@@ -818,7 +894,7 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
             return false;
         }
         // A packet that carries LISTEN is the room of the node's answer (no amplification, protocol.md 9, 12.4).
-        let target = if listened {
+        let target = if listened && padded {
             self.listen_room.saturating_sub(cookie_room)
         } else {
             wire::MIN_SENDER_DATAGRAM
@@ -911,6 +987,11 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
             f.probe_outstanding = false;
         }
         let answered_any = self.stats.packets_received > 0;
+        if self.wide.offer_pn.take().is_some() {
+            // The offer went unanswered: the node may be 1.1, which drops it whole; the LISTEN goes again
+            // without it (13.2, step 1).
+            self.wide.skip_offer = true;
+        }
         for l in &mut self.listens {
             if l.outstanding.take().is_some() {
                 l.want = true;
@@ -992,6 +1073,8 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
         self.cookie = None;
         let mut progress = false;
         let mut echoed: Option<u64> = None;
+        let mut challenged = false;
+        let mut down_answer = false;
         for frame in frames {
             match frame {
                 NodeFrame::Echo { packet_number } => {
@@ -1081,11 +1164,31 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
                         });
                     }
                 }
+                NodeFrame::Challenge { token } => {
+                    challenged = true;
+                    if self.wide.token != Some(token) {
+                        // A new token: every flow's LISTEN goes at once with it, padded, since this address may
+                        // not be validated yet (13.2, step 2).
+                        self.wide.token = Some(token);
+                        self.wide.pad = true;
+                        self.wide.declined = false;
+                        for l in &mut self.listens {
+                            l.want = true;
+                        }
+                    }
+                    self.wide.offer_pn = None;
+                }
                 NodeFrame::Down(d) => {
                     let Some(l) = self.listens.iter_mut().find(|l| l.app.as_bytes() == d.app)
                     else {
                         continue;
                     };
+                    down_answer = true;
+                    if d.count > 0 && self.wide.token.is_some() {
+                        // Every datagram with DOWN records is acknowledged at once, also one that could not be
+                        // taken (a duplicate acknowledgement, 13.2 step 3).
+                        self.wide.ack = true;
+                    }
                     l.node_last = d.last;
                     l.confirmed = true;
                     let answered = l.outstanding.is_some_and(|pn| echoed >= Some(pn));
@@ -1141,6 +1244,11 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
                     }
                 }
             }
+        }
+        if down_answer && !challenged && self.wide.offer_pn.is_some_and(|pn| echoed >= Some(pn)) {
+            // The offer was answered without a CHALLENGE: this node will not validate the run (13.2, step 1).
+            self.wide.offer_pn = None;
+            self.wide.declined = true;
         }
         if progress {
             self.backoff = 0;

@@ -57,6 +57,15 @@ pub const FRAME_LISTEN: u8 = 0x07;
 /// Node → sender, version 1.1 (docs/protocol.md 12): downlink records, with what waits (`last`) and the sequence
 /// they follow (`after`).
 pub const FRAME_DOWN: u8 = 0x08;
+/// CHALLENGE (protocol.md 13): a token for the run to echo from the address it was sent to. Node → sender.
+pub const FRAME_CHALLENGE: u8 = 0x09;
+/// RESPONSE (protocol.md 13): the latest CHALLENGE's token (zero: an offer), the largest node datagram the device
+/// takes and its window. Sender → node.
+pub const FRAME_RESPONSE: u8 = 0x0a;
+/// Bytes of a CHALLENGE's (and RESPONSE's) token.
+pub const TOKEN_LEN: usize = 8;
+/// A CHALLENGE frame's size.
+pub const CHALLENGE_LEN: usize = 1 + TOKEN_LEN;
 
 /// Largest sender datagram a node accepts. Devices send at most [`MAX_DATAGRAM`]; a node forwarding a record adds
 /// its origin (up to 75 bytes), so the one datagram that carries a record too large for [`MAX_DATAGRAM`] with its
@@ -99,6 +108,8 @@ pub enum WireError {
     Oversized,
     #[error("two LISTEN frames for one app in one packet")]
     DuplicateListen,
+    #[error("two RESPONSE frames in one packet")]
+    DuplicateResponse,
     #[error("a DOWN frame's sequences are not after `after` and within `last`")]
     BadDown,
 }
@@ -170,6 +181,11 @@ impl<'a> Reader<'a> {
             }
         }
         Err(WireError::BadVarint)
+    }
+    fn token(&mut self) -> Result<[u8; TOKEN_LEN], WireError> {
+        let mut token = [0; TOKEN_LEN];
+        token.copy_from_slice(self.take(TOKEN_LEN)?);
+        Ok(token)
     }
     fn app(&mut self) -> Result<&'a [u8], WireError> {
         let len = self.u8()? as usize;
@@ -299,6 +315,13 @@ pub enum SenderFrame<'a> {
         app: &'a [u8],
         heard: u64,
     },
+    /// RESPONSE (protocol.md 13): the token of the latest CHALLENGE (zero: an offer), the largest node datagram
+    /// the device takes, and the bytes of DOWN datagrams it takes in flight beyond its `heard`.
+    Response {
+        token: [u8; TOKEN_LEN],
+        datagram: u64,
+        window: u64,
+    },
 }
 
 /// A DOWN frame (protocol.md 12.2): `count` downlink records `first_seq ..`, nothing waiting between `after` and
@@ -317,11 +340,26 @@ pub struct DownFrame<'a> {
 /// Frames a sender accepts in a node packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeFrame<'a> {
-    Ack { app: &'a [u8], stored_through: u64 },
-    Echo { packet_number: u64 },
-    Refuse { app: &'a [u8], reason: u8 },
-    NotStored { app: &'a [u8], reason: u8 },
+    Ack {
+        app: &'a [u8],
+        stored_through: u64,
+    },
+    Echo {
+        packet_number: u64,
+    },
+    Refuse {
+        app: &'a [u8],
+        reason: u8,
+    },
+    NotStored {
+        app: &'a [u8],
+        reason: u8,
+    },
     Down(DownFrame<'a>),
+    /// CHALLENGE (protocol.md 13): echo this token in RESPONSE from the address this packet came to.
+    Challenge {
+        token: [u8; TOKEN_LEN],
+    },
 }
 
 /// Walks `count` records from the reader and returns the bytes they span; forwarded records are checked to be
@@ -444,7 +482,24 @@ pub fn parse_sender_frames(plain: &[u8]) -> Result<Vec<SenderFrame<'_>>, WireErr
                 }
                 frames.push(SenderFrame::Listen { app, heard });
             }
-            t @ (FRAME_ACK | FRAME_ECHO | FRAME_REFUSE | FRAME_NOT_STORED | FRAME_DOWN) => {
+            FRAME_RESPONSE => {
+                let token = r.token()?;
+                let datagram = r.varint()?;
+                let window = r.varint()?;
+                if frames
+                    .iter()
+                    .any(|f| matches!(f, SenderFrame::Response { .. }))
+                {
+                    return Err(WireError::DuplicateResponse);
+                }
+                frames.push(SenderFrame::Response {
+                    token,
+                    datagram,
+                    window,
+                });
+            }
+            t @ (FRAME_ACK | FRAME_ECHO | FRAME_REFUSE | FRAME_NOT_STORED | FRAME_DOWN
+            | FRAME_CHALLENGE) => {
                 return Err(WireError::WrongDirection(t));
             }
             t => return Err(WireError::UnknownFrame(t)),
@@ -536,7 +591,8 @@ impl<'a> NodeFrames<'a> {
                         records,
                     })
                 }
-                t @ (FRAME_DATA | FRAME_FORWARD | FRAME_LISTEN) => {
+                FRAME_CHALLENGE => NodeFrame::Challenge { token: r.token()? },
+                t @ (FRAME_DATA | FRAME_FORWARD | FRAME_LISTEN | FRAME_RESPONSE) => {
                     return Err(WireError::WrongDirection(t));
                 }
                 t => return Err(WireError::UnknownFrame(t)),
@@ -638,6 +694,27 @@ pub fn put_listen(out: &mut (impl Out + ?Sized), app: &[u8], heard: u64) {
 
 pub fn listen_len(app: &[u8], heard: u64) -> usize {
     2 + app.len() + varint_len(heard)
+}
+
+pub fn put_challenge(out: &mut (impl Out + ?Sized), token: &[u8; TOKEN_LEN]) {
+    out.push(FRAME_CHALLENGE);
+    out.extend_from_slice(token);
+}
+
+pub fn put_response(
+    out: &mut (impl Out + ?Sized),
+    token: &[u8; TOKEN_LEN],
+    datagram: u64,
+    window: u64,
+) {
+    out.push(FRAME_RESPONSE);
+    out.extend_from_slice(token);
+    put_varint(out, datagram);
+    put_varint(out, window);
+}
+
+pub fn response_len(datagram: u64, window: u64) -> usize {
+    1 + TOKEN_LEN + varint_len(datagram) + varint_len(window)
 }
 
 /// Appends a DOWN frame header; the caller appends `count` records after it with [`put_record`].

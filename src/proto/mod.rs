@@ -11,5 +11,6 @@ pub mod node;
 pub mod sender;
 pub mod session_cache;
 pub mod turn;
+pub mod wide;
 
 pub use pure_link::{crypto, wire};

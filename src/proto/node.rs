@@ -22,6 +22,7 @@ use super::allow_list::{AllowList, SenderIndex};
 use super::crypto::{self, Identity, PublicKeyBytes};
 use super::session_cache::{Notice, Room, Session, SessionCache, SessionDown};
 use super::turn::{AppIndex, Apply, Committed, DownFetch, SessionId, Turn};
+use super::wide::{self, AckOutcome, Wide};
 use super::wire::{self, SenderFrame, SenderHeader};
 
 /// Sessions (runs) one sender may hold at once by default (docs/protocol.md 6.2): a device has one run per boot, a
@@ -199,6 +200,11 @@ pub struct NodeCounters {
     pub down_retransmits: u64,
     /// Downlink answers left out for want of room (the device's next LISTEN brings them).
     pub down_frames_deferred: u64,
+    /// Sessions whose address was validated (docs/protocol.md 13), DOWN datagrams sent to validated sessions, and
+    /// the windows of them taken as lost (by duplicate acknowledgements or by timeout).
+    pub validated: u64,
+    pub wide_datagrams: u64,
+    pub wide_losses: u64,
 }
 
 impl NodeCounters {
@@ -330,7 +336,7 @@ pub struct Node {
     next_turn: u64,
     /// Sessions that may owe an ack; checked by `flush_acks`.
     ack_candidates: Vec<SessionId>,
-    outbox: Vec<Transmit>,
+    outbox: std::collections::VecDeque<Transmit>,
     /// One packet-number counter for all node packets of this process (docs/protocol.md 3).
     next_packet_number: u64,
     new_secrets: Vec<(PublicKeyBytes, [u8; 32])>,
@@ -353,6 +359,9 @@ pub struct Node {
     turn_fetches: HashMap<(SessionId, AppIndex), usize>,
     /// Sessions with a downlink RTO armed (docs/protocol.md 12.3); checked by `handle_timeout`.
     down_armed: Vec<SessionId>,
+    /// The key challenges' tokens are made under, and how many were made (docs/protocol.md 13).
+    challenge_key: [u8; 32],
+    challenges: u64,
     /// The latest `now` the node was given: when a DOWN is sent from `flush_acks`, its RTO counts from it.
     clock: Option<Instant>,
     counters: NodeCounters,
@@ -404,7 +413,7 @@ impl Node {
             in_flight: HashMap::new(),
             next_turn: 1,
             ack_candidates: Vec::new(),
-            outbox: Vec::new(),
+            outbox: std::collections::VecDeque::new(),
             next_packet_number: 0,
             new_secrets: Vec::new(),
             next_sweep: None,
@@ -421,6 +430,8 @@ impl Node {
             forward_refusals_told: HashSet::new(),
             turn_fetches: HashMap::new(),
             down_armed: Vec::new(),
+            challenge_key: crypto::random_array(),
+            challenges: 0,
             clock: None,
             counters: NodeCounters::default(),
         }
@@ -927,7 +938,7 @@ impl Node {
         }
         .emit(&mut bytes);
         self.counters.cookies_sent += 1;
-        self.outbox.push(Transmit { to, bytes });
+        self.outbox.push_back(Transmit { to, bytes });
     }
 
     /// Whether an app takes no input now: the host paused it, or it has its share of the turn being filled (the
@@ -983,6 +994,7 @@ impl Node {
         let mut resolved: Vec<(Option<AppIndex>, &wire::DataFrame)> =
             Vec::with_capacity(frames.len());
         let mut listens: Vec<(Option<AppIndex>, &[u8], u64)> = Vec::new();
+        let mut response = None;
         for frame in &frames {
             match frame {
                 SenderFrame::Data(d) => {
@@ -996,6 +1008,11 @@ impl Node {
                 SenderFrame::Listen { app, heard } => {
                     listens.push((self.app_index(app), app, *heard));
                 }
+                SenderFrame::Response {
+                    token,
+                    datagram,
+                    window,
+                } => response = Some((*token, *datagram, *window)),
             }
         }
         let session = self
@@ -1003,6 +1020,18 @@ impl Node {
             .get_mut(session_id)
             .expect("session exists: found or made just now");
         if session.replay.mark(header.packet_number) {
+            if session.peer != from
+                && let Some(down) = session.down.as_deref_mut()
+                && let Some(w) = down.wide.as_deref_mut()
+                && w.peer_moved(from)
+            {
+                // No longer validated (protocol.md 13.1, step 3): what was in flight is lost, and section 12's
+                // room holds until the new address echoes its challenge.
+                for f in &mut down.flows {
+                    f.sent_through = f.heard;
+                    f.deadline = None;
+                }
+            }
             session.peer = from;
             if !link {
                 session.answer_to = None;
@@ -1018,6 +1047,25 @@ impl Node {
         session.ack_budget = session.ack_budget.saturating_add(received_len);
         if let Some(e) = malformed {
             return Err(e);
+        }
+        // RESPONSE before the LISTENs beside it, so that a read for them has the validated room (protocol.md 13.1).
+        if let Some((token, datagram, window)) = response
+            && !link
+        {
+            let down = session.down.get_or_insert_with(Box::default);
+            let wide = down
+                .wide
+                .get_or_insert_with(|| Box::new(Wide::new(datagram, window)));
+            wide.said(datagram, window);
+            if session.peer == from && wide.response(&token, from) {
+                self.counters.validated += 1;
+                // Records sent within section 12's room are sent again within the window: the device takes
+                // each once.
+                for f in &mut down.flows {
+                    f.sent_through = f.heard;
+                    f.deadline = None;
+                }
+            }
         }
         let sender = session.sender;
         let mut added = false;
@@ -1159,8 +1207,10 @@ impl Node {
                 continue;
             }
             self.counters.listens += 1;
+            let peer = session.peer;
             let down = session.down.get_or_insert_with(Box::default);
             let flow = down.flow_mut(app, DOWN_RTO);
+            let old = flow.heard;
             if heard > flow.heard {
                 // The device has more: a fresh RTO for what it has not acknowledged yet.
                 flow.rto = DOWN_RTO;
@@ -1168,8 +1218,43 @@ impl Node {
             }
             flow.heard = flow.heard.max(heard);
             let heard = flow.heard;
+            let validated = !link && down.wide.as_deref().is_some_and(|w| w.validated_at(peer));
+            let (from, room) = if validated {
+                let w = down.wide.as_deref_mut().expect("validated: wide");
+                let flow = down
+                    .flows
+                    .iter_mut()
+                    .find(|f| f.app == app)
+                    .expect("made above");
+                let outcome = w.acknowledged(app, old, heard, now);
+                if outcome == AckOutcome::Lost {
+                    // The third duplicate: go back to `heard` (protocol.md 13.3).
+                    self.counters.wide_losses += 1;
+                    flow.sent_through = heard;
+                }
+                flow.sent_through = flow.sent_through.max(heard);
+                if heard > old || outcome == AckOutcome::Lost {
+                    // Progress re-arms the RTO for what is still in flight; a loss arms it when sent again.
+                    flow.deadline = w.has_in_flight(app).then(|| now + w.rto());
+                    if flow.deadline.is_some() && !self.down_armed.contains(&session_id) {
+                        self.down_armed.push(session_id);
+                    }
+                }
+                if flow.fetching || (w.room() < w.datagram && w.has_in_flight(app)) {
+                    // A read is on its way, or the window is full: the answer it brings, or the next
+                    // acknowledgement, answers this LISTEN too.
+                    continue;
+                }
+                (flow.sent_through, wide_room(w))
+            } else {
+                (heard, down_room(session))
+            };
+            let flow = session
+                .down
+                .as_deref_mut()
+                .and_then(|d| d.flows.iter_mut().find(|f| f.app == app))
+                .expect("made above");
             flow.fetching = true;
-            let room = down_room(session);
             add_fetch(
                 &mut self.turn.fetches,
                 &mut self.turn_fetches,
@@ -1178,6 +1263,7 @@ impl Node {
                     sender,
                     app,
                     heard,
+                    from,
                     room,
                 },
             );
@@ -1260,6 +1346,7 @@ impl Node {
             };
             if let Some(flow) = down.flows.iter_mut().find(|f| f.app == read.app) {
                 flow.fetching = false;
+                flow.node_last = read.last;
             }
             down.ready.push(read.clone());
             self.ack_candidates.push(read.session);
@@ -1297,19 +1384,33 @@ impl Node {
         };
         let room = down_room(session);
         let sender = session.sender;
-        let Some(flow) = session
-            .down
-            .as_deref_mut()
-            .and_then(|d| d.flows.iter_mut().find(|f| f.app == app))
-        else {
+        let peer = session.peer;
+        let Some(down) = session.down.as_deref_mut() else {
+            return false;
+        };
+        let wide = down.wide.as_deref().filter(|w| w.validated_at(peer));
+        let wide_in_flight = wide.is_some_and(|w| w.has_in_flight(app));
+        let room = wide.map_or(room, wide_room);
+        let Some(flow) = down.flows.iter_mut().find(|f| f.app == app) else {
             return false;
         };
         let unacked = flow.sent_through > flow.heard;
-        if flow.fetching || unacked != retransmit || room == 0 {
+        // A validated session is sent more while records are in flight, within its window (protocol.md 13.1).
+        let wanted = if wide.is_some() && !retransmit {
+            flow.node_last > flow.sent_through || !wide_in_flight
+        } else {
+            unacked == retransmit
+        };
+        if flow.fetching || !wanted || room == 0 {
             return false;
         }
         flow.fetching = true;
         let heard = flow.heard;
+        let from = if wide.is_some() {
+            flow.sent_through.max(heard)
+        } else {
+            heard
+        };
         add_fetch(
             &mut self.turn.fetches,
             &mut self.turn_fetches,
@@ -1318,6 +1419,7 @@ impl Node {
                 sender,
                 app,
                 heard,
+                from,
                 room,
             },
         );
@@ -1379,6 +1481,26 @@ impl Node {
         }
         .emit(&mut packet);
         wire::put_echo(&mut packet, session.replay.largest());
+        // A run of 1.2 whose peer address is not validated is challenged in every answer (protocol.md 13.1).
+        let to = session.answer_to.unwrap_or(session.peer);
+        let (key, counter) = (&self.challenge_key, &mut self.challenges);
+        let validated = match session
+            .down
+            .as_deref_mut()
+            .and_then(|d| d.wide.as_deref_mut())
+        {
+            Some(w) if session.answer_to.is_none() => {
+                if let Some(token) = w.challenge_for(session.peer, || {
+                    *counter += 1;
+                    wide::token(key, *counter)
+                }) && packet.len() + wire::CHALLENGE_LEN + wire::TAG_LEN <= budget
+                {
+                    wire::put_challenge(&mut packet, &token);
+                }
+                w.validated_at(session.peer)
+            }
+            _ => false,
+        };
         let mut deferred = 0;
         let mut not_stored_sent = 0;
         for (list, put, not_stored) in [
@@ -1431,15 +1553,54 @@ impl Node {
                 deferred += 1;
             }
         }
+        // The frames ahead of a validated session's DOWN frames are paid from its room; the DOWN frames and the
+        // datagram that carries them are not (13.1, step 4).
+        let mut paid = packet.len() + wire::TAG_LEN;
+        if validated {
+            paid -= wire::NODE_HEADER_LEN
+                + 1
+                + wire::varint_len(session.replay.largest())
+                + wire::TAG_LEN;
+        }
+        let mut more = Vec::new();
+        let sent_before: Vec<(AppIndex, u64)> = session
+            .down
+            .as_deref()
+            .map(|d| d.flows.iter().map(|f| (f.app, f.sent_through)).collect())
+            .unwrap_or_default();
         if let Some(down) = session.down.as_deref_mut() {
-            let armed = put_down_frames(
-                down,
-                &self.apps,
-                &mut packet,
-                budget,
-                self.clock,
-                &mut self.counters,
-            );
+            let armed = match (validated, self.clock) {
+                (true, Some(now)) => {
+                    let echo = session.replay.largest();
+                    let header = wire::NodeHeader {
+                        epoch: self.epoch,
+                        packet_number: pn + 1,
+                    };
+                    let armed;
+                    (more, armed) = put_wide_frames(
+                        down,
+                        &self.apps,
+                        &mut packet,
+                        header,
+                        echo,
+                        now,
+                        &mut self.counters,
+                    );
+                    armed
+                }
+                _ => {
+                    let armed = put_down_frames(
+                        down,
+                        &self.apps,
+                        &mut packet,
+                        budget,
+                        self.clock,
+                        &mut self.counters,
+                    );
+                    paid = packet.len() + wire::TAG_LEN;
+                    armed
+                }
+            };
             if armed && !self.down_armed.contains(&id) {
                 self.down_armed.push(id);
             }
@@ -1449,20 +1610,52 @@ impl Node {
             // Only the ECHO fitted: sending it would tell the sender nothing it can use.
             return;
         }
-        if packet.len() + wire::TAG_LEN > budget {
+        if paid > budget {
             self.counters.ack_frames_deferred += 1;
             return;
         }
-        self.next_packet_number += 1;
+        self.next_packet_number += 1 + more.len() as u64;
         crypto::seal(&session.k_n2s, pn, &mut packet, wire::NODE_HEADER_LEN);
-        session.ack_budget = session.ack_budget.saturating_sub(packet.len());
+        session.ack_budget = session.ack_budget.saturating_sub(paid);
         self.counters.acks_sent += new_acks;
         self.counters.answers_sent += 1;
         self.counters.not_stored_sent += not_stored_sent;
-        self.outbox.push(Transmit {
-            to: session.answer_to.unwrap_or(session.peer),
-            bytes: packet,
-        });
+        self.outbox.push_back(Transmit { to, bytes: packet });
+        for (k, mut extra) in more.into_iter().enumerate() {
+            crypto::seal(
+                &session.k_n2s,
+                pn + 1 + k as u64,
+                &mut extra,
+                wire::NODE_HEADER_LEN,
+            );
+            self.outbox.push_back(Transmit { to, bytes: extra });
+        }
+        if validated {
+            // More waits beyond what went out and the window has room: read it now rather than at the next
+            // acknowledgement, so the window stays full (protocol.md 13.1).
+            // Only flows this answer moved on, so a read that found nothing to send does not ask again at once.
+            let apps: Vec<AppIndex> = session
+                .down
+                .as_deref()
+                .filter(|d| d.wide.as_deref().is_some_and(|w| w.room() >= w.datagram))
+                .map(|d| {
+                    d.flows
+                        .iter()
+                        .filter(|f| {
+                            !f.fetching
+                                && f.node_last > f.sent_through
+                                && sent_before
+                                    .iter()
+                                    .any(|(a, s)| *a == f.app && f.sent_through > *s)
+                        })
+                        .map(|f| f.app)
+                        .collect()
+                })
+                .unwrap_or_default();
+            for app in apps {
+                self.fetch_again(id, app, false);
+            }
+        }
     }
 
     /// Puts a new allow-list in force (a reload of the senders file) without interrupting the runs of senders
@@ -1532,7 +1725,7 @@ impl Node {
 
     /// The next datagram to send, if any.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.outbox.pop()
+        self.outbox.pop_front()
     }
 
     /// Secrets derived since the last call for packets that authenticated (the sender's, and those of other
@@ -1587,15 +1780,16 @@ impl Node {
         let armed = std::mem::take(&mut self.down_armed);
         let mut keep = Vec::with_capacity(armed.len());
         for id in armed {
-            let Some(down) = self
-                .sessions
-                .get_mut(id)
-                .and_then(|s| s.down.as_deref_mut())
-            else {
+            let Some(session) = self.sessions.get_mut(id) else {
+                continue;
+            };
+            let peer = session.peer;
+            let Some(down) = session.down.as_deref_mut() else {
                 continue;
             };
             let mut due = Vec::new();
             let mut still = false;
+            let mut wide = down.wide.as_deref_mut().filter(|w| w.validated_at(peer));
             for f in &mut down.flows {
                 if f.sent_through <= f.heard {
                     f.deadline = None;
@@ -1604,14 +1798,21 @@ impl Node {
                     Some(at) if at <= now => {
                         f.deadline = None;
                         f.rto = (f.rto * 2).min(DOWN_RTO_MAX);
+                        if let Some(w) = wide.as_deref_mut() {
+                            // Everything in flight is lost and the window falls to its least (protocol.md 13.3).
+                            w.timed_out(f.app);
+                            f.sent_through = f.heard;
+                            self.counters.wide_losses += 1;
+                        }
                         due.push(f.app);
                     }
                     Some(_) => still = true,
                     None => {}
                 }
             }
+            let retransmit = wide.is_none();
             for app in due {
-                if self.fetch_again(id, app, true) {
+                if self.fetch_again(id, app, retransmit) {
                     self.counters.down_retransmits += 1;
                 }
             }
@@ -1663,6 +1864,17 @@ fn down_room(session: &Session) -> usize {
         .ack_budget
         .min(wire::MAX_DATAGRAM)
         .saturating_sub(ahead)
+}
+
+/// Bytes of downlink records a validated session's next read may take: what its windows leave (protocol.md 13.3),
+/// less each datagram's header, tag, ECHO and DOWN header, at most [`wide::MAX_READ`].
+fn wide_room(w: &Wide) -> usize {
+    const PER_DATAGRAM: usize =
+        wire::NODE_HEADER_LEN + wire::TAG_LEN + 11 + 2 + wire::MAX_APP_LEN + 4 * 10;
+    let room = w.room();
+    let datagrams = room / w.datagram;
+    room.saturating_sub(datagrams.max(1) * PER_DATAGRAM)
+        .min(wide::MAX_READ)
 }
 
 /// Writes the DOWN frames of a session's finished reads into its answer, as many records as fit `budget` (docs/
@@ -1747,6 +1959,124 @@ fn put_down_frames(
         }
     }
     armed
+}
+
+/// Writes a validated session's finished reads into its answer `first` and, past it, into further datagrams of ECHO
+/// and DOWN frames (numbered from `header`'s), each at most the device's `datagram`, while its window has room and
+/// at most [`wide::MAX_DATAGRAMS_PER_ANSWER`] (protocol.md 13.1, step 4). Notes every datagram with records in the
+/// window, and arms the RTO of flows that had nothing in flight. Returns the further datagrams, unsealed, and
+/// whether an RTO was armed.
+fn put_wide_frames(
+    down: &mut SessionDown,
+    apps: &[HostedApp],
+    first: &mut Vec<u8>,
+    mut header: wire::NodeHeader,
+    echo: u64,
+    now: Instant,
+    counters: &mut NodeCounters,
+) -> (Vec<Vec<u8>>, bool) {
+    let Some(w) = down.wide.as_deref_mut() else {
+        return (Vec::new(), false);
+    };
+    let datagram = w.datagram;
+    let mut packets = vec![std::mem::take(first)];
+    let empty_len = wire::NODE_HEADER_LEN + 1 + wire::varint_len(echo);
+    // The flows whose records the datagram being written holds, and the last sequence of each.
+    let mut holds: Vec<(AppIndex, u64)> = Vec::new();
+    let close = |w: &mut Wide, holds: &mut Vec<(AppIndex, u64)>, len: usize| {
+        let n = holds.len().max(1);
+        for (app, last) in holds.drain(..) {
+            w.sent(app, last, (len + wire::TAG_LEN) / n, now);
+        }
+    };
+    let mut stopped = false;
+    for read in std::mem::take(&mut down.ready) {
+        let Some(hosted) = apps.get(read.app as usize) else {
+            continue;
+        };
+        let app = hosted.name.as_bytes();
+        let recs = &read.records;
+        let mut after = read.after;
+        let mut i = 0;
+        let mut wrote = false;
+        while i < recs.len() && !stopped {
+            let first_seq = recs[i].seq;
+            let mut run = i;
+            while run < recs.len() && recs[run].seq == first_seq + (run - i) as u64 {
+                run += 1;
+            }
+            let head = wire::down_header_len(app, read.last, after, first_seq, (run - i) as u64);
+            let count = packets.len();
+            let packet = packets.last_mut().expect("one at least");
+            let mut j = i;
+            let mut bytes = 0;
+            while j < run {
+                let len = wire::record_len(&recs[j].payload);
+                if packet.len() + head + bytes + len + wire::TAG_LEN > datagram {
+                    break;
+                }
+                bytes += len;
+                j += 1;
+            }
+            if j == i {
+                // Not one more record fits this datagram: close it and start another, if the window allows.
+                if packet.len() == empty_len
+                    || count >= wide::MAX_DATAGRAMS_PER_ANSWER
+                    || w.room() < datagram + packet.len() + wire::TAG_LEN
+                {
+                    stopped = true;
+                    break;
+                }
+                let len = packet.len();
+                close(w, &mut holds, len);
+                let mut next = Vec::with_capacity(datagram);
+                header.emit(&mut next);
+                header.packet_number += 1;
+                wire::put_echo(&mut next, echo);
+                packets.push(next);
+                continue;
+            }
+            wire::put_down_header(packet, app, read.last, after, first_seq, (j - i) as u64);
+            for r in &recs[i..j] {
+                wire::put_record(packet, &r.payload);
+            }
+            counters.down_records_sent += (j - i) as u64;
+            wrote = true;
+            after = recs[j - 1].seq;
+            match holds.iter_mut().find(|(a, _)| *a == read.app) {
+                Some((_, last)) => *last = after,
+                None => holds.push((read.app, after)),
+            }
+            i = j;
+        }
+        if !wrote {
+            let packet = packets.last_mut().expect("one at least");
+            if packet.len()
+                + wire::down_header_len(app, read.last, read.after, 0, 0)
+                + wire::TAG_LEN
+                <= datagram
+            {
+                wire::put_down_header(packet, app, read.last, read.after, 0, 0);
+            } else {
+                counters.down_frames_deferred += 1;
+            }
+        }
+        if let Some(flow) = down.flows.iter_mut().find(|f| f.app == read.app) {
+            flow.sent_through = flow.sent_through.max(after);
+        }
+    }
+    let len = packets.last().map_or(0, Vec::len);
+    close(w, &mut holds, len);
+    let mut armed = false;
+    for flow in &mut down.flows {
+        if flow.sent_through > flow.heard && flow.deadline.is_none() {
+            flow.deadline = Some(now + w.rto());
+            armed = true;
+        }
+    }
+    *first = packets.remove(0);
+    counters.wide_datagrams += 1 + packets.len() as u64;
+    (packets, armed)
 }
 
 /// Gives the notices a packet added (`list[start..]`) the turn they wait for, and drops those already owed for
@@ -2520,6 +2850,7 @@ mod tests {
                 wire::NodeFrame::NotStored { app, reason } => {
                     format!("not_stored {} {reason}", name(app))
                 }
+                wire::NodeFrame::Challenge { token } => format!("challenge {token:?}"),
                 wire::NodeFrame::Down(d) => format!(
                     "down {} last {} after {} {}+{}",
                     name(d.app),

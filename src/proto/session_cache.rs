@@ -96,6 +96,8 @@ pub struct DownFlow {
     /// The downlink RTO, and when it passes while records are unacknowledged.
     pub rto: Duration,
     pub deadline: Option<Instant>,
+    /// `last` of the flow's latest read: more waits beyond `sent_through` while it is above.
+    pub node_last: u64,
 }
 
 /// What a session holds for downlink; only sessions that sent LISTEN have one, so the uplink's sessions pay a
@@ -105,6 +107,8 @@ pub struct SessionDown {
     pub flows: Vec<DownFlow>,
     /// Reads of finished turns, for the session's next answer.
     pub ready: Vec<DownRead>,
+    /// Version 1.2 (docs/protocol.md 13): the run sent RESPONSE over UDP.
+    pub wide: Option<Box<super::wide::Wide>>,
 }
 
 impl SessionDown {
@@ -119,6 +123,7 @@ impl SessionDown {
             fetching: false,
             rto,
             deadline: None,
+            node_last: 0,
         });
         self.flows.last_mut().expect("flow was just pushed")
     }

@@ -39,6 +39,9 @@ pub struct DownFetch {
     pub sender: SenderIndex,
     pub app: AppIndex,
     pub heard: u64,
+    /// Records are read above this (≥ `heard`): `heard`, or for a validated session the highest sequence sent and
+    /// not taken as lost, so that an acknowledgement brings new records, not those in flight (protocol.md 13.1).
+    pub from: u64,
     pub room: usize,
 }
 

@@ -190,6 +190,9 @@ pub struct Fetch<'a> {
     pub index: usize,
     pub source: &'a str,
     pub heard: u64,
+    /// Records are read above this, `≥ heard` (protocol.md 13.1: a validated session's records in flight are not
+    /// read again); the read's `after`.
+    pub from: u64,
     pub room: usize,
 }
 
@@ -209,6 +212,7 @@ pub struct OwnedFetch {
     pub index: usize,
     pub source: String,
     pub heard: u64,
+    pub from: u64,
     pub room: usize,
 }
 
@@ -218,6 +222,7 @@ impl OwnedFetch {
             index: f.index,
             source: f.source.to_string(),
             heard: f.heard,
+            from: f.from,
             room: f.room,
         }
     }
@@ -227,6 +232,7 @@ impl OwnedFetch {
             index: self.index,
             source: &self.source,
             heard: self.heard,
+            from: self.from,
             room: self.room,
         }
     }
@@ -382,7 +388,8 @@ pub(super) fn apply_fetches(
         }
         let mut records = Vec::new();
         let mut used = 0usize;
-        let mut rows = read.query(params![f.source, heard])?;
+        let from = f.from.max(f.heard).min(MAX_DOWN_HEARD) as i64;
+        let mut rows = read.query(params![f.source, from])?;
         let mut full = false;
         while let Some(row) = rows.next()? {
             let seq: i64 = row.get(0)?;
@@ -409,7 +416,7 @@ pub(super) fn apply_fetches(
         };
         out.reads.push(FetchRead {
             index: f.index,
-            after: heard as u64,
+            after: from as u64,
             last,
             records,
         });
@@ -646,6 +653,7 @@ mod tests {
             index: 0,
             source,
             heard,
+            from: heard,
             room,
         }
     }

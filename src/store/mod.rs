@@ -2041,6 +2041,7 @@ pub fn fetches_of_turn<'a>(
                 index,
                 source: senders.name(f.sender),
                 heard: f.heard,
+                from: f.from,
                 room: f.room,
             });
         }

@@ -1775,7 +1775,10 @@ impl FetchArgs {
             senders,
             heard,
             read_senders: fetches.iter().map(|f| f.source.clone()).collect(),
-            read_heard: fetches.iter().map(heard_of).collect(),
+            read_heard: fetches
+                .iter()
+                .map(|f| f.from.max(f.heard).min(super::downlink::MAX_DOWN_HEARD) as i64)
+                .collect(),
             read_limit: fetches
                 .iter()
                 .map(|f| f.room.min(i32::MAX as usize) as i32)
