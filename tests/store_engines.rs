@@ -55,6 +55,7 @@ fn push_of(sender: &str, records: &[&[u8]], limits: DownLimits) -> DownPush {
         sender: sender.into(),
         key: [sender.len() as u8; 32],
         records: records.iter().map(|r| r.to_vec()).collect(),
+        blob: None,
         limits,
     }
 }

@@ -35,6 +35,9 @@ pub struct PushRequest {
     /// The sender's name, as in the senders file.
     pub to: String,
     pub records: Vec<Vec<u8>>,
+    /// A file pushed as pieces instead of `records` (then empty), shared by every sender of its request: stored once
+    /// per app ([`super::blob::DownBlob`]).
+    pub blob: Option<Arc<super::blob::DownBlob>>,
     /// Sent once the records are synced, or refused; dropped unsent if the node stops first.
     pub answer: AnswerTo,
     /// `to` looked up by the producer ([`PushInbox::look_up`]), if it did.

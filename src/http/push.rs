@@ -326,6 +326,7 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
         app: app.clone(),
         to: to.clone(),
         records,
+        blob: None,
         answer: tx.into(),
         found: Some(inbox.look_up(&to)),
     };

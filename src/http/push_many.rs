@@ -335,6 +335,7 @@ impl<'a> Handing<'a> {
                 app: self.app.to_string(),
                 to: line.to.clone(),
                 records: line.records,
+                blob: None,
                 answer: AnswerTo::Line(slot),
                 found: Some(Found {
                     list: self.list.clone(),

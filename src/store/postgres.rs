@@ -2448,6 +2448,7 @@ impl PgReader {
                     payload: &payload,
                     queued_at_ms: row.get(3),
                     expires_at_ms: row.get(4),
+                    piece: None,
                 };
                 if !each(&view) {
                     return Ok(());
