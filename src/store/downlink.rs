@@ -44,8 +44,11 @@ CREATE TABLE IF NOT EXISTS down_blobs (
     id        INTEGER PRIMARY KEY AUTOINCREMENT,
     piece_len INTEGER NOT NULL,
     pieces    INTEGER NOT NULL,
-    bytes     BLOB NOT NULL,
     refs      INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS down_blob_bytes (
+    id    INTEGER PRIMARY KEY,
+    bytes BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS down_ranges (
     sender      TEXT NOT NULL,
@@ -398,8 +401,13 @@ const RANGES_EXPIRED_SQL: &str = "SELECT first_seq, last_seq, blob FROM down_ran
 fn drop_ref(tx: &Transaction<'_>, id: i64) -> rusqlite::Result<()> {
     tx.prepare_cached("UPDATE down_blobs SET refs = refs - 1 WHERE id = ?1")?
         .execute([id])?;
-    tx.prepare_cached("DELETE FROM down_blobs WHERE id = ?1 AND refs <= 0")?
+    let gone = tx
+        .prepare_cached("DELETE FROM down_blobs WHERE id = ?1 AND refs <= 0")?
         .execute([id])?;
+    if gone > 0 {
+        tx.prepare_cached("DELETE FROM down_blob_bytes WHERE id = ?1")?
+            .execute([id])?;
+    }
     Ok(())
 }
 
@@ -473,7 +481,7 @@ fn read_piece(
     piece: i64,
     piece_len: i64,
 ) -> rusqlite::Result<Vec<u8>> {
-    let blob = tx.blob_open(rusqlite::MAIN_DB, "down_blobs", "bytes", id, true)?;
+    let blob = tx.blob_open(rusqlite::MAIN_DB, "down_blob_bytes", "bytes", id, true)?;
     let len = blob.len() as i64;
     let start = piece.saturating_mul(piece_len).clamp(0, len);
     let end = start.saturating_add(piece_len).min(len);
@@ -698,8 +706,9 @@ fn waiting_of(tx: &Transaction<'_>, sender: &str) -> rusqlite::Result<(u64, u64)
         )?
         .query_row([sender], |r| Ok((r.get(0)?, r.get(1)?)))?;
     let mut q = tx.prepare_cached(
-        "SELECT r.first_seq, r.last_seq, r.first_piece, b.piece_len, LENGTH(b.bytes)
-         FROM down_ranges r JOIN down_blobs b ON b.id = r.blob WHERE r.sender = ?1",
+        "SELECT r.first_seq, r.last_seq, r.first_piece, b.piece_len, LENGTH(y.bytes)
+         FROM down_ranges r JOIN down_blobs b ON b.id = r.blob JOIN down_blob_bytes y ON y.id = r.blob
+         WHERE r.sender = ?1",
     )?;
     let mut rows = q.query([sender])?;
     while let Some(r) = rows.next()? {
@@ -755,14 +764,13 @@ pub(super) fn queue_blob_in(
         _ => {
             // Not written yet, or deleted since (every range of it delivered or expired): written now.
             tx.prepare_cached(
-                "INSERT INTO down_blobs (piece_len, pieces, bytes, refs) VALUES (?1, ?2, ?3, 1)",
+                "INSERT INTO down_blobs (piece_len, pieces, refs) VALUES (?1, ?2, 1)",
             )?
-            .execute(params![
-                blob.piece_len() as i64,
-                pieces as i64,
-                blob.bytes()
-            ])?;
-            tx.last_insert_rowid()
+            .execute(params![blob.piece_len() as i64, pieces as i64])?;
+            let id = tx.last_insert_rowid();
+            tx.prepare_cached("INSERT INTO down_blob_bytes (id, bytes) VALUES (?1, ?2)")?
+                .execute(params![id, blob.bytes()])?;
+            id
         }
     };
     match made
@@ -1417,10 +1425,22 @@ mod tests {
         }
     }
 
+    /// The blobs stored: (id, refs, bytes); a blob's bytes are stored exactly while its row is.
     fn blob_rows(s: &AppStore) -> Vec<(i64, i64, i64)> {
+        let count = |table: &str| {
+            s.conn
+                .query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .unwrap()
+        };
+        assert_eq!(count("down_blobs"), count("down_blob_bytes"));
         let mut q = s
             .conn
-            .prepare("SELECT id, refs, LENGTH(bytes) FROM down_blobs ORDER BY id")
+            .prepare(
+                "SELECT b.id, b.refs, LENGTH(y.bytes) FROM down_blobs b JOIN down_blob_bytes y ON y.id = b.id
+                 ORDER BY b.id",
+            )
             .unwrap();
         q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .unwrap()
@@ -1684,5 +1704,42 @@ mod tests {
         ));
         assert_eq!(DownBlob::new(vec![0; 2049], 1024).unwrap().pieces(), 3);
         assert_eq!(pieces_bytes(2049, 1024, 1, 2), 1025);
+    }
+
+    /// A 1 MB file pushed to 1,000 senders leaves the store's file about one copy of it, plus a row per sender
+    /// (a copy per sender would be a gigabyte).
+    #[test]
+    fn a_megabyte_pushed_to_a_thousand_senders_is_stored_once_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("main.sqlite");
+        let mut s = AppStore::open(&path).unwrap();
+        let size = 1_000_000;
+        let blob = std::sync::Arc::new(DownBlob::new(file(size), 1024).unwrap());
+        let names: Vec<String> = (0..1000).map(|k| format!("device-{k:04}")).collect();
+        // In batches of 250 senders, each a transaction of its own, as a request's batches are turns of their own.
+        for batch in names.chunks(250) {
+            let pushes: Vec<DownPush> = batch
+                .iter()
+                .map(|n| blob_push(n, &blob, DownLimits::default()))
+                .collect();
+            let refs: Vec<&DownPush> = pushes.iter().collect();
+            let applied = s.apply_with_down(&mut [], &[], false, &[], &refs).unwrap();
+            assert!(applied.down.pushes.iter().all(|(p, _)| *p
+                == Pushed::Queued {
+                    first: 1,
+                    count: 977
+                }));
+        }
+        assert_eq!(blob_rows(&s).len(), 1);
+        assert_eq!(blob_rows(&s)[0].1, 1000);
+        assert_eq!(s.down_waiting(), 977_000);
+        s.checkpoint().unwrap();
+        drop(s);
+        let on_disk = std::fs::metadata(&path).unwrap().len();
+        let bound = size as u64 + size as u64 / 5 + 1000 * 200;
+        assert!(
+            on_disk < bound,
+            "the store is {on_disk} bytes for a file of {size} pushed to 1,000 senders (bound {bound})"
+        );
     }
 }
