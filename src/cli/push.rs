@@ -541,7 +541,8 @@ fn tell_outcomes(
         );
     }
     if let Some(n) = field("problems_left_out").filter(|n| *n > 0) {
-        eprintln!("… and {n} more not queued");
+        let what = if file.is_some() { "senders" } else { "lines" };
+        eprintln!("… and {n} more {what} not queued");
     }
     if let Some(cut) = value.get("cut").and_then(serde_json::Value::as_str) {
         eprintln!("the push was cut: {cut}");
