@@ -1135,9 +1135,10 @@ impl Host {
             return;
         }
         if blob.is_some() && self.shared.is_some() {
-            let _ = answer.send(PushAnswer::Unavailable(format!(
-                "app {app} is on a fleet's store (--store postgres://…), which does not take files pushed as pieces: \
-                 nothing was queued; push the file to a node on its own files"
+            let _ = answer.send(PushAnswer::Unsupported(format!(
+                "app {app} is on a fleet's store (--store postgres://…), which does not take files pushed as pieces \
+                 (docs/downlink.md, \"Pushing a file\"): nothing was queued; push the file to a node on its own \
+                 files, or push the devices a reference to fetch it by"
             )));
             return;
         }
