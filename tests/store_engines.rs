@@ -55,6 +55,7 @@ fn push_of(sender: &str, records: &[&[u8]], limits: DownLimits) -> DownPush {
         sender: sender.into(),
         key: [sender.len() as u8; 32],
         records: records.iter().map(|r| r.to_vec()).collect(),
+        blob: None,
         limits,
     }
 }
@@ -907,4 +908,149 @@ fn a_feed_reading_on_while_two_nodes_commit_skips_no_position() {
         "{} chunks committed by two nodes, read in {reads} reads",
         chunks.len()
     );
+}
+
+/// A push of a file's pieces to `sender`, sharing `blob` with the other pushes of its request.
+fn blob_push_of(
+    sender: &str,
+    blob: &std::sync::Arc<pure_serve::store::downlink::DownBlob>,
+    limits: DownLimits,
+) -> DownPush {
+    DownPush {
+        sender: sender.into(),
+        key: [sender.len() as u8; 32],
+        records: Vec::new(),
+        blob: Some(blob.clone()),
+        limits,
+    }
+}
+
+/// A file pushed to two senders through the interface (docs/downlink.md, "Pushing a file"): its pieces numbered for
+/// each, read in order within the room, the waiting count exact, a partial delivery moved up, and refused whole
+/// past a bound. On real files synced by `pure-sync`.
+#[test]
+fn sqlite_engine_queues_a_files_pieces_once_for_many_and_delivers_them_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let apps = vec!["a".to_string(), "b".to_string()];
+    let stores = pure_serve::store::Stores::open(dir.path(), &apps).unwrap();
+    let syncer = pure_serve::store::sync::Syncer::start().unwrap();
+    let mut engine = pure_serve::store::sqlite_engine::SqliteTurns::new(stores, Some(syncer));
+    let store: &mut dyn TurnStore = &mut engine;
+    let db = rusqlite::Connection::open(dir.path().join("apps").join("a.sqlite")).unwrap();
+    let kept = || -> i64 {
+        db.query_row("SELECT waiting FROM down_count", [], |r| r.get(0))
+            .unwrap()
+    };
+    let bytes: Vec<u8> = (0..2500u32).map(|i| (i % 253) as u8).collect();
+    let blob = std::sync::Arc::new(
+        pure_serve::store::downlink::DownBlob::new(bytes.clone(), 1000).unwrap(),
+    );
+    let limits = DownLimits::default();
+    let few = DownLimits {
+        max_records: 2,
+        ..limits
+    };
+    let (_, pushed) = apply_down(
+        store,
+        1,
+        down_turn(
+            vec![
+                blob_push_of("dev", &blob, limits),
+                blob_push_of("other", &blob, limits),
+                blob_push_of("small", &blob, few),
+            ],
+            vec![listen(0, "dev", 0, 1100)],
+        ),
+    );
+    assert_eq!(
+        pushed,
+        vec![
+            Pushed::Queued { first: 1, count: 3 },
+            Pushed::Queued { first: 1, count: 3 },
+            Pushed::Refused(DownRefusal::Records {
+                pushing: 3,
+                waiting: 0,
+                max: 2
+            }),
+        ]
+    );
+    assert_eq!(kept(), 6, "the kept count of waiting pieces");
+    // The LISTEN of the same turn read the first piece; its room held one.
+    let a = apply(
+        store,
+        2,
+        down_turn(Vec::new(), vec![listen(0, "dev", 1, 5000)]),
+    );
+    assert_eq!(a.down.delivered, 1);
+    let read = &a.down.reads[0];
+    assert_eq!((read.after, read.last), (1, 3));
+    assert_eq!(
+        read.records,
+        vec![down(2, &bytes[1000..2000]), down(3, &bytes[2000..])]
+    );
+    assert_eq!(kept(), 5, "the kept count of waiting pieces");
+    let a = apply(
+        store,
+        3,
+        down_turn(Vec::new(), vec![listen(0, "dev", 3, 5000)]),
+    );
+    assert_eq!(a.down.delivered, 2);
+    assert_eq!(kept(), 3, "the kept count of waiting pieces");
+    let blobs: i64 = db
+        .query_row("SELECT COUNT(*) FROM down_blob_bytes", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(blobs, 1, "other still waits for it; stored once");
+    let a = apply(
+        store,
+        4,
+        down_turn(Vec::new(), vec![listen(0, "other", 3, 5000)]),
+    );
+    assert_eq!(a.down.delivered, 3);
+    let blobs: i64 = db
+        .query_row("SELECT COUNT(*) FROM down_blob_bytes", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(blobs, 0, "deleted once the last device has it");
+    assert_eq!(kept(), 0, "the kept count of waiting pieces");
+}
+
+/// A fleet's store does not take a file pushed as pieces yet: the push fails, saying so, and nothing is queued
+/// (the host answers such pushes itself before they reach it; docs/downlink.md, "Pushing a file").
+#[test]
+fn postgres_engine_refuses_a_file_pushed_as_pieces_and_queues_nothing() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "postgres_engine_refuses_a_file_pushed_as_pieces_and_queues_nothing",
+    ) else {
+        return;
+    };
+    let mut engine = pg_engine(&cluster);
+    let blob =
+        std::sync::Arc::new(pure_serve::store::downlink::DownBlob::new(vec![7; 100], 10).unwrap());
+    engine.submit(
+        1,
+        vec![down_turn(
+            vec![blob_push_of("dev", &blob, DownLimits::default())],
+            vec![listen(0, "dev", 0, 1000)],
+        )],
+    );
+    let mut done: Vec<TurnOutcome> = Vec::new();
+    while done.is_empty() {
+        done = engine.wait_done();
+    }
+    let (_, list) = &done[0].pushes[0];
+    match &list[0] {
+        pure_serve::store::downlink::PushOutcome::Failed {
+            error,
+            maybe_queued: false,
+        } => assert!(
+            error
+                .to_string()
+                .contains("does not take files pushed as pieces"),
+            "{error}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let (_, result) = &done[0].apps[0];
+    let applied = result.as_ref().expect("the LISTEN is applied");
+    assert!(applied.down.reads[0].records.is_empty());
+    assert_eq!(engine.waiting(), 0);
 }

@@ -1091,6 +1091,7 @@ impl Host {
             app,
             to,
             records,
+            blob,
             answer,
             found,
         } = request;
@@ -1121,7 +1122,7 @@ impl Host {
             )));
             return;
         }
-        if records.is_empty() {
+        if records.is_empty() && blob.is_none() {
             // Nothing to queue, whatever the store's state: the answer says only that the names are right.
             let _ = answer.send(PushAnswer::Empty);
             return;
@@ -1130,6 +1131,14 @@ impl Host {
             let _ = answer.send(PushAnswer::Unavailable(format!(
                 "app {app} cannot store now ({}): nothing was queued; push again once it stores",
                 f.words()
+            )));
+            return;
+        }
+        if blob.is_some() && self.shared.is_some() {
+            let _ = answer.send(PushAnswer::Unsupported(format!(
+                "app {app} is on a fleet's store (--store postgres://…), which does not take files pushed as pieces \
+                 (docs/downlink.md, \"Pushing a file\"): nothing was queued; push the file to a node on its own \
+                 files, or push the devices a reference to fetch it by"
             )));
             return;
         }
@@ -1146,6 +1155,7 @@ impl Host {
             sender: to,
             key: *node.senders().key(sender),
             records,
+            blob,
             limits: a.config.downlink,
         };
         self.turn_pushes.push(TurnPush::new(

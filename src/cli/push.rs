@@ -21,6 +21,7 @@ use hyper_util::rt::TokioIo;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::common::blob::MAX_BLOB;
 use crate::common::push::MAX_PUSH_BODY;
 use crate::http::push::MAX_PUSH_CONNECTIONS;
 
@@ -41,6 +42,15 @@ pub struct PushArgs {
     /// accepts, each sender's all or nothing (docs/downlink.md, "Pushing to many devices").
     #[arg(long, conflicts_with_all = ["to", "many"])]
     pub to_all: bool,
+    /// Push this file as pieces (records of at most --piece-size bytes, in order) to the senders of --to (names
+    /// separated by commas) or --to-all, stored once in the app's store however many senders (docs/downlink.md,
+    /// "Pushing a file"). Read whole; at most 64 MiB. Standard input is not read.
+    #[arg(long, value_name = "PATH", conflicts_with = "many")]
+    pub file: Option<PathBuf>,
+    /// With --file: the bytes of each piece, 1–1024 (a piece is a downlink record).
+    #[arg(long, value_name = "N", requires = "file", default_value_t = 1024,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub piece_size: u16,
     /// The running node's state directory: its push socket is push.sock there (default: as the node's, i.e.
     /// $STATE_DIRECTORY under systemd, else ./pure-state).
     #[arg(long, value_name = "DIR")]
@@ -290,6 +300,9 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
             .unwrap_or_else(super::node::default_state_dir)
             .join("push.sock")
     });
+    if let Some(file) = &args.file {
+        return push_file(args, file, &path);
+    }
     let Some(to) = args.to.as_deref() else {
         return push_many(args, &path);
     };
@@ -362,6 +375,58 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
     }
 }
 
+/// `push --file`: the file, read whole, in one `POST /push-file`, and what became of each sender's push.
+fn push_file(args: &PushArgs, file: &Path, path: &Path) -> anyhow::Result<()> {
+    let too_large = || {
+        PushError::Refused(format!(
+            "{} is more than {MAX_BLOB} bytes (64 MiB), the most a file pushed as pieces may have: nothing was \
+             queued; push it in parts, or send the devices a reference to fetch it by",
+            file.display()
+        ))
+    };
+    let opened = std::fs::File::open(file)
+        .with_context(|| format!("cannot open --file {}: nothing was queued", file.display()))?;
+    if opened.metadata().is_ok_and(|m| m.len() > MAX_BLOB as u64) {
+        return Err(too_large().into());
+    }
+    let mut body = Vec::new();
+    opened
+        .take(MAX_BLOB as u64 + 1)
+        .read_to_end(&mut body)
+        .with_context(|| format!("cannot read --file {}: nothing was queued", file.display()))?;
+    if body.len() > MAX_BLOB {
+        return Err(too_large().into());
+    }
+    if body.is_empty() {
+        return Err(PushError::Refused(format!(
+            "{} is empty: there is nothing to push; nothing was queued",
+            file.display()
+        ))
+        .into());
+    }
+    let who = match (&args.to, args.to_all) {
+        (Some(to), false) => format!("to={}", encode(to).replace("%2C", ",")),
+        (None, true) => "all=1".to_string(),
+        _ => {
+            return Err(anyhow::anyhow!(
+                "--file needs --to NAME[,NAME…] or --to-all: the senders to push it to"
+            ));
+        }
+    };
+    let target = format!(
+        "/push-file?app={}&{who}&piece_size={}",
+        encode(&args.app),
+        args.piece_size
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .context("cannot start the push")?;
+    let (status, answer) = runtime.block_on(post(path, &target, body))?;
+    let what = format!("{}", file.display());
+    tell_outcomes(args, status, &answer, Some(&what))
+}
+
 /// `push --many`: standard input's `SENDER RECORD` lines in one `POST /push-many`, and what became of each; `push
 /// --to-all`: standard input's records in one `POST /push-all`, and what became of each sender's push.
 fn push_many(args: &PushArgs, path: &Path) -> anyhow::Result<()> {
@@ -393,16 +458,28 @@ fn push_many(args: &PushArgs, path: &Path) -> anyhow::Result<()> {
         format!("/push-many?app={}", encode(&args.app))
     };
     let (status, answer) = runtime.block_on(post(path, &target, body))?;
-    let value: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+    tell_outcomes(args, status, &answer, None)
+}
+
+/// Says what became of each line (or sender) of a push of many, to all or of a file (`file`: its name), and gives
+/// the worst outcome as the error.
+fn tell_outcomes(
+    args: &PushArgs,
+    status: u16,
+    answer: &[u8],
+    file: Option<&str>,
+) -> anyhow::Result<()> {
+    let value: serde_json::Value = serde_json::from_slice(answer).unwrap_or_default();
     let field = |k: &str| value.get(k).and_then(serde_json::Value::as_u64);
     let (Some(lines), Some(queued), 200) = (field("lines"), field("queued"), status) else {
         let error = value
             .get("error")
             .and_then(serde_json::Value::as_str)
             .map(str::to_string)
-            .unwrap_or_else(|| String::from_utf8_lossy(&answer).trim().to_string());
+            .unwrap_or_else(|| String::from_utf8_lossy(answer).trim().to_string());
         return Err(match status {
             404 => PushError::NoSuch(error).into(),
+            413 => PushError::Refused(error).into(),
             503 => PushError::TryAgain(error).into(),
             400 => PushError::Refused(error).into(),
             other => anyhow::anyhow!("the node answered {other}: {error}"),
@@ -415,7 +492,28 @@ fn push_many(args: &PushArgs, path: &Path) -> anyhow::Result<()> {
             .and_then(serde_json::Value::as_u64)
             .unwrap_or(0)
     };
-    if args.to_all {
+    let senders = if lines == 1 { "sender" } else { "senders" };
+    if let Some(file) = file {
+        let (bytes, pieces, size) = (
+            field("bytes").unwrap_or(0),
+            field("pieces").unwrap_or(0),
+            field("piece_size").unwrap_or(0),
+        );
+        let passed = if args.to_all {
+            format!(
+                " app {} accepts ({} it does not accept passed over)",
+                args.app,
+                field("passed_over").unwrap_or(0)
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "queued {file} ({bytes} bytes, {pieces} pieces of at most {size}) for {queued} of the {lines} \
+             {senders}{passed} in app {}",
+            args.app
+        );
+    } else if args.to_all {
         let passed = field("passed_over").unwrap_or(0);
         println!(
             "queued for {queued} of the {lines} senders app {} accepts ({passed} it does not accept passed over)",
@@ -434,7 +532,8 @@ fn push_many(args: &PushArgs, path: &Path) -> anyhow::Result<()> {
         .flatten()
     {
         eprintln!(
-            "line {}: {} ({}): {}",
+            "{} {}: {} ({}): {}",
+            if file.is_some() { "sender" } else { "line" },
             p["line"],
             p["outcome"].as_str().unwrap_or("?"),
             p["to"].as_str().unwrap_or(""),
@@ -442,7 +541,8 @@ fn push_many(args: &PushArgs, path: &Path) -> anyhow::Result<()> {
         );
     }
     if let Some(n) = field("problems_left_out").filter(|n| *n > 0) {
-        eprintln!("… and {n} more lines not queued");
+        let what = if file.is_some() { "senders" } else { "lines" };
+        eprintln!("… and {n} more {what} not queued");
     }
     if let Some(cut) = value.get("cut").and_then(serde_json::Value::as_str) {
         eprintln!("the push was cut: {cut}");
@@ -452,13 +552,19 @@ fn push_many(args: &PushArgs, path: &Path) -> anyhow::Result<()> {
         return Ok(());
     }
     let summary = format!(
-        "{not_queued} of {lines} lines not queued: {} refused by a bound, {} to no such sender or app, {} malformed,          {} while the store could not take them, {} maybe queued (the lines above say which and why)",
+        "{not_queued} of {lines} {} not queued: {} refused by a bound, {} to no such sender or app, {} malformed, \
+         {} while the store could not take them, {} maybe queued (the lines above say which and why)",
+        if file.is_some() { senders } else { "lines" },
         count("refused"),
         count("not_found"),
         count("malformed"),
         count("unavailable"),
         count("maybe_queued"),
     );
+    let summary = match count("unsupported") {
+        0 => summary,
+        n => format!("{summary}; {n} not taken by this node's store at all"),
+    };
     // The worst outcome decides the status: maybe queued (pushing again may queue twice), then try again, then
     // refused.
     Err(if count("maybe_queued") > 0 {

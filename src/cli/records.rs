@@ -175,6 +175,14 @@ fn write_waiting(
     store.for_each_waiting(args.source.as_deref(), store::now_ms(), |w| {
         if args.json {
             lines.put(format_args!("{}", store::json::waiting(app, w)))
+        } else if let Some((blob, piece)) = w.piece {
+            // A piece of a file is bytes, not a line: which piece of which blob, and its size (--json has them).
+            lines.put(format_args!(
+                "{app}\t{}\t{}\t(piece {piece} of blob {blob}, {} bytes)",
+                w.sender,
+                w.seq,
+                w.payload.len()
+            ))
         } else {
             let text = String::from_utf8_lossy(w.payload);
             lines.put(format_args!("{app}\t{}\t{}\t{text}", w.sender, w.seq))

@@ -35,6 +35,9 @@ pub struct PushRequest {
     /// The sender's name, as in the senders file.
     pub to: String,
     pub records: Vec<Vec<u8>>,
+    /// A file pushed as pieces instead of `records` (then empty), shared by every sender of its request: stored once
+    /// per app ([`super::blob::DownBlob`]).
+    pub blob: Option<Arc<super::blob::DownBlob>>,
     /// Sent once the records are synced, or refused; dropped unsent if the node stops first.
     pub answer: AnswerTo,
     /// `to` looked up by the producer ([`PushInbox::look_up`]), if it did.
@@ -103,6 +106,9 @@ pub enum PushAnswer {
     NotAccepted(String),
     /// Nothing queued: the app's store failed, or the node is stopping. The same push later may succeed.
     Unavailable(String),
+    /// Nothing queued, and the same push will not be taken later either: this node's store does not take this kind
+    /// of push (a file pushed as pieces to an app on a fleet's store).
+    Unsupported(String),
     /// The push may or may not be queued: its store failed after it may have committed it (a failed sync, a
     /// checkpoint, a fleet's connection lost after its COMMIT was sent). Pushing it again may queue it twice.
     MaybeQueued(String),
@@ -553,6 +559,7 @@ pub fn answer_json(app: &str, to: &str, a: PushAnswer) -> (u16, serde_json::Valu
         PushAnswer::NotFound(why) | PushAnswer::NotAccepted(why) => error_json(404, why),
         PushAnswer::Unavailable(why) => error_json(503, why),
         PushAnswer::MaybeQueued(why) => maybe_queued_json(why),
+        PushAnswer::Unsupported(why) => error_json(501, why),
     }
 }
 
@@ -629,6 +636,84 @@ pub fn many_target(query: &str) -> Result<String, String> {
     }
 }
 
+/// Whom a file pushed as pieces goes to (`POST /push-file`, docs/downlink.md "Pushing a file").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileTargets {
+    /// These senders, by name, each once.
+    Names(Vec<String>),
+    /// Every sender of the senders file that the app accepts.
+    All,
+}
+
+/// The target of a file pushed as pieces: `POST /push-file?app=APP&to=A,B` or `?app=APP&all=1`, with an optional
+/// `piece_size=N` (default and most [`super::blob::MAX_PIECE`]).
+pub fn file_target(query: &str) -> Result<(String, FileTargets, usize), String> {
+    let (mut app, mut to, mut all, mut piece) = (None, None, false, None);
+    for (k, v) in decoded_pairs(query)? {
+        match k {
+            "app" if app.is_none() => app = Some(v),
+            "to" if to.is_none() => to = Some(v),
+            "all" if v == "1" && !all => all = true,
+            "all" => return Err("all is given twice or is not 1: give all=1 once".into()),
+            "piece_size" if piece.is_none() => {
+                piece = Some(
+                    v.parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=super::blob::MAX_PIECE).contains(n))
+                        .ok_or_else(|| {
+                            format!(
+                                "piece_size {v:?} is not a number from 1 to {}",
+                                super::blob::MAX_PIECE
+                            )
+                        })?,
+                )
+            }
+            "app" | "to" | "piece_size" => {
+                return Err(format!(
+                    "{k} is given twice: a push of a file names it once"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "unknown parameter {k:?}: a push of a file takes app, to or all=1, and piece_size"
+                ));
+            }
+        }
+    }
+    let Some(app) = app.filter(|a| !a.is_empty()) else {
+        return Err(
+            "a push of a file names its app: POST /push-file?app=APP&to=A,B (or &all=1)".into(),
+        );
+    };
+    let targets = match (to, all) {
+        (Some(_), true) => return Err("give to=A,B or all=1, not both".into()),
+        (None, false) => {
+            return Err(
+                "a push of a file names its senders: to=A,B (comma-separated) or all=1".into(),
+            );
+        }
+        (None, true) => FileTargets::All,
+        (Some(to), false) => {
+            let mut names: Vec<String> = Vec::new();
+            for name in to.split(',') {
+                if name.is_empty() {
+                    return Err(format!(
+                        "to={to:?} has an empty name: give names separated by single commas"
+                    ));
+                }
+                if names.iter().any(|n| n == name) {
+                    return Err(format!(
+                        "{name:?} is named twice in to: name each sender once"
+                    ));
+                }
+                names.push(name.to_string());
+            }
+            FileTargets::Names(names)
+        }
+    };
+    Ok((app, targets, piece.unwrap_or(super::blob::MAX_PIECE)))
+}
+
 /// A query's `NAME=VALUE` pairs in their order, each value percent-decoded; an error names a value that is not
 /// percent-encoded UTF-8. (The push sockets' targets and the status page's search.)
 pub fn decoded_pairs(query: &str) -> Result<Vec<(&str, String)>, String> {
@@ -698,6 +783,36 @@ mod tests {
         assert_eq!(lines(b"a\n\nb"), vec![b"a".to_vec(), vec![], b"b".to_vec()]);
         assert_eq!(lines(b"a\n"), vec![b"a".to_vec()]);
         assert_eq!(lines(b"\n"), vec![Vec::<u8>::new()]);
+    }
+
+    #[test]
+    fn a_files_target_is_its_app_its_senders_or_all_and_its_piece_size() {
+        assert_eq!(
+            file_target("app=main&to=a,b%2Cc"),
+            Ok((
+                "main".into(),
+                FileTargets::Names(vec!["a".into(), "b".into(), "c".into()]),
+                1024
+            ))
+        );
+        assert_eq!(
+            file_target("app=main&all=1&piece_size=200"),
+            Ok(("main".into(), FileTargets::All, 200))
+        );
+        for (query, words) in [
+            ("app=main", "names its senders"),
+            ("to=a", "names its app"),
+            ("app=main&to=a&all=1", "not both"),
+            ("app=main&to=a,,b", "empty name"),
+            ("app=main&to=a,a", "named twice"),
+            ("app=main&to=a&piece_size=1025", "from 1 to 1024"),
+            ("app=main&to=a&piece_size=0", "from 1 to 1024"),
+            ("app=main&all=2", "not 1"),
+            ("app=main&to=a&x=1", "unknown parameter"),
+        ] {
+            let why = file_target(query).unwrap_err();
+            assert!(why.contains(words), "{query}: {why}");
+        }
     }
 
     #[test]

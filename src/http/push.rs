@@ -25,9 +25,10 @@ use tokio::sync::{oneshot, watch};
 use super::routes::{Answer, answer};
 use super::serve::stopping;
 use super::{HttpError, Shared};
+use crate::common::blob::{BlobError, DownBlob, MAX_BLOB};
 use crate::common::push::{
-    MAX_PUSH_BODY, PushAnswer, PushRefused, PushRequest, answer_json, clear_socket_path, lines,
-    make_private, maybe_queued_json, target, too_large_json,
+    MAX_PUSH_BODY, PushAnswer, PushRefused, PushRequest, answer_json, clear_socket_path,
+    file_target, lines, make_private, maybe_queued_json, target, too_large_json,
 };
 
 /// Push connections open at once (docs/downlink.md, "The push socket's requests"); one more is answered 503
@@ -239,17 +240,37 @@ fn push_too_large() -> Answer {
 
 /// A push's body, read whole within [`MAX_PUSH_BODY`] and the request deadline; or the answer that says why not.
 async fn read_body(req: Request<Incoming>, shared: &Shared) -> Result<hyper::body::Bytes, Answer> {
-    if req.body().size_hint().lower() > MAX_PUSH_BODY as u64 {
-        return Err(push_too_large());
+    read_body_within(req, shared, MAX_PUSH_BODY, push_too_large).await
+}
+
+/// The answer to a file past [`MAX_BLOB`].
+fn file_too_large() -> Answer {
+    let (_, value) = too_large_json(format!(
+        "this file is more than {MAX_BLOB} bytes (64 MiB), the most a file pushed as pieces may have: nothing was \
+         queued; push it in parts, or send the devices a reference to fetch it by"
+    ));
+    json(StatusCode::PAYLOAD_TOO_LARGE, value)
+}
+
+/// A body read whole within `limit` bytes and the request deadline; or the answer that says why not (`too_large`
+/// past the limit).
+async fn read_body_within(
+    req: Request<Incoming>,
+    shared: &Shared,
+    limit: usize,
+    too_large: fn() -> Answer,
+) -> Result<hyper::body::Bytes, Answer> {
+    if req.body().size_hint().lower() > limit as u64 {
+        return Err(too_large());
     }
     match tokio::time::timeout(
         shared.limits.request_deadline,
-        Limited::new(req.into_body(), MAX_PUSH_BODY).collect(),
+        Limited::new(req.into_body(), limit).collect(),
     )
     .await
     {
         Ok(Ok(c)) => Ok(c.to_bytes()),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(push_too_large()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
         Ok(Err(e)) => Err(error(
             StatusCode::BAD_REQUEST,
             format!("could not read the body: {e}"),
@@ -265,6 +286,25 @@ async fn read_body(req: Request<Incoming>, shared: &Shared) -> Result<hyper::bod
 }
 
 async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
+    if req.uri().path() == "/push-file" && req.method() == Method::POST {
+        let (app, targets, piece) = match file_target(req.uri().query().unwrap_or("")) {
+            Ok(t) => t,
+            Err(why) => return error(StatusCode::BAD_REQUEST, why),
+        };
+        let Some(inbox) = shared.pushes.clone() else {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "this node takes no pushes");
+        };
+        let body = match read_body_within(req, shared, MAX_BLOB, file_too_large).await {
+            Ok(b) => b,
+            Err(answer) => return answer,
+        };
+        let blob = match DownBlob::new(body.to_vec(), piece) {
+            Ok(b) => b,
+            Err(BlobError::TooLarge { .. }) => return file_too_large(),
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("{e}: nothing was queued")),
+        };
+        return super::push_many::handle_file(blob, app, targets, &inbox).await;
+    }
     if req.uri().path() == "/push-many" && req.method() == Method::POST {
         let app = match crate::common::push::many_target(req.uri().query().unwrap_or("")) {
             Ok(app) => app,
@@ -302,7 +342,8 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
             StatusCode::BAD_REQUEST,
             format!(
                 "{} {}: the push socket serves POST /push?app=APP&to=SENDER, with the records as the body, one per \
-                 line, POST /push-many?app=APP, with SENDER RECORD lines, and POST /push-all?app=APP (docs/downlink.md)",
+                 line, POST /push-many?app=APP, with SENDER RECORD lines, POST /push-all?app=APP, and POST \
+                 /push-file?app=APP&to=A,B (or &all=1), with a file as the body (docs/downlink.md)",
                 req.method(),
                 req.uri().path()
             ),
@@ -326,6 +367,7 @@ async fn handle(req: Request<Incoming>, shared: &Shared) -> Answer {
         app: app.clone(),
         to: to.clone(),
         records,
+        blob: None,
         answer: tx.into(),
         found: Some(inbox.look_up(&to)),
     };

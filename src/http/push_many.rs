@@ -22,6 +22,8 @@ use hyper::body::Incoming;
 use tokio::sync::oneshot;
 
 use super::routes::{Answer, answer};
+use crate::common::blob::DownBlob;
+use crate::common::push::FileTargets;
 use crate::common::push::{
     AnswerTo, Found, PushAnswer, PushInbox, PushRefused, PushRequest, batch_answers,
 };
@@ -55,6 +57,7 @@ fn outcome_word(a: &PushAnswer) -> &'static str {
         PushAnswer::NotFound(_) | PushAnswer::NotAccepted(_) => "not_found",
         PushAnswer::Unavailable(_) => "unavailable",
         PushAnswer::MaybeQueued(_) => "maybe_queued",
+        PushAnswer::Unsupported(_) => "unsupported",
     }
 }
 
@@ -68,6 +71,8 @@ struct Tally {
     counts: std::collections::BTreeMap<&'static str, u64>,
     problems: Vec<serde_json::Value>,
     expired: u64,
+    /// A push of a file: its bytes, its pieces and their size.
+    file: Option<(u64, u64, u64)>,
 }
 
 impl Tally {
@@ -101,7 +106,8 @@ impl Tally {
             PushAnswer::NotFound(why)
             | PushAnswer::NotAccepted(why)
             | PushAnswer::Unavailable(why)
-            | PushAnswer::MaybeQueued(why) => Some(why),
+            | PushAnswer::MaybeQueued(why)
+            | PushAnswer::Unsupported(why) => Some(why),
         };
         self.note(line, to, word, why);
     }
@@ -122,6 +128,11 @@ impl Tally {
         });
         if self.to_all {
             value["passed_over"] = self.passed_over.into();
+        }
+        if let Some((bytes, pieces, piece_size)) = self.file {
+            value["bytes"] = bytes.into();
+            value["pieces"] = pieces.into();
+            value["piece_size"] = piece_size.into();
         }
         answer(StatusCode::OK, "application/json", format!("{value}\n"))
     }
@@ -148,6 +159,7 @@ struct Line {
     to: String,
     index: Option<SenderIndex>,
     records: Vec<Vec<u8>>,
+    blob: Option<Arc<DownBlob>>,
 }
 
 /// A batch handed to the loop: its lines' numbers and senders, and where their answers come.
@@ -256,8 +268,59 @@ pub(super) async fn handle_all(records: Vec<Vec<u8>>, app: String, inbox: &PushI
             to: list.name(index).to_string(),
             index: Some(index),
             records: records.clone(),
+            blob: None,
         };
         handing.add(line, &mut tally).await;
+    }
+    handing.finish(&mut tally).await;
+    tally.into_answer(&app, None)
+}
+
+/// Serves `POST /push-file?app=APP&to=A,B` (or `&all=1`; docs/downlink.md, "Pushing a file"): `blob`'s pieces pushed
+/// to each sender named (or every sender of the senders file that the app accepts), each sender's all or nothing,
+/// in batches of [`BATCH`] senders a turn as a push to all; the blob is stored once in the app's store, however many
+/// senders and turns. Senders are counted as lines.
+pub(super) async fn handle_file(
+    blob: DownBlob,
+    app: String,
+    targets: FileTargets,
+    inbox: &PushInbox,
+) -> Answer {
+    let blob = Arc::new(blob);
+    let list = inbox.list();
+    let mut tally = Tally {
+        to_all: targets == FileTargets::All,
+        file: Some((
+            blob.bytes().len() as u64,
+            blob.pieces(),
+            blob.piece_len() as u64,
+        )),
+        ..Tally::default()
+    };
+    let mut handing = Handing::new(&app, list.clone(), inbox);
+    let mut add = async |to: String, index: Option<SenderIndex>, tally: &mut Tally| {
+        tally.lines += 1;
+        let line = Line {
+            number: tally.lines,
+            to,
+            index,
+            records: Vec::new(),
+            blob: Some(blob.clone()),
+        };
+        handing.add(line, tally).await;
+    };
+    match targets {
+        FileTargets::All => {
+            for index in 0..list.len() as SenderIndex {
+                add(list.name(index).to_string(), Some(index), &mut tally).await;
+            }
+        }
+        FileTargets::Names(names) => {
+            for name in names {
+                let index = list.find_name(&name);
+                add(name, index, &mut tally).await;
+            }
+        }
     }
     handing.finish(&mut tally).await;
     tally.into_answer(&app, None)
@@ -272,6 +335,7 @@ fn take_line(line: &[u8], names: &ByName, tally: &mut Tally) -> Option<Line> {
             to: to.to_string(),
             index: names.find(to).map(|k| names.index(k)),
             records: vec![record.to_vec()],
+            blob: None,
         }),
         Err(why) => {
             tally.note(tally.lines, "", "malformed", Some(why));
@@ -335,6 +399,7 @@ impl<'a> Handing<'a> {
                 app: self.app.to_string(),
                 to: line.to.clone(),
                 records: line.records,
+                blob: line.blob,
                 answer: AnswerTo::Line(slot),
                 found: Some(Found {
                     list: self.list.clone(),

@@ -229,6 +229,7 @@ impl PushDatagrams {
                 app: app.clone(),
                 to: to.clone(),
                 records,
+                blob: None,
                 answer: tx.into(),
                 found: Some(Found {
                     list: senders.clone(),

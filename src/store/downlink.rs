@@ -11,6 +11,11 @@ use rusqlite::{OptionalExtension, Transaction, params};
 use super::{AppStore, StoreError, now_ms};
 use crate::proto::turn::DownRecord;
 
+pub use crate::common::blob::{BlobError, DownBlob, MAX_BLOB};
+
+// A piece is a downlink record: the floor's limit on a piece's size is the record limit.
+const _: () = assert!(crate::common::blob::MAX_PIECE == MAX_DOWN_PAYLOAD);
+
 /// Largest downlink payload (docs/protocol.md 12.2): it fits one node packet beside the frames ahead of it within a
 /// device's default 1200-byte room.
 pub const MAX_DOWN_PAYLOAD: usize = 1024;
@@ -35,6 +40,26 @@ CREATE TABLE IF NOT EXISTS down_count (
     one     INTEGER PRIMARY KEY CHECK (one = 1),
     waiting INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS down_blobs (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    piece_len INTEGER NOT NULL,
+    pieces    INTEGER NOT NULL,
+    refs      INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS down_blob_bytes (
+    id    INTEGER PRIMARY KEY,
+    bytes BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS down_ranges (
+    sender      TEXT NOT NULL,
+    first_seq   INTEGER NOT NULL,
+    last_seq    INTEGER NOT NULL,
+    blob        INTEGER NOT NULL,
+    first_piece INTEGER NOT NULL,
+    queued_at   INTEGER NOT NULL,
+    expires_at  INTEGER,
+    PRIMARY KEY (sender, first_seq)
+) WITHOUT ROWID;
 ";
 
 /// Adds `delta` to the kept count of waiting records, in the transaction that changed them: a start reads one row
@@ -77,13 +102,25 @@ impl DownLimits {
     /// waiting: the bound they would pass, or none.
     pub fn passed_by(&self, records: &[Vec<u8>], waiting: u64, bytes: u64) -> Option<DownRefusal> {
         let adding: u64 = records.iter().map(|p| p.len() as u64).sum();
-        if waiting + records.len() as u64 > self.max_records {
+        self.passed_by_count(records.len() as u64, adding, waiting, bytes)
+    }
+
+    /// Whether `count` records of `adding` payload bytes in all (a blob's pieces, counted as records) would pass a
+    /// bound of one sender that has `waiting` records of `bytes` payload bytes waiting.
+    pub fn passed_by_count(
+        &self,
+        count: u64,
+        adding: u64,
+        waiting: u64,
+        bytes: u64,
+    ) -> Option<DownRefusal> {
+        if waiting.saturating_add(count) > self.max_records {
             Some(DownRefusal::Records {
-                pushing: records.len() as u64,
+                pushing: count,
                 waiting,
                 max: self.max_records,
             })
-        } else if bytes + adding > self.max_bytes {
+        } else if bytes.saturating_add(adding) > self.max_bytes {
             Some(DownRefusal::Bytes {
                 pushing: adding,
                 waiting: bytes,
@@ -238,6 +275,13 @@ impl OwnedFetch {
     }
 }
 
+/// The bytes of pieces `first ..= last` of a blob of `len` bytes in pieces of `piece_len`.
+pub fn pieces_bytes(len: u64, piece_len: u64, first: u64, last: u64) -> u64 {
+    let start = first.saturating_mul(piece_len).min(len);
+    let end = last.saturating_add(1).saturating_mul(piece_len).min(len);
+    end.saturating_sub(start)
+}
+
 /// A push carried by a turn's part (SQLite queues it in the part's transaction, a fleet's store in a transaction of
 /// its own before the part's; either way a LISTEN of the same turn reads it): records for one sender, queued all
 /// or nothing within `limits`.
@@ -248,7 +292,28 @@ pub struct DownPush {
     /// Its public key, which the fleet's other nodes look the sender up by when they hear of the push.
     pub key: crate::proto::crypto::PublicKeyBytes,
     pub records: Vec<Vec<u8>>,
+    /// A file pushed as pieces instead of `records` (which are then empty): one range of sequences for its pieces.
+    pub blob: Option<std::sync::Arc<DownBlob>>,
     pub limits: DownLimits,
+}
+
+impl DownPush {
+    /// The records it would queue: its records, or its blob's pieces.
+    pub fn count(&self) -> u64 {
+        match &self.blob {
+            Some(b) => b.pieces(),
+            None => self.records.len() as u64,
+        }
+    }
+
+    /// Whether it is refused for a record's size before anything of its sender is looked at.
+    pub fn too_large(&self) -> Option<DownRefusal> {
+        if self.blob.is_some() {
+            None
+        } else {
+            too_large(&self.records)
+        }
+    }
 }
 
 /// What became of one push a turn's part carried (a fleet's pushes are transactions of their own, so their outcomes
@@ -325,6 +390,112 @@ pub struct DownApplied {
 const READ_SQL: &str =
     "SELECT seq, payload FROM downlink WHERE sender = CAST(?1 AS TEXT) AND seq > ?2 ORDER BY seq";
 const LAST_SQL: &str = "SELECT MAX(seq) FROM downlink WHERE sender = CAST(?1 AS TEXT)";
+/// A sender's ranges of a blob's pieces that wait above `heard`, with their blob's piece size.
+const RANGES_SQL: &str = "SELECT r.first_seq, r.last_seq, r.blob, r.first_piece, b.piece_len
+     FROM down_ranges r JOIN down_blobs b ON b.id = r.blob
+     WHERE r.sender = CAST(?1 AS TEXT) AND r.last_seq > ?2 ORDER BY r.first_seq";
+const RANGES_LAST_SQL: &str =
+    "SELECT MAX(last_seq) FROM down_ranges WHERE sender = CAST(?1 AS TEXT)";
+/// A sender's ranges that begin at or below `heard`: delivered whole, or in part.
+const RANGES_HEARD_SQL: &str = "SELECT first_seq, last_seq, blob FROM down_ranges
+     WHERE sender = CAST(?1 AS TEXT) AND first_seq <= ?2";
+/// A sender's ranges that expired at `now`.
+const RANGES_EXPIRED_SQL: &str = "SELECT first_seq, last_seq, blob FROM down_ranges
+     WHERE sender = CAST(?1 AS TEXT) AND expires_at IS NOT NULL AND expires_at <= ?2";
+
+/// Drops one reference to blob `id` (a range of it was delivered or expired); the blob goes with its last.
+fn drop_ref(tx: &Transaction<'_>, id: i64) -> rusqlite::Result<()> {
+    tx.prepare_cached("UPDATE down_blobs SET refs = refs - 1 WHERE id = ?1")?
+        .execute([id])?;
+    let gone = tx
+        .prepare_cached("DELETE FROM down_blobs WHERE id = ?1 AND refs <= 0")?
+        .execute([id])?;
+    if gone > 0 {
+        tx.prepare_cached("DELETE FROM down_blob_bytes WHERE id = ?1")?
+            .execute([id])?;
+    }
+    Ok(())
+}
+
+/// Deletes `sender`'s expired records and ranges at `now` (a range's blob loses its reference): how many records
+/// and pieces were deleted.
+fn expire_sender(tx: &Transaction<'_>, sender: &str, now: i64) -> rusqlite::Result<u64> {
+    let mut n = tx
+        .prepare_cached(
+            "DELETE FROM downlink WHERE sender = ?1 AND expires_at IS NOT NULL AND expires_at <= ?2",
+        )?
+        .execute(params![sender, now])? as u64;
+    let expired: Vec<(i64, i64, i64)> = tx
+        .prepare_cached(RANGES_EXPIRED_SQL)?
+        .query_map(params![sender, now], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    for (first, last, blob) in expired {
+        tx.prepare_cached("DELETE FROM down_ranges WHERE sender = ?1 AND first_seq = ?2")?
+            .execute(params![sender, first])?;
+        drop_ref(tx, blob)?;
+        n += (last - first + 1).max(0) as u64;
+    }
+    Ok(n)
+}
+
+/// Deletes what `sender`'s device has of its ranges (`heard` and below): a range wholly at or below it is deleted
+/// (its blob loses its reference), one that goes on above it begins at `heard + 1` from then on, at the piece that
+/// sequence is. How many pieces were delivered.
+fn deliver_ranges(tx: &Transaction<'_>, sender: &str, heard: i64) -> rusqlite::Result<u64> {
+    let had: Vec<(i64, i64, i64)> = tx
+        .prepare_cached(RANGES_HEARD_SQL)?
+        .query_map(params![sender, heard], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut n = 0u64;
+    for (first, last, blob) in had {
+        if last <= heard {
+            tx.prepare_cached("DELETE FROM down_ranges WHERE sender = ?1 AND first_seq = ?2")?
+                .execute(params![sender, first])?;
+            drop_ref(tx, blob)?;
+            n += (last - first + 1).max(0) as u64;
+        } else {
+            tx.prepare_cached(
+                "UPDATE down_ranges SET first_piece = first_piece + (?3 - first_seq), first_seq = ?3
+                 WHERE sender = ?1 AND first_seq = ?2",
+            )?
+            .execute(params![sender, first, heard + 1])?;
+            n += (heard + 1 - first).max(0) as u64;
+        }
+    }
+    Ok(n)
+}
+
+/// A range of a blob's pieces waiting for a sender, as a read walks it.
+struct RangeRead {
+    /// The next sequence to read of it, and its last.
+    next: i64,
+    last: i64,
+    blob: i64,
+    /// The piece sequence `next` is.
+    piece: i64,
+    piece_len: i64,
+}
+
+/// Piece `piece` of blob `id` (pieces of `piece_len` bytes), read from the store without reading the rest of it.
+fn read_piece(
+    tx: &rusqlite::Connection,
+    id: i64,
+    piece: i64,
+    piece_len: i64,
+) -> rusqlite::Result<Vec<u8>> {
+    let blob = tx.blob_open(rusqlite::MAIN_DB, "down_blob_bytes", "bytes", id, true)?;
+    let len = blob.len() as i64;
+    let start = piece.saturating_mul(piece_len).clamp(0, len);
+    let end = start.saturating_add(piece_len).min(len);
+    let mut out = vec![0u8; (end - start) as usize];
+    blob.read_at_exact(&mut out, start as usize)
+        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+    Ok(out)
+}
 
 /// A downlink record waiting for its device, as a tool reads it from either engine.
 #[derive(Debug)]
@@ -337,6 +508,20 @@ pub struct WaitingView<'a> {
     pub queued_at_ms: i64,
     /// When it expires, if it does.
     pub expires_at_ms: Option<i64>,
+    /// For a piece of a file pushed as pieces: its blob's id in the store and which piece it is (from 0).
+    pub piece: Option<(i64, u64)>,
+}
+
+/// A range of a blob's pieces waiting, as a tool reads it.
+struct WaitingRange {
+    sender: String,
+    first: i64,
+    last: i64,
+    blob: i64,
+    first_piece: i64,
+    piece_len: i64,
+    queued_at: i64,
+    expires_at: Option<i64>,
 }
 
 /// Runs the fetches in the app's open transaction. `swept`: senders whose expired records this transaction deleted
@@ -353,9 +538,6 @@ pub(super) fn apply_fetches(
     }
     let mut delivered =
         tx.prepare_cached("DELETE FROM downlink WHERE sender = ?1 AND seq <= ?2")?;
-    let mut expired = tx.prepare_cached(
-        "DELETE FROM downlink WHERE sender = ?1 AND expires_at IS NOT NULL AND expires_at <= ?2",
-    )?;
     // The device's heard, where the flow's next number is above it already (the usual case: one statement).
     let mut ack = tx.prepare_cached(
         "UPDATE down_flows SET acked = ?2 WHERE sender = ?1 AND acked < ?2 AND next_seq > ?2",
@@ -371,10 +553,13 @@ pub(super) fn apply_fetches(
     )?;
     let mut read = tx.prepare_cached(READ_SQL)?;
     let mut last = tx.prepare_cached(LAST_SQL)?;
+    let mut ranges = tx.prepare_cached(RANGES_SQL)?;
+    let mut ranges_last = tx.prepare_cached(RANGES_LAST_SQL)?;
     for f in fetches {
         let heard = f.heard.min(MAX_DOWN_HEARD) as i64;
         if heard > 0 {
             out.delivered += delivered.execute(params![f.source, heard])? as u64;
+            out.delivered += deliver_ranges(tx, f.source, heard)?;
             if ack.execute(params![f.source, heard])? == 0 {
                 let next: Option<i64> = flow.query_row([f.source], |r| r.get(0)).optional()?;
                 if next.is_none_or(|n| n <= heard) {
@@ -384,22 +569,71 @@ pub(super) fn apply_fetches(
             }
         }
         if !swept.contains(&f.source) {
-            out.expired += expired.execute(params![f.source, now])? as u64;
+            out.expired += expire_sender(tx, f.source, now)?;
         }
+        let mut ranges: Vec<RangeRead> = ranges
+            .query_map(params![f.source, heard], |r| {
+                let (first, last, blob, first_piece, piece_len): (i64, i64, i64, i64, i64) =
+                    (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
+                let next = first.max(heard + 1);
+                Ok(RangeRead {
+                    next,
+                    last,
+                    blob,
+                    piece: first_piece + (next - first),
+                    piece_len,
+                })
+            })?
+            .collect::<Result<_, _>>()?;
+        ranges.reverse();
         let mut records = Vec::new();
         let mut used = 0usize;
         let from = f.from.max(f.heard).min(MAX_DOWN_HEARD) as i64;
         let mut rows = read.query(params![f.source, from])?;
         let mut full = false;
-        while let Some(row) = rows.next()? {
-            let seq: i64 = row.get(0)?;
-            let payload: Vec<u8> = row.get(1)?;
-            let len = crate::proto::wire::record_len(&payload);
-            if used + len > f.room {
-                full = true;
-                break;
-            }
-            used += len;
+        // The records and the ranges' pieces, merged in sequence order (no sequence is in both).
+        let mut record: Option<(i64, Vec<u8>)> = match rows.next()? {
+            Some(row) => Some((row.get(0)?, row.get(1)?)),
+            None => None,
+        };
+        loop {
+            let piece_first = match (&record, ranges.last()) {
+                (None, None) => break,
+                (Some(_), None) => false,
+                (None, Some(_)) => true,
+                (Some((seq, _)), Some(r)) => r.next < *seq,
+            };
+            let (seq, payload) = if piece_first {
+                let Some(r) = ranges.last_mut() else { break };
+                let payload = read_piece(tx, r.blob, r.piece, r.piece_len)?;
+                let len = crate::proto::wire::record_len(&payload);
+                if used + len > f.room {
+                    full = true;
+                    break;
+                }
+                let seq = r.next;
+                r.next += 1;
+                r.piece += 1;
+                if r.next > r.last {
+                    ranges.pop();
+                }
+                (seq, payload)
+            } else {
+                let Some((seq, payload)) = record.take() else {
+                    break;
+                };
+                let len = crate::proto::wire::record_len(&payload);
+                if used + len > f.room {
+                    full = true;
+                    break;
+                }
+                record = match rows.next()? {
+                    Some(row) => Some((row.get(0)?, row.get(1)?)),
+                    None => None,
+                };
+                (seq, payload)
+            };
+            used += crate::proto::wire::record_len(&payload);
             records.push(DownRecord {
                 seq: seq as u64,
                 payload,
@@ -410,7 +644,8 @@ pub(super) fn apply_fetches(
         // waiting; only a read that filled its room asks the store.
         let last = if full {
             let last: Option<i64> = last.query_row([f.source], |r| r.get(0))?;
-            last.map_or(0, |l| l as u64)
+            let last_range: Option<i64> = ranges_last.query_row([f.source], |r| r.get(0))?;
+            last.max(last_range).map_or(0, |l| l as u64)
         } else {
             records.last().map_or(0, |r| r.seq)
         };
@@ -438,17 +673,9 @@ pub(super) fn queue_in(
     if let Some(refused) = too_large(payloads) {
         return Ok((Pushed::Refused(refused), 0));
     }
-    let expired = tx
-        .prepare_cached(
-            "DELETE FROM downlink WHERE sender = ?1 AND expires_at IS NOT NULL AND expires_at <= ?2",
-        )?
-        .execute(params![sender, now])? as u64;
-    let (waiting, bytes): (i64, i64) = tx
-        .prepare_cached(
-            "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM downlink WHERE sender = ?1",
-        )?
-        .query_row([sender], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let refusal = limits.passed_by(payloads, waiting as u64, bytes as u64);
+    let expired = expire_sender(tx, sender, now)?;
+    let (waiting, bytes) = waiting_of(tx, sender)?;
+    let refusal = limits.passed_by(payloads, waiting, bytes);
     if let Some(r) = refusal {
         change_count(tx, -(expired as i64))?;
         return Ok((Pushed::Refused(r), expired));
@@ -478,7 +705,144 @@ pub(super) fn queue_in(
     Ok((queued, expired))
 }
 
+/// The records and payload bytes waiting for `sender`, a blob's pieces counted as records.
+fn waiting_of(tx: &Transaction<'_>, sender: &str) -> rusqlite::Result<(u64, u64)> {
+    let (mut waiting, mut bytes): (i64, i64) = tx
+        .prepare_cached(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM downlink WHERE sender = ?1",
+        )?
+        .query_row([sender], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let mut q = tx.prepare_cached(
+        "SELECT r.first_seq, r.last_seq, r.first_piece, b.piece_len, LENGTH(y.bytes)
+         FROM down_ranges r JOIN down_blobs b ON b.id = r.blob JOIN down_blob_bytes y ON y.id = r.blob
+         WHERE r.sender = ?1",
+    )?;
+    let mut rows = q.query([sender])?;
+    while let Some(r) = rows.next()? {
+        let (first, last, first_piece, piece_len, len): (i64, i64, i64, i64, i64) =
+            (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
+        let n = (last - first + 1).max(0);
+        waiting += n;
+        bytes += pieces_bytes(
+            len.max(0) as u64,
+            piece_len.max(1) as u64,
+            first_piece.max(0) as u64,
+            (first_piece + n - 1).max(0) as u64,
+        ) as i64;
+    }
+    Ok((waiting.max(0) as u64, bytes.max(0) as u64))
+}
+
+/// Queues `blob`'s pieces for `sender` in the app's open transaction, all or nothing within `limits` (the pieces
+/// counted as records, their bytes as payload bytes): a range of sequences from the flow's next, and a reference
+/// to the blob, which is written if this transaction has not written it yet (`made`: the blobs it wrote or
+/// referenced, by address, and their ids) and the store does not have it. Expired records and ranges of the
+/// sender are deleted first, as [`queue_in`] does.
+pub(super) fn queue_blob_in(
+    tx: &Transaction<'_>,
+    sender: &str,
+    blob: &std::sync::Arc<DownBlob>,
+    limits: &DownLimits,
+    now: i64,
+    made: &mut Vec<(std::sync::Arc<DownBlob>, i64)>,
+) -> rusqlite::Result<(Pushed, u64)> {
+    let expired = expire_sender(tx, sender, now)?;
+    let (waiting, bytes) = waiting_of(tx, sender)?;
+    let pieces = blob.pieces();
+    if let Some(r) = limits.passed_by_count(pieces, blob.bytes().len() as u64, waiting, bytes) {
+        change_count(tx, -(expired as i64))?;
+        return Ok((Pushed::Refused(r), expired));
+    }
+    let known = made
+        .iter()
+        .find(|(b, _)| std::sync::Arc::ptr_eq(b, blob))
+        .map(|(_, id)| *id)
+        .or_else(|| blob.stored());
+    let referenced = match known {
+        Some(id) => {
+            tx.prepare_cached("UPDATE down_blobs SET refs = refs + 1 WHERE id = ?1")?
+                .execute([id])?
+                == 1
+        }
+        None => false,
+    };
+    let id = match (referenced, known) {
+        (true, Some(id)) => id,
+        _ => {
+            // Not written yet, or deleted since (every range of it delivered or expired): written now.
+            tx.prepare_cached(
+                "INSERT INTO down_blobs (piece_len, pieces, refs) VALUES (?1, ?2, 1)",
+            )?
+            .execute(params![blob.piece_len() as i64, pieces as i64])?;
+            let id = tx.last_insert_rowid();
+            tx.prepare_cached("INSERT INTO down_blob_bytes (id, bytes) VALUES (?1, ?2)")?
+                .execute(params![id, blob.bytes()])?;
+            id
+        }
+    };
+    match made
+        .iter_mut()
+        .find(|(b, _)| std::sync::Arc::ptr_eq(b, blob))
+    {
+        Some(m) => m.1 = id,
+        None => made.push((blob.clone(), id)),
+    }
+    let next: i64 = tx
+        .prepare_cached("SELECT next_seq FROM down_flows WHERE sender = ?1")?
+        .query_row([sender], |r| r.get(0))
+        .optional()?
+        .unwrap_or(1);
+    let last = next + pieces as i64 - 1;
+    tx.prepare_cached(
+        "INSERT INTO down_ranges (sender, first_seq, last_seq, blob, first_piece, queued_at, expires_at)
+         VALUES (?1, ?2, ?3, ?4, 0, ?5, ?6)",
+    )?
+    .execute(params![sender, next, last, id, now, limits.expires_at(now)])?;
+    tx.prepare_cached(
+        "INSERT INTO down_flows (sender, next_seq, acked) VALUES (?1, ?2, 0)
+         ON CONFLICT (sender) DO UPDATE SET next_seq = excluded.next_seq",
+    )?
+    .execute(params![sender, last + 1])?;
+    change_count(tx, pieces as i64 - expired as i64)?;
+    Ok((
+        Pushed::Queued {
+            first: next as u64,
+            count: pieces,
+        },
+        expired,
+    ))
+}
+
 impl AppStore {
+    /// Queues `blob`'s pieces for `sender` in a transaction of its own, as [`queue_blob_in`] says (tools and
+    /// tests; a turn's pushes go in its own transaction).
+    pub fn queue_blob_down(
+        &mut self,
+        sender: &str,
+        blob: &std::sync::Arc<DownBlob>,
+        limits: &DownLimits,
+    ) -> Result<(Pushed, u64), StoreError> {
+        let path = self.path.clone();
+        let sql = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        self.before_commit()?;
+        let tx = self.conn.transaction().map_err(sql)?;
+        let mut made = Vec::new();
+        let (pushed, expired) =
+            queue_blob_in(&tx, sender, blob, limits, now_ms(), &mut made).map_err(sql)?;
+        tx.commit().map_err(sql)?;
+        for (b, id) in made {
+            b.set_stored(id);
+        }
+        self.commits += 1;
+        self.after_commit()?;
+        self.open_wal_for_sync()?;
+        self.down_waiting = (self.down_waiting + pushed.queued()).saturating_sub(expired);
+        Ok((pushed, expired))
+    }
+
     /// Queues `payloads` for `sender` in a transaction of its own (the caller syncs it before it says they are
     /// queued), as [`queue_in`] says. A turn's pushes go in the turn's own transaction instead
     /// ([`AppStore::apply_with_down`]).
@@ -511,14 +875,51 @@ impl AppStore {
 
     /// Whether the store has the downlink tables (a store made before downlink and opened for reading has none).
     fn has_downlink_table(&self) -> rusqlite::Result<bool> {
+        self.has_table("downlink")
+    }
+
+    /// Whether the store has table `name` (the blobs' tables came later than the records').
+    fn has_table(&self, name: &str) -> rusqlite::Result<bool> {
         self.conn.query_row(
-            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'downlink')",
-            [],
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+            [name],
             |r| r.get(0),
         )
     }
 
-    /// How many downlink records wait for each sender (not expired at `now_ms`), by sender.
+    /// The ranges of blobs' pieces waiting (of `sender`, if given) and not expired at `now_ms`, by sender then
+    /// sequence: (sender, first_seq, last_seq, blob, first_piece, piece_len, queued_at, expires_at).
+    fn waiting_ranges(
+        &self,
+        sender: Option<&str>,
+        now_ms: i64,
+    ) -> rusqlite::Result<Vec<WaitingRange>> {
+        if !self.has_table("down_ranges")? {
+            return Ok(Vec::new());
+        }
+        let mut q = self.conn.prepare(
+            "SELECT r.sender, r.first_seq, r.last_seq, r.blob, r.first_piece, b.piece_len, r.queued_at, r.expires_at
+             FROM down_ranges r JOIN down_blobs b ON b.id = r.blob
+             WHERE (?1 IS NULL OR r.sender = ?1) AND (r.expires_at IS NULL OR r.expires_at > ?2)
+             ORDER BY r.sender, r.first_seq",
+        )?;
+        q.query_map(params![sender, now_ms], |r| {
+            Ok(WaitingRange {
+                sender: r.get(0)?,
+                first: r.get(1)?,
+                last: r.get(2)?,
+                blob: r.get(3)?,
+                first_piece: r.get(4)?,
+                piece_len: r.get(5)?,
+                queued_at: r.get(6)?,
+                expires_at: r.get(7)?,
+            })
+        })?
+        .collect()
+    }
+
+    /// How many downlink records wait for each sender (not expired at `now_ms`), by sender, a blob's pieces counted
+    /// as records.
     pub fn waiting_by_sender(&self, now_ms: i64) -> Result<Vec<(String, u64)>, StoreError> {
         let sql = |source| StoreError::Sqlite {
             path: self.path.clone(),
@@ -540,12 +941,17 @@ impl AppStore {
                 Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
             })
             .map_err(sql)?;
-        rows.collect::<Result<_, _>>().map_err(sql)
+        let mut counts: std::collections::BTreeMap<String, u64> =
+            rows.collect::<Result<_, _>>().map_err(sql)?;
+        for r in self.waiting_ranges(None, now_ms).map_err(sql)? {
+            *counts.entry(r.sender).or_default() += (r.last - r.first + 1).max(0) as u64;
+        }
+        Ok(counts.into_iter().collect())
     }
 
     /// Hands `each` the records waiting for a device (of `sender`, if given) that have not expired at `now_ms`, by
-    /// sender then sequence, until it returns false (`pure-serve records --waiting`). A store made before downlink
-    /// has none.
+    /// sender then sequence, until it returns false (`pure-serve records --waiting`): a blob's pieces as records,
+    /// each saying which piece of which blob it is. A store made before downlink has none.
     pub fn for_each_waiting(
         &self,
         sender: Option<&str>,
@@ -560,6 +966,32 @@ impl AppStore {
         if !has_table {
             return Ok(());
         }
+        let ranges = self.waiting_ranges(sender, now_ms).map_err(sql)?;
+        let mut ranges = ranges.iter().peekable();
+        // Hands over the pieces of the ranges that come before (`sender`, `seq`), or all of them with none.
+        let mut pieces_before =
+            |until: Option<(&str, i64)>, each: &mut dyn FnMut(&WaitingView<'_>) -> bool| {
+                while let Some(r) = ranges
+                    .next_if(|r| until.is_none_or(|(s, q)| (r.sender.as_str(), r.first) < (s, q)))
+                {
+                    for seq in r.first..=r.last {
+                        let piece = r.first_piece + (seq - r.first);
+                        let payload = read_piece(&self.conn, r.blob, piece, r.piece_len)?;
+                        let view = WaitingView {
+                            sender: &r.sender,
+                            seq: seq as u64,
+                            payload: &payload,
+                            queued_at_ms: r.queued_at,
+                            expires_at_ms: r.expires_at,
+                            piece: Some((r.blob, piece as u64)),
+                        };
+                        if !each(&view) {
+                            return Ok(false);
+                        }
+                    }
+                }
+                Ok::<_, rusqlite::Error>(true)
+            };
         let mut q = self
             .conn
             .prepare(
@@ -571,40 +1003,38 @@ impl AppStore {
         let mut rows = q.query(params![sender, now_ms]).map_err(sql)?;
         while let Some(row) = rows.next().map_err(sql)? {
             let sender: String = row.get(0).map_err(sql)?;
+            let seq: i64 = row.get(1).map_err(sql)?;
+            if !pieces_before(Some((&sender, seq)), &mut each).map_err(sql)? {
+                return Ok(());
+            }
             let payload: Vec<u8> = row.get(2).map_err(sql)?;
             let view = WaitingView {
                 sender: &sender,
-                seq: row.get::<_, i64>(1).map_err(sql)? as u64,
+                seq: seq as u64,
                 payload: &payload,
                 queued_at_ms: row.get(3).map_err(sql)?,
                 expires_at_ms: row.get(4).map_err(sql)?,
+                piece: None,
             };
             if !each(&view) {
-                break;
+                return Ok(());
             }
         }
+        pieces_before(None, &mut each).map_err(sql)?;
         Ok(())
     }
 
-    /// The waiting records of `sender`, in sequence order (for tests and `records`).
+    /// The waiting records of `sender`, in sequence order, a blob's pieces among them (for tests and `records`).
     pub fn down_records(&self, sender: &str) -> Result<Vec<DownRecord>, StoreError> {
-        let sql = |source| StoreError::Sqlite {
-            path: self.path.clone(),
-            source,
-        };
-        let mut q = self
-            .conn
-            .prepare("SELECT seq, payload FROM downlink WHERE sender = ?1 ORDER BY seq")
-            .map_err(sql)?;
-        let rows = q
-            .query_map([sender], |r| {
-                Ok(DownRecord {
-                    seq: r.get::<_, i64>(0)? as u64,
-                    payload: r.get(1)?,
-                })
-            })
-            .map_err(sql)?;
-        rows.collect::<Result<_, _>>().map_err(sql)
+        let mut out = Vec::new();
+        self.for_each_waiting(Some(sender), i64::MIN, |w| {
+            out.push(DownRecord {
+                seq: w.seq,
+                payload: w.payload.to_vec(),
+            });
+            true
+        })?;
+        Ok(out)
     }
 
     /// The kept count of waiting records; a store that has none yet (made before it was kept) is counted once and
@@ -627,7 +1057,12 @@ impl AppStore {
         }
         let tx = self.conn.transaction().map_err(sql)?;
         let n: i64 = tx
-            .query_row("SELECT COUNT(*) FROM downlink", [], |r| r.get(0))
+            .query_row(
+                "SELECT (SELECT COUNT(*) FROM downlink)
+                     + (SELECT COALESCE(SUM(last_seq - first_seq + 1), 0) FROM down_ranges)",
+                [],
+                |r| r.get(0),
+            )
             .map_err(sql)?;
         tx.execute("INSERT INTO down_count (one, waiting) VALUES (1, ?1)", [n])
             .map_err(sql)?;
@@ -639,7 +1074,12 @@ impl AppStore {
     #[cfg(test)]
     fn count_down_waiting(&self) -> u64 {
         self.conn
-            .query_row("SELECT COUNT(*) FROM downlink", [], |r| r.get::<_, i64>(0))
+            .query_row(
+                "SELECT (SELECT COUNT(*) FROM downlink)
+                     + (SELECT COALESCE(SUM(last_seq - first_seq + 1), 0) FROM down_ranges)",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
             .unwrap() as u64
     }
 }
@@ -743,6 +1183,7 @@ mod tests {
             sender: sender.to_string(),
             key: [0; 32],
             records: records.iter().map(|r| r.to_vec()).collect(),
+            blob: None,
             limits,
         }
     }
@@ -869,9 +1310,14 @@ mod tests {
             s.apply_with_down(&mut [], &[], false, &[fetch("dev", i, 3)], &[&push])
                 .unwrap();
         }
-        for sql in [READ_SQL, LAST_SQL] {
+        for sql in [READ_SQL, LAST_SQL, RANGES_SQL, RANGES_LAST_SQL] {
             let st = s.conn.prepare_cached(sql).unwrap();
             assert_eq!(st.get_status(StatementStatus::Run), 20, "{sql}");
+            assert_eq!(st.get_status(StatementStatus::RePrepare), 0, "{sql}");
+        }
+        for sql in [RANGES_HEARD_SQL, RANGES_EXPIRED_SQL] {
+            let st = s.conn.prepare_cached(sql).unwrap();
+            assert!(st.get_status(StatementStatus::Run) >= 19, "{sql}");
             assert_eq!(st.get_status(StatementStatus::RePrepare), 0, "{sql}");
         }
     }
@@ -975,5 +1421,333 @@ mod tests {
             .unwrap();
         assert_eq!(expired, 1);
         assert_eq!(pushed, Pushed::Queued { first: 3, count: 1 });
+    }
+
+    fn blob_push(sender: &str, blob: &std::sync::Arc<DownBlob>, limits: DownLimits) -> DownPush {
+        DownPush {
+            sender: sender.to_string(),
+            key: [0; 32],
+            records: Vec::new(),
+            blob: Some(blob.clone()),
+            limits,
+        }
+    }
+
+    /// The blobs stored: (id, refs, bytes); a blob's bytes are stored exactly while its row is.
+    fn blob_rows(s: &AppStore) -> Vec<(i64, i64, i64)> {
+        let count = |table: &str| {
+            s.conn
+                .query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .unwrap()
+        };
+        assert_eq!(count("down_blobs"), count("down_blob_bytes"));
+        let mut q = s
+            .conn
+            .prepare(
+                "SELECT b.id, b.refs, LENGTH(y.bytes) FROM down_blobs b JOIN down_blob_bytes y ON y.id = b.id
+                 ORDER BY b.id",
+            )
+            .unwrap();
+        q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    fn file(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    /// A file pushed to three senders is one blob row referenced three times; each sender's pieces are read in
+    /// order among its records, a partial delivery moves its range up with the waiting count exact, and the blob
+    /// goes with the last range delivered.
+    #[test]
+    fn a_blob_pushed_to_many_is_stored_once_read_in_order_and_deleted_with_its_last_range() {
+        let mut s = AppStore::open_in_memory("blob").unwrap();
+        let limits = DownLimits::default();
+        let bytes = file(2500);
+        let blob = std::sync::Arc::new(DownBlob::new(bytes.clone(), 1024).unwrap());
+        assert_eq!(blob.pieces(), 3);
+        s.queue_down("a", &[b"before".to_vec()], &limits).unwrap();
+        let pushes: Vec<DownPush> = ["a", "b", "c"]
+            .iter()
+            .map(|n| blob_push(n, &blob, limits))
+            .collect();
+        let refs: Vec<&DownPush> = pushes.iter().collect();
+        let applied = s.apply_with_down(&mut [], &[], false, &[], &refs).unwrap();
+        assert_eq!(
+            applied.down.pushes[0].0,
+            Pushed::Queued { first: 2, count: 3 }
+        );
+        assert_eq!(
+            applied.down.pushes[1].0,
+            Pushed::Queued { first: 1, count: 3 }
+        );
+        assert_eq!(blob_rows(&s).len(), 1, "stored once");
+        assert_eq!(blob_rows(&s)[0].1, 3, "referenced three times");
+        assert_eq!(blob_rows(&s)[0].2, 2500);
+        assert_eq!(s.down_waiting(), 10);
+        assert_eq!(s.count_down_waiting(), 10);
+        // The record and the first piece fit a room of 1100; the next piece waits, and `last` says so.
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[fetch("a", 0, 1100)], &[])
+            .unwrap();
+        let read = &applied.down.reads[0];
+        assert_eq!((read.after, read.last), (0, 4));
+        assert_eq!(read.records.len(), 2);
+        assert_eq!(read.records[0].payload, b"before");
+        assert_eq!(read.records[1].seq, 2);
+        assert_eq!(read.records[1].payload, bytes[..1024]);
+        // The device has 1 and 2: the range is moved up to its third sequence, at its second piece.
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[fetch("a", 2, 5000)], &[])
+            .unwrap();
+        assert_eq!(applied.down.delivered, 2);
+        let read = &applied.down.reads[0];
+        let got: Vec<(u64, &[u8])> = read
+            .records
+            .iter()
+            .map(|r| (r.seq, r.payload.as_slice()))
+            .collect();
+        assert_eq!(got, [(3, &bytes[1024..2048]), (4, &bytes[2048..])]);
+        assert_eq!(read.last, 4);
+        assert_eq!(s.down_waiting(), 8);
+        assert_eq!(s.count_down_waiting(), 8);
+        assert_eq!(
+            s.waiting_by_sender(0).unwrap(),
+            [("a".into(), 2), ("b".into(), 3), ("c".into(), 3)]
+        );
+        // Pieces count against the bounds as records: a sender with its three waiting takes no more than max.
+        let tight = DownLimits {
+            max_records: 4,
+            ..limits
+        };
+        assert_eq!(
+            s.queue_down("b", &[b"x".to_vec(), b"y".to_vec()], &tight)
+                .unwrap()
+                .0,
+            Pushed::Refused(DownRefusal::Records {
+                pushing: 2,
+                waiting: 3,
+                max: 4
+            })
+        );
+        let mut reassembled = Vec::new();
+        for r in s.down_records("b").unwrap() {
+            reassembled.extend_from_slice(&r.payload);
+        }
+        assert_eq!(reassembled, bytes);
+        for (dev, heard) in [("a", 4), ("b", 3)] {
+            s.apply_with_down(&mut [], &[], false, &[fetch(dev, heard, 5000)], &[])
+                .unwrap();
+        }
+        assert_eq!(blob_rows(&s)[0].1, 1, "one device still waits for it");
+        s.apply_with_down(&mut [], &[], false, &[fetch("c", 3, 5000)], &[])
+            .unwrap();
+        assert!(blob_rows(&s).is_empty(), "deleted with its last range");
+        assert_eq!(s.down_waiting(), 0);
+        assert_eq!(s.count_down_waiting(), 0);
+        // Numbering goes on after the range.
+        assert_eq!(
+            s.queue_down("a", &[b"after".to_vec()], &limits).unwrap().0,
+            Pushed::Queued { first: 5, count: 1 }
+        );
+    }
+
+    /// One push's senders applied in several transactions (a request's batches, each a turn) store its blob once;
+    /// once every range of it is gone, the same push writes it again rather than name a deleted row.
+    #[test]
+    fn a_blob_is_stored_once_across_transactions_and_written_again_once_deleted() {
+        let mut s = AppStore::open_in_memory("blob").unwrap();
+        let limits = DownLimits::default();
+        let blob = std::sync::Arc::new(DownBlob::new(file(100), 40).unwrap());
+        for dev in ["a", "b"] {
+            let p = blob_push(dev, &blob, limits);
+            s.apply_with_down(&mut [], &[], false, &[], &[&p]).unwrap();
+        }
+        assert_eq!(blob_rows(&s).len(), 1);
+        assert_eq!(blob_rows(&s)[0].1, 2);
+        let first_id = blob_rows(&s)[0].0;
+        s.apply_with_down(
+            &mut [],
+            &[],
+            false,
+            &[fetch("a", 3, 5000), fetch("b", 3, 5000)],
+            &[],
+        )
+        .unwrap();
+        assert!(blob_rows(&s).is_empty());
+        let p = blob_push("c", &blob, limits);
+        let applied = s.apply_with_down(&mut [], &[], false, &[], &[&p]).unwrap();
+        assert_eq!(
+            applied.down.pushes[0].0,
+            Pushed::Queued { first: 1, count: 3 }
+        );
+        let rows = blob_rows(&s);
+        assert_eq!(rows.len(), 1);
+        assert!(rows[0].0 > first_id, "ids are never given twice");
+        assert_eq!(s.down_records("c").unwrap().concat_payloads(), file(100));
+    }
+
+    trait Concat {
+        fn concat_payloads(&self) -> Vec<u8>;
+    }
+
+    impl Concat for Vec<DownRecord> {
+        fn concat_payloads(&self) -> Vec<u8> {
+            self.iter()
+                .flat_map(|r| r.payload.iter().copied())
+                .collect()
+        }
+    }
+
+    /// A blob's pieces are refused whole by either bound, and a push refused for every sender stores nothing.
+    #[test]
+    fn a_blob_past_a_bound_is_refused_whole_and_stores_nothing() {
+        let mut s = AppStore::open_in_memory("blob").unwrap();
+        let blob = std::sync::Arc::new(DownBlob::new(file(3000), 1000).unwrap());
+        let few = DownLimits {
+            max_records: 2,
+            ..DownLimits::default()
+        };
+        let small = DownLimits {
+            max_bytes: 2999,
+            ..DownLimits::default()
+        };
+        let (p, q) = (blob_push("a", &blob, few), blob_push("b", &blob, small));
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[], &[&p, &q])
+            .unwrap();
+        assert_eq!(
+            applied.down.pushes[0].0,
+            Pushed::Refused(DownRefusal::Records {
+                pushing: 3,
+                waiting: 0,
+                max: 2
+            })
+        );
+        assert_eq!(
+            applied.down.pushes[1].0,
+            Pushed::Refused(DownRefusal::Bytes {
+                pushing: 3000,
+                waiting: 0,
+                max: 2999
+            })
+        );
+        assert!(blob_rows(&s).is_empty());
+        assert_eq!(s.count_down_waiting(), 0);
+        assert_eq!(blob.stored(), None);
+        // The waiting bytes of a range moved up are its pieces' bytes only.
+        let exact = DownLimits {
+            max_bytes: 3000 + 1000,
+            ..DownLimits::default()
+        };
+        let p = blob_push("a", &blob, exact);
+        s.apply_with_down(&mut [], &[], false, &[fetch("a", 2, 0)], &[&p])
+            .unwrap();
+        let p2 = std::sync::Arc::new(DownBlob::new(file(3000), 1000).unwrap());
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[], &[&blob_push("a", &p2, exact)])
+            .unwrap();
+        assert_eq!(
+            applied.down.pushes[0].0,
+            Pushed::Queued { first: 4, count: 3 }
+        );
+        assert_eq!(blob_rows(&s).len(), 2);
+    }
+
+    #[test]
+    fn an_expired_blob_range_is_deleted_unsent_and_its_blob_with_it() {
+        let mut s = AppStore::open_in_memory("blob").unwrap();
+        let short = DownLimits {
+            expiry_ms: Some(1),
+            ..DownLimits::default()
+        };
+        let blob = std::sync::Arc::new(DownBlob::new(file(300), 100).unwrap());
+        s.queue_blob_down("a", &blob, &short).unwrap();
+        s.queue_blob_down("b", &blob, &DownLimits::default())
+            .unwrap();
+        assert_eq!(blob_rows(&s).len(), 1);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[fetch("a", 0, 5000)], &[])
+            .unwrap();
+        assert_eq!(applied.down.expired, 3);
+        assert!(applied.down.reads[0].records.is_empty());
+        assert_eq!(blob_rows(&s)[0].1, 1, "b still waits for it");
+        assert_eq!(s.down_waiting(), 3);
+        s.queue_blob_down("b", &blob, &short).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        // b's own range never expires; the second does, when b is next pushed to.
+        let (_, expired) = s
+            .queue_down("b", &[b"x".to_vec()], &DownLimits::default())
+            .unwrap();
+        assert_eq!(expired, 3);
+        s.apply_with_down(&mut [], &[], false, &[fetch("b", 3, 5000)], &[])
+            .unwrap();
+        assert!(blob_rows(&s).is_empty(), "deleted with its last range");
+        assert_eq!(s.count_down_waiting(), 1);
+        assert_eq!(s.down_waiting(), 1);
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_pieces_is_refused_with_why() {
+        assert!(matches!(
+            DownBlob::new(Vec::new(), 10),
+            Err(BlobError::Empty)
+        ));
+        assert!(matches!(
+            DownBlob::new(vec![1], MAX_DOWN_PAYLOAD + 1),
+            Err(BlobError::PieceSize(1025))
+        ));
+        assert!(matches!(
+            DownBlob::new(vec![1], 0),
+            Err(BlobError::PieceSize(0))
+        ));
+        assert!(matches!(
+            DownBlob::new(vec![0; MAX_BLOB + 1], 1024),
+            Err(BlobError::TooLarge { .. })
+        ));
+        assert_eq!(DownBlob::new(vec![0; 2049], 1024).unwrap().pieces(), 3);
+        assert_eq!(pieces_bytes(2049, 1024, 1, 2), 1025);
+    }
+
+    /// A 1 MB file pushed to 1,000 senders leaves the store's file about one copy of it, plus a row per sender
+    /// (a copy per sender would be a gigabyte).
+    #[test]
+    fn a_megabyte_pushed_to_a_thousand_senders_is_stored_once_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("main.sqlite");
+        let mut s = AppStore::open(&path).unwrap();
+        let size = 1_000_000;
+        let blob = std::sync::Arc::new(DownBlob::new(file(size), 1024).unwrap());
+        let names: Vec<String> = (0..1000).map(|k| format!("device-{k:04}")).collect();
+        // In batches of 250 senders, each a transaction of its own, as a request's batches are turns of their own.
+        for batch in names.chunks(250) {
+            let pushes: Vec<DownPush> = batch
+                .iter()
+                .map(|n| blob_push(n, &blob, DownLimits::default()))
+                .collect();
+            let refs: Vec<&DownPush> = pushes.iter().collect();
+            let applied = s.apply_with_down(&mut [], &[], false, &[], &refs).unwrap();
+            assert!(applied.down.pushes.iter().all(|(p, _)| *p
+                == Pushed::Queued {
+                    first: 1,
+                    count: 977
+                }));
+        }
+        assert_eq!(blob_rows(&s).len(), 1);
+        assert_eq!(blob_rows(&s)[0].1, 1000);
+        assert_eq!(s.down_waiting(), 977_000);
+        s.checkpoint().unwrap();
+        drop(s);
+        let on_disk = std::fs::metadata(&path).unwrap().len();
+        let bound = size as u64 + size as u64 / 5 + 1000 * 200;
+        assert!(
+            on_disk < bound,
+            "the store is {on_disk} bytes for a file of {size} pushed to 1,000 senders (bound {bound})"
+        );
     }
 }

@@ -67,6 +67,10 @@ pub fn waiting(app: &str, w: &super::downlink::WaitingView<'_>) -> serde_json::V
         "app": app, "to": w.sender, "seq": w.seq, "queued_at": rfc3339(w.queued_at_ms),
         "expires_at": w.expires_at_ms.map_or(serde_json::Value::Null, rfc3339),
     });
+    if let Some((blob, piece)) = w.piece {
+        obj["blob"] = blob.into();
+        obj["piece"] = piece.into();
+    }
     match std::str::from_utf8(w.payload) {
         Ok(text) => obj["payload"] = text.into(),
         Err(_) => obj["payload_b64"] = STANDARD.encode(w.payload).into(),

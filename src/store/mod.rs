@@ -32,6 +32,12 @@ use crate::proto::wire::{Forwarded, RecordFormat, RecordIter};
 
 #[derive(Debug, Error)]
 pub enum StoreError {
+    /// A push this engine does not take (a file pushed as pieces on a fleet's store, docs/downlink.md "Pushing a
+    /// file"): nothing of it was queued.
+    #[error(
+        "{target}: this store does not take {what}: nothing was queued; push it to a node on its own files"
+    )]
+    Unsupported { target: String, what: &'static str },
     #[error("store {path}: {source}")]
     Sqlite {
         path: PathBuf,
@@ -1026,6 +1032,8 @@ impl AppStore {
         self.before_commit()?;
         let stored_at = now_ms();
         let mut head = self.head;
+        // The blobs this transaction wrote or referenced, kept by their pushes once it commits (downlink.rs).
+        let mut blobs_made = Vec::new();
         let tx = self.conn.transaction().map_err(sql)?;
         {
             let mut find = tx
@@ -1118,21 +1126,32 @@ impl AppStore {
             }
             let mut pushed = Vec::with_capacity(pushes.len());
             for p in pushes {
-                pushed.push(
-                    downlink::queue_in(&tx, &p.sender, &p.records, &p.limits, stored_at)
-                        .map_err(sql)?,
-                );
+                let done = match &p.blob {
+                    Some(blob) => downlink::queue_blob_in(
+                        &tx,
+                        &p.sender,
+                        blob,
+                        &p.limits,
+                        stored_at,
+                        &mut blobs_made,
+                    ),
+                    None => downlink::queue_in(&tx, &p.sender, &p.records, &p.limits, stored_at),
+                };
+                pushed.push(done.map_err(sql)?);
             }
             // A push refused for a record's size did not look at its sender's records (downlink::queue_in).
             let swept: Vec<&str> = pushes
                 .iter()
-                .filter(|p| downlink::too_large(&p.records).is_none())
+                .filter(|p| p.too_large().is_none())
                 .map(|p| p.sender.as_str())
                 .collect();
             applied.down = downlink::apply_fetches(&tx, fetches, stored_at, &swept).map_err(sql)?;
             applied.down.pushes = pushed;
         }
         tx.commit().map_err(sql)?;
+        for (blob, id) in blobs_made {
+            blob.set_stored(id);
+        }
         self.commits += 1;
         self.after_commit()?;
         self.open_wal_for_sync()?;

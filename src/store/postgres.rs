@@ -995,7 +995,11 @@ impl Worker {
         if part.is_probe() {
             return (self.probe(part.app).await.map_err(Arc::new), Vec::new());
         }
-        if !part.pushes.is_empty() && part.pieces.is_empty() && part.outlets.is_empty() {
+        if !part.pushes.is_empty()
+            && part.pieces.is_empty()
+            && part.outlets.is_empty()
+            && part.pushes.iter().all(|p| p.blob.is_none())
+        {
             // The usual part of a push: the push, and the LISTEN of the session it was made for; one transaction.
             let (result, maybe_queued) = match self.apply_down_part(part).await {
                 Ok(applied) => (Ok(applied), false),
@@ -1041,6 +1045,16 @@ impl Worker {
     ) -> Result<(Pushed, u64, Option<u64>), (StoreError, bool)> {
         if let Some(refused) = too_large(&push.records) {
             return Ok((Pushed::Refused(refused), 0, None));
+        }
+        if push.blob.is_some() {
+            // Not built on a fleet's store yet (docs/downlink.md, "Pushing a file"); the host does not hand it one.
+            return Err((
+                StoreError::Unsupported {
+                    target: self.target.shown.clone(),
+                    what: "files pushed as pieces",
+                },
+                false,
+            ));
         }
         self.until_done(
             app,
@@ -2451,6 +2465,7 @@ impl PgReader {
                     payload: &payload,
                     queued_at_ms: row.get(3),
                     expires_at_ms: row.get(4),
+                    piece: None,
                 };
                 if !each(&view) {
                     return Ok(());

@@ -42,7 +42,7 @@ impl TurnPush {
         TurnPush {
             app,
             sender,
-            records: push.records.len() as u64,
+            records: push.count(),
             to: push.sender.clone(),
             push: Some(push),
             answer,
