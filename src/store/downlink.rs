@@ -571,11 +571,13 @@ pub(super) fn apply_fetches(
         if !swept.contains(&f.source) {
             out.expired += expire_sender(tx, f.source, now)?;
         }
+        // Read above `from` (≥ heard): a validated session's pieces in flight are not read again.
+        let from = f.from.max(f.heard).min(MAX_DOWN_HEARD) as i64;
         let mut ranges: Vec<RangeRead> = ranges
-            .query_map(params![f.source, heard], |r| {
+            .query_map(params![f.source, from], |r| {
                 let (first, last, blob, first_piece, piece_len): (i64, i64, i64, i64, i64) =
                     (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
-                let next = first.max(heard + 1);
+                let next = first.max(from + 1);
                 Ok(RangeRead {
                     next,
                     last,
@@ -588,7 +590,6 @@ pub(super) fn apply_fetches(
         ranges.reverse();
         let mut records = Vec::new();
         let mut used = 0usize;
-        let from = f.from.max(f.heard).min(MAX_DOWN_HEARD) as i64;
         let mut rows = read.query(params![f.source, from])?;
         let mut full = false;
         // The records and the ranges' pieces, merged in sequence order (no sequence is in both).
