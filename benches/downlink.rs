@@ -54,6 +54,8 @@ struct Args {
     senders: Vec<usize>,
     round: u64,
     bin: String,
+    /// Devices taking an image at once (`image-many`, `--devices N`, repeatable).
+    devices: Vec<usize>,
 }
 
 fn args() -> Args {
@@ -62,6 +64,7 @@ fn args() -> Args {
         senders: Vec::new(),
         round: 0,
         bin: env!("CARGO_BIN_EXE_pure-serve").to_string(),
+        devices: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -70,12 +73,16 @@ fn args() -> Args {
             "--senders" => a.senders.push(it.next().unwrap().parse().unwrap()),
             "--round" => a.round = it.next().unwrap().parse().unwrap(),
             "--bin" => a.bin = it.next().unwrap(),
+            "--devices" => a.devices.push(it.next().unwrap().parse().unwrap()),
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
     }
     if a.senders.is_empty() {
         a.senders = vec![100_000, 1_000_000];
+    }
+    if a.devices.is_empty() {
+        a.devices = vec![1_000, 10_000];
     }
     a
 }
@@ -108,13 +115,34 @@ struct Node {
 
 impl Node {
     fn start(bin: &str, state: &Path, senders: &Path, port: u16, extra: &[&str]) -> Node {
+        Node::start_in(None, "127.0.0.1", bin, state, senders, port, extra)
+    }
+
+    /// A node in network namespace `netns` (run through `ip netns exec`), bound to `bind`.
+    fn start_in(
+        netns: Option<&str>,
+        bind: &str,
+        bin: &str,
+        state: &Path,
+        senders: &Path,
+        port: u16,
+        extra: &[&str],
+    ) -> Node {
         let started = Instant::now();
-        let mut child = Command::new(bin)
+        let mut command = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, bin]);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let mut child = command
             .arg("--state")
             .arg(state)
             .arg("--senders")
             .arg(senders)
-            .args(["--bind", "127.0.0.1", "--http-port", "0"])
+            .args(["--bind", bind, "--http-port", "0"])
             .args(["--link-port", &port.to_string(), "--recv-buffer", "4194304"])
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -957,6 +985,479 @@ fn part_name(a: &Args) {
     );
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// research/045: a firmware image (a file pushed as pieces, stored once) to devices of version 1.2 and 1.1, and
+// the same file over HTTPS.
+
+const IMAGE: usize = 1 << 20;
+const PIECE: usize = 1024;
+const IMAGE_APPS: &str =
+    "[apps.main]\n[apps.main.downlink]\nmax_records = 100000\nmax_bytes = 16777216\n";
+/// What a device of 1.2 takes in flight beyond what it was handed.
+const DOWN_WINDOW: u64 = 64 * 1024;
+
+fn image_bytes() -> Vec<u8> {
+    (0..IMAGE).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+/// A device taking the image from `heard + 1` on: checks each piece against the file, counts its datagrams.
+struct ImageDevice {
+    sender: Sender,
+    image: std::sync::Arc<Vec<u8>>,
+    first: u64,
+    handed: usize,
+    wrong: u32,
+    sent: usize,
+    received: usize,
+    started: Instant,
+    done: Option<Duration>,
+    /// The longest wait between two pieces handed over, and after which piece it came.
+    last_at: Instant,
+    longest_gap: (Duration, usize),
+}
+
+impl ImageDevice {
+    fn new(
+        id: &Identity,
+        node: &[u8; 32],
+        heard: u64,
+        window: u64,
+        image: &std::sync::Arc<Vec<u8>>,
+    ) -> Self {
+        let mut sender = Sender::new(SenderConfig::new(id.clone(), *node)).unwrap();
+        sender.set_down_window(window);
+        sender.listen("main", heard).unwrap();
+        ImageDevice {
+            sender,
+            image: image.clone(),
+            first: heard + 1,
+            handed: 0,
+            wrong: 0,
+            sent: 0,
+            received: 0,
+            started: Instant::now(),
+            done: None,
+            last_at: Instant::now(),
+            longest_gap: (Duration::ZERO, 0),
+        }
+    }
+    fn pieces(&self) -> usize {
+        self.image.len().div_ceil(PIECE)
+    }
+}
+
+impl Driven for ImageDevice {
+    fn sender(&mut self) -> &mut Sender {
+        &mut self.sender
+    }
+    fn event(&mut self, e: SenderEvent) {
+        if let SenderEvent::Down { seq, payload, .. } = e {
+            let k = (seq - self.first) as usize;
+            let want = &self.image
+                [(k * PIECE).min(self.image.len())..((k + 1) * PIECE).min(self.image.len())];
+            if payload != want || k != self.handed {
+                self.wrong += 1;
+            }
+            let gap = self.last_at.elapsed();
+            if gap > self.longest_gap.0 {
+                self.longest_gap = (gap, self.handed);
+            }
+            self.last_at = Instant::now();
+            self.handed += 1;
+            if self.handed == self.pieces() {
+                self.done = Some(self.started.elapsed());
+            }
+        }
+    }
+    fn sent(&mut self, bytes: usize) {
+        self.sent += bytes;
+    }
+    fn received(&mut self, bytes: usize) {
+        self.received += bytes;
+    }
+}
+
+fn push_file(bin: &str, state: &Path, file: &Path, to: &[&str]) {
+    let mut c = Command::new(bin);
+    c.args(["push", "--state"])
+        .arg(state)
+        .args(["--app", "main", "--file"])
+        .arg(file);
+    if to.is_empty() {
+        c.arg("--to-all");
+    } else {
+        c.args(["--to", &to.join(",")]);
+    }
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "push --file: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An HTTPS server of the files in `dir` (`openssl s_server -WWW`, TLS 1.3, a certificate made now), in `netns`.
+fn https_server(dir: &Path, netns: Option<&str>, bind: &str) -> (Child, SocketAddr) {
+    let status = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ])
+        .args([
+            "-subj",
+            "/CN=bench",
+            "-days",
+            "1",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "cert.pem",
+        ])
+        .current_dir(dir)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let port = free_udp_port();
+    let mut c = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, "openssl"]);
+            c
+        }
+        None => Command::new("openssl"),
+    };
+    let child = c
+        .args([
+            "s_server", "-WWW", "-quiet", "-cert", "cert.pem", "-key", "key.pem",
+        ])
+        .args(["-accept", &format!("{bind}:{port}")])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr: SocketAddr = format!("{bind}:{port}").parse().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < until, "openssl s_server did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, addr)
+}
+
+/// One HTTPS fetch of `/image.bin` with curl: seconds, and whether every byte came.
+fn https_fetch(addr: SocketAddr) -> (f64, bool) {
+    let out = Command::new("curl")
+        .args([
+            "-sk",
+            "--http1.1",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{time_total} %{size_download}",
+        ])
+        .arg(format!("https://{addr}/image.bin"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut it = text.split_whitespace();
+    let secs: f64 = it.next().and_then(|s| s.parse().ok()).unwrap_or(f64::NAN);
+    let size: usize = it
+        .next()
+        .and_then(|s| s.parse::<f64>().ok())
+        .map_or(0, |s| s as usize);
+    (secs, size == IMAGE)
+}
+
+/// A network namespace behind a veth pair (host 10.211.0.1, namespace 10.211.0.2) that drops `loss` percent of
+/// packets each way at random (nftables `numgen`, since `tc netem` is not installed here). Removed on drop.
+struct LossyPath;
+
+impl LossyPath {
+    fn new(loss: u32) -> LossyPath {
+        let run = |args: &[&str]| {
+            let st = Command::new(args[0]).args(&args[1..]).status().unwrap();
+            assert!(st.success(), "{args:?}");
+        };
+        let _ = Command::new("ip").args(["netns", "del", "pimg"]).status();
+        run(&["ip", "netns", "add", "pimg"]);
+        run(&[
+            "ip", "link", "add", "pimg0", "type", "veth", "peer", "name", "pimg1",
+        ]);
+        run(&["ip", "link", "set", "pimg1", "netns", "pimg"]);
+        run(&["ip", "addr", "add", "10.211.0.1/24", "dev", "pimg0"]);
+        run(&["ip", "link", "set", "pimg0", "up"]);
+        run(&[
+            "ip",
+            "netns",
+            "exec",
+            "pimg",
+            "ip",
+            "addr",
+            "add",
+            "10.211.0.2/24",
+            "dev",
+            "pimg1",
+        ]);
+        run(&[
+            "ip", "netns", "exec", "pimg", "ip", "link", "set", "pimg1", "up",
+        ]);
+        run(&[
+            "ip", "netns", "exec", "pimg", "ip", "link", "set", "lo", "up",
+        ]);
+        let rules = format!(
+            "table inet loss {{ chain i {{ type filter hook input priority 0; iifname \"pimg1\" numgen random mod 100 < {loss} drop; }} \
+             chain o {{ type filter hook output priority 0; oifname \"pimg1\" numgen random mod 100 < {loss} drop; }} }}"
+        );
+        let mut nft = Command::new("ip")
+            .args(["netns", "exec", "pimg", "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        nft.stdin
+            .take()
+            .unwrap()
+            .write_all(rules.as_bytes())
+            .unwrap();
+        assert!(nft.wait().unwrap().success());
+        LossyPath
+    }
+}
+
+impl Drop for LossyPath {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", "pimg"]).status();
+    }
+}
+
+/// One device: the image with 1.2, with 1.1, and over HTTPS, interleaved (`loss`: through a lossy namespace).
+fn part_image(a: &Args, loss: Option<u32>) {
+    let part = if loss.is_some() {
+        "image-lossy"
+    } else {
+        "image"
+    };
+    let _path = loss.map(LossyPath::new);
+    let (netns, bind) = match loss {
+        Some(_) => (Some("pimg"), "10.211.0.2"),
+        None => (None, "127.0.0.1"),
+    };
+    let (dir, id, senders, extra) = one_device_dir(Some(IMAGE_APPS));
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let node = Node::start_in(
+        netns,
+        bind,
+        &a.bin,
+        &dir.path().join("state"),
+        &senders,
+        0,
+        &extra,
+    );
+    let image = std::sync::Arc::new(image_bytes());
+    let file = dir.path().join("image.bin");
+    std::fs::write(&file, image.as_slice()).unwrap();
+    let (mut server, https) = https_server(dir.path(), netns, bind);
+    let mut heard = 0;
+    let limit = Duration::from_secs(if loss.is_some() { 900 } else { 300 });
+    for k in 0..6 {
+        let order: [&str; 3] = if k % 2 == 0 {
+            ["1.2", "1.1", "https"]
+        } else {
+            ["https", "1.1", "1.2"]
+        };
+        for how in order {
+            if how == "https" {
+                let (secs, whole) = https_fetch(https);
+                emit(
+                    a.round,
+                    part,
+                    json!({"how": how, "k": k, "seconds": secs, "whole": whole,
+                    "mb_per_s": IMAGE as f64 / secs / 1e6}),
+                );
+                continue;
+            }
+            push_file(&a.bin, &node.state, &file, &[&name(0)]);
+            let window = if how == "1.2" { DOWN_WINDOW } else { 0 };
+            let device = ImageDevice::new(&id, &node.public, heard, window, &image);
+            let pieces = device.pieces();
+            let t = Instant::now();
+            let (mut done, rest) = drive(vec![device], 1, None, |_| node.link);
+            let took = t.elapsed();
+            assert!(rest.is_empty() && took < limit);
+            let d = done.pop().unwrap();
+            assert_eq!(
+                (d.handed, d.wrong),
+                (pieces, 0),
+                "{how}: every piece once, in order"
+            );
+            heard += pieces as u64;
+            let secs = d.done.unwrap_or(took).as_secs_f64();
+            emit(
+                a.round,
+                part,
+                json!({"how": how, "k": k, "seconds": secs, "whole": true,
+                "mb_per_s": IMAGE as f64 / secs / 1e6, "device_sent": d.sent, "device_received": d.received,
+                "sent_over_received": d.sent as f64 / d.received.max(1) as f64,
+                "wide": d.sender.wide(), "node_packets": d.sender.stats().packets_received,
+                "longest_gap_ms": ms(d.longest_gap.0), "longest_gap_after": d.longest_gap.1,
+                "node_windows_lost_so_far": metric(node.http, "pure_downlink_windows_lost_total"),
+                "node_wide_datagrams_so_far": metric(node.http, "pure_downlink_wide_datagrams_total"),
+                "node_turns_so_far": metric(node.http, "pure_turns_total{outcome=\"committed\"}")}),
+            );
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    node.stop(libc::SIGTERM);
+}
+
+fn raise_open_files(n: u64) {
+    let lim = libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    };
+    // SAFETY: setrlimit with a valid struct.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+}
+
+/// Samples a process's anonymous memory every 100 ms until `stop`: the largest, kB.
+fn peak_anon(
+    pid: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut peak = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            peak = peak.max(proc_kb(pid, "RssAnon"));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        peak
+    })
+}
+
+/// `n` devices of 1.2 take the image at once: time, the node's memory, fairness.
+fn part_image_many(a: &Args, n: usize) {
+    raise_open_files(n as u64 + 4096);
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let ids = identities(n);
+    let senders = write_senders(dir.path(), &ids);
+    let apps = dir.path().join("apps.toml");
+    std::fs::write(&apps, IMAGE_APPS).unwrap();
+    let apps = apps.display().to_string();
+    let node = Node::start(
+        &a.bin,
+        &dir.path().join("state"),
+        &senders,
+        0,
+        &["--apps", &apps],
+    );
+    let image = std::sync::Arc::new(image_bytes());
+    let file = dir.path().join("image.bin");
+    std::fs::write(&file, image.as_slice()).unwrap();
+    let t = Instant::now();
+    push_file(&a.bin, &node.state, &file, &[]);
+    let push_s = t.elapsed().as_secs_f64();
+    let store_mb =
+        std::fs::metadata(node.state.join("main.sqlite")).map_or(0, |m| m.len()) as f64 / 1e6;
+    let rest_kb = proc_kb(node.pid(), "RssAnon");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = peak_anon(node.pid(), stop.clone());
+    let devices = par_map(n, |i| {
+        ImageDevice::new(&ids[i], &node.public, 0, DOWN_WINDOW, &image)
+    });
+    let t = Instant::now();
+    let (done, rest) = drive(devices, n, None, |_| node.link);
+    let took = t.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak_kb = sampler.join().unwrap();
+    assert!(rest.is_empty());
+    let wrong: u32 = done.iter().map(|d| d.wrong).sum();
+    let whole = done.iter().filter(|d| d.handed == d.pieces()).count();
+    let mut times: Vec<f64> = done
+        .iter()
+        .map(|d| d.done.map_or(f64::NAN, |t| t.as_secs_f64()))
+        .collect();
+    let rates: Vec<f64> = times.iter().map(|t| IMAGE as f64 / t).collect();
+    let jain = rates.iter().sum::<f64>().powi(2)
+        / (rates.len() as f64 * rates.iter().map(|r| r * r).sum::<f64>());
+    let sent: usize = done.iter().map(|d| d.sent).sum();
+    let received: usize = done.iter().map(|d| d.received).sum();
+    emit(
+        a.round,
+        "image-many",
+        json!({
+            "devices": n, "whole": whole, "wrong": wrong, "push_s": push_s, "store_mb": store_mb, "seconds": took,
+            "mb_per_s": (n * IMAGE) as f64 / took / 1e6, "rest_anon_mb": rest_kb as f64 / 1e3,
+            "peak_anon_above_rest_mb": (peak_kb.saturating_sub(rest_kb)) as f64 / 1e3,
+            "done_p10_s": percentile(&mut times, 0.1), "done_p50_s": percentile(&mut times, 0.5),
+            "done_p90_s": percentile(&mut times, 0.9), "done_max_s": percentile(&mut times, 1.0), "jain": jain,
+            "sent_over_received": sent as f64 / received.max(1) as f64,
+        }),
+    );
+    node.stop(libc::SIGTERM);
+}
+
+/// What an update of 1,000 devices costs another device's uplink: its stored-ack latency beside it and without it.
+fn part_image_uplink(a: &Args) {
+    let n = 1000;
+    raise_open_files(n as u64 + 4096);
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let ids = identities(n + 1);
+    let senders = write_senders(dir.path(), &ids);
+    let apps = dir.path().join("apps.toml");
+    std::fs::write(&apps, IMAGE_APPS).unwrap();
+    let apps = apps.display().to_string();
+    let node = Node::start(
+        &a.bin,
+        &dir.path().join("state"),
+        &senders,
+        0,
+        &["--apps", &apps],
+    );
+    let image = std::sync::Arc::new(image_bytes());
+    let file = dir.path().join("image.bin");
+    std::fs::write(&file, image.as_slice()).unwrap();
+    let names: Vec<String> = (0..n).map(name).collect();
+    let to: Vec<&str> = names.iter().map(String::as_str).collect();
+    for k in 0..3 {
+        let mut alone = uplink_stored_acks(&ids[n], &node, Duration::from_millis(5));
+        push_file(&a.bin, &node.state, &file, &to);
+        let heard = (k * image.len().div_ceil(PIECE)) as u64;
+        let devices = par_map(n, |i| {
+            ImageDevice::new(&ids[i], &node.public, heard, DOWN_WINDOW, &image)
+        });
+        let link = node.link;
+        let update = std::thread::spawn(move || {
+            let t = Instant::now();
+            let (done, _) = drive(devices, n, None, |_| link);
+            (
+                t.elapsed().as_secs_f64(),
+                done.iter().filter(|d| d.handed == d.pieces()).count(),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let mut beside = uplink_stored_acks(&ids[n], &node, Duration::from_millis(5));
+        let (update_s, whole) = update.join().unwrap();
+        emit(
+            a.round,
+            "image-uplink",
+            json!({
+                "k": k, "devices": n, "whole": whole, "update_s": update_s,
+                "alone_p50_ms": percentile(&mut alone, 0.5), "alone_p99_ms": percentile(&mut alone, 0.99),
+                "beside_p50_ms": percentile(&mut beside, 0.5), "beside_p99_ms": percentile(&mut beside, 0.99),
+            }),
+        );
+    }
+    node.stop(libc::SIGTERM);
+}
+
 fn main() {
     let a = args();
     let want = |p: &str| a.only.is_empty() || a.only.iter().any(|o| o == p);
@@ -977,6 +1478,20 @@ fn main() {
     }
     if want("wide") {
         part_wide(&a);
+    }
+    if want("image") {
+        part_image(&a, None);
+    }
+    if want("image-lossy") {
+        part_image(&a, Some(2));
+    }
+    if want("image-many") {
+        for &n in &a.devices {
+            part_image_many(&a, n);
+        }
+    }
+    if want("image-uplink") {
+        part_image_uplink(&a);
     }
     if want("idle") {
         for &n in &a.senders {

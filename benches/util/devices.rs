@@ -18,6 +18,9 @@ pub trait Driven {
     fn sender(&mut self) -> &mut Sender;
     /// An event of its sender (downlink records handed to its program, refusals, …).
     fn event(&mut self, _e: SenderEvent) {}
+    /// A datagram of `bytes` it sent, and one it received (research/045 counts them).
+    fn sent(&mut self, _bytes: usize) {}
+    fn received(&mut self, _bytes: usize) {}
 }
 
 /// Drives `todo` to the node(s) — device `d`'s packets go to `link_of(d)` — each until its sender is idle (its
@@ -35,7 +38,8 @@ pub fn drive<D: Driven>(
     // Not connected: the devices of one socket may go to different nodes of a fleet.
     let sockets: Vec<UdpSocket> = (0..in_flight.min(total.max(1)))
         .map(|_| {
-            let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+            // Any address: a node in a namespace of its own is reached over a veth pair (research/045).
+            let s = UdpSocket::bind("0.0.0.0:0").unwrap();
             s.set_nonblocking(true).unwrap();
             s
         })
@@ -55,10 +59,10 @@ pub fn drive<D: Driven>(
     let transmit = |d: &mut D, s: &UdpSocket, out: &mut Vec<u8>| {
         let now = Instant::now();
         let to = link_of(d);
-        let sender = d.sender();
-        sender.handle_timeout(now);
-        while sender.poll_transmit(now, out) {
+        d.sender().handle_timeout(now);
+        while d.sender().poll_transmit(now, out) {
             let _ = s.send_to(out, to);
+            d.sent(out.len());
         }
     };
     while done.len() < total {
@@ -90,6 +94,7 @@ pub fn drive<D: Driven>(
             fd.revents = 0;
             while let Ok(n) = sockets[k].recv(&mut buf) {
                 let Some(d) = &mut slots[k] else { continue };
+                d.received(n);
                 d.sender().handle_datagram(Instant::now(), &buf[..n]);
                 while let Some(e) = d.sender().poll_event() {
                     d.event(e);

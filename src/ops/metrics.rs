@@ -220,7 +220,7 @@ pub fn render(
             c.stored_records
         );
     }
-    let simple: [(&str, &str, &str, u64); 23] = [
+    let simple: [(&str, &str, &str, u64); 26] = [
         (
             "pure_records_duplicate_total",
             "counter",
@@ -251,6 +251,24 @@ pub fn render(
             "counter",
             "Answer packets sent to senders: ACKs, ECHOs, REFUSE, NOT_STORED, DOWN.",
             c.answers_sent,
+        ),
+        (
+            "pure_downlink_validated_total",
+            "counter",
+            "Sessions of version 1.2 whose address was validated (docs/protocol.md 13): from then on they may be sent DOWN records beyond what they sent, within a congestion window.",
+            c.validated,
+        ),
+        (
+            "pure_downlink_wide_datagrams_total",
+            "counter",
+            "Answer datagrams sent to validated sessions (an answer may be several).",
+            c.wide_datagrams,
+        ),
+        (
+            "pure_downlink_windows_lost_total",
+            "counter",
+            "Windows of DOWN datagrams to validated sessions taken as lost (a third duplicate acknowledgement, or a timeout): each halves a window and sends again from the device's heard sequence.",
+            c.wide_losses,
         ),
         (
             "pure_frames_refused_total",
