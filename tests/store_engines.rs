@@ -1323,3 +1323,96 @@ fn postgres_engine_queues_a_files_pieces_once_for_many_and_delivers_them_in_orde
         "e"
     );
 }
+
+/// Three nodes at once on one file (docs/scale-out.md, "Downlink on a fleet"): two deliver its pieces to devices
+/// (each dropping a reference to the one blob) while the third queues it for more senders in later batches of its
+/// push (each taking a reference by the id the first batch kept). No reference is lost or counted twice: once every
+/// device has its pieces the blob and its bytes are gone, and the kept count is 0.
+#[test]
+fn postgres_engines_delivering_and_pushing_one_file_at_once_keep_its_references_exact() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "postgres_engines_delivering_and_pushing_one_file_at_once_keep_its_references_exact",
+    ) else {
+        return;
+    };
+    const EACH: usize = 24;
+    let bytes: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+    let blob = std::sync::Arc::new(
+        pure_serve::store::downlink::DownBlob::new(bytes.clone(), 100).unwrap(),
+    );
+    let limits = DownLimits::default();
+    let names = |who: &str| -> Vec<String> { (0..EACH).map(|k| format!("{who}-{k:02}")).collect() };
+    let mut first = pg_engine(&cluster);
+    let pushes: Vec<DownPush> = names("d0")
+        .iter()
+        .chain(names("d1").iter())
+        .map(|n| blob_push_of(n, &blob, limits))
+        .collect();
+    let (_, pushed) = apply_down(&mut first, 1, down_turn(pushes, Vec::new()));
+    assert!(
+        pushed
+            .iter()
+            .all(|p| *p == Pushed::Queued { first: 1, count: 3 })
+    );
+    drop(first);
+    let start = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let threads: Vec<_> = (0..3)
+        .map(|w| {
+            let (url, start, blob) = (cluster.url(), start.clone(), blob.clone());
+            let mine = names(&format!("d{w}"));
+            std::thread::spawn(move || {
+                let apps = vec!["a".to_string(), "b".to_string()];
+                let mut engine = PostgresTurns::open(&url, None, &apps).unwrap();
+                start.wait();
+                for (k, n) in mine.iter().enumerate() {
+                    if w == 2 {
+                        // A later batch of the push: one sender a turn, by the id the first batch kept.
+                        let (_, pushed) = apply_down(
+                            &mut engine,
+                            k as u64 + 1,
+                            down_turn(vec![blob_push_of(n, &blob, limits)], Vec::new()),
+                        );
+                        assert_eq!(pushed, vec![Pushed::Queued { first: 1, count: 3 }]);
+                    } else {
+                        let a = apply(
+                            &mut engine,
+                            k as u64 + 1,
+                            down_turn(Vec::new(), vec![listen(0, n, 3, 5000)]),
+                        );
+                        assert_eq!(a.down.delivered, 3, "{n}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let count = |sql: &str| -> i64 { one_row(&cluster.conninfo(), sql).parse().unwrap() };
+    assert_eq!(
+        count("SELECT count(*)::text FROM down_blobs"),
+        1,
+        "stored once"
+    );
+    assert_eq!(
+        count("SELECT refs::text FROM down_blobs"),
+        EACH as i64,
+        "a reference per range left"
+    );
+    assert_eq!(
+        count("SELECT waiting::text FROM down_counts"),
+        3 * EACH as i64
+    );
+    let mut last = pg_engine(&cluster);
+    let listens: Vec<OwnedFetch> = names("d2")
+        .iter()
+        .enumerate()
+        .map(|(k, n)| listen(k, n, 3, 5000))
+        .collect();
+    let a = apply(&mut last, 1, down_turn(Vec::new(), listens));
+    assert_eq!(a.down.delivered, 3 * EACH as u64);
+    assert_eq!(a.down.waiting, Some(0));
+    assert_eq!(count("SELECT count(*)::text FROM down_blobs"), 0);
+    assert_eq!(count("SELECT count(*)::text FROM down_blob_bytes"), 0);
+    assert_eq!(count("SELECT count(*)::text FROM down_ranges"), 0);
+}
