@@ -29,7 +29,10 @@
 //! transaction of its own before the part's. Either way a push is numbered under its flow's row lock and notifies
 //! the other nodes on [`DOWN_CHANNEL`], and the part's LISTENs read, acknowledge and delete in its transaction. Every connection `LISTEN`s on that channel: its
 //! task hands what it hears to the worker, which keeps other nodes' pushes for the host
-//! ([`TurnStore::down_notices`]) and drops its own (by the backend's pid).
+//! ([`TurnStore::down_notices`]) and drops its own (by the backend's pid). A file pushed as pieces is such a push
+//! too: stored once per push and app (`down_blobs`, `down_blob_bytes`), a range of sequences per sender
+//! (`down_ranges`), its pieces read among the records by the LISTENs' one read, and its ranges deleted or moved up
+//! and its references dropped by their one delete, as on one node ([`super::downlink`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::RawFd;
