@@ -1319,3 +1319,63 @@ fn a_push_of_many_on_a_fleet_queues_each_line_in_the_database() {
     assert!(got.status.success(), "{got:?}");
     assert_eq!(String::from_utf8_lossy(&got.stdout), "m1\nm2\n");
 }
+
+/// A file pushed as pieces on one node of a fleet (docs/downlink.md, "Pushing a file"): stored once in the database
+/// with a range for its sender, and handed by another node of the fleet to the device, piece after piece in order.
+#[test]
+fn a_file_pushed_on_one_node_of_a_fleet_reaches_a_device_on_the_other_in_order() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "a_file_pushed_on_one_node_of_a_fleet_reaches_a_device_on_the_other_in_order",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, device_key, senders) = setup(dir.path());
+    let url = cluster.url();
+    let a = start_node(dir.path(), "a", &url, &node_key, &senders, &[]);
+    let bytes: Vec<u8> = (0..2500u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let file = dir.path().join("firmware.txt");
+    std::fs::write(&file, &bytes).unwrap();
+    let out = ops_util::push_command(
+        &a.state,
+        &[
+            "--app",
+            "main",
+            "--file",
+            file.to_str().unwrap(),
+            "--to",
+            "dev",
+            "--piece-size",
+            "1000",
+        ],
+        b"",
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        said.contains("(2500 bytes, 3 pieces of at most 1000) for 1 of the 1 sender in app main"),
+        "{said}"
+    );
+    let stored = pg_util::sql(&cluster.conninfo(), async |client| {
+        let n = async |sql: &str| -> i64 { client.query_one(sql, &[]).await.unwrap().get(0) };
+        (
+            n("SELECT count(*) FROM down_blob_bytes").await,
+            n("SELECT count(*) FROM down_ranges").await,
+            n("SELECT COALESCE(sum(waiting), 0)::bigint FROM down_counts").await,
+        )
+    });
+    assert_eq!(stored, (1, 1, 3), "(blobs, ranges, kept count)");
+    // Another node of the fleet hands the pieces to the device, in order.
+    let b = start_node(dir.path(), "b", &url, &node_key, &senders, &[]);
+    let heard = dir.path().join("dev.heard");
+    let got = listen_command(&device_key, &heard, &b, &[])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(got.status.success(), "{got:?}");
+    let expected: String = bytes
+        .chunks(1000)
+        .map(|p| format!("{}\n", String::from_utf8_lossy(p)))
+        .collect();
+    assert_eq!(String::from_utf8_lossy(&got.stdout), expected);
+}

@@ -925,39 +925,81 @@ fn blob_push_of(
     }
 }
 
-/// A file pushed to two senders through the interface (docs/downlink.md, "Pushing a file"): its pieces numbered for
-/// each, read in order within the room, the waiting count exact, a partial delivery moved up, and refused whole
-/// past a bound. On real files synced by `pure-sync`.
-#[test]
-fn sqlite_engine_queues_a_files_pieces_once_for_many_and_delivers_them_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let apps = vec!["a".to_string(), "b".to_string()];
-    let stores = pure_serve::store::Stores::open(dir.path(), &apps).unwrap();
-    let syncer = pure_serve::store::sync::Syncer::start().unwrap();
-    let mut engine = pure_serve::store::sqlite_engine::SqliteTurns::new(stores, Some(syncer));
-    let store: &mut dyn TurnStore = &mut engine;
-    let db = rusqlite::Connection::open(dir.path().join("apps").join("a.sqlite")).unwrap();
-    let kept = || -> i64 {
-        db.query_row("SELECT waiting FROM down_count", [], |r| r.get(0))
-            .unwrap()
-    };
+/// What a test reads of an engine's store beside it, for the files' tests: the kept count of app `a`'s waiting
+/// records, its blobs as (id, refs, bytes) by id (a blob's bytes stored exactly while its row is), and what waits as
+/// `records --waiting` lists it: (sender, seq, payload, piece).
+struct Beside<'a> {
+    kept: &'a dyn Fn() -> i64,
+    blobs: &'a dyn Fn() -> Vec<(i64, i64, i64)>,
+    reader: pure_serve::store::engine::StoreReader,
+}
+
+type Listed = Vec<(String, u64, Vec<u8>, Option<u64>)>;
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+impl Beside<'_> {
+    fn waiting(&self, sender: Option<&str>) -> Listed {
+        let app = self.reader.app("a").unwrap();
+        let mut out = Vec::new();
+        app.for_each_waiting(sender, now_ms(), |w| {
+            out.push((
+                w.sender.to_string(),
+                w.seq,
+                w.payload.to_vec(),
+                w.piece.map(|(_, k)| k),
+            ));
+            true
+        })
+        .unwrap();
+        out
+    }
+
+    fn by_sender(&self) -> Vec<(String, u64)> {
+        let app = self.reader.app("a").unwrap();
+        app.waiting_by_sender(now_ms()).unwrap()
+    }
+}
+
+/// The same files pushed as pieces for every engine (docs/downlink.md, "Pushing a file"; docs/store.md,
+/// docs/scale-out.md): stored once for many senders, a range per sender numbered among its records, read merged in
+/// sequence order within the room and above `from`, a partial delivery moving a range up, expiry deleting ranges as
+/// records, the waiting count exact, a push refused whole past a bound, the blob written again by a later batch of
+/// its push once every range of it went.
+fn same_file_outcomes(store: &mut dyn TurnStore, beside: &Beside<'_>) {
+    use pure_serve::store::downlink::DownBlob;
     let bytes: Vec<u8> = (0..2500u32).map(|i| (i % 253) as u8).collect();
-    let blob = std::sync::Arc::new(
-        pure_serve::store::downlink::DownBlob::new(bytes.clone(), 1000).unwrap(),
-    );
+    let blob = std::sync::Arc::new(DownBlob::new(bytes.clone(), 1000).unwrap());
     let limits = DownLimits::default();
     let few = DownLimits {
         max_records: 2,
         ..limits
     };
-    let (_, pushed) = apply_down(
+    let small = DownLimits {
+        max_bytes: 2499,
+        ..limits
+    };
+    apply_down(
         store,
-        1,
+        301,
+        down_turn(vec![push_of("dev", &[b"before"], limits)], Vec::new()),
+    );
+    // The file to four senders in one part, two of them refused by a bound; the LISTEN of the same part reads the
+    // record and the first piece, and its room holds no more.
+    let (a, pushed) = apply_down(
+        store,
+        302,
         down_turn(
             vec![
                 blob_push_of("dev", &blob, limits),
                 blob_push_of("other", &blob, limits),
-                blob_push_of("small", &blob, few),
+                blob_push_of("few", &blob, few),
+                blob_push_of("small", &blob, small),
             ],
             vec![listen(0, "dev", 0, 1100)],
         ),
@@ -965,92 +1007,412 @@ fn sqlite_engine_queues_a_files_pieces_once_for_many_and_delivers_them_in_order(
     assert_eq!(
         pushed,
         vec![
-            Pushed::Queued { first: 1, count: 3 },
+            Pushed::Queued { first: 2, count: 3 },
             Pushed::Queued { first: 1, count: 3 },
             Pushed::Refused(DownRefusal::Records {
                 pushing: 3,
                 waiting: 0,
                 max: 2
             }),
+            Pushed::Refused(DownRefusal::Bytes {
+                pushing: 2500,
+                waiting: 0,
+                max: 2499
+            }),
         ]
     );
-    assert_eq!(kept(), 6, "the kept count of waiting pieces");
-    // The LISTEN of the same turn read the first piece; its room held one.
-    let a = apply(
-        store,
-        2,
-        down_turn(Vec::new(), vec![listen(0, "dev", 1, 5000)]),
-    );
-    assert_eq!(a.down.delivered, 1);
     let read = &a.down.reads[0];
-    assert_eq!((read.after, read.last), (1, 3));
+    assert_eq!((read.after, read.last), (0, 4));
     assert_eq!(
         read.records,
-        vec![down(2, &bytes[1000..2000]), down(3, &bytes[2000..])]
+        vec![down(1, b"before"), down(2, &bytes[..1000])]
     );
-    assert_eq!(kept(), 5, "the kept count of waiting pieces");
+    let blobs = (beside.blobs)();
+    assert_eq!(blobs.len(), 1, "stored once");
+    assert_eq!((blobs[0].1, blobs[0].2), (2, 2500), "referenced twice");
+    let first_id = blobs[0].0;
+    assert_eq!((beside.kept)(), 7, "the kept count, pieces as records");
+    // What waits, as `records --waiting` lists it: pieces among records, by sender then sequence.
+    let listed = beside.waiting(None);
+    let got: Vec<(&str, u64, Option<u64>)> = listed
+        .iter()
+        .map(|(s, q, _, k)| (s.as_str(), *q, *k))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("dev", 1, None),
+            ("dev", 2, Some(0)),
+            ("dev", 3, Some(1)),
+            ("dev", 4, Some(2)),
+            ("other", 1, Some(0)),
+            ("other", 2, Some(1)),
+            ("other", 3, Some(2)),
+        ]
+    );
+    let whole: Vec<u8> = beside
+        .waiting(Some("other"))
+        .into_iter()
+        .flat_map(|(_, _, p, _)| p)
+        .collect();
+    assert_eq!(whole, bytes, "the pieces make the file");
+    assert_eq!(
+        beside.by_sender(),
+        [("dev".to_string(), 4), ("other".to_string(), 3)]
+    );
+    // The device has 1 and 2, and 3 is in flight (a wide session reads above it): the record is deleted, the range
+    // moved up to begin at 3, and only 4 is read.
     let a = apply(
         store,
-        3,
-        down_turn(Vec::new(), vec![listen(0, "dev", 3, 5000)]),
+        303,
+        down_turn(
+            Vec::new(),
+            vec![OwnedFetch {
+                from: 3,
+                ..listen(0, "dev", 2, 5000)
+            }],
+        ),
     );
-    assert_eq!(a.down.delivered, 2);
-    assert_eq!(kept(), 3, "the kept count of waiting pieces");
-    let blobs: i64 = db
-        .query_row("SELECT COUNT(*) FROM down_blob_bytes", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(blobs, 1, "other still waits for it; stored once");
+    assert_eq!((a.down.delivered, a.down.expired), (2, 0));
+    assert_eq!(
+        a.down.reads,
+        vec![FetchRead {
+            index: 0,
+            after: 3,
+            last: 4,
+            records: vec![down(4, &bytes[2000..])]
+        }]
+    );
+    assert_eq!((beside.kept)(), 5);
+    // Read from its heard: the rest of the range, at the pieces its sequences are.
     let a = apply(
         store,
-        4,
-        down_turn(Vec::new(), vec![listen(0, "other", 3, 5000)]),
+        304,
+        down_turn(Vec::new(), vec![listen(0, "dev", 2, 5000)]),
     );
-    assert_eq!(a.down.delivered, 3);
-    let blobs: i64 = db
-        .query_row("SELECT COUNT(*) FROM down_blob_bytes", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(blobs, 0, "deleted once the last device has it");
-    assert_eq!(kept(), 0, "the kept count of waiting pieces");
+    assert_eq!(a.down.delivered, 0);
+    assert_eq!(
+        a.down.reads[0].records,
+        vec![down(3, &bytes[1000..2000]), down(4, &bytes[2000..])]
+    );
+    assert_eq!(
+        beside.by_sender(),
+        [("dev".to_string(), 2), ("other".to_string(), 3)]
+    );
+    // The waiting bytes of a range moved up are its pieces' only: 1500 wait for dev, so 1000 more fit 2500, and
+    // one more byte does not.
+    let tight = DownLimits {
+        max_bytes: 2500,
+        ..limits
+    };
+    let (_, pushed) = apply_down(
+        store,
+        305,
+        down_turn(
+            vec![
+                push_of("dev", &[&[1u8; 1000][..]], tight),
+                push_of("dev", &[b"x"], tight),
+            ],
+            Vec::new(),
+        ),
+    );
+    assert_eq!(
+        pushed,
+        vec![
+            Pushed::Queued { first: 5, count: 1 },
+            Pushed::Refused(DownRefusal::Bytes {
+                pushing: 1,
+                waiting: 2500,
+                max: 2500
+            })
+        ]
+    );
+    // A later batch of the same push (a turn of its own) refers to the blob stored, in a part that stores records
+    // too (the push then a transaction of its own).
+    let mut part = turn(0, vec![piece("late", 1, 2)]);
+    part.pushes = vec![blob_push_of("late", &blob, limits)];
+    let (a, pushed) = apply_down(store, 306, part);
+    assert_eq!(a.stored, 2);
+    assert_eq!(pushed, vec![Pushed::Queued { first: 1, count: 3 }]);
+    let blobs = (beside.blobs)();
+    assert_eq!(blobs.len(), 1, "stored once across transactions");
+    assert_eq!((blobs[0].0, blobs[0].1), (first_id, 3));
+    // Expiry deletes a range unsent, as a record, and drops its reference.
+    let soon = DownLimits {
+        expiry_ms: Some(1),
+        ..limits
+    };
+    let other_blob = std::sync::Arc::new(DownBlob::new(vec![9; 10], 4).unwrap());
+    apply_down(
+        store,
+        307,
+        down_turn(vec![blob_push_of("exp", &other_blob, soon)], Vec::new()),
+    );
+    assert_eq!((beside.blobs)().len(), 2);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(
+        beside.waiting(Some("exp")).is_empty(),
+        "expired: not listed"
+    );
+    let a = apply(
+        store,
+        308,
+        down_turn(Vec::new(), vec![listen(0, "exp", 0, 5000)]),
+    );
+    assert_eq!((a.down.delivered, a.down.expired), (0, 3));
+    assert_eq!(a.down.reads[0].records, Vec::new());
+    assert_eq!(a.down.reads[0].last, 0, "nothing waits");
+    assert_eq!((beside.blobs)().len(), 1, "the expired range's blob went");
+    // Every device has its pieces: the blob goes with the last range, and the count comes to what is left.
+    for (k, (dev, heard)) in [("dev", 4), ("other", 3), ("late", 3)]
+        .into_iter()
+        .enumerate()
+    {
+        let a = apply(
+            store,
+            309 + k as u64,
+            down_turn(Vec::new(), vec![listen(0, dev, heard, 5000)]),
+        );
+        assert!(a.down.delivered > 0, "{dev}");
+        let left = (beside.blobs)();
+        if dev == "late" {
+            assert!(left.is_empty(), "deleted with its last range: {left:?}");
+        } else {
+            assert_eq!(left.len(), 1, "{dev}");
+        }
+    }
+    assert_eq!((beside.kept)(), 1, "dev's record 5 waits");
+    // Numbering goes on after the ranges; a later batch of the push writes the blob again, under a new id.
+    let (_, pushed) = apply_down(
+        store,
+        320,
+        down_turn(
+            vec![
+                push_of("other", &[b"after"], limits),
+                blob_push_of("again", &blob, limits),
+            ],
+            vec![listen(0, "again", 0, 5000)],
+        ),
+    );
+    assert_eq!(
+        pushed,
+        vec![
+            Pushed::Queued { first: 4, count: 1 },
+            Pushed::Queued { first: 1, count: 3 }
+        ]
+    );
+    let blobs = (beside.blobs)();
+    assert_eq!(blobs.len(), 1);
+    assert!(blobs[0].0 > first_id, "ids are never given twice");
+    assert_eq!((blobs[0].1, blobs[0].2), (1, 2500));
+    let whole: Vec<u8> = beside
+        .waiting(Some("again"))
+        .into_iter()
+        .flat_map(|(_, _, p, _)| p)
+        .collect();
+    assert_eq!(whole, bytes);
 }
 
-/// A fleet's store does not take a file pushed as pieces yet: the push fails, saying so, and nothing is queued
-/// (the host answers such pushes itself before they reach it; docs/downlink.md, "Pushing a file").
 #[test]
-fn postgres_engine_refuses_a_file_pushed_as_pieces_and_queues_nothing() {
+fn sqlite_engine_queues_a_files_pieces_once_for_many_and_delivers_them_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let apps = vec!["a".to_string(), "b".to_string()];
+    let stores = pure_serve::store::Stores::open(dir.path(), &apps).unwrap();
+    let syncer = pure_serve::store::sync::Syncer::start().unwrap();
+    let mut engine = pure_serve::store::sqlite_engine::SqliteTurns::new(stores, Some(syncer));
+    let db = rusqlite::Connection::open(dir.path().join("apps").join("a.sqlite")).unwrap();
+    let kept = || -> i64 {
+        db.query_row("SELECT waiting FROM down_count", [], |r| r.get(0))
+            .unwrap()
+    };
+    let blobs = || -> Vec<(i64, i64, i64)> {
+        let count = |t: &str| -> i64 {
+            db.query_row(&format!("SELECT COUNT(*) FROM {t}"), [], |r| r.get(0))
+                .unwrap()
+        };
+        assert_eq!(count("down_blobs"), count("down_blob_bytes"));
+        let mut q = db
+            .prepare(
+                "SELECT b.id, b.refs, LENGTH(y.bytes) FROM down_blobs b JOIN down_blob_bytes y ON y.id = b.id \
+                 ORDER BY b.id",
+            )
+            .unwrap();
+        q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    let reader = pure_serve::store::engine::StoreReader::open(
+        &pure_serve::store::engine::StoreChoice::Sqlite,
+        dir.path(),
+        None,
+    )
+    .unwrap();
+    same_file_outcomes(
+        &mut engine,
+        &Beside {
+            kept: &kept,
+            blobs: &blobs,
+            reader,
+        },
+    );
+}
+
+#[test]
+fn postgres_engine_queues_a_files_pieces_once_for_many_and_delivers_them_in_order() {
     let Some(cluster) = pg_util::PgCluster::start(
-        "postgres_engine_refuses_a_file_pushed_as_pieces_and_queues_nothing",
+        "postgres_engine_queues_a_files_pieces_once_for_many_and_delivers_them_in_order",
     ) else {
         return;
     };
     let mut engine = pg_engine(&cluster);
-    let blob =
-        std::sync::Arc::new(pure_serve::store::downlink::DownBlob::new(vec![7; 100], 10).unwrap());
-    engine.submit(
-        1,
-        vec![down_turn(
-            vec![blob_push_of("dev", &blob, DownLimits::default())],
-            vec![listen(0, "dev", 0, 1000)],
-        )],
+    let conninfo = cluster.conninfo();
+    let kept = || -> i64 {
+        one_row(
+            &conninfo,
+            "SELECT c.waiting::text FROM down_counts c JOIN apps a ON a.id = c.app WHERE a.name = 'a'",
+        )
+        .parse()
+        .unwrap()
+    };
+    let blobs = || -> Vec<(i64, i64, i64)> {
+        pg_util::sql(&conninfo, async |client| {
+            let count = |t: &'static str| async move {
+                client
+                    .query_one(&format!("SELECT count(*) FROM {t}"), &[])
+                    .await
+                    .unwrap()
+                    .get::<_, i64>(0)
+            };
+            assert_eq!(count("down_blobs").await, count("down_blob_bytes").await);
+            client
+                .query(
+                    "SELECT b.id, b.refs, length(y.bytes)::bigint FROM down_blobs b \
+                     JOIN down_blob_bytes y ON y.app = b.app AND y.id = b.id \
+                     JOIN apps a ON a.id = b.app WHERE a.name = 'a' ORDER BY b.id",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect()
+        })
+    };
+    let reader = pure_serve::store::engine::StoreReader::open(
+        &pure_serve::store::engine::StoreChoice::Postgres(cluster.url()),
+        std::path::Path::new("/nonexistent"),
+        None,
+    )
+    .unwrap();
+    same_file_outcomes(
+        &mut engine,
+        &Beside {
+            kept: &kept,
+            blobs: &blobs,
+            reader,
+        },
     );
-    let mut done: Vec<TurnOutcome> = Vec::new();
-    while done.is_empty() {
-        done = engine.wait_done();
-    }
-    let (_, list) = &done[0].pushes[0];
-    match &list[0] {
-        pure_serve::store::downlink::PushOutcome::Failed {
-            error,
-            maybe_queued: false,
-        } => assert!(
-            error
-                .to_string()
-                .contains("does not take files pushed as pieces"),
-            "{error}"
+    // The bytes are kept uncompressed out of line, so that a piece's read fetches only its chunks.
+    assert_eq!(
+        one_row(
+            &conninfo,
+            "SELECT attstorage::text FROM pg_attribute WHERE attrelid = 'down_blob_bytes'::regclass \
+             AND attname = 'bytes'",
         ),
-        other => panic!("{other:?}"),
+        "e"
+    );
+}
+
+/// Three nodes at once on one file (docs/scale-out.md, "Downlink on a fleet"): two deliver its pieces to devices
+/// (each dropping a reference to the one blob) while the third queues it for more senders in later batches of its
+/// push (each taking a reference by the id the first batch kept). No reference is lost or counted twice: once every
+/// device has its pieces the blob and its bytes are gone, and the kept count is 0.
+#[test]
+fn postgres_engines_delivering_and_pushing_one_file_at_once_keep_its_references_exact() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "postgres_engines_delivering_and_pushing_one_file_at_once_keep_its_references_exact",
+    ) else {
+        return;
+    };
+    const EACH: usize = 24;
+    let bytes: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+    let blob = std::sync::Arc::new(
+        pure_serve::store::downlink::DownBlob::new(bytes.clone(), 100).unwrap(),
+    );
+    let limits = DownLimits::default();
+    let names = |who: &str| -> Vec<String> { (0..EACH).map(|k| format!("{who}-{k:02}")).collect() };
+    let mut first = pg_engine(&cluster);
+    let pushes: Vec<DownPush> = names("d0")
+        .iter()
+        .chain(names("d1").iter())
+        .map(|n| blob_push_of(n, &blob, limits))
+        .collect();
+    let (_, pushed) = apply_down(&mut first, 1, down_turn(pushes, Vec::new()));
+    assert!(
+        pushed
+            .iter()
+            .all(|p| *p == Pushed::Queued { first: 1, count: 3 })
+    );
+    drop(first);
+    let start = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let threads: Vec<_> = (0..3)
+        .map(|w| {
+            let (url, start, blob) = (cluster.url(), start.clone(), blob.clone());
+            let mine = names(&format!("d{w}"));
+            std::thread::spawn(move || {
+                let apps = vec!["a".to_string(), "b".to_string()];
+                let mut engine = PostgresTurns::open(&url, None, &apps).unwrap();
+                start.wait();
+                for (k, n) in mine.iter().enumerate() {
+                    if w == 2 {
+                        // A later batch of the push: one sender a turn, by the id the first batch kept.
+                        let (_, pushed) = apply_down(
+                            &mut engine,
+                            k as u64 + 1,
+                            down_turn(vec![blob_push_of(n, &blob, limits)], Vec::new()),
+                        );
+                        assert_eq!(pushed, vec![Pushed::Queued { first: 1, count: 3 }]);
+                    } else {
+                        let a = apply(
+                            &mut engine,
+                            k as u64 + 1,
+                            down_turn(Vec::new(), vec![listen(0, n, 3, 5000)]),
+                        );
+                        assert_eq!(a.down.delivered, 3, "{n}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
     }
-    let (_, result) = &done[0].apps[0];
-    let applied = result.as_ref().expect("the LISTEN is applied");
-    assert!(applied.down.reads[0].records.is_empty());
-    assert_eq!(engine.waiting(), 0);
+    let count = |sql: &str| -> i64 { one_row(&cluster.conninfo(), sql).parse().unwrap() };
+    assert_eq!(
+        count("SELECT count(*)::text FROM down_blobs"),
+        1,
+        "stored once"
+    );
+    assert_eq!(
+        count("SELECT refs::text FROM down_blobs"),
+        EACH as i64,
+        "a reference per range left"
+    );
+    assert_eq!(
+        count("SELECT waiting::text FROM down_counts"),
+        3 * EACH as i64
+    );
+    let mut last = pg_engine(&cluster);
+    let listens: Vec<OwnedFetch> = names("d2")
+        .iter()
+        .enumerate()
+        .map(|(k, n)| listen(k, n, 3, 5000))
+        .collect();
+    let a = apply(&mut last, 1, down_turn(Vec::new(), listens));
+    assert_eq!(a.down.delivered, 3 * EACH as u64);
+    assert_eq!(a.down.waiting, Some(0));
+    assert_eq!(count("SELECT count(*)::text FROM down_blobs"), 0);
+    assert_eq!(count("SELECT count(*)::text FROM down_blob_bytes"), 0);
+    assert_eq!(count("SELECT count(*)::text FROM down_ranges"), 0);
 }

@@ -1134,14 +1134,6 @@ impl Host {
             )));
             return;
         }
-        if blob.is_some() && self.shared.is_some() {
-            let _ = answer.send(PushAnswer::Unsupported(format!(
-                "app {app} is on a fleet's store (--store postgres://…), which does not take files pushed as pieces \
-                 (docs/downlink.md, \"Pushing a file\"): nothing was queued; push the file to a node on its own \
-                 files, or push the devices a reference to fetch it by"
-            )));
-            return;
-        }
         if self.shared.is_none() && self.stores.app(i as AppIndex).is_none() {
             let _ = answer.send(PushAnswer::Unavailable(format!(
                 "app {app}'s store is not open: nothing was queued; push again in a moment"

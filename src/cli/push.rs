@@ -561,10 +561,6 @@ fn tell_outcomes(
         count("unavailable"),
         count("maybe_queued"),
     );
-    let summary = match count("unsupported") {
-        0 => summary,
-        n => format!("{summary}; {n} not taken by this node's store at all"),
-    };
     // The worst outcome decides the status: maybe queued (pushing again may queue twice), then try again, then
     // refused.
     Err(if count("maybe_queued") > 0 {

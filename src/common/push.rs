@@ -106,9 +106,6 @@ pub enum PushAnswer {
     NotAccepted(String),
     /// Nothing queued: the app's store failed, or the node is stopping. The same push later may succeed.
     Unavailable(String),
-    /// Nothing queued, and the same push will not be taken later either: this node's store does not take this kind
-    /// of push (a file pushed as pieces to an app on a fleet's store).
-    Unsupported(String),
     /// The push may or may not be queued: its store failed after it may have committed it (a failed sync, a
     /// checkpoint, a fleet's connection lost after its COMMIT was sent). Pushing it again may queue it twice.
     MaybeQueued(String),
@@ -559,7 +556,6 @@ pub fn answer_json(app: &str, to: &str, a: PushAnswer) -> (u16, serde_json::Valu
         PushAnswer::NotFound(why) | PushAnswer::NotAccepted(why) => error_json(404, why),
         PushAnswer::Unavailable(why) => error_json(503, why),
         PushAnswer::MaybeQueued(why) => maybe_queued_json(why),
-        PushAnswer::Unsupported(why) => error_json(501, why),
     }
 }
 

@@ -57,7 +57,6 @@ fn outcome_word(a: &PushAnswer) -> &'static str {
         PushAnswer::NotFound(_) | PushAnswer::NotAccepted(_) => "not_found",
         PushAnswer::Unavailable(_) => "unavailable",
         PushAnswer::MaybeQueued(_) => "maybe_queued",
-        PushAnswer::Unsupported(_) => "unsupported",
     }
 }
 
@@ -106,8 +105,7 @@ impl Tally {
             PushAnswer::NotFound(why)
             | PushAnswer::NotAccepted(why)
             | PushAnswer::Unavailable(why)
-            | PushAnswer::MaybeQueued(why)
-            | PushAnswer::Unsupported(why) => Some(why),
+            | PushAnswer::MaybeQueued(why) => Some(why),
         };
         self.note(line, to, word, why);
     }

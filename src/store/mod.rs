@@ -32,12 +32,6 @@ use crate::proto::wire::{Forwarded, RecordFormat, RecordIter};
 
 #[derive(Debug, Error)]
 pub enum StoreError {
-    /// A push this engine does not take (a file pushed as pieces on a fleet's store, docs/downlink.md "Pushing a
-    /// file"): nothing of it was queued.
-    #[error(
-        "{target}: this store does not take {what}: nothing was queued; push it to a node on its own files"
-    )]
-    Unsupported { target: String, what: &'static str },
     #[error("store {path}: {source}")]
     Sqlite {
         path: PathBuf,

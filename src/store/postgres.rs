@@ -29,7 +29,10 @@
 //! transaction of its own before the part's. Either way a push is numbered under its flow's row lock and notifies
 //! the other nodes on [`DOWN_CHANNEL`], and the part's LISTENs read, acknowledge and delete in its transaction. Every connection `LISTEN`s on that channel: its
 //! task hands what it hears to the worker, which keeps other nodes' pushes for the host
-//! ([`TurnStore::down_notices`]) and drops its own (by the backend's pid).
+//! ([`TurnStore::down_notices`]) and drops its own (by the backend's pid). A file pushed as pieces is such a push
+//! too: stored once per push and app (`down_blobs`, `down_blob_bytes`), a range of sequences per sender
+//! (`down_ranges`), its pieces read among the records by the LISTENs' one read, and its ranges deleted or moved up
+//! and its references dropped by their one delete, as on one node ([`super::downlink`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::RawFd;
@@ -45,7 +48,7 @@ use tokio_postgres::{Client, NoTls, Statement};
 pub mod leases;
 
 use super::downlink::{
-    DownApplied, DownPush, FetchRead, OwnedFetch, PushOutcome, Pushed, outcomes_of, too_large,
+    DownApplied, DownBlob, DownPush, FetchRead, OwnedFetch, PushOutcome, Pushed, outcomes_of,
 };
 use super::engine::{AppTurn, DownNotice, TurnOutcome, TurnStore};
 use super::{Applied, Chunk, Piece, StoreError};
@@ -150,6 +153,31 @@ CREATE TABLE IF NOT EXISTS down_counts (
     app     INTEGER PRIMARY KEY REFERENCES apps(id),
     waiting BIGINT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS down_blobs (
+    app       INTEGER NOT NULL REFERENCES apps(id),
+    id        BIGSERIAL,
+    piece_len INTEGER NOT NULL,
+    pieces    BIGINT NOT NULL,
+    refs      BIGINT NOT NULL,
+    PRIMARY KEY (app, id)
+);
+CREATE TABLE IF NOT EXISTS down_blob_bytes (
+    app   INTEGER NOT NULL,
+    id    BIGINT NOT NULL,
+    bytes BYTEA NOT NULL,
+    PRIMARY KEY (app, id)
+);
+CREATE TABLE IF NOT EXISTS down_ranges (
+    app         INTEGER NOT NULL,
+    sender      TEXT NOT NULL,
+    first_seq   BIGINT NOT NULL,
+    last_seq    BIGINT NOT NULL,
+    blob        BIGINT NOT NULL,
+    first_piece BIGINT NOT NULL,
+    queued_at   BIGINT NOT NULL,
+    expires_at  BIGINT,
+    PRIMARY KEY (app, sender, first_seq)
+);
 ";
 
 /// Every statement of the node is a lookup by key, and its plans are made once per connection, often while the tables
@@ -162,6 +190,10 @@ const DOWN_CHANNEL: &str = "pure_downlink";
 
 /// How a new `chunks` table keeps its bodies (docs/scale-out.md, "The schema").
 const CHUNK_BODIES: &str = "ALTER TABLE chunks ALTER COLUMN body SET STORAGE EXTERNAL";
+
+/// How a new `down_blob_bytes` table keeps a file's bytes (docs/scale-out.md, "Downlink on a fleet"): uncompressed
+/// out of line, so that a piece read with `substring` fetches only the TOAST chunks it covers.
+const BLOB_BYTES: &str = "ALTER TABLE down_blob_bytes ALTER COLUMN bytes SET STORAGE EXTERNAL";
 
 /// What the operator of a fleet's database must change before a node or a tool can use it
 /// ([`StoreError::DatabaseMisconfigured`]): starting again cannot help, so a node stopped by one exits with EX_CONFIG
@@ -631,6 +663,54 @@ struct DownStatements {
     ack: Statement,
     delete: Statement,
     read: Statement,
+    /// A file pushed as pieces: its row locked if it is still there (by the id a committed push kept), an id for
+    /// it if it must be written, written, referenced again, and its senders' ranges.
+    blob_lock: Statement,
+    blob_id: Statement,
+    blob_insert: Statement,
+    blob_ref: Statement,
+    ranges_insert: Statement,
+}
+
+/// The references dropped to the blobs of the ranges a statement's CTE `rg` deleted (its `blob` column), the blobs'
+/// rows locked first in id order and read again there, so that two transactions dropping references to one blob
+/// at once (two devices that got the same file) each count from what the other left; a blob left with none is
+/// deleted with its bytes (docs/scale-out.md, "Downlink on a fleet").
+macro_rules! drop_blob_refs {
+    () => {
+        "rb AS (SELECT blob, count(*) AS k FROM rg GROUP BY blob), \
+         bl AS (SELECT b.id, b.refs, rb.k FROM down_blobs b JOIN rb ON b.app = $1 AND b.id = rb.blob \
+             ORDER BY b.id FOR UPDATE OF b), \
+         bu AS (UPDATE down_blobs b SET refs = b.refs - bl.k FROM bl \
+             WHERE b.app = $1 AND b.id = bl.id AND bl.refs > bl.k RETURNING 1), \
+         bd AS (DELETE FROM down_blobs b USING bl \
+             WHERE b.app = $1 AND b.id = bl.id AND bl.refs <= bl.k RETURNING b.id), \
+         yd AS (DELETE FROM down_blob_bytes y USING bd WHERE y.app = $1 AND y.id = bd.id RETURNING 1)"
+    };
+}
+
+/// What waits for a sender above a sequence and has not expired, records and a blob's pieces alike (`$1` the app,
+/// `$5` now; `u.s` the sender and `u.h` the sequence): its records, and its ranges' pieces cut from their blob's
+/// bytes with `substring` (only the TOAST chunks a piece covers are read: the bytes are stored uncompressed), at
+/// most as many of a range as `u.lim` bytes of room can hold (every piece but a blob's last is `piece_len` bytes,
+/// and a record takes a byte more than its payload), all of them at most `u.lim` in sequence order.
+macro_rules! waiting_above {
+    () => {
+        "SELECT seq, payload FROM ( \
+             (SELECT seq, payload FROM downlink \
+              WHERE app = $1 AND sender = u.s AND seq > u.h AND (expires_at IS NULL OR expires_at > $5::bigint) \
+              ORDER BY seq LIMIT u.lim) \
+             UNION ALL \
+             (SELECT p.seq, substring(y.bytes FROM ((r.first_piece + p.seq - r.first_seq) * b.piece_len + 1)::int \
+                  FOR b.piece_len) \
+              FROM down_ranges r JOIN down_blobs b ON b.app = r.app AND b.id = r.blob \
+              JOIN down_blob_bytes y ON y.app = r.app AND y.id = r.blob \
+              CROSS JOIN LATERAL generate_series(GREATEST(r.first_seq, u.h + 1), \
+                  LEAST(r.last_seq, GREATEST(r.first_seq, u.h + 1) + u.lim / (b.piece_len + 1))) AS p(seq) \
+              WHERE r.app = $1 AND r.sender = u.s AND r.last_seq > u.h \
+                AND (r.expires_at IS NULL OR r.expires_at > $5::bigint)) \
+         ) w ORDER BY seq LIMIT u.lim"
+    };
 }
 
 struct Conn {
@@ -995,11 +1075,7 @@ impl Worker {
         if part.is_probe() {
             return (self.probe(part.app).await.map_err(Arc::new), Vec::new());
         }
-        if !part.pushes.is_empty()
-            && part.pieces.is_empty()
-            && part.outlets.is_empty()
-            && part.pushes.iter().all(|p| p.blob.is_none())
-        {
+        if !part.pushes.is_empty() && part.pieces.is_empty() && part.outlets.is_empty() {
             // The usual part of a push: the push, and the LISTEN of the session it was made for; one transaction.
             let (result, maybe_queued) = match self.apply_down_part(part).await {
                 Ok(applied) => (Ok(applied), false),
@@ -1043,18 +1119,31 @@ impl Worker {
         app: AppIndex,
         push: &DownPush,
     ) -> Result<(Pushed, u64, Option<u64>), (StoreError, bool)> {
-        if let Some(refused) = too_large(&push.records) {
+        if let Some(refused) = push.too_large() {
             return Ok((Pushed::Refused(refused), 0, None));
         }
         if push.blob.is_some() {
-            // Not built on a fleet's store yet (docs/downlink.md, "Pushing a file"); the host does not hand it one.
-            return Err((
-                StoreError::Unsupported {
-                    target: self.target.shown.clone(),
-                    what: "files pushed as pieces",
-                },
-                false,
-            ));
+            // A file's pieces: the part's pushes' transaction, with this push alone in it.
+            let alone = AppTurn {
+                app,
+                pushes: vec![push.clone()],
+                ..AppTurn::default()
+            };
+            let applied = self
+                .until_done(
+                    app,
+                    "a push",
+                    "nothing of it was queued",
+                    async |t, c, id| try_down_part(t, c, id, &alone).await,
+                )
+                .await?;
+            let (done, expired) = applied
+                .down
+                .pushes
+                .into_iter()
+                .next()
+                .expect("an outcome for its one push");
+            return Ok((done, expired, applied.down.waiting));
         }
         self.until_done(
             app,
@@ -1298,11 +1387,16 @@ async fn make_conn_within(
     if layout_there {
         check_layout(&client, t).await?;
     }
-    let new_tables: bool = client
-        .query_one("SELECT to_regclass('chunks') IS NULL", &[])
-        .await
-        .map_err(db_err(t, "looking for the tables"))?
-        .get(0);
+    let (new_tables, new_blob_bytes): (bool, bool) = {
+        let row = client
+            .query_one(
+                "SELECT to_regclass('chunks') IS NULL, to_regclass('down_blob_bytes') IS NULL",
+                &[],
+            )
+            .await
+            .map_err(db_err(t, "looking for the tables"))?;
+        (row.get(0), row.get(1))
+    };
     // Two nodes starting at once may both make the tables: one of them then finds a name taken, and tries again.
     let mut tries = 0;
     loop {
@@ -1326,6 +1420,12 @@ async fn make_conn_within(
             .batch_execute(CHUNK_BODIES)
             .await
             .map_err(db_err(t, "setting how chunk bodies are stored"))?;
+    }
+    if new_blob_bytes {
+        client
+            .batch_execute(BLOB_BYTES)
+            .await
+            .map_err(db_err(t, "setting how files pushed as pieces are stored"))?;
     }
     client
         .batch_execute(&format!(
@@ -1410,14 +1510,28 @@ async fn make_conn_within(
                 "SELECT next_seq FROM down_flows WHERE app = $1 AND sender = $2 FOR UPDATE",
             )
             .await?,
-            expire: p(
+            // The sender's expired records and ranges (a range's blob losing its reference), counted.
+            expire: p(concat!(
                 "WITH gone AS (DELETE FROM downlink WHERE app = $1 AND sender = $2 AND expires_at <= $3::bigint \
-                 RETURNING 1) SELECT count(*) FROM gone",
-            )
+                 RETURNING 1), \
+                 rg AS (DELETE FROM down_ranges WHERE app = $1 AND sender = $2 AND expires_at <= $3::bigint \
+                 RETURNING blob, last_seq - first_seq + 1 AS n), ",
+                drop_blob_refs!(),
+                " SELECT (SELECT count(*) FROM gone) + (SELECT COALESCE(sum(n), 0) FROM rg)::bigint"
+            ))
             .await?,
+            // What waits for the sender, records and bytes: a range's pieces counted as records, their bytes as
+            // payload bytes (piece k is bytes[k * piece_len ..][.. piece_len]).
             waiting: p(
-                "SELECT count(*), COALESCE(sum(length(payload)), 0)::bigint FROM downlink \
-                 WHERE app = $1 AND sender = $2",
+                "SELECT d.n + r.n, d.b + r.b FROM \
+                 (SELECT count(*) AS n, COALESCE(sum(length(payload)), 0)::bigint AS b FROM downlink \
+                  WHERE app = $1 AND sender = $2) d, \
+                 (SELECT COALESCE(sum(r.last_seq - r.first_seq + 1), 0)::bigint AS n, \
+                     COALESCE(sum(LEAST((r.first_piece + r.last_seq - r.first_seq + 1) * b.piece_len, length(y.bytes)) \
+                         - LEAST(r.first_piece * b.piece_len, length(y.bytes))), 0)::bigint AS b \
+                  FROM down_ranges r JOIN down_blobs b ON b.app = r.app AND b.id = r.blob \
+                  JOIN down_blob_bytes y ON y.app = r.app AND y.id = r.blob \
+                  WHERE r.app = $1 AND r.sender = $2) r",
             )
             .await?,
             insert: p(
@@ -1452,26 +1566,67 @@ async fn make_conn_within(
                  WHERE excluded.acked > down_flows.acked",
             )
             .await?,
-            delete: p(
+            // What the devices have and what expired: records deleted, ranges wholly at or below `heard` (or
+            // expired) deleted with their blobs' references, a range that goes on above `heard` moved up to begin
+            // at `heard + 1`, at the piece that is.
+            delete: p(concat!(
                 "WITH gone AS (DELETE FROM downlink d USING unnest($2::text[], $3::bigint[]) AS u(s, h) \
                      WHERE d.app = $1 AND d.sender = u.s AND (d.seq <= u.h OR d.expires_at <= $4::bigint) \
                      RETURNING d.seq <= u.h AS delivered), \
-                 n AS (SELECT count(*) FILTER (WHERE delivered) AS d, \
-                         count(*) FILTER (WHERE NOT delivered) AS e FROM gone), \
+                 rg AS (DELETE FROM down_ranges r USING unnest($2::text[], $3::bigint[]) AS u(s, h) \
+                     WHERE r.app = $1 AND r.sender = u.s AND (r.last_seq <= u.h OR r.expires_at <= $4::bigint) \
+                     RETURNING r.blob, r.last_seq - r.first_seq + 1 AS n, r.last_seq <= u.h AS delivered), \
+                 mv AS (SELECT r.sender, r.first_seq, u.h \
+                     FROM unnest($2::text[], $3::bigint[]) AS u(s, h) JOIN down_ranges r \
+                         ON r.app = $1 AND r.sender = u.s AND r.first_seq <= u.h \
+                     WHERE r.last_seq > u.h AND (r.expires_at IS NULL OR r.expires_at > $4::bigint)), \
+                 rm AS (UPDATE down_ranges r \
+                     SET first_piece = r.first_piece + (mv.h + 1 - r.first_seq), first_seq = mv.h + 1 FROM mv \
+                     WHERE r.app = $1 AND r.sender = mv.sender AND r.first_seq = mv.first_seq \
+                     RETURNING mv.h + 1 - mv.first_seq AS n), ",
+                drop_blob_refs!(),
+                ", n AS (SELECT (SELECT count(*) FILTER (WHERE delivered) FROM gone) \
+                         + (SELECT COALESCE(sum(n) FILTER (WHERE delivered), 0) FROM rg)::bigint \
+                         + (SELECT COALESCE(sum(n), 0) FROM rm)::bigint AS d, \
+                     (SELECT count(*) FILTER (WHERE NOT delivered) FROM gone) \
+                         + (SELECT COALESCE(sum(n) FILTER (WHERE NOT delivered), 0) FROM rg)::bigint AS e), \
                  c AS (UPDATE down_counts SET waiting = GREATEST(waiting - (SELECT d + e FROM n), 0) \
                      WHERE app = $1 AND (SELECT d + e FROM n) > 0 RETURNING waiting) \
-                 SELECT n.d, n.e, (SELECT waiting FROM c) FROM n",
-            )
+                 SELECT n.d, n.e, (SELECT waiting FROM c) FROM n"
+            ))
             .await?,
-            read: p(
+            // Per LISTEN, records and pieces merged in sequence order above its `from`, and the last sequence
+            // waiting there (records or pieces; none: NULL).
+            read: p(concat!(
                 "SELECT u.i, d.seq, d.payload, m.last \
                  FROM unnest($2::text[], $3::bigint[], $4::int[]) WITH ORDINALITY AS u(s, h, lim, i) \
-                 LEFT JOIN LATERAL (SELECT seq, payload FROM downlink \
-                     WHERE app = $1 AND sender = u.s AND seq > u.h AND (expires_at IS NULL OR expires_at > $5::bigint) \
-                     ORDER BY seq LIMIT u.lim) d ON true \
-                 CROSS JOIN LATERAL (SELECT max(seq) AS last FROM downlink \
-                     WHERE app = $1 AND sender = u.s AND seq > u.h AND (expires_at IS NULL OR expires_at > $5::bigint)) m \
-                 ORDER BY u.i, d.seq",
+                 LEFT JOIN LATERAL (",
+                waiting_above!(),
+                ") d ON true \
+                 CROSS JOIN LATERAL (SELECT GREATEST( \
+                     (SELECT max(seq) FROM downlink WHERE app = $1 AND sender = u.s AND seq > u.h \
+                         AND (expires_at IS NULL OR expires_at > $5::bigint)), \
+                     (SELECT max(last_seq) FROM down_ranges WHERE app = $1 AND sender = u.s AND last_seq > u.h \
+                         AND (expires_at IS NULL OR expires_at > $5::bigint))) AS last) m \
+                 ORDER BY u.i, d.seq"
+            ))
+            .await?,
+            blob_lock: p(
+                "SELECT id FROM down_blobs WHERE app = $1 AND id = $2 AND refs > 0 FOR UPDATE",
+            )
+            .await?,
+            blob_id: p("SELECT nextval(pg_get_serial_sequence('down_blobs', 'id'))").await?,
+            blob_insert: p(
+                "WITH b AS (INSERT INTO down_blobs (app, id, piece_len, pieces, refs) \
+                     VALUES ($1, $2, $3::int, $4::bigint, $5::bigint)) \
+                 INSERT INTO down_blob_bytes (app, id, bytes) VALUES ($1, $2, $6)",
+            )
+            .await?,
+            blob_ref: p("UPDATE down_blobs SET refs = refs + $3::bigint WHERE app = $1 AND id = $2").await?,
+            ranges_insert: p(
+                "INSERT INTO down_ranges (app, sender, first_seq, last_seq, blob, first_piece, queued_at, expires_at) \
+                 SELECT $1, u.s, u.f, u.l, u.b, 0, $6::bigint, u.e \
+                 FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $7::bigint[]) AS u(s, f, l, b, e)",
             )
             .await?,
         },
@@ -1923,11 +2078,21 @@ async fn try_down_part(
     let mut pushing: Vec<&str> = part
         .pushes
         .iter()
-        .filter(|p| too_large(&p.records).is_none())
+        .filter(|p| p.too_large().is_none())
         .map(|p| p.sender.as_str())
         .collect();
     pushing.sort_unstable();
     pushing.dedup();
+    // The files pushed as pieces, each once (a request's pushes share one), and the id a committed push of it kept.
+    let mut blobs: Vec<&Arc<DownBlob>> = Vec::new();
+    for p in &part.pushes {
+        if let Some(b) = &p.blob
+            && !blobs.iter().any(|k| Arc::ptr_eq(k, b))
+        {
+            blobs.push(b);
+        }
+    }
+    let known: Vec<Option<i64>> = blobs.iter().map(|b| b.stored()).collect();
     let fetches = FetchArgs::of(&part.fetches);
     // Every flow row the transaction writes, locked first and in name order, as every node locks them.
     let mut flows: Vec<&str> = pushing
@@ -1945,8 +2110,14 @@ async fn try_down_part(
         .iter()
         .map(|s| [&app_id as _, s as _, &now as _])
         .collect();
+    let blob_lock_args: Vec<Option<[&(dyn ToSql + Sync); 2]>> = known
+        .iter()
+        .map(|k| k.as_ref().map(|id| [&app_id as _, id as _]))
+        .collect();
     // First wait: the pushed flows' rows (autocommit, before the transaction), BEGIN, the flows locked, each pushed
-    // sender's expired records deleted and what is left counted.
+    // sender's expired records and ranges deleted and what is left counted; then each file's row locked if a push
+    // of it kept its id and it is still there (so no LISTEN deletes it under this push), and an id for it in case
+    // it must be written.
     let mut first: Vec<Sent<'_>> = Vec::new();
     for a in &push_args {
         first.push(Box::pin(async {
@@ -1969,6 +2140,17 @@ async fn try_down_part(
     for a in &push_args {
         first.push(Box::pin(async {
             c.query_opt(&ds.waiting, a).await.map(Answer::Row)
+        }));
+    }
+    let blobs_at = first.len();
+    for a in &blob_lock_args {
+        if let Some(a) = a {
+            first.push(Box::pin(async {
+                c.query_opt(&ds.blob_lock, a).await.map(Answer::Row)
+            }));
+        }
+        first.push(Box::pin(async {
+            c.query_opt(&ds.blob_id, &[]).await.map(Answer::Row)
         }));
     }
     let answers = match in_order(first).await {
@@ -2010,13 +2192,39 @@ async fn try_down_part(
             ),
         );
     }
-    // In the node: each push against its sender's bounds, after the pushes before it in the part.
+    // Per file: its id, and whether it must be written (not kept yet, or deleted since: every range of it went).
+    let mut blob_ids: Vec<(i64, bool)> = Vec::with_capacity(blobs.len());
+    let mut at = blobs_at;
+    for k in &known {
+        let there = match k {
+            Some(id) => {
+                at += 1;
+                row_at(at - 1).map(|_| *id)
+            }
+            None => None,
+        };
+        let Some(fresh) = row_at(at) else {
+            let _ = c.execute(&st.rollback, &[]).await;
+            return Err(Refused::Retry);
+        };
+        at += 1;
+        blob_ids.push(match there {
+            Some(id) => (id, false),
+            None => (fresh.get::<_, i64>(0), true),
+        });
+    }
+    // In the node: each push against its sender's bounds, after the pushes before it in the part (a file's pieces
+    // count as records, their bytes as payload bytes).
     let mut outcomes: Vec<(Pushed, u64)> = Vec::with_capacity(part.pushes.len());
     let mut queued: Vec<(&DownPush, i64)> = Vec::new();
+    // The ranges of the queued files' pieces (sender, first, last, blob), and the references each file gains.
+    let (mut r_sender, mut r_first, mut r_last, mut r_blob, mut r_expires) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut blob_refs: Vec<i64> = vec![0; blobs.len()];
     let mut delta: i64 = 0;
     let mut expired_any = false;
     for p in &part.pushes {
-        if let Some(r) = too_large(&p.records) {
+        if let Some(r) = p.too_large() {
             outcomes.push((Pushed::Refused(r), 0));
             continue;
         }
@@ -2026,12 +2234,26 @@ async fn try_down_part(
         let expired = std::mem::take(&mut s.1);
         expired_any |= expired > 0;
         delta -= expired;
-        let adding: u64 = p.records.iter().map(|r| r.len() as u64).sum();
-        let n = p.records.len() as u64;
-        let refusal = p.limits.passed_by(&p.records, s.2, s.3);
-        if let Some(r) = refusal {
+        let adding: u64 = match &p.blob {
+            Some(b) => b.bytes().len() as u64,
+            None => p.records.iter().map(|r| r.len() as u64).sum(),
+        };
+        let n = p.count();
+        if let Some(r) = p.limits.passed_by_count(n, adding, s.2, s.3) {
             outcomes.push((Pushed::Refused(r), expired as u64));
             continue;
+        }
+        if let Some(b) = &p.blob {
+            let k = blobs
+                .iter()
+                .position(|x| Arc::ptr_eq(x, b))
+                .expect("its file is among the part's");
+            r_sender.push(p.sender.as_str());
+            r_first.push(s.0);
+            r_last.push(s.0 + n as i64 - 1);
+            r_blob.push(blob_ids[k].0);
+            r_expires.push(p.limits.expires_at(now));
+            blob_refs[k] += 1;
         }
         queued.push((p, s.0));
         outcomes.push((
@@ -2046,13 +2268,8 @@ async fn try_down_part(
         s.3 += adding;
         delta += n as i64;
     }
-    // Second wait: the queued pushes' records, their flows' next sequences, the count, the other nodes told; then the
-    // LISTENs (read first, as in a part), and COMMIT.
-    struct Queued<'a> {
-        insert: [&'a (dyn ToSql + Sync); 6],
-        move_next: [&'a (dyn ToSql + Sync); 3],
-        notify: [&'a (dyn ToSql + Sync); 2],
-    }
+    // Second wait: the queued pushes' records, their flows' next sequences, the files written or referenced again
+    // and their ranges, the count, the other nodes told; then the LISTENs (read first, as in a part), and COMMIT.
     let expires: Vec<Option<i64>> = queued
         .iter()
         .map(|(p, _)| p.limits.expires_at(now))
@@ -2061,17 +2278,60 @@ async fn try_down_part(
         .iter()
         .map(|(p, _)| p.records.iter().map(Vec::as_slice).collect())
         .collect();
-    let counts: Vec<i64> = queued.iter().map(|(p, _)| p.records.len() as i64).collect();
+    let counts: Vec<i64> = queued.iter().map(|(p, _)| p.count() as i64).collect();
     let payloads: Vec<String> = queued.iter().map(|(p, _)| notice_of(app_id, p)).collect();
-    let args: Vec<Queued<'_>> = queued
+    let inserts: Vec<Option<[&(dyn ToSql + Sync); 6]>> = queued
         .iter()
         .enumerate()
-        .map(|(k, (p, next))| Queued {
-            insert: [&app_id, &p.sender, next, &records[k], &now, &expires[k]],
-            move_next: [&app_id, &p.sender, &counts[k]],
-            notify: [&DOWN_CHANNEL, &payloads[k]],
+        .map(|(k, (p, next))| {
+            p.blob.is_none().then(|| {
+                [
+                    &app_id as _,
+                    &p.sender as _,
+                    next as _,
+                    &records[k] as _,
+                    &now as _,
+                    &expires[k] as _,
+                ]
+            })
         })
         .collect();
+    let moves: Vec<[&(dyn ToSql + Sync); 3]> = queued
+        .iter()
+        .enumerate()
+        .map(|(k, (p, _))| [&app_id as _, &p.sender as _, &counts[k] as _])
+        .collect();
+    let notifies: Vec<[&(dyn ToSql + Sync); 2]> = payloads
+        .iter()
+        .map(|n| [&DOWN_CHANNEL as _, n as _])
+        .collect();
+    let piece_lens: Vec<i32> = blobs.iter().map(|b| b.piece_len() as i32).collect();
+    let piece_counts: Vec<i64> = blobs.iter().map(|b| b.pieces() as i64).collect();
+    let blob_bytes: Vec<&[u8]> = blobs.iter().map(|b| b.bytes()).collect();
+    let blob_writes: Vec<(bool, Vec<&(dyn ToSql + Sync)>)> = blobs
+        .iter()
+        .enumerate()
+        .filter(|(k, _)| blob_refs[*k] > 0)
+        .map(|(k, _)| {
+            let (id, write) = &blob_ids[k];
+            let args: Vec<&(dyn ToSql + Sync)> = if *write {
+                vec![
+                    &app_id,
+                    id,
+                    &piece_lens[k],
+                    &piece_counts[k],
+                    &blob_refs[k],
+                    &blob_bytes[k],
+                ]
+            } else {
+                vec![&app_id, id, &blob_refs[k]]
+            };
+            (*write, args)
+        })
+        .collect();
+    let ranges_args: [&(dyn ToSql + Sync); 7] = [
+        &app_id, &r_sender, &r_first, &r_last, &r_blob, &now, &r_expires,
+    ];
     let count_args: [&(dyn ToSql + Sync); 2] = [&app_id, &delta];
     let ListenArgs {
         ack: ack_args,
@@ -2079,28 +2339,47 @@ async fn try_down_part(
         read: read_args,
     } = fetches.args(&app_id, &now);
     let mut second: Vec<Sent<'_>> = Vec::new();
-    for a in &args {
+    for (insert, moved) in inserts.iter().zip(&moves) {
+        if let Some(a) = insert {
+            second.push(Box::pin(async {
+                c.execute(&ds.insert, a).await.map(|_| Answer::Done)
+            }));
+        }
         second.push(Box::pin(async {
-            c.execute(&ds.insert, &a.insert).await.map(|_| Answer::Done)
+            c.execute(&ds.move_next, moved).await.map(|_| Answer::Done)
         }));
+    }
+    for (write, a) in &blob_writes {
+        let sql = if *write {
+            &ds.blob_insert
+        } else {
+            &ds.blob_ref
+        };
         second.push(Box::pin(async {
-            c.execute(&ds.move_next, &a.move_next)
+            c.execute(sql, a).await.map(|_| Answer::Done)
+        }));
+    }
+    if !r_sender.is_empty() {
+        second.push(Box::pin(async {
+            c.execute(&ds.ranges_insert, &ranges_args)
                 .await
                 .map(|_| Answer::Done)
         }));
     }
     let counted = !queued.is_empty() || expired_any;
+    let count_at = second.len();
     if counted {
         second.push(Box::pin(async {
             c.query_opt(&ds.count, &count_args).await.map(Answer::Row)
         }));
     }
-    for a in &args {
+    for a in &notifies {
         second.push(Box::pin(async {
-            c.execute(&ds.notify, &a.notify).await.map(|_| Answer::Done)
+            c.execute(&ds.notify, a).await.map(|_| Answer::Done)
         }));
     }
     let listening = !part.fetches.is_empty();
+    let read_at = second.len();
     if listening {
         second.push(Box::pin(async {
             c.query(&ds.read, &read_args).await.map(Answer::Rows)
@@ -2129,18 +2408,20 @@ async fn try_down_part(
             });
         }
     };
-    let mut applied = Applied::default();
-    let mut at = 2 * args.len();
-    let mut waiting = None;
-    if counted {
-        if let Answer::Row(Some(row)) = &answers[at] {
-            waiting = Some(row.get::<_, i64>(0).max(0) as u64);
+    // Committed: a later transaction of the same request refers to each file written or referenced by its id.
+    for (k, b) in blobs.iter().enumerate() {
+        if blob_refs[k] > 0 {
+            b.set_stored(blob_ids[k].0);
         }
-        at += 1;
     }
-    at += args.len();
+    let mut applied = Applied::default();
+    let mut waiting = None;
+    if counted && let Answer::Row(Some(row)) = &answers[count_at] {
+        waiting = Some(row.get::<_, i64>(0).max(0) as u64);
+    }
     if listening {
-        let (Answer::Rows(read), Answer::Row(Some(deleted))) = (&answers[at], &answers[at + 2])
+        let (Answer::Rows(read), Answer::Row(Some(deleted))) =
+            (&answers[read_at], &answers[read_at + 2])
         else {
             unreachable!("the read answers rows and the delete one row, as their futures say");
         };
@@ -2445,13 +2726,35 @@ impl PgReader {
         let id = self.app_id(app)?;
         let (mut after_sender, mut after_seq) = (String::new(), 0i64);
         loop {
+            // Records and a file's pieces merged by (sender, seq), a page of each: a range has a piece at least,
+            // so the page's first ranges hold its pieces, each cut to the page.
             let rows = self.wait(
                 "reading waiting downlink records",
                 self.client.query(
-                    "SELECT sender, seq, payload, queued_at, expires_at FROM downlink \
-                     WHERE app = $1 AND ($2::text IS NULL OR sender = $2) \
-                       AND (expires_at IS NULL OR expires_at > $3) AND (sender, seq) > ($4, $5) \
-                     ORDER BY sender, seq LIMIT $6",
+                    "SELECT * FROM ( \
+                         (SELECT sender, seq, payload, queued_at, expires_at, NULL::bigint AS blob, \
+                                 NULL::bigint AS piece FROM downlink \
+                          WHERE app = $1 AND ($2::text IS NULL OR sender = $2) \
+                            AND (expires_at IS NULL OR expires_at > $3) AND (sender, seq) > ($4, $5) \
+                          ORDER BY sender, seq LIMIT $6) \
+                         UNION ALL \
+                         (SELECT r.sender, p.seq, \
+                                 substring(y.bytes FROM ((r.first_piece + p.seq - r.first_seq) * b.piece_len + 1)::int \
+                                     FOR b.piece_len), \
+                                 r.queued_at, r.expires_at, r.blob, r.first_piece + p.seq - r.first_seq \
+                          FROM (SELECT * FROM down_ranges \
+                                WHERE app = $1 AND ($2::text IS NULL OR sender = $2) \
+                                  AND (expires_at IS NULL OR expires_at > $3) \
+                                  AND sender >= $4 AND (sender > $4 OR last_seq > $5) \
+                                ORDER BY sender, first_seq LIMIT $6) r \
+                          JOIN down_blobs b ON b.app = r.app AND b.id = r.blob \
+                          JOIN down_blob_bytes y ON y.app = r.app AND y.id = r.blob \
+                          CROSS JOIN LATERAL generate_series( \
+                              CASE WHEN r.sender = $4 THEN GREATEST(r.first_seq, $5 + 1) ELSE r.first_seq END, \
+                              LEAST(r.last_seq, \
+                                  (CASE WHEN r.sender = $4 THEN GREATEST(r.first_seq, $5 + 1) ELSE r.first_seq END) \
+                                  + $6 - 1)) AS p(seq)) \
+                     ) w ORDER BY sender, seq LIMIT $6",
                     &[&id, &sender, &now_ms, &after_sender, &after_seq, &READ_PAGE],
                 ),
             )?;
@@ -2459,13 +2762,15 @@ impl PgReader {
                 let name: String = row.get(0);
                 let payload: Vec<u8> = row.get(2);
                 let seq: i64 = row.get(1);
+                let blob: Option<i64> = row.get(5);
+                let piece: Option<i64> = row.get(6);
                 let view = super::downlink::WaitingView {
                     sender: &name,
                     seq: seq as u64,
                     payload: &payload,
                     queued_at_ms: row.get(3),
                     expires_at_ms: row.get(4),
-                    piece: None,
+                    piece: blob.zip(piece).map(|(b, p)| (b, p.max(0) as u64)),
                 };
                 if !each(&view) {
                     return Ok(());
@@ -2543,8 +2848,13 @@ impl PgReader {
         let rows = self.wait(
             "counting waiting downlink records",
             self.client.query(
-                "SELECT sender, COUNT(*) FROM downlink WHERE app = $1 AND (expires_at IS NULL OR expires_at > $2) \
-                 GROUP BY sender ORDER BY sender",
+                "SELECT sender, sum(n)::bigint FROM ( \
+                     SELECT sender, count(*) AS n FROM downlink \
+                     WHERE app = $1 AND (expires_at IS NULL OR expires_at > $2) GROUP BY sender \
+                     UNION ALL \
+                     SELECT sender, sum(last_seq - first_seq + 1)::bigint FROM down_ranges \
+                     WHERE app = $1 AND (expires_at IS NULL OR expires_at > $2) GROUP BY sender \
+                 ) w GROUP BY sender ORDER BY sender",
                 &[&id, &now_ms],
             ),
         )?;
