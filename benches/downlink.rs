@@ -1347,7 +1347,7 @@ fn peak_anon(
     std::thread::spawn(move || {
         let mut peak = 0;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            peak = peak.max(proc_kb(pid, "RssAnon"));
+            peak = peak.max(proc_kb(pid, "RssAnon:"));
             std::thread::sleep(Duration::from_millis(100));
         }
         peak
@@ -1376,9 +1376,12 @@ fn part_image_many(a: &Args, n: usize) {
     let t = Instant::now();
     push_file(&a.bin, &node.state, &file, &[]);
     let push_s = t.elapsed().as_secs_f64();
-    let store_mb =
-        std::fs::metadata(node.state.join("main.sqlite")).map_or(0, |m| m.len()) as f64 / 1e6;
-    let rest_kb = proc_kb(node.pid(), "RssAnon");
+    let store_mb = ["apps/main.sqlite", "apps/main.sqlite-wal"]
+        .iter()
+        .map(|f| std::fs::metadata(node.state.join(f)).map_or(0, |m| m.len()))
+        .sum::<u64>() as f64
+        / 1e6;
+    let rest_kb = proc_kb(node.pid(), "RssAnon:");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = peak_anon(node.pid(), stop.clone());
     let devices = par_map(n, |i| {
