@@ -97,7 +97,8 @@ int pl_listen(pl_device *dev);
  * that takes large downlink (a firmware image): once the node has checked that the device receives at its address,
  * it sends several datagrams of DOWN records per answer, at most `bytes` of datagrams in flight beyond the records
  * the device has taken, instead of at most what the device sent (version 1.1). The device acknowledges each
- * datagram with a small LISTEN by itself, so it sends a few dozen bytes per datagram it is sent.
+ * datagram with a small LISTEN by itself, so it sends about 100 bytes (the smallest datagram, 96) per datagram
+ * of up to max_datagram bytes it is sent.
  * Choose what the device can hold of datagrams that arrive before it handles them: its receive buffer (the
  * socket's, the radio's or the UART's ring buffer); a datagram beyond it is lost and sent again, slower.
  * 0 (the default) offers nothing: version 1.1, each answer within the bytes the device sent. Call it after

@@ -47,7 +47,7 @@
  * handles them. This program takes one datagram at a time into rx (below); what arrives meanwhile waits in the
  * carrier: on a real board the UART's or radio's receive ring, which 8 KiB of the 64 KiB of RAM would hold
  * (six datagrams of 1,200 bytes); here QEMU's UART and the test's harness. A large downlink (a firmware image
- * pushed as pieces) then comes several datagrams an answer, each acknowledged with a LISTEN of about 70 bytes. */
+ * pushed as pieces) then comes several datagrams an answer, each acknowledged with a LISTEN of 96 bytes. */
 #define DOWN_WINDOW 8192
 
 /* newlib-nano's printf has no 64-bit integers: this formats one into a buffer of 21. */
