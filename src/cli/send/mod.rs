@@ -106,9 +106,9 @@ pub struct SendArgs {
     pub down_window: u64,
 }
 
-/// `--down-window`'s default: DOWN datagrams in flight to a host, about 220 of 1,200 bytes, what a socket's
-/// receive buffer holds at Linux's default `net.core.rmem_max` (the kernel doubles what is asked for its
-/// bookkeeping).
+/// `--down-window`'s default: DOWN datagrams in flight to a host, about 220 of 1,200 bytes; a socket's receive
+/// buffer holds about as many at Linux's default `net.core.rmem_max` (212,992, which the kernel doubles for its
+/// bookkeeping of each datagram).
 pub const DOWN_WINDOW: u64 = 262_144;
 
 /// How long `send --listen` stays awake after its input is stored.
@@ -423,7 +423,8 @@ impl Downlink {
         let heard = heard_file.as_ref().map_or(0, HeardFile::kept);
         if args.down_window > 0 {
             link.sender().set_down_window(args.down_window);
-            let buffer = usize::try_from(args.down_window).unwrap_or(usize::MAX);
+            // The system call takes an int; the kernel caps it at net.core.rmem_max anyway.
+            let buffer = args.down_window.min(i32::MAX as u64) as usize;
             link.set_receive_buffer(buffer).with_context(|| {
                 format!(
                     "cannot give the socket a receive buffer for --down-window {}; give a smaller one, or 0 \
