@@ -172,6 +172,13 @@ impl UdpLink {
         std::mem::take(&mut self.events)
     }
 
+    /// Asks for a socket receive buffer of `bytes` (the kernel caps it at `net.core.rmem_max` and doubles it for
+    /// its bookkeeping): room for the DOWN datagrams a node of version 1.2 sends in flight
+    /// ([`Sender::set_down_window`]).
+    pub fn set_receive_buffer(&mut self, bytes: usize) -> io::Result<()> {
+        socket2::SockRef::from(&self.socket).set_recv_buffer_size(bytes)
+    }
+
     /// The node's address the link uses now.
     pub fn address(&self) -> SocketAddr {
         self.addrs[self.current]

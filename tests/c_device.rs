@@ -2,7 +2,8 @@
 //! built, `link-c/examples/deliver.c` compiled against it with the system's C compiler (warnings are errors), and
 //! run against a real node — records queued through the outbox in a flash file, stored by the node once each and
 //! in order (more than the outbox holds at once, so it fills and drains), downlink records printed once each, and
-//! a second and third run on the same flash that number on and hand nothing over twice.
+//! a second and third run on the same flash that number on and hand nothing over twice, and a file pushed with
+//! `push --file` to a run that offers version 1.2 (`pl_set_down_window`), taken through wide downlink.
 
 #[path = "ops_util/mod.rs"]
 mod ops_util;
@@ -44,6 +45,8 @@ struct Run {
     downs: Vec<(u64, String)>,
     first: u64,
     next: u64,
+    /// The node took the run's offer of version 1.2.
+    wide: bool,
 }
 
 fn lines_after<'a>(text: &'a str, word: &str) -> impl Iterator<Item = &'a str> {
@@ -62,14 +65,15 @@ fn a_c_program_delivers_through_its_flash_outbox_and_takes_downlink_once() {
     } = ops_util::DeviceNode::start("c-device");
     let exe = build_example(dir.path());
     let flash = dir.path().join("flash.bin");
-    let run = |count: u64, listen_ms: u64| {
+    let run = |count: u64, listen_ms: u64, down_window: u64| {
         let out = ops_util::output_within(
             Command::new(&exe)
                 .arg(&flash)
                 .args([&secret, &node_public, "main", "127.0.0.1"])
                 .arg(node.link.port().to_string())
                 .arg(count.to_string())
-                .arg(listen_ms.to_string()),
+                .arg(listen_ms.to_string())
+                .arg(down_window.to_string()),
         );
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         assert!(
@@ -89,6 +93,7 @@ fn a_c_program_delivers_through_its_flash_outbox_and_takes_downlink_once() {
                 .collect(),
             first: lines_after(&text, "first").map(num).next().unwrap(),
             next: lines_after(&text, "next").map(num).next().unwrap(),
+            wide: lines_after(&text, "wide").map(num).next().unwrap() == 1,
         }
     };
     let push = |text: &[u8]| {
@@ -108,7 +113,7 @@ fn a_c_program_delivers_through_its_flash_outbox_and_takes_downlink_once() {
     // Downlink waiting before the device first runs.
     push(b"set rate 10\nhello device\n");
     // 150 records: more than the outbox holds unacknowledged (64), so it says full and takes more once stored.
-    let first = run(150, 1_000);
+    let first = run(150, 1_000, 0);
     assert_eq!(first.first, 1);
     assert_eq!(first.queued, (1..=150).collect::<Vec<_>>());
     assert_eq!(first.stored.last(), Some(&150));
@@ -129,15 +134,46 @@ fn a_c_program_delivers_through_its_flash_outbox_and_takes_downlink_once() {
 
     // The same flash: numbering goes on; not listening, nothing handed over.
     push(b"third\n");
-    let second = run(20, 0);
+    let second = run(20, 0, 0);
     assert_eq!((second.first, second.next), (151, 171));
     assert_eq!(second.queued, (151..=170).collect::<Vec<_>>());
     assert!(second.downs.is_empty());
     assert_stored(170);
 
     // Listening again: only what was not handed over before.
-    let third = run(0, 1_000);
+    let third = run(0, 1_000, 0);
     assert_eq!(third.first, 171);
     assert_eq!(third.downs, [(3, "third".to_string())]);
+    assert!(!third.wide, "no window given: version 1.1");
     assert_stored(170);
+
+    // A file of 48 KiB (printable, so each piece is one line of the program's output) to a run that offers
+    // version 1.2 with a window of 16 KiB: every piece once, in order after the heard sequence, reassembling it.
+    let image: Vec<u8> = (0..48 << 10)
+        .map(|i: usize| b'!' + ((i * 31 + i / 1024) % 94) as u8)
+        .collect();
+    let file = dir.path().join("image.bin");
+    std::fs::write(&file, &image).unwrap();
+    let out = ops_util::push_command(
+        &state,
+        &[
+            "--app",
+            "main",
+            "--to",
+            "c-device",
+            "--file",
+            file.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(out.status.success(), "push --file: {out:?}");
+    let fourth = run(0, 200, 16 << 10);
+    assert!(
+        fourth.wide,
+        "the node did not challenge the run that offered 1.2"
+    );
+    let seqs: Vec<u64> = fourth.downs.iter().map(|d| d.0).collect();
+    assert_eq!(seqs, (4..4 + 48).collect::<Vec<_>>());
+    let got: Vec<u8> = fourth.downs.iter().flat_map(|d| d.1.bytes()).collect();
+    assert!(got == image, "the pieces do not reassemble the file");
 }

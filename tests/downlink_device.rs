@@ -6,9 +6,11 @@
 mod ops_util;
 
 use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use ops_util::{DEADLINE, NodeProcess, bin, keygen, output_within, records};
@@ -25,11 +27,16 @@ struct Device {
 
 impl Device {
     fn command(&self, node: &NodeProcess, extra: &[&str]) -> Command {
+        self.command_to(node, node.link, extra)
+    }
+
+    /// The device command sending to `to` (a relay in front of the node) instead of the node's link address.
+    fn command_to(&self, node: &NodeProcess, to: SocketAddr, extra: &[&str]) -> Command {
         let mut cmd = Command::new(bin());
         cmd.arg("send")
             .arg("--key")
             .arg(&self.key)
-            .args(["--node", &node.public_key, "--to", &node.link.to_string()])
+            .args(["--node", &node.public_key, "--to", &to.to_string()])
             .args(["--listen", "main", "--heard-file"])
             .arg(&self.heard)
             .args(extra);
@@ -224,15 +231,40 @@ fn a_device_command_killed_mid_flow_goes_on_from_its_heard_file_and_skips_nothin
         "kitchen-1",
         format!("{}\n", all.join("\n")).as_bytes(),
     );
-    let (mut child, lines) = device.spawn(&node, &["--stay", "forever"]);
+    // Its standard output is read 40 lines and then not until it is killed: once the pipe is full the command
+    // waits to print, so the kill lands inside the flow however fast the records come (version 1.2 sends many
+    // an answer).
+    let mut child = device
+        .command(&node, &["--stay", "forever"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = mpsc::channel();
+    let (go_on_tx, go_on) = mpsc::channel::<()>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for (n, line) in BufReader::new(stdout).lines().enumerate() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+            if n + 1 == 40 {
+                let _ = go_on.recv();
+            }
+        }
+    });
     let mut first = Vec::new();
     while first.len() < 40 {
         first.push(lines.recv_timeout(DEADLINE).unwrap());
     }
     child.kill().unwrap();
     child.wait().unwrap();
+    go_on_tx.send(()).unwrap();
     first.extend(lines.iter());
-    // What the killed run printed is a prefix of the records; its heard file is at most that far.
+    // What the killed run printed is a prefix of the records, not all of them; its heard file is at most that far.
+    assert!(first.len() < all.len(), "the kill came after the flow");
     assert_eq!(first[..], all[..first.len()]);
     let kept = device.kept() as usize;
     assert!(kept <= first.len(), "kept {kept}, printed {}", first.len());
@@ -406,4 +438,176 @@ fn a_device_that_says_it_heard_more_than_the_largest_fails_nothing() {
         node.metric("pure_app_turns_failed_total{app=\"main\"}"),
         Some(0.0)
     );
+}
+
+/// A UDP relay on loopback between a device and the node, counting the bytes of the datagrams each way: what the
+/// device sent and what it was sent, measured outside both. The node sees the relay's one address, as a device
+/// behind a NAT.
+struct Relay {
+    addr: SocketAddr,
+    /// Payload bytes of the datagrams from the device to the node, and from the node to the device.
+    up: Arc<AtomicU64>,
+    down: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Relay {
+    fn start(node: SocketAddr) -> Relay {
+        let front = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        let back = Arc::new(UdpSocket::bind("127.0.0.1:0").unwrap());
+        back.connect(node).unwrap();
+        for s in [&front, &back] {
+            // Room for a window of datagrams, so the relay itself loses none (a loss would only slow the test).
+            socket2::SockRef::from(&**s)
+                .set_recv_buffer_size(4 << 20)
+                .unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        }
+        let addr = front.local_addr().unwrap();
+        let device: Arc<Mutex<Option<SocketAddr>>> = Arc::default();
+        let (up, down, stop) = (
+            Arc::<AtomicU64>::default(),
+            Arc::<AtomicU64>::default(),
+            Arc::<AtomicBool>::default(),
+        );
+        let to_node = {
+            let (front, back, device, up, stop) = (
+                front.clone(),
+                back.clone(),
+                device.clone(),
+                Arc::clone(&up),
+                stop.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 2048];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((n, from)) = front.recv_from(&mut buf) {
+                        *device.lock().unwrap() = Some(from);
+                        up.fetch_add(n as u64, Ordering::Relaxed);
+                        let _ = back.send(&buf[..n]);
+                    }
+                }
+            })
+        };
+        let to_device = {
+            let (down, stop) = (Arc::clone(&down), stop.clone());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 2048];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(n) = back.recv(&mut buf) {
+                        let to = *device.lock().unwrap();
+                        if let Some(to) = to {
+                            down.fetch_add(n as u64, Ordering::Relaxed);
+                            let _ = front.send_to(&buf[..n], to);
+                        }
+                    }
+                }
+            })
+        };
+        Relay {
+            addr,
+            up,
+            down,
+            stop,
+            threads: vec![to_node, to_device],
+        }
+    }
+
+    /// (bytes the device sent, bytes it was sent) so far.
+    fn counted(&self) -> (u64, u64) {
+        (
+            self.up.load(Ordering::Relaxed),
+            self.down.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A file of `len` printable bytes (no newline, so `send --listen` prints each piece as one line) that differ
+/// from piece to piece, so a piece out of place is found.
+fn printable_file(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| b'!' + ((i * 31 + i / 1024) % 94) as u8)
+        .collect()
+}
+
+/// Issue 39: a large downlink to a device of version 1.2 (docs/downlink.md, "Large downlink: version 1.2"). A
+/// file of 256 KiB pushed with `push --file` reaches `send --listen --down-window` through real processes on
+/// loopback, every piece printed once and in order, the pieces reassembling the file; and the device, counted by a
+/// relay between it and the node, sent a small part of what it was sent, where with `--down-window 0` (1.1) it
+/// sends about as much as it is sent.
+#[test]
+fn a_file_of_256_kib_reaches_a_device_of_version_1_2_which_sends_a_small_part_of_what_it_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (device, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let relay = Relay::start(node.link);
+    let push_file = |bytes: &[u8]| {
+        let file = dir.path().join("image.bin");
+        std::fs::write(&file, bytes).unwrap();
+        let out = ops_util::push_command(
+            &state,
+            &[
+                "--app",
+                "main",
+                "--to",
+                "kitchen-1",
+                "--file",
+                file.to_str().unwrap(),
+            ],
+            b"",
+        );
+        assert!(out.status.success(), "push --file: {out:?}");
+    };
+    // The file as `send --listen` prints it: each piece of 1024 bytes a line.
+    let printed = |bytes: &[u8]| {
+        bytes
+            .chunks(1024)
+            .flat_map(|c| [c, b"\n"].concat())
+            .collect::<Vec<u8>>()
+    };
+
+    let image = printable_file(256 << 10);
+    push_file(&image);
+    let out =
+        output_within(&mut device.command_to(&node, relay.addr, &["--down-window", "262144"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // Every piece once, in order: the lines are the pieces, and they reassemble to the file.
+    assert!(out.stdout == printed(&image), "{err}");
+    assert!(err.contains("printed 256 downlink records"), "{err}");
+    assert_eq!(device.kept(), 256);
+    let (sent, received) = relay.counted();
+    assert!(received >= image.len() as u64, "{received}");
+    assert!(
+        sent * 8 < received,
+        "version 1.2: the device sent {sent} bytes for the {received} it was sent"
+    );
+
+    // The same measure of version 1.1 (through a relay of its own: the node sends what is pushed to the first
+    // run's session too, while it is live): the device sends about as much as it is sent.
+    let relay_11 = Relay::start(node.link);
+    let second = printable_file(64 << 10);
+    push_file(&second);
+    let out = output_within(&mut device.command_to(&node, relay_11.addr, &["--down-window", "0"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(out.stdout == printed(&second), "{err}");
+    assert_eq!(device.kept(), 256 + 64);
+    let (sent_11, received_11) = relay_11.counted();
+    assert!(
+        sent_11 * 2 > received_11,
+        "version 1.1: the device sent {sent_11} bytes for the {received_11} it was sent"
+    );
+    eprintln!("1.2: sent {sent} bytes for {received}; 1.1: sent {sent_11} bytes for {received_11}");
 }

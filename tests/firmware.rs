@@ -906,3 +906,138 @@ fn c_firmware_delivers_through_power_cuts_and_node_kills() {
         started.elapsed()
     );
 }
+
+/// Issue 39, item 4: a firmware image through wide downlink (docs/protocol.md 13) to the C firmware, which offers
+/// version 1.2 with the window its RAM holds (`sender.c`, `DOWN_WINDOW`). A file of 48 KiB pushed with `push
+/// --file` as 48 pieces; the board's power is cut in the middle of it (at a seeded datagram of the board's), and the
+/// next boot goes on from the heard sequence its flash outbox keeps: every piece printed, again only across the
+/// cut, and applied to the program's state exactly once, in order (the state's count and hash are the whole file's);
+/// the node validated the board's address and the board sent a small part of what it was sent.
+#[test]
+fn c_firmware_takes_an_image_through_wide_downlink_across_a_power_cut() {
+    const TEST: &str = "c_firmware_takes_an_image_through_wide_downlink_across_a_power_cut";
+    if !firmware_util::available_c(TEST) {
+        return;
+    }
+    const PIECES: usize = 48;
+    let seed = cut_seed(TEST);
+    let mut rng = Rng(seed);
+    let elf = firmware_util::build_c();
+    let ops_util::DeviceNode {
+        dir,
+        state,
+        node,
+        key_hex: key,
+        node_hex: node_key,
+    } = ops_util::DeviceNode::start("board-1");
+    // Printable bytes, so the console prints each piece as it is; different from piece to piece.
+    let image: Vec<u8> = (0..PIECES * 1024)
+        .map(|i| b'!' + ((i * 31 + i / 1024) % 94) as u8)
+        .collect();
+    let pieces: Vec<String> = image
+        .chunks(1024)
+        .map(|c| String::from_utf8(c.to_vec()).unwrap())
+        .collect();
+    let file = dir.path().join("image.bin");
+    std::fs::write(&file, &image).unwrap();
+    let out = ops_util::push_command(
+        &state,
+        &[
+            "--app",
+            "main",
+            "--to",
+            "board-1",
+            "--file",
+            file.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(out.status.success(), "push --file: {out:?}");
+    let flash = dir.path().join("flash.bin");
+    let run = |kill: Kill| {
+        firmware_util::run(&RunConfig {
+            elf: &elf,
+            flash: &flash,
+            to: node.link,
+            kill,
+            args: &sender_args(&key, &node_key, 0, 32, 0),
+        })
+    };
+
+    // The cut: each DOWN datagram (one piece) is acknowledged by one of the board's, so a cut at its datagram
+    // 6–30 lands inside the 48 pieces.
+    let at = rng.between(6, 30) as usize;
+    let first = run(Kill::AtDatagram(at));
+    assert!(
+        first.killed,
+        "seed {seed}: not cut at datagram {at}: {}",
+        first.console
+    );
+    let first_downs = downs(&first.console);
+    assert!(
+        first_downs.len() < PIECES,
+        "seed {seed}: the cut at datagram {at} came after the image: {}",
+        first.console
+    );
+    let second = run(Kill::Never);
+    let console = format!("{}{}", second.console, second.qemu_stderr);
+    assert_eq!(
+        second.code(),
+        Some(0),
+        "seed {seed}: {console}\nnode: {}",
+        node.stderr_text()
+    );
+    assert_eq!(second.field("wide"), Some("1"), "{console}");
+    // The second boot goes on from the heard sequence its flash kept: no piece past it was skipped.
+    let kept: u64 = second.field("heard").unwrap().parse().unwrap();
+    let second_downs = downs(&second.console);
+    assert_eq!(
+        second_downs.iter().map(|d| d.0).collect::<Vec<_>>(),
+        (kept + 1..=PIECES as u64).collect::<Vec<_>>(),
+        "seed {seed}: {console}"
+    );
+    assert!(
+        kept as usize <= first_downs.len(),
+        "seed {seed}: kept {kept}, printed {}",
+        first_downs.len()
+    );
+    let consoles = [first.console.as_str(), second.console.as_str()];
+    assert_downlink_once_but_across_cuts(&consoles, &pieces, seed);
+    assert!(
+        second_downs
+            .iter()
+            .all(|(seq, p)| *p == pieces[*seq as usize - 1]),
+        "seed {seed}: a piece out of place"
+    );
+    // Applied exactly once, in order: the state kept with the heard sequence is the whole image's.
+    let mut hash = 0u64;
+    for p in &pieces {
+        for b in p.bytes().chain([b'\n']) {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x100000001b3);
+        }
+    }
+    let applied = whole_lines(&second.console)
+        .filter_map(|l| l.strip_prefix("applied: "))
+        .last();
+    assert_eq!(
+        applied,
+        Some(format!("{PIECES} {hash:016x}").as_str()),
+        "seed {seed}: {console}"
+    );
+    // What the board sent in its second boot, counted by the harness off its UART, against what it was sent.
+    let sent: usize = second.datagrams.iter().map(|d| d.1.len()).sum();
+    let taken = (PIECES - kept as usize) * 1024;
+    assert!(
+        sent * 2 < taken,
+        "seed {seed}: the board sent {sent} bytes in {} datagrams for {taken} bytes of pieces",
+        second.datagrams.len()
+    );
+    eprintln!(
+        "{TEST}: seed {seed}: cut at datagram {at} after {} pieces printed, {kept} kept; the next boot took {} \
+         pieces ({taken} bytes) and sent {sent} bytes in {} datagrams, in {:?}",
+        first_downs.len(),
+        second_downs.len(),
+        second.datagrams.len(),
+        second.took
+    );
+}

@@ -2547,3 +2547,28 @@ fn a_replay_from_another_address_is_never_sent_beyond_its_bytes() {
         "nothing more was validated"
     );
 }
+
+/// A device of 1.2 whose LISTEN says it heard more than the largest sequence (above 2^62 − 1, which the store
+/// reads above: docs/protocol.md 12.2) is not sent the records numbered above it that it says it has. It used to
+/// be sent them, and a device of 1.2 acknowledges every datagram of DOWN records (13.2): the node sent them again
+/// at each acknowledgement, for ever, and the device never went idle.
+#[test]
+fn a_device_of_1_2_that_says_it_heard_past_the_largest_is_sent_nothing_it_has_and_goes_idle() {
+    let mut sim = Sim::new(37, CLEAN, 1, FlowStart::Probe);
+    sim.devices[0].sender.set_down_window(64 * 1024);
+    sim.devices[0].sender.listen("main", u64::MAX).unwrap();
+    sim.run_until_idle(Duration::from_secs(10));
+    // Numbered above 2^62 − 1 (the LISTEN raised the flow's next number there), pushed to the live session.
+    let mut pushed = BTreeMap::new();
+    push_image(&mut sim, 0, 5, &mut pushed);
+    assert!(pushed.keys().all(|&(_, seq)| seq >= 1 << 62), "{pushed:?}");
+    // Steps, not simulated time: an idle link has no timer to step to.
+    for _ in 0..5_000 {
+        sim.step();
+    }
+    assert!(sim.devices[0].sender.wide());
+    assert!(sim.handed(0).is_empty());
+    assert!(sim.devices[0].sender.is_idle());
+    let c = sim.node.counters();
+    assert_eq!(c.down_records_sent, 0, "{c:?}");
+}

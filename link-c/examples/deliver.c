@@ -4,12 +4,14 @@
  * prints the node's downlink records for the app. What a firmware does, with a socket for its radio and a file
  * for its flash.
  *
- *   deliver FLASH SECRET_HEX NODE_PUBLIC_HEX APP HOST PORT COUNT LISTEN_MS
+ *   deliver FLASH SECRET_HEX NODE_PUBLIC_HEX APP HOST PORT COUNT LISTEN_MS [DOWN_WINDOW]
  *
  * Queues COUNT records "c-<seq>" (seq: the sequence each gets), prints "queued <seq>" for each once it is in
  * flash, "stored <through>" as the node stores them and "down <seq> <payload>" for each downlink record, then
- * stays LISTEN_MS after everything is stored (0: not listening) and exits 0. Exits 2 after 60 s without getting
- * there, 1 on a bad argument or a failing call.
+ * stays LISTEN_MS after everything is stored and, listening, nothing more waits (0: not listening), prints
+ * "wide 1" if the node took its offer of version 1.2 (else "wide 0") and exits 0. DOWN_WINDOW (default 0: version
+ * 1.1) offers version 1.2 with that many bytes of datagrams in flight, and asks the socket for as large a receive
+ * buffer. Exits 2 after 60 s without getting there, 1 on a bad argument or a failing call.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
@@ -102,8 +104,8 @@ static void on_event(void *ctx, const pl_event *e) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 9) {
-        fprintf(stderr, "usage: deliver FLASH SECRET_HEX NODE_PUBLIC_HEX APP HOST PORT COUNT LISTEN_MS\n");
+    if (argc != 9 && argc != 10) {
+        fprintf(stderr, "usage: deliver FLASH SECRET_HEX NODE_PUBLIC_HEX APP HOST PORT COUNT LISTEN_MS [DOWN_WINDOW]\n");
         return 1;
     }
     uint8_t secret[32], node[32];
@@ -112,6 +114,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     long count = atol(argv[7]), listen_ms = atol(argv[8]);
+    long down_window = argc == 10 ? atol(argv[9]) : 0;
+    if (down_window < 0 || down_window > 16L * 1024 * 1024) {
+        fprintf(stderr, "deliver: DOWN_WINDOW %ld is not 0-16777216 bytes\n", down_window);
+        return 1;
+    }
 
     int fd = open(argv[1], O_RDWR | O_CREAT, 0600);
     if (fd < 0) {
@@ -136,6 +143,14 @@ int main(int argc, char **argv) {
         return 1;
     }
     freeaddrinfo(ai);
+    if (down_window > 0) {
+        /* Room for the datagrams the node sends in flight: what the window says the device holds. */
+        int size = (int)down_window;
+        if (setsockopt(sock, SOL_SOCKET, SO_RCVBUF, &size, sizeof size) < 0) {
+            fprintf(stderr, "deliver: SO_RCVBUF %d: %s\n", size, strerror(errno));
+            return 1;
+        }
+    }
 
     if (pl_device_size() != PL_DEVICE_SIZE) {
         fprintf(stderr, "deliver: pure_link.h does not match the library\n");
@@ -149,6 +164,10 @@ int main(int argc, char **argv) {
     int r = pl_open(&dev, &flash, secret, node, argv[4], entropy, sizeof entropy, 0);
     if (r != PL_OK) {
         fprintf(stderr, "deliver: pl_open: %d\n", r);
+        return 1;
+    }
+    if (down_window > 0 && (r = pl_set_down_window(&dev, (uint32_t)down_window)) != PL_OK) {
+        fprintf(stderr, "deliver: pl_set_down_window: %d\n", r);
         return 1;
     }
     if (listen_ms > 0 && (r = pl_listen(&dev)) != PL_OK) {
@@ -179,7 +198,7 @@ int main(int argc, char **argv) {
         while ((n = pl_poll_transmit(&dev, now_ms(), out, sizeof out)) > 0) send(sock, out, n, 0);
 
         uint64_t now = now_ms();
-        if (queued == count && pl_unacked(&dev) == 0) {
+        if (queued == count && pl_unacked(&dev) == 0 && (listen_ms == 0 || done_at || pl_is_idle(&dev))) {
             if (!done_at) done_at = now;
             if (now >= done_at + (uint64_t)listen_ms) break;
         }
@@ -205,6 +224,7 @@ int main(int argc, char **argv) {
         }
         if (pl_poll_timeout(&dev, &at) && now_ms() >= at) pl_handle_timeout(&dev, now_ms(), on_event, &seen);
     }
+    printf("wide %d\n", pl_is_wide(&dev));
     printf("next %llu\n", (unsigned long long)pl_next_seq(&dev));
     pl_close(&dev);
     close(fd);

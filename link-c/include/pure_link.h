@@ -92,6 +92,25 @@ int pl_open(pl_device *dev, const pl_flash *flash, const uint8_t secret[32], con
  * records pushed meanwhile come at once. */
 int pl_listen(pl_device *dev);
 
+/*
+ * Offers the node version 1.2 of downlink (docs/protocol.md 13, docs/devices.md "Large downlink"), for a device
+ * that takes large downlink (a firmware image): once the node has checked that the device receives at its address,
+ * it sends several datagrams of DOWN records per answer, at most `bytes` of datagrams in flight beyond the records
+ * the device has taken, instead of at most what the device sent (version 1.1). The device acknowledges each
+ * datagram with a small LISTEN by itself, so it sends about 100 bytes (the smallest datagram, 96) per datagram
+ * of up to max_datagram bytes it is sent.
+ * Choose what the device can hold of datagrams that arrive before it handles them: its receive buffer (the
+ * socket's, the radio's or the UART's ring buffer); a datagram beyond it is lost and sent again, slower.
+ * 0 (the default) offers nothing: version 1.1, each answer within the bytes the device sent. Call it after
+ * pl_open, before the first pl_poll_transmit of a run (a later call takes effect from the next LISTEN).
+ * A node of version 1.1 drops the offer: the device then loses at most two retransmission timeouts of its LISTEN
+ * per run and goes on with 1.1.
+ */
+int pl_set_down_window(pl_device *dev, uint32_t bytes);
+
+/* 1 once the node challenged this run (it speaks version 1.2: pl_set_down_window), else 0. */
+int pl_is_wide(pl_device *dev);
+
 /* Queues a record. When this returns PL_OK the record is in flash and will reach the node's disk once. */
 int pl_queue(pl_device *dev, const uint8_t *record, size_t len);
 

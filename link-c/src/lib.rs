@@ -293,6 +293,32 @@ pub unsafe extern "C" fn pl_listen(dev: *mut pl_device) -> c_int {
     }
 }
 
+/// Offers the node version 1.2 of downlink (docs/protocol.md 13): once the node has validated the device's address
+/// it sends DOWN records beyond what the device sent, at most `bytes` of datagrams in flight beyond what the
+/// program was handed. 0 (the default) offers nothing: each answer stays within what the device sent.
+///
+/// # Safety
+/// `dev` opened by `pl_open`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pl_set_down_window(dev: *mut pl_device, bytes: u32) -> c_int {
+    // SAFETY: per the contract.
+    let Some(d) = (unsafe { device(dev) }) else {
+        return PL_ERR_ARG;
+    };
+    d.sender.set_down_window(u64::from(bytes));
+    PL_OK
+}
+
+/// 1 once the node challenged this run (it speaks version 1.2 and sends wide downlink once answered), else 0.
+///
+/// # Safety
+/// `dev` opened by `pl_open`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pl_is_wide(dev: *mut pl_device) -> c_int {
+    // SAFETY: per the contract.
+    unsafe { device(dev) }.map_or(0, |d| c_int::from(d.sender.wide()))
+}
+
 /// Queues a record: in flash when this returns `PL_OK`.
 ///
 /// # Safety

@@ -136,7 +136,9 @@ pub enum Command {
         runs CMD per record instead and hands the record over only when CMD exits 0. --heard-file keeps what was\n\
         handed over, so the next run goes on after it; one run at a time uses it. Without --stay the command\n\
         exits once nothing more waits (a device that wakes on a schedule); with --stay it takes pushed records as\n\
-        they come.")]
+        they come. It offers the node version 1.2 (--down-window, 256 KiB by default): a large downlink, a file\n\
+        pushed as pieces, comes several datagrams an answer and costs the device a small acknowledgement each;\n\
+        --down-window 0 keeps version 1.1 (each answer within the bytes the device sent).")]
     Send(send::SendArgs),
     /// Queue downlink records for one sender through the running node (one line of standard input each).
     #[command(after_help = "Examples:\n  \

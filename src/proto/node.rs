@@ -1344,12 +1344,18 @@ impl Node {
             else {
                 continue;
             };
+            let mut read = read.clone();
             if let Some(flow) = down.flows.iter_mut().find(|f| f.app == read.app) {
                 flow.fetching = false;
                 flow.node_last = read.last;
+                // Nothing the device said it has is sent: a `heard` above 2^62 − 1, which the store reads above
+                // (docs/protocol.md 12.2), or one a LISTEN raised while the read was on its way. A device of 1.2
+                // acknowledges every datagram of DOWN records (13.2), and would be sent them again for ever.
+                read.records.retain(|r| r.seq > flow.heard);
             }
-            down.ready.push(read.clone());
-            self.ack_candidates.push(read.session);
+            let session = read.session;
+            down.ready.push(read);
+            self.ack_candidates.push(session);
         }
     }
 

@@ -91,7 +91,25 @@ pub struct SendArgs {
         requires = "listen"
     )]
     pub ask_every: f64,
+    /// With --listen, offer the node version 1.2 of downlink (docs/downlink.md, "Large downlink: version 1.2"):
+    /// once the node has checked that this device receives at its address, it sends several datagrams of records
+    /// per answer, at most BYTES of them in flight beyond what was printed, and the device acknowledges each with
+    /// a small packet, instead of being sent at most what it sent (a round trip per datagram). The socket's receive
+    /// buffer is asked for as much. 0 keeps version 1.1. A node of 1.1 drops the offer; the command then goes on
+    /// with 1.1, at most two retransmission timeouts later.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value_t = DOWN_WINDOW,
+        requires = "listen"
+    )]
+    pub down_window: u64,
 }
+
+/// `--down-window`'s default: DOWN datagrams in flight to a host, about 220 of 1,200 bytes; a socket's receive
+/// buffer holds about as many at Linux's default `net.core.rmem_max` (212,992, which the kernel doubles for its
+/// bookkeeping of each datagram).
+pub const DOWN_WINDOW: u64 = 262_144;
 
 /// How long `send --listen` stays awake after its input is stored.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -403,6 +421,18 @@ impl Downlink {
             .map(HeardFile::open)
             .transpose()?;
         let heard = heard_file.as_ref().map_or(0, HeardFile::kept);
+        if args.down_window > 0 {
+            link.sender().set_down_window(args.down_window);
+            // The system call takes an int; the kernel caps it at net.core.rmem_max anyway.
+            let buffer = args.down_window.min(i32::MAX as u64) as usize;
+            link.set_receive_buffer(buffer).with_context(|| {
+                format!(
+                    "cannot give the socket a receive buffer for --down-window {}; give a smaller one, or 0 \
+                     for version 1.1",
+                    args.down_window
+                )
+            })?;
+        }
         link.listen(app, heard)?;
         Ok(Downlink {
             app: app.to_string(),
