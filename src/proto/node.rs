@@ -359,6 +359,8 @@ pub struct Node {
     turn_fetches: HashMap<(SessionId, AppIndex), usize>,
     /// Sessions with a downlink RTO armed (docs/protocol.md 12.3); checked by `handle_timeout`.
     down_armed: Vec<SessionId>,
+    /// Bytes validated sessions' reads may still take in the turn being filled ([`TURN_WIDE_READ`]).
+    turn_wide_read: usize,
     /// The key challenges' tokens are made under, and how many were made (docs/protocol.md 13).
     challenge_key: [u8; 32],
     challenges: u64,
@@ -430,6 +432,7 @@ impl Node {
             forward_refusals_told: HashSet::new(),
             turn_fetches: HashMap::new(),
             down_armed: Vec::new(),
+            turn_wide_read: TURN_WIDE_READ,
             challenge_key: crypto::random_array(),
             challenges: 0,
             clock: None,
@@ -1245,7 +1248,9 @@ impl Node {
                     // acknowledgement, answers this LISTEN too.
                     continue;
                 }
-                (flow.sent_through, wide_room(w))
+                let room = wide_room(w).min(self.turn_wide_read.max(MIN_WIDE_READ));
+                self.turn_wide_read = self.turn_wide_read.saturating_sub(room);
+                (flow.sent_through, room)
             } else {
                 (heard, down_room(session))
             };
@@ -1298,6 +1303,7 @@ impl Node {
         if self.turn.is_empty() {
             return None;
         }
+        self.turn_wide_read = TURN_WIDE_READ;
         let mut turn = std::mem::take(&mut self.turn);
         self.turn_app_records.iter_mut().for_each(|n| *n = 0);
         self.turn_fetches.clear();
@@ -1396,7 +1402,14 @@ impl Node {
         };
         let wide = down.wide.as_deref().filter(|w| w.validated_at(peer));
         let wide_in_flight = wide.is_some_and(|w| w.has_in_flight(app));
-        let room = wide.map_or(room, wide_room);
+        let room = match wide {
+            Some(w) => {
+                let room = wide_room(w).min(self.turn_wide_read.max(MIN_WIDE_READ));
+                self.turn_wide_read = self.turn_wide_read.saturating_sub(room);
+                room
+            }
+            None => room,
+        };
         let Some(flow) = down.flows.iter_mut().find(|f| f.app == app) else {
             return false;
         };
@@ -1871,6 +1884,12 @@ fn down_room(session: &Session) -> usize {
         .min(wire::MAX_DATAGRAM)
         .saturating_sub(ahead)
 }
+
+/// Bytes of records all validated sessions' reads may take in one turn: what a turn reads is held until its
+/// answers are sent, so ten thousand sessions each reading a window at once would hold hundreds of megabytes
+/// (research/045). Past it, each read takes one datagram's worth ([`MIN_WIDE_READ`]): every read still happens.
+const TURN_WIDE_READ: usize = 4 << 20;
+const MIN_WIDE_READ: usize = 1100;
 
 /// Bytes of downlink records a validated session's next read may take: what its windows leave (protocol.md 13.3),
 /// less each datagram's header, tag, ECHO and DOWN header, at most [`wide::MAX_READ`].
