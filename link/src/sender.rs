@@ -225,14 +225,15 @@ fn frame_overhead(app: &[u8], first_seq: u64) -> usize {
     wire::data_header_len(app, first_seq, 1 << 14)
 }
 
-/// RFC 6298's estimator.
-struct Rtt {
+/// RFC 6298's estimator: the sender's, and the node's for a validated session's downlink (docs/protocol.md 13.3).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Rtt {
     srtt: Option<Duration>,
     rttvar: Duration,
 }
 
 impl Rtt {
-    fn sample(&mut self, rtt: Duration) {
+    pub fn sample(&mut self, rtt: Duration) {
         match self.srtt {
             None => {
                 self.srtt = Some(rtt);
@@ -246,12 +247,19 @@ impl Rtt {
         }
     }
     fn rto(&self) -> Duration {
+        self.rto_within(INITIAL_RTO, MIN_RTO, MAX_RTO)
+    }
+
+    /// `srtt + max(4 × rttvar, 2 ms)` clamped to `min..=max`; `initial` before any sample.
+    pub fn rto_within(&self, initial: Duration, min: Duration, max: Duration) -> Duration {
         match self.srtt {
-            None => INITIAL_RTO,
-            Some(srtt) => {
-                (srtt + (self.rttvar * 4).max(Duration::from_millis(2))).clamp(MIN_RTO, MAX_RTO)
-            }
+            None => initial,
+            Some(srtt) => (srtt + (self.rttvar * 4).max(Duration::from_millis(2))).clamp(min, max),
         }
+    }
+
+    pub fn srtt(&self) -> Option<Duration> {
+        self.srtt
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::turn::AppIndex;
 use super::wire;
+use pure_link::sender::Rtt;
 
 /// Datagrams in the first window (13.3).
 const INITIAL_WINDOW: usize = 10;
@@ -60,8 +61,7 @@ pub struct Wide {
     duplicates: Vec<(AppIndex, u32)>,
     /// In recovery until this flow's `heard` reaches this sequence.
     recovery: Vec<(AppIndex, u64)>,
-    srtt: Option<Duration>,
-    rttvar: Duration,
+    rtt: Rtt,
     backoff: u32,
     /// Sequences of each flow sent at least once, for Karn's rule.
     most_sent: Vec<(AppIndex, u64)>,
@@ -90,8 +90,7 @@ impl Wide {
             in_flight: Vec::new(),
             duplicates: Vec::new(),
             recovery: Vec::new(),
-            srtt: None,
-            rttvar: Duration::ZERO,
+            rtt: Rtt::default(),
             backoff: 0,
             most_sent: Vec::new(),
         };
@@ -112,8 +111,7 @@ impl Wide {
         self.in_flight.clear();
         self.duplicates.clear();
         self.recovery.clear();
-        self.srtt = None;
-        self.rttvar = Duration::ZERO;
+        self.rtt = Rtt::default();
         self.backoff = 0;
     }
 
@@ -231,7 +229,7 @@ impl Wide {
             if let Some(f) = newest
                 && !f.again
             {
-                self.sample(now.saturating_duration_since(f.sent_at));
+                self.rtt.sample(now.saturating_duration_since(f.sent_at));
             }
             let recovering = match self.recovery.iter().position(|(a, _)| *a == app) {
                 Some(i) if heard >= self.recovery[i].1 => {
@@ -303,26 +301,8 @@ impl Wide {
 
     /// The RTO now: RFC 6298's estimator, doubled per timeout since `heard` last grew.
     pub fn rto(&self) -> Duration {
-        let base = match self.srtt {
-            None => INITIAL_RTO,
-            Some(srtt) => {
-                (srtt + (self.rttvar * 4).max(Duration::from_millis(2))).clamp(MIN_RTO, MAX_RTO)
-            }
-        };
+        let base = self.rtt.rto_within(INITIAL_RTO, MIN_RTO, MAX_RTO);
         (base * 2u32.pow(self.backoff)).min(MAX_RTO)
-    }
-
-    fn sample(&mut self, rtt: Duration) {
-        match self.srtt {
-            None => {
-                self.srtt = Some(rtt);
-                self.rttvar = rtt / 2;
-            }
-            Some(srtt) => {
-                self.rttvar = (self.rttvar * 3 + srtt.abs_diff(rtt)) / 4;
-                self.srtt = Some((srtt * 7 + rtt) / 8);
-            }
-        }
     }
 
     pub fn cwnd(&self) -> usize {
