@@ -1473,6 +1473,71 @@ fn part_image_uplink(a: &Args) {
     node.stop(libc::SIGTERM);
 }
 
+/// research/043's push of many on a fleet's database beside the same push on one node's files (issue 39 item 1,
+/// "on a fleet too"): 100,000 lines, one record each, through `pure-serve push --many`, interleaved.
+fn part_many_fleet(a: &Args) {
+    let n = 100_000;
+    let Some(cluster) = pg_util::PgCluster::start("bench downlink many-fleet") else {
+        panic!("the many-fleet part needs PostgreSQL: apt-get install postgresql");
+    };
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let ids = identities(n);
+    let senders = write_senders(dir.path(), &ids);
+    let key = dir.path().join("node.key");
+    pure_serve::keys::write_new_identity(&key, &Identity::generate()).unwrap();
+    let url = cluster.url();
+    let fleet = Node::start(
+        &a.bin,
+        &dir.path().join("fleet"),
+        &senders,
+        0,
+        &["--key", key.to_str().unwrap(), "--store", &url],
+    );
+    let one = Node::start(&a.bin, &dir.path().join("one"), &senders, 0, &[]);
+    let body: String = (0..n)
+        .map(|i| format!("{} interval=300\n", name(i)))
+        .collect();
+    for k in 0..3 {
+        let order = if k % 2 == 0 {
+            [("fleet", &fleet), ("one", &one)]
+        } else {
+            [("one", &one), ("fleet", &fleet)]
+        };
+        for (how, node) in order {
+            let t = Instant::now();
+            let mut child = Command::new(&a.bin)
+                .args(["push", "--many", "--app", "main", "--state"])
+                .arg(&node.state)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(body.as_bytes())
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            let secs = t.elapsed().as_secs_f64();
+            assert!(
+                out.status.success(),
+                "{how}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            emit(
+                a.round,
+                "many-fleet",
+                json!({"how": how, "k": k, "lines": n, "seconds": secs,
+                "lines_per_s": n as f64 / secs}),
+            );
+        }
+    }
+    fleet.stop(libc::SIGTERM);
+    one.stop(libc::SIGTERM);
+}
+
 fn main() {
     let a = args();
     let want = |p: &str| a.only.is_empty() || a.only.iter().any(|o| o == p);
@@ -1504,6 +1569,9 @@ fn main() {
         for &n in &a.devices {
             part_image_many(&a, n);
         }
+    }
+    if want("many-fleet") {
+        part_many_fleet(&a);
     }
     if want("image-uplink") {
         part_image_uplink(&a);

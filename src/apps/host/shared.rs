@@ -62,6 +62,12 @@ use crate::store::{self, Applied, StoreError};
 /// (NOT_STORED is not final) and the turns in hand are acked as soon as their outcome comes back stored.
 pub(super) const STORE_SILENT: Duration = Duration::from_millis(750);
 
+/// Pushes one turn carries to the database at most. A push of many hands the loop 2,048 at once (src/http/
+/// push_many.rs), and one transaction of 2,048 pushes took the database longer than [`STORE_SILENT`] here: the node
+/// took a healthy database for a lost one and answered its pusher "maybe queued" (research/043's fleet row). A
+/// turn of 128 takes tens of milliseconds; the rest go in the next turns, in order.
+const PUSHES_PER_TURN: usize = 128;
+
 /// What a turn handed to the shared store needs once its outcome is back.
 pub(super) struct SharedTurn {
     /// When it was handed to the store (`None`: finished at once, nothing handed over).
@@ -212,11 +218,15 @@ impl Host {
         taken
     }
 
-    /// The pushes taken since the last turn, each added to its app's part (a part made for an app that has none in
-    /// this turn); a push whose app cannot store now is answered at once.
+    /// The pushes taken since the last turn, at most [`PUSHES_PER_TURN`], each added to its app's part (a part made
+    /// for an app that has none in this turn); a push whose app cannot store now is answered at once. The rest wait
+    /// for the next turns, in order.
     fn take_pushes(&mut self, parts: &mut Vec<AppTurn>) -> Vec<TurnPush> {
         let mut taken = Vec::new();
-        for mut p in std::mem::take(&mut self.turn_pushes) {
+        let rest = self
+            .turn_pushes
+            .split_off(self.turn_pushes.len().min(PUSHES_PER_TURN));
+        for mut p in std::mem::replace(&mut self.turn_pushes, rest) {
             let a = &self.apps[p.app as usize];
             if let Some(f) = &a.failure {
                 let words = format!(
@@ -358,7 +368,10 @@ impl Host {
             }
             self.unsynced.push_back(unsynced);
         }
-        TurnReport::default()
+        TurnReport {
+            more: !self.turn_pushes.is_empty(),
+            ..TurnReport::default()
+        }
     }
 
     /// Finishes the turns whose outcome is back, in order.
