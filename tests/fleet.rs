@@ -1320,6 +1320,53 @@ fn a_push_of_many_on_a_fleet_queues_each_line_in_the_database() {
     assert_eq!(String::from_utf8_lossy(&got.stdout), "m1\nm2\n");
 }
 
+/// A push of many far larger than a turn on a fleet's node: every line queued, none answered "maybe queued". The
+/// loop hands the host 2,048 pushes at once, and one transaction of them outlasted the 750 ms after which a node
+/// takes its database for out of reach (research/043's addendum); a turn now carries at most 128.
+#[test]
+fn a_push_of_many_larger_than_a_turn_on_a_fleet_is_all_queued() {
+    let Some(cluster) =
+        pg_util::PgCluster::start("a_push_of_many_larger_than_a_turn_on_a_fleet_is_all_queued")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, _, _) = setup(dir.path());
+    // As many devices as lines: a line each, so each push makes its sender's flow in the database.
+    let lines = 5000;
+    let made = std::process::Command::new(env!("CARGO_BIN_EXE_pure-serve"))
+        .args(["keygen", "--many", &lines.to_string(), "--out-dir"])
+        .arg(dir.path().join("devices"))
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let senders = dir.path().join("devices/senders.fragment");
+    let apps = dir.path().join("apps.toml");
+    std::fs::write(
+        &apps,
+        "[apps.main]\n[apps.main.downlink]\nmax_records = 100000\n",
+    )
+    .unwrap();
+    let url = cluster.url();
+    let a = start_node(
+        dir.path(),
+        "a",
+        &url,
+        &node_key,
+        &senders,
+        &["--apps", apps.to_str().unwrap()],
+    );
+    let body: String = (1..=lines).map(|k| format!("dev-{k} r{k}\n")).collect();
+    let out = ops_util::push_command(&a.state, &["--many", "--app", "main"], body.as_bytes());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        said.starts_with(&format!("queued {lines} of {lines} lines in app main")),
+        "{said}"
+    );
+    assert_eq!(downlink_rows(&cluster).0, lines);
+}
+
 /// A file pushed as pieces on one node of a fleet (docs/downlink.md, "Pushing a file"): stored once in the database
 /// with a range for its sender, and handed by another node of the fleet to the device, piece after piece in order.
 #[test]
