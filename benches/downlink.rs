@@ -1474,9 +1474,10 @@ fn part_image_uplink(a: &Args) {
 }
 
 /// research/043's push of many on a fleet's database beside the same push on one node's files (issue 39 item 1,
-/// "on a fleet too"): 100,000 lines, one record each, through `pure-serve push --many`, interleaved.
+/// "on a fleet too"): 100,000 lines (or `--senders N`), one record each, through `pure-serve push --many`,
+/// interleaved.
 fn part_many_fleet(a: &Args) {
-    let n = 100_000;
+    let n = a.senders.first().copied().unwrap_or(100_000);
     let Some(cluster) = pg_util::PgCluster::start("bench downlink many-fleet") else {
         panic!("the many-fleet part needs PostgreSQL: apt-get install postgresql");
     };
