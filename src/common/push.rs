@@ -6,11 +6,12 @@
 //! between turns, and the app host queues its records and answers it once they are synced. The answer is plain
 //! data, so that none of them needs another's types.
 //!
-//! The sender is looked up by name on the HTTP thread, not on the loop: at a million senders the name scan
-//! (`AllowList::find_name`, no index and no memory per sender) takes about half a millisecond (research/024), which
-//! the receive loop must not spend per push. The loop publishes its allow-list to the inbox at start and after each
-//! reload; a request carries the list it was looked up in, and the loop trusts the lookup only if that is still
-//! its own list (else it looks again, once).
+//! The sender is looked up by name on the HTTP thread, not on the loop. The loop publishes its allow-list to the
+//! inbox at start and after each reload; a request carries the list it was looked up in, and the loop trusts the
+//! lookup only if that is still its own list (else it looks again, once). Every lookup by name goes through
+//! [`find_name`]: a list's index by name is made at its first lookup, off the loop, and until it is there the
+//! lookups scan the names (about half a millisecond at a million senders, research/024; with the index about a
+//! microsecond, research/046).
 
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -57,6 +58,34 @@ impl Found {
     pub fn in_list(&self, current: &Arc<AllowList>) -> Option<Option<SenderIndex>> {
         Arc::ptr_eq(&self.list, current).then_some(self.index)
     }
+}
+
+/// Lists of at most this many senders have their index by name made by the first lookup itself (a few hundred
+/// microseconds at most); a longer list's is made on a thread of its own, and lookups scan until it is there.
+const INDEX_NAMES_INLINE: usize = 16_384;
+
+/// Finds the sender named `name` in `list` without waiting for more than a scan: by the list's index by name, and
+/// at the first lookup in a list, the index is made (on a thread of its own for a long list, so that neither the
+/// receive loop nor the HTTP thread waits for it; the lookups meanwhile scan). A node never pushed to never makes
+/// one (about 5 B of heap per sender, research/046).
+pub fn find_name(list: &Arc<AllowList>, name: &str) -> Option<SenderIndex> {
+    if list.name_index().is_none() && list.claim_name_index() {
+        if list.len() <= INDEX_NAMES_INLINE {
+            list.index_names();
+        } else {
+            let made = list.clone();
+            let spawned = std::thread::Builder::new()
+                .name("pure-names".into())
+                .spawn(move || {
+                    made.index_names();
+                });
+            if let Err(e) = spawned {
+                // Not fatal: lookups in this list go on scanning.
+                tracing::warn!("could not start a thread to index the senders by name: {e}");
+            }
+        }
+    }
+    list.find_name(name)
 }
 
 /// Which bound refused a push.
@@ -255,7 +284,7 @@ impl PushInbox {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone();
-        let index = list.find_name(name);
+        let index = find_name(&list, name);
         Found { list, index }
     }
 
