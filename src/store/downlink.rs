@@ -419,12 +419,21 @@ fn drop_ref(tx: &Transaction<'_>, id: i64) -> rusqlite::Result<()> {
 
 /// Deletes `sender`'s expired records and ranges at `now` (a range's blob loses its reference): how many records
 /// and pieces were deleted.
-fn expire_sender(tx: &Transaction<'_>, sender: &str, now: i64) -> rusqlite::Result<u64> {
+/// `ranges`: the store may hold ranges ([`AppStore`]'s `down_ranges`); else they are not looked for.
+fn expire_sender(
+    tx: &Transaction<'_>,
+    sender: &str,
+    now: i64,
+    ranges: bool,
+) -> rusqlite::Result<u64> {
     let mut n = tx
         .prepare_cached(
             "DELETE FROM downlink WHERE sender = ?1 AND expires_at IS NOT NULL AND expires_at <= ?2",
         )?
         .execute(params![sender, now])? as u64;
+    if !ranges {
+        return Ok(n);
+    }
     let expired: Vec<(i64, i64, i64)> = tx
         .prepare_cached(RANGES_EXPIRED_SQL)?
         .query_map(params![sender, now], |r| {
@@ -525,12 +534,14 @@ struct WaitingRange {
 }
 
 /// Runs the fetches in the app's open transaction. `swept`: senders whose expired records this transaction deleted
-/// already, at the same `now` (its pushes').
+/// already, at the same `now` (its pushes'). `ranges`: the store may hold ranges of files pushed as pieces (else
+/// they are not looked for).
 pub(super) fn apply_fetches(
     tx: &Transaction<'_>,
     fetches: &[Fetch<'_>],
     now: i64,
     swept: &[&str],
+    ranges_held: bool,
 ) -> rusqlite::Result<DownApplied> {
     let mut out = DownApplied::default();
     if fetches.is_empty() {
@@ -542,8 +553,8 @@ pub(super) fn apply_fetches(
     let mut ack = tx.prepare_cached(
         "UPDATE down_flows SET acked = ?2 WHERE sender = ?1 AND acked < ?2 AND next_seq > ?2",
     )?;
-    // Else: is there a flow that has it already, or must its next number be raised?
-    let mut flow = tx.prepare_cached("SELECT next_seq FROM down_flows WHERE sender = ?1")?;
+    // Else: did the flow take this heard already, is there a flow that has it, or must its next number be raised?
+    let mut flow = tx.prepare_cached("SELECT next_seq, acked FROM down_flows WHERE sender = ?1")?;
     // A device that has more than this node knows of (the node lost its queue): later records are numbered
     // above what it has, so they are not taken as duplicates (docs/protocol.md 12.5).
     let mut raise = tx.prepare_cached(
@@ -558,35 +569,51 @@ pub(super) fn apply_fetches(
     for f in fetches {
         let heard = f.heard.min(MAX_DOWN_HEARD) as i64;
         if heard > 0 {
-            out.delivered += delivered.execute(params![f.source, heard])? as u64;
-            out.delivered += deliver_ranges(tx, f.source, heard)?;
-            if ack.execute(params![f.source, heard])? == 0 {
-                let next: Option<i64> = flow.query_row([f.source], |r| r.get(0)).optional()?;
-                if next.is_none_or(|n| n <= heard) {
+            // A heard the flow has taken already (`acked`, raised only here, together with the deletions below;
+            // records are numbered above `acked`, so none at or below it waits): nothing to delete. The usual case
+            // of a push's turn, whose read carries the heard the device's last LISTEN brought (research/046).
+            let taken = if ack.execute(params![f.source, heard])? == 1 {
+                false
+            } else {
+                let row: Option<(i64, i64)> = flow
+                    .query_row([f.source], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                if row.is_none_or(|(next, _)| next <= heard) {
                     raise.execute(params![f.source, heard])?;
                     out.raised = true;
+                }
+                row.is_some_and(|(next, acked)| next > heard && acked >= heard)
+            };
+            if !taken {
+                out.delivered += delivered.execute(params![f.source, heard])? as u64;
+                if ranges_held {
+                    out.delivered += deliver_ranges(tx, f.source, heard)?;
                 }
             }
         }
         if !swept.contains(&f.source) {
-            out.expired += expire_sender(tx, f.source, now)?;
+            out.expired += expire_sender(tx, f.source, now, ranges_held)?;
         }
         // Read above `from` (≥ heard): a validated session's pieces in flight are not read again.
         let from = f.from.max(f.heard).min(MAX_DOWN_HEARD) as i64;
-        let mut ranges: Vec<RangeRead> = ranges
-            .query_map(params![f.source, from], |r| {
-                let (first, last, blob, first_piece, piece_len): (i64, i64, i64, i64, i64) =
-                    (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
-                let next = first.max(from + 1);
-                Ok(RangeRead {
-                    next,
-                    last,
-                    blob,
-                    piece: first_piece + (next - first),
-                    piece_len,
-                })
-            })?
-            .collect::<Result<_, _>>()?;
+        let mut ranges: Vec<RangeRead> = if !ranges_held {
+            Vec::new()
+        } else {
+            ranges
+                .query_map(params![f.source, from], |r| {
+                    let (first, last, blob, first_piece, piece_len): (i64, i64, i64, i64, i64) =
+                        (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
+                    let next = first.max(from + 1);
+                    Ok(RangeRead {
+                        next,
+                        last,
+                        blob,
+                        piece: first_piece + (next - first),
+                        piece_len,
+                    })
+                })?
+                .collect::<Result<_, _>>()?
+        };
         ranges.reverse();
         let mut records = Vec::new();
         let mut used = 0usize;
@@ -645,7 +672,11 @@ pub(super) fn apply_fetches(
         // waiting; only a read that filled its room asks the store.
         let last = if full {
             let last: Option<i64> = last.query_row([f.source], |r| r.get(0))?;
-            let last_range: Option<i64> = ranges_last.query_row([f.source], |r| r.get(0))?;
+            let last_range: Option<i64> = if ranges_held {
+                ranges_last.query_row([f.source], |r| r.get(0))?
+            } else {
+                None
+            };
             last.max(last_range).map_or(0, |l| l as u64)
         } else {
             records.last().map_or(0, |r| r.seq)
@@ -664,28 +695,37 @@ pub(super) fn apply_fetches(
 /// Queues `payloads` for `sender` in the app's open transaction, all or nothing: each gets the flow's next sequence.
 /// Expired records of the sender are deleted first (the second value counts them), so they do not hold its room; a
 /// refused push keeps those deletions and writes nothing else.
+///
+/// `ranges`: the store may hold ranges of files pushed as pieces (else they are not looked for).
 pub(super) fn queue_in(
     tx: &Transaction<'_>,
     sender: &str,
     payloads: &[Vec<u8>],
     limits: &DownLimits,
     now: i64,
+    ranges: bool,
 ) -> rusqlite::Result<(Pushed, u64)> {
     if let Some(refused) = too_large(payloads) {
         return Ok((Pushed::Refused(refused), 0));
     }
-    let expired = expire_sender(tx, sender, now)?;
-    let (waiting, bytes) = waiting_of(tx, sender)?;
+    let expired = expire_sender(tx, sender, now, ranges)?;
+    let (waiting, bytes) = waiting_of(tx, sender, ranges)?;
     let refusal = limits.passed_by(payloads, waiting, bytes);
     if let Some(r) = refusal {
         change_count(tx, -(expired as i64))?;
         return Ok((Pushed::Refused(r), expired));
     }
-    let next: i64 = tx
-        .prepare_cached("SELECT next_seq FROM down_flows WHERE sender = ?1")?
-        .query_row([sender], |r| r.get(0))
-        .optional()?
-        .unwrap_or(1);
+    // The flow's next number advanced past the push and read back in one statement: the push's first is what it
+    // was (1 for a new flow).
+    let count = payloads.len() as i64;
+    let after: i64 = tx
+        .prepare_cached(
+            "INSERT INTO down_flows (sender, next_seq, acked) VALUES (?1, 1 + ?2, 0)
+             ON CONFLICT (sender) DO UPDATE SET next_seq = next_seq + ?2
+             RETURNING next_seq",
+        )?
+        .query_row(params![sender, count], |r| r.get(0))?;
+    let next = after - count;
     let expires = limits.expires_at(now);
     let mut put = tx.prepare_cached(
         "INSERT INTO downlink (sender, seq, payload, queued_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -693,11 +733,6 @@ pub(super) fn queue_in(
     for (i, p) in payloads.iter().enumerate() {
         put.execute(params![sender, next + i as i64, p, now, expires])?;
     }
-    tx.prepare_cached(
-        "INSERT INTO down_flows (sender, next_seq, acked) VALUES (?1, ?2, 0)
-         ON CONFLICT (sender) DO UPDATE SET next_seq = excluded.next_seq",
-    )?
-    .execute(params![sender, next + payloads.len() as i64])?;
     change_count(tx, payloads.len() as i64 - expired as i64)?;
     let queued = Pushed::Queued {
         first: next as u64,
@@ -707,12 +742,16 @@ pub(super) fn queue_in(
 }
 
 /// The records and payload bytes waiting for `sender`, a blob's pieces counted as records.
-fn waiting_of(tx: &Transaction<'_>, sender: &str) -> rusqlite::Result<(u64, u64)> {
+/// `ranges`: the store may hold ranges (else they are not looked for).
+fn waiting_of(tx: &Transaction<'_>, sender: &str, ranges: bool) -> rusqlite::Result<(u64, u64)> {
     let (mut waiting, mut bytes): (i64, i64) = tx
         .prepare_cached(
             "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM downlink WHERE sender = ?1",
         )?
         .query_row([sender], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    if !ranges {
+        return Ok((waiting.max(0) as u64, bytes.max(0) as u64));
+    }
     let mut q = tx.prepare_cached(
         "SELECT r.first_seq, r.last_seq, r.first_piece, b.piece_len, LENGTH(y.bytes)
          FROM down_ranges r JOIN down_blobs b ON b.id = r.blob JOIN down_blob_bytes y ON y.id = r.blob
@@ -747,8 +786,8 @@ pub(super) fn queue_blob_in(
     now: i64,
     made: &mut Vec<(std::sync::Arc<DownBlob>, i64)>,
 ) -> rusqlite::Result<(Pushed, u64)> {
-    let expired = expire_sender(tx, sender, now)?;
-    let (waiting, bytes) = waiting_of(tx, sender)?;
+    let expired = expire_sender(tx, sender, now, true)?;
+    let (waiting, bytes) = waiting_of(tx, sender, true)?;
     let pieces = blob.pieces();
     if let Some(r) = limits.passed_by_count(pieces, blob.bytes().len() as u64, waiting, bytes) {
         change_count(tx, -(expired as i64))?;
@@ -828,6 +867,7 @@ impl AppStore {
             path: path.clone(),
             source,
         };
+        self.down_ranges = true;
         self.before_commit()?;
         let tx = self.conn.transaction().map_err(sql)?;
         let mut made = Vec::new();
@@ -860,7 +900,8 @@ impl AppStore {
         };
         self.before_commit()?;
         let tx = self.conn.transaction().map_err(sql)?;
-        let (pushed, expired) = queue_in(&tx, sender, payloads, limits, now_ms()).map_err(sql)?;
+        let (pushed, expired) =
+            queue_in(&tx, sender, payloads, limits, now_ms(), self.down_ranges).map_err(sql)?;
         tx.commit().map_err(sql)?;
         self.commits += 1;
         self.after_commit()?;
@@ -1040,6 +1081,28 @@ impl AppStore {
 
     /// The kept count of waiting records; a store that has none yet (made before it was kept) is counted once and
     /// the count kept from then on.
+    /// Whether the store holds any range of a file pushed as pieces (one row looked for; a store made before
+    /// ranges existed has their table made at open).
+    pub(super) fn may_hold_ranges(&self) -> Result<bool, StoreError> {
+        if !self
+            .has_table("down_ranges")
+            .map_err(|source| StoreError::Sqlite {
+                path: self.path.clone(),
+                source,
+            })?
+        {
+            return Ok(false);
+        }
+        self.conn
+            .query_row("SELECT EXISTS (SELECT 1 FROM down_ranges)", [], |r| {
+                r.get(0)
+            })
+            .map_err(|source| StoreError::Sqlite {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
     pub(super) fn load_down_waiting(&mut self) -> Result<u64, StoreError> {
         let path = self.path.clone();
         let sql = |source| StoreError::Sqlite {
