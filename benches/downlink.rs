@@ -11,6 +11,7 @@
 //! - `live`: push → device program for a live listening session, through the push socket (HTTP) and through
 //!   the push datagram socket and `pure-serve push`, beside one `fdatasync` on the same filesystem and one UDP round trip on loopback, and beside
 //!   the node's own commit and round trip the other way (one record from the device on a live run → its stored ack).
+//!   With `--senders N`, once for each N, the device among N listed senders.
 //! - `wake`: a device that wakes every second (a new run each time, its session swept between): push → program.
 //! - `one`: records/s to one device (20,000 records of 32 bytes waiting), and records per answer.
 //! - `wide`: 100,000 devices with one record each woken together, beside the same devices' uplink of one record
@@ -22,7 +23,8 @@
 //!   stored ack and one autocommitted one-row INSERT on the same database (its commit).
 //!
 //! - `name`: `AllowList::find_name` (how a push finds its sender, on the HTTP thread) over a list of 1M senders:
-//!   names found at random and a name not listed, beside one lookup by key (`find`) on the same list.
+//!   names found at random and a name not listed, beside one lookup by key (`find`) on the same list; then the
+//!   index by name made (its time and bytes) and the same lookups through it (research/046).
 //!
 //! Usage: cargo bench --bench downlink -- [--only PARTS] [--senders N]... [--round R] [--bin PATH]
 
@@ -56,6 +58,8 @@ struct Args {
     bin: String,
     /// Devices taking an image at once (`image-many`, `--devices N`, repeatable).
     devices: Vec<usize>,
+    /// Whether `--senders` was given (`live` then runs once for each; else with its device alone).
+    senders_given: bool,
 }
 
 fn args() -> Args {
@@ -65,6 +69,7 @@ fn args() -> Args {
         round: 0,
         bin: env!("CARGO_BIN_EXE_pure-serve").to_string(),
         devices: Vec::new(),
+        senders_given: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -78,6 +83,7 @@ fn args() -> Args {
             other => panic!("unknown argument {other}"),
         }
     }
+    a.senders_given = !a.senders.is_empty();
     if a.senders.is_empty() {
         a.senders = vec![100_000, 1_000_000];
     }
@@ -564,8 +570,10 @@ fn udp_rtt_ms(n: usize) -> f64 {
     percentile(&mut v, 0.5)
 }
 
+/// In `$TMPDIR` if set (research/046 ran `live` on tmpfs too), else `/tmp`.
 fn one_device_dir(extra_apps: Option<&str>) -> (tempfile::TempDir, Identity, PathBuf, Vec<String>) {
-    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let dir =
+        tempfile::tempdir_in(std::env::var_os("TMPDIR").unwrap_or_else(|| "/tmp".into())).unwrap();
     let id = Identity::generate();
     let senders = write_senders(dir.path(), std::slice::from_ref(&id));
     let mut extra = Vec::new();
@@ -600,8 +608,19 @@ fn uplink_stored_acks(id: &Identity, node: &Node, pause: Duration) -> Vec<f64> {
         .collect()
 }
 
-fn part_live(a: &Args) {
+/// `listed`: senders in the node's senders file, the device first and the rest with keys of no device (a push finds
+/// its sender by name among them: research/046).
+fn part_live(a: &Args, listed: usize) {
     let (dir, id, senders, _) = one_device_dir(None);
+    if listed > 1 {
+        use std::fmt::Write as _;
+        let mut text = std::fs::read_to_string(&senders).unwrap();
+        for i in 1..listed {
+            let key: [u8; 32] = pure_serve::proto::crypto::random_array();
+            writeln!(text, "{} {}", name(i), encode_key(&key)).unwrap();
+        }
+        std::fs::write(&senders, text).unwrap();
+    }
     let node = Node::start(&a.bin, &dir.path().join("state"), &senders, 0, &[]);
     // The node's own commit and round trip, the other way: one record at a time from the same device on a live run
     // → its stored ack (docs/protocol.md 5.3), on the same node and disk, before the downlink starts.
@@ -681,6 +700,7 @@ fn part_live(a: &Args) {
         a.round,
         "live",
         json!({
+            "senders": listed,
             "socket_p50_ms": percentile(&mut socket_total, 0.5), "socket_p99_ms": percentile(&mut socket_total, 0.99),
             "socket_answer_p50_ms": percentile(&mut socket_answer, 0.5),
             "kept_p50_ms": percentile(&mut kept_total, 0.5), "kept_p99_ms": percentile(&mut kept_total, 0.99),
@@ -967,6 +987,22 @@ fn part_name(a: &Args) {
         1000,
     );
     let missing_us = time(&mut || list.find_name("not-listed-anywhere").is_some(), 200);
+    // research/046: the same lookups through the index by name, made here (its time and heap bytes).
+    let t = Instant::now();
+    let index_bytes = list.index_names().byte_len();
+    let index_build_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut k = 0;
+    let indexed_found_us = time(
+        &mut || {
+            k += 1;
+            list.find_name(&names[k % names.len()]).is_some()
+        },
+        100_000,
+    );
+    let indexed_missing_us = time(
+        &mut || list.find_name("not-listed-anywhere").is_some(),
+        100_000,
+    );
     let mut k = 0;
     let by_key_us = time(
         &mut || {
@@ -981,6 +1017,9 @@ fn part_name(a: &Args) {
         json!({
             "senders": n, "names_bytes": n * name(0).len(), "find_name_found_us": found_us,
             "find_name_missing_us": missing_us, "find_by_key_us": by_key_us,
+            "index_build_ms": index_build_ms, "index_bytes": index_bytes,
+            "index_bytes_per_sender": index_bytes as f64 / n as f64,
+            "indexed_found_us": indexed_found_us, "indexed_missing_us": indexed_missing_us,
         }),
     );
 }
@@ -1545,7 +1584,14 @@ fn main() {
         part_name(&a);
     }
     if want("live") {
-        part_live(&a);
+        // `--senders N` with `live`: the device among N listed senders (research/046), once for each N.
+        if !a.senders_given {
+            part_live(&a, 1);
+        } else {
+            for &n in &a.senders {
+                part_live(&a, n);
+            }
+        }
     }
     if want("fleet") {
         part_fleet(&a);
