@@ -12,6 +12,8 @@
 //!   the push datagram socket and `pure-serve push`, beside one `fdatasync` on the same filesystem and one UDP round trip on loopback, and beside
 //!   the node's own commit and round trip the other way (one record from the device on a live run → its stored ack).
 //!   With `--senders N`, once for each N, the device among N listed senders.
+//! - `live-mixed` (only when named): the same pushes and uplink records taken in turn, each beside the others in
+//!   the same seconds (research/046: the disk's sync time moved tenfold within a run); `--senders N` as for `live`.
 //! - `wake`: a device that wakes every second (a new run each time, its session swept between): push → program.
 //! - `one`: records/s to one device (20,000 records of 32 bytes waiting), and records per answer.
 //! - `wide`: 100,000 devices with one record each woken together, beside the same devices' uplink of one record
@@ -730,6 +732,94 @@ fn part_live(a: &Args, listed: usize) {
             "uplink_stored_ack_p99_ms": percentile(&mut stored_ack, 0.99),
             "socket_p50_over_uplink_stored_ack_p50":
                 percentile(&mut socket_total, 0.5) / percentile(&mut stored_ack, 0.5),
+        }),
+    );
+    let _ = stop_tx.send(());
+    node.stop(libc::SIGTERM);
+}
+
+/// research/046: push → program beside an uplink record → stored ack taken in the same seconds, so that both meet
+/// the same disk (this machine's `fdatasync` went from 0.3 to 4 ms and back within a run when other work wrote).
+/// One device listens (`dev0000000`), another sends (`dev0000001`), with `listed` senders in all; 200 times in
+/// turn: one uplink record → its stored ack, a datagram push → the listener's program, an HTTP push (a connection
+/// each) → the program, each 5 ms after the last. Ratios per neighbouring pair, and of the p50s.
+fn part_live_mixed(a: &Args, listed: usize) {
+    use std::fmt::Write as _;
+    let dir =
+        tempfile::tempdir_in(std::env::var_os("TMPDIR").unwrap_or_else(|| "/tmp".into())).unwrap();
+    let ids = [Identity::generate(), Identity::generate()];
+    let senders = write_senders(dir.path(), &ids);
+    if listed > 2 {
+        let mut text = std::fs::read_to_string(&senders).unwrap();
+        for i in 2..listed {
+            let key: [u8; 32] = pure_serve::proto::crypto::random_array();
+            writeln!(text, "{} {}", name(i), encode_key(&key)).unwrap();
+        }
+        std::fs::write(&senders, text).unwrap();
+    }
+    let node = Node::start(&a.bin, &dir.path().join("state"), &senders, 0, &[]);
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let handed = listening_device(ids[0].clone(), &node, stop_rx);
+    let mut uplink = UdpLink::connect(ids[1].clone(), node.public, node.link).unwrap();
+    uplink.sender().open_flow("main", FlowStart::Probe).unwrap();
+    uplink.deliver(Some(Duration::from_secs(10))).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let socket = node.state.join("push.sock");
+    let dgram_path = node.state.join("push.dgram");
+    let dgram = UnixDatagram::bind(dir.path().join("pusher.dgram")).unwrap();
+    dgram
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let to = name(0);
+    let pause = Duration::from_millis(5);
+    let (mut up, mut dg, mut http) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut dg_pair, mut http_pair) = (Vec::new(), Vec::new());
+    for k in 0..200 {
+        uplink
+            .sender()
+            .queue("main", format!("up {k}").into_bytes())
+            .unwrap();
+        let t = Instant::now();
+        let out = uplink.deliver(Some(Duration::from_secs(10))).unwrap();
+        assert_eq!(out.unacked, 0);
+        let u = ms(t.elapsed());
+        std::thread::sleep(pause);
+        let body = format!("mixed {k}\n");
+        let t = Instant::now();
+        push_dgram(&dgram, &dgram_path, &to, body.as_bytes());
+        let (_, at) = handed.recv_timeout(Duration::from_secs(30)).unwrap();
+        let d = ms(at.duration_since(t));
+        std::thread::sleep(pause);
+        let t = Instant::now();
+        push_http(&socket, &to, body.as_bytes());
+        let (_, at) = handed.recv_timeout(Duration::from_secs(30)).unwrap();
+        let h = ms(at.duration_since(t));
+        std::thread::sleep(pause);
+        up.push(u);
+        dg.push(d);
+        http.push(h);
+        dg_pair.push(d / u);
+        http_pair.push(h / u);
+    }
+    let fsync = fdatasync_ms(&node.state, 200);
+    let rtt = udp_rtt_ms(200);
+    let (u50, d50, h50) = (
+        percentile(&mut up, 0.5),
+        percentile(&mut dg, 0.5),
+        percentile(&mut http, 0.5),
+    );
+    emit(
+        a.round,
+        "live-mixed",
+        json!({
+            "senders": listed,
+            "uplink_stored_ack_p50_ms": u50, "dgram_p50_ms": d50, "socket_p50_ms": h50,
+            "dgram_p99_ms": percentile(&mut dg, 0.99), "socket_p99_ms": percentile(&mut http, 0.99),
+            "dgram_p50_over_uplink_p50": d50 / u50, "socket_p50_over_uplink_p50": h50 / u50,
+            "dgram_over_uplink_pair_p50": percentile(&mut dg_pair, 0.5),
+            "socket_over_uplink_pair_p50": percentile(&mut http_pair, 0.5),
+            "fdatasync_p50_ms": fsync, "udp_rtt_p50_ms": rtt,
+            "dgram_p50_over_commit_plus_rtt": d50 / (fsync + rtt),
         }),
     );
     let _ = stop_tx.send(());
@@ -1590,6 +1680,15 @@ fn main() {
         } else {
             for &n in &a.senders {
                 part_live(&a, n);
+            }
+        }
+    }
+    if a.only.iter().any(|o| o == "live-mixed") {
+        if !a.senders_given {
+            part_live_mixed(&a, 2);
+        } else {
+            for &n in &a.senders {
+                part_live_mixed(&a, n);
             }
         }
     }

@@ -549,11 +549,11 @@ pub(super) fn apply_fetches(
     }
     let mut delivered =
         tx.prepare_cached("DELETE FROM downlink WHERE sender = ?1 AND seq <= ?2")?;
-    // The device's heard, where the flow's next number is above it already (the usual case: one statement).
+    // The device's heard, where the flow's next number is above it already.
     let mut ack = tx.prepare_cached(
         "UPDATE down_flows SET acked = ?2 WHERE sender = ?1 AND acked < ?2 AND next_seq > ?2",
     )?;
-    // Else: did the flow take this heard already, is there a flow that has it, or must its next number be raised?
+    // Whether the flow took this heard already, has a number above it, or must have its next number raised.
     let mut flow = tx.prepare_cached("SELECT next_seq, acked FROM down_flows WHERE sender = ?1")?;
     // A device that has more than this node knows of (the node lost its queue): later records are numbered
     // above what it has, so they are not taken as duplicates (docs/protocol.md 12.5).
@@ -572,17 +572,22 @@ pub(super) fn apply_fetches(
             // A heard the flow has taken already (`acked`, raised only here, together with the deletions below;
             // records are numbered above `acked`, so none at or below it waits): nothing to delete. The usual case
             // of a push's turn, whose read carries the heard the device's last LISTEN brought (research/046).
-            let taken = if ack.execute(params![f.source, heard])? == 1 {
-                false
-            } else {
-                let row: Option<(i64, i64)> = flow
-                    .query_row([f.source], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()?;
-                if row.is_none_or(|(next, _)| next <= heard) {
+            // Read first, so that this case costs one statement.
+            let row: Option<(i64, i64)> = flow
+                .query_row([f.source], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            let taken = match row {
+                Some((next, acked)) if next > heard => {
+                    if acked < heard {
+                        ack.execute(params![f.source, heard])?;
+                    }
+                    acked >= heard
+                }
+                _ => {
                     raise.execute(params![f.source, heard])?;
                     out.raised = true;
+                    false
                 }
-                row.is_some_and(|(next, acked)| next > heard && acked >= heard)
             };
             if !taken {
                 out.delivered += delivered.execute(params![f.source, heard])? as u64;
@@ -1368,6 +1373,9 @@ mod tests {
         use rusqlite::StatementStatus;
         let mut s = AppStore::open_in_memory("reprepare").unwrap();
         let limits = DownLimits::default();
+        // A range held for another sender, so that the reads look for ranges too.
+        let blob = std::sync::Arc::new(DownBlob::new(vec![7; 100], 40).unwrap());
+        s.queue_blob_down("other", &blob, &limits).unwrap();
         for i in 0..20 {
             let push = push_of("dev", &[b"a", b"b"], limits);
             // A room for one record of the two: the read fills it, so the last one is asked of the store too.
@@ -1384,6 +1392,131 @@ mod tests {
             assert!(st.get_status(StatementStatus::Run) >= 19, "{sql}");
             assert_eq!(st.get_status(StatementStatus::RePrepare), 0, "{sql}");
         }
+    }
+
+    /// A store that holds no range of a file pushed as pieces runs none of the statements that look for them
+    /// (research/046); once a file is queued, whether in a turn or alone, they run, also in a store opened again.
+    #[test]
+    fn ranges_are_looked_for_only_in_a_store_that_may_hold_them() {
+        use rusqlite::StatementStatus;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("main.sqlite");
+        let limits = DownLimits::default();
+        let runs = |s: &AppStore| {
+            [RANGES_SQL, RANGES_EXPIRED_SQL].map(|sql| {
+                s.conn
+                    .prepare_cached(sql)
+                    .unwrap()
+                    .get_status(StatementStatus::Run)
+            })
+        };
+        let mut s = AppStore::open(&path).unwrap();
+        for i in 0..3 {
+            let push = push_of("dev", &[b"a"], limits);
+            s.apply_with_down(&mut [], &[], false, &[fetch("dev", i, 100)], &[&push])
+                .unwrap();
+        }
+        assert_eq!(runs(&s), [0, 0]);
+        let blob = std::sync::Arc::new(DownBlob::new(vec![7; 100], 40).unwrap());
+        let file = blob_push("dev", &blob, limits);
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 3, 1000)], &[&file])
+            .unwrap();
+        assert_eq!(runs(&s), [1, 1]);
+        // The records were delivered (heard 3); the file's three pieces are read.
+        let seqs: Vec<u64> = applied.down.reads[0]
+            .records
+            .iter()
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(seqs, [4, 5, 6]);
+        drop(s);
+        let mut s = AppStore::open(&path).unwrap();
+        s.apply_with_down(&mut [], &[], false, &[fetch("dev", 4, 1000)], &[])
+            .unwrap();
+        assert_eq!(runs(&s), [1, 1]);
+        // And a store whose ranges were all delivered still looks (it is never cleared), which costs only that.
+        s.apply_with_down(&mut [], &[], false, &[fetch("dev", 6, 1000)], &[])
+            .unwrap();
+        assert_eq!(runs(&s), [2, 2]);
+    }
+
+    /// A read whose heard the flow took already deletes nothing again, and one above it deletes what the device
+    /// has: the heard is applied once, whichever turn carries it (research/046).
+    #[test]
+    fn a_heard_the_flow_took_already_deletes_nothing_and_a_new_one_does() {
+        let mut s = AppStore::open_in_memory("taken").unwrap();
+        let limits = DownLimits::default();
+        s.queue_down(
+            "dev",
+            &[b"1".to_vec(), b"2".to_vec(), b"3".to_vec()],
+            &limits,
+        )
+        .unwrap();
+        let read = |s: &mut AppStore, heard: u64| {
+            s.apply_with_down(&mut [], &[], false, &[fetch("dev", heard, 1000)], &[])
+                .unwrap()
+                .down
+        };
+        let first = read(&mut s, 2);
+        assert_eq!(first.delivered, 2);
+        assert_eq!(
+            first.reads[0]
+                .records
+                .iter()
+                .map(|r| r.seq)
+                .collect::<Vec<_>>(),
+            [3]
+        );
+        let again = read(&mut s, 2);
+        assert_eq!((again.delivered, again.raised), (0, false));
+        assert_eq!(
+            again.reads[0]
+                .records
+                .iter()
+                .map(|r| r.seq)
+                .collect::<Vec<_>>(),
+            [3]
+        );
+        // A push in the same turn as a read of the taken heard: numbered after what was queued.
+        let push = push_of("dev", &[b"4"], limits);
+        let turn = s
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 2, 1000)], &[&push])
+            .unwrap()
+            .down;
+        assert!(matches!(
+            turn.pushes[0],
+            (Pushed::Queued { first: 4, count: 1 }, 0)
+        ));
+        assert_eq!(
+            turn.reads[0]
+                .records
+                .iter()
+                .map(|r| r.seq)
+                .collect::<Vec<_>>(),
+            [3, 4]
+        );
+        let last = read(&mut s, 4);
+        assert_eq!((last.delivered, last.raised), (2, false));
+        assert_eq!(s.down_waiting(), 0);
+        // A heard past the flow's next number is still taken as the device having more: the number is raised.
+        let past = read(&mut s, 9);
+        assert!(past.raised);
+        let push = push_of("dev", &[b"10"], limits);
+        let turn = s
+            .apply_with_down(&mut [], &[], false, &[], &[&push])
+            .unwrap()
+            .down;
+        assert!(matches!(
+            turn.pushes[0],
+            (
+                Pushed::Queued {
+                    first: 10,
+                    count: 1
+                },
+                0
+            )
+        ));
     }
 
     #[test]
