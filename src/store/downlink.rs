@@ -534,8 +534,8 @@ struct WaitingRange {
 }
 
 /// Runs the fetches in the app's open transaction. `swept`: senders whose expired records this transaction deleted
-/// already, at the same `now` (its pushes'). `ranges`: the store may hold ranges of files pushed as pieces (else
-/// they are not looked for).
+/// already, at the same `now` (its pushes'). `ranges_held`: the store may hold ranges of files pushed as pieces
+/// (else they are not looked for).
 pub(super) fn apply_fetches(
     tx: &Transaction<'_>,
     fetches: &[Fetch<'_>],
