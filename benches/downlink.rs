@@ -11,6 +11,9 @@
 //! - `live`: push → device program for a live listening session, through the push socket (HTTP) and through
 //!   the push datagram socket and `pure-serve push`, beside one `fdatasync` on the same filesystem and one UDP round trip on loopback, and beside
 //!   the node's own commit and round trip the other way (one record from the device on a live run → its stored ack).
+//!   With `--senders N`, once for each N, the device among N listed senders.
+//! - `live-mixed` (only when named): the same pushes and uplink records taken in turn, each beside the others in
+//!   the same seconds (research/046: the disk's sync time moved tenfold within a run); `--senders N` as for `live`.
 //! - `wake`: a device that wakes every second (a new run each time, its session swept between): push → program.
 //! - `one`: records/s to one device (20,000 records of 32 bytes waiting), and records per answer.
 //! - `wide`: 100,000 devices with one record each woken together, beside the same devices' uplink of one record
@@ -22,7 +25,8 @@
 //!   stored ack and one autocommitted one-row INSERT on the same database (its commit).
 //!
 //! - `name`: `AllowList::find_name` (how a push finds its sender, on the HTTP thread) over a list of 1M senders:
-//!   names found at random and a name not listed, beside one lookup by key (`find`) on the same list.
+//!   names found at random and a name not listed, beside one lookup by key (`find`) on the same list; then the
+//!   index by name made (its time and bytes) and the same lookups through it (research/046).
 //!
 //! Usage: cargo bench --bench downlink -- [--only PARTS] [--senders N]... [--round R] [--bin PATH]
 
@@ -56,6 +60,8 @@ struct Args {
     bin: String,
     /// Devices taking an image at once (`image-many`, `--devices N`, repeatable).
     devices: Vec<usize>,
+    /// Whether `--senders` was given (`live` then runs once for each; else with its device alone).
+    senders_given: bool,
 }
 
 fn args() -> Args {
@@ -65,6 +71,7 @@ fn args() -> Args {
         round: 0,
         bin: env!("CARGO_BIN_EXE_pure-serve").to_string(),
         devices: Vec::new(),
+        senders_given: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -78,6 +85,7 @@ fn args() -> Args {
             other => panic!("unknown argument {other}"),
         }
     }
+    a.senders_given = !a.senders.is_empty();
     if a.senders.is_empty() {
         a.senders = vec![100_000, 1_000_000];
     }
@@ -564,8 +572,10 @@ fn udp_rtt_ms(n: usize) -> f64 {
     percentile(&mut v, 0.5)
 }
 
+/// In `$TMPDIR` if set (research/046 ran `live` on tmpfs too), else `/tmp`.
 fn one_device_dir(extra_apps: Option<&str>) -> (tempfile::TempDir, Identity, PathBuf, Vec<String>) {
-    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let dir =
+        tempfile::tempdir_in(std::env::var_os("TMPDIR").unwrap_or_else(|| "/tmp".into())).unwrap();
     let id = Identity::generate();
     let senders = write_senders(dir.path(), std::slice::from_ref(&id));
     let mut extra = Vec::new();
@@ -600,8 +610,19 @@ fn uplink_stored_acks(id: &Identity, node: &Node, pause: Duration) -> Vec<f64> {
         .collect()
 }
 
-fn part_live(a: &Args) {
+/// `listed`: senders in the node's senders file, the device first and the rest with keys of no device (a push finds
+/// its sender by name among them: research/046).
+fn part_live(a: &Args, listed: usize) {
     let (dir, id, senders, _) = one_device_dir(None);
+    if listed > 1 {
+        use std::fmt::Write as _;
+        let mut text = std::fs::read_to_string(&senders).unwrap();
+        for i in 1..listed {
+            let key: [u8; 32] = pure_serve::proto::crypto::random_array();
+            writeln!(text, "{} {}", name(i), encode_key(&key)).unwrap();
+        }
+        std::fs::write(&senders, text).unwrap();
+    }
     let node = Node::start(&a.bin, &dir.path().join("state"), &senders, 0, &[]);
     // The node's own commit and round trip, the other way: one record at a time from the same device on a live run
     // → its stored ack (docs/protocol.md 5.3), on the same node and disk, before the downlink starts.
@@ -681,6 +702,7 @@ fn part_live(a: &Args) {
         a.round,
         "live",
         json!({
+            "senders": listed,
             "socket_p50_ms": percentile(&mut socket_total, 0.5), "socket_p99_ms": percentile(&mut socket_total, 0.99),
             "socket_answer_p50_ms": percentile(&mut socket_answer, 0.5),
             "kept_p50_ms": percentile(&mut kept_total, 0.5), "kept_p99_ms": percentile(&mut kept_total, 0.99),
@@ -710,6 +732,94 @@ fn part_live(a: &Args) {
             "uplink_stored_ack_p99_ms": percentile(&mut stored_ack, 0.99),
             "socket_p50_over_uplink_stored_ack_p50":
                 percentile(&mut socket_total, 0.5) / percentile(&mut stored_ack, 0.5),
+        }),
+    );
+    let _ = stop_tx.send(());
+    node.stop(libc::SIGTERM);
+}
+
+/// research/046: push → program beside an uplink record → stored ack taken in the same seconds, so that both meet
+/// the same disk (this machine's `fdatasync` went from 0.3 to 4 ms and back within a run when other work wrote).
+/// One device listens (`dev0000000`), another sends (`dev0000001`), with `listed` senders in all; 200 times in
+/// turn: one uplink record → its stored ack, a datagram push → the listener's program, an HTTP push (a connection
+/// each) → the program, each 5 ms after the last. Ratios per neighbouring pair, and of the p50s.
+fn part_live_mixed(a: &Args, listed: usize) {
+    use std::fmt::Write as _;
+    let dir =
+        tempfile::tempdir_in(std::env::var_os("TMPDIR").unwrap_or_else(|| "/tmp".into())).unwrap();
+    let ids = [Identity::generate(), Identity::generate()];
+    let senders = write_senders(dir.path(), &ids);
+    if listed > 2 {
+        let mut text = std::fs::read_to_string(&senders).unwrap();
+        for i in 2..listed {
+            let key: [u8; 32] = pure_serve::proto::crypto::random_array();
+            writeln!(text, "{} {}", name(i), encode_key(&key)).unwrap();
+        }
+        std::fs::write(&senders, text).unwrap();
+    }
+    let node = Node::start(&a.bin, &dir.path().join("state"), &senders, 0, &[]);
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let handed = listening_device(ids[0].clone(), &node, stop_rx);
+    let mut uplink = UdpLink::connect(ids[1].clone(), node.public, node.link).unwrap();
+    uplink.sender().open_flow("main", FlowStart::Probe).unwrap();
+    uplink.deliver(Some(Duration::from_secs(10))).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let socket = node.state.join("push.sock");
+    let dgram_path = node.state.join("push.dgram");
+    let dgram = UnixDatagram::bind(dir.path().join("pusher.dgram")).unwrap();
+    dgram
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let to = name(0);
+    let pause = Duration::from_millis(5);
+    let (mut up, mut dg, mut http) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut dg_pair, mut http_pair) = (Vec::new(), Vec::new());
+    for k in 0..200 {
+        uplink
+            .sender()
+            .queue("main", format!("up {k}").into_bytes())
+            .unwrap();
+        let t = Instant::now();
+        let out = uplink.deliver(Some(Duration::from_secs(10))).unwrap();
+        assert_eq!(out.unacked, 0);
+        let u = ms(t.elapsed());
+        std::thread::sleep(pause);
+        let body = format!("mixed {k}\n");
+        let t = Instant::now();
+        push_dgram(&dgram, &dgram_path, &to, body.as_bytes());
+        let (_, at) = handed.recv_timeout(Duration::from_secs(30)).unwrap();
+        let d = ms(at.duration_since(t));
+        std::thread::sleep(pause);
+        let t = Instant::now();
+        push_http(&socket, &to, body.as_bytes());
+        let (_, at) = handed.recv_timeout(Duration::from_secs(30)).unwrap();
+        let h = ms(at.duration_since(t));
+        std::thread::sleep(pause);
+        up.push(u);
+        dg.push(d);
+        http.push(h);
+        dg_pair.push(d / u);
+        http_pair.push(h / u);
+    }
+    let fsync = fdatasync_ms(&node.state, 200);
+    let rtt = udp_rtt_ms(200);
+    let (u50, d50, h50) = (
+        percentile(&mut up, 0.5),
+        percentile(&mut dg, 0.5),
+        percentile(&mut http, 0.5),
+    );
+    emit(
+        a.round,
+        "live-mixed",
+        json!({
+            "senders": listed,
+            "uplink_stored_ack_p50_ms": u50, "dgram_p50_ms": d50, "socket_p50_ms": h50,
+            "dgram_p99_ms": percentile(&mut dg, 0.99), "socket_p99_ms": percentile(&mut http, 0.99),
+            "dgram_p50_over_uplink_p50": d50 / u50, "socket_p50_over_uplink_p50": h50 / u50,
+            "dgram_over_uplink_pair_p50": percentile(&mut dg_pair, 0.5),
+            "socket_over_uplink_pair_p50": percentile(&mut http_pair, 0.5),
+            "fdatasync_p50_ms": fsync, "udp_rtt_p50_ms": rtt,
+            "dgram_p50_over_commit_plus_rtt": d50 / (fsync + rtt),
         }),
     );
     let _ = stop_tx.send(());
@@ -967,6 +1077,22 @@ fn part_name(a: &Args) {
         1000,
     );
     let missing_us = time(&mut || list.find_name("not-listed-anywhere").is_some(), 200);
+    // research/046: the same lookups through the index by name, made here (its time and heap bytes).
+    let t = Instant::now();
+    let index_bytes = list.index_names().byte_len();
+    let index_build_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut k = 0;
+    let indexed_found_us = time(
+        &mut || {
+            k += 1;
+            list.find_name(&names[k % names.len()]).is_some()
+        },
+        100_000,
+    );
+    let indexed_missing_us = time(
+        &mut || list.find_name("not-listed-anywhere").is_some(),
+        100_000,
+    );
     let mut k = 0;
     let by_key_us = time(
         &mut || {
@@ -981,6 +1107,9 @@ fn part_name(a: &Args) {
         json!({
             "senders": n, "names_bytes": n * name(0).len(), "find_name_found_us": found_us,
             "find_name_missing_us": missing_us, "find_by_key_us": by_key_us,
+            "index_build_ms": index_build_ms, "index_bytes": index_bytes,
+            "index_bytes_per_sender": index_bytes as f64 / n as f64,
+            "indexed_found_us": indexed_found_us, "indexed_missing_us": indexed_missing_us,
         }),
     );
 }
@@ -1474,9 +1603,10 @@ fn part_image_uplink(a: &Args) {
 }
 
 /// research/043's push of many on a fleet's database beside the same push on one node's files (issue 39 item 1,
-/// "on a fleet too"): 100,000 lines, one record each, through `pure-serve push --many`, interleaved.
+/// "on a fleet too"): 100,000 lines (or `--senders N`), one record each, through `pure-serve push --many`,
+/// interleaved.
 fn part_many_fleet(a: &Args) {
-    let n = 100_000;
+    let n = a.senders.first().copied().unwrap_or(100_000);
     let Some(cluster) = pg_util::PgCluster::start("bench downlink many-fleet") else {
         panic!("the many-fleet part needs PostgreSQL: apt-get install postgresql");
     };
@@ -1545,7 +1675,23 @@ fn main() {
         part_name(&a);
     }
     if want("live") {
-        part_live(&a);
+        // `--senders N` with `live`: the device among N listed senders (research/046), once for each N.
+        if !a.senders_given {
+            part_live(&a, 1);
+        } else {
+            for &n in &a.senders {
+                part_live(&a, n);
+            }
+        }
+    }
+    if a.only.iter().any(|o| o == "live-mixed") {
+        if !a.senders_given {
+            part_live_mixed(&a, 2);
+        } else {
+            for &n in &a.senders {
+                part_live_mixed(&a, n);
+            }
+        }
     }
     if want("fleet") {
         part_fleet(&a);

@@ -209,6 +209,109 @@ fn same_downlink_outcomes(store: &mut dyn TurnStore) {
     assert_eq!(a.down.reads[0].records, Vec::new());
     assert_eq!(a.down.reads[0].last, 0);
     assert_eq!(store.waiting(), 0);
+    // A push deletes its sender's expired records first, tells them by its first push to that sender, and they hold
+    // no room; a part's pushes to several senders, one of them three times, are each numbered and bounded after the
+    // pushes before them in the part (a push of many's turn).
+    apply(
+        store,
+        108,
+        down_turn(vec![push_of("old", &[b"o1", b"o2"], soon)], Vec::new()),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let two = DownLimits {
+        max_records: 2,
+        ..limits
+    };
+    let pushed = apply_down_expired(
+        store,
+        109,
+        down_turn(
+            vec![
+                push_of("old", &[b"n1"], two),
+                push_of("new", &[b"m1"], two),
+                push_of("old", &[b"n2"], two),
+                push_of("old", &[b"n3"], two),
+                push_of("new", &[b"m2"], two),
+            ],
+            Vec::new(),
+        ),
+    );
+    assert_eq!(
+        pushed,
+        vec![
+            (Pushed::Queued { first: 3, count: 1 }, 2),
+            (Pushed::Queued { first: 1, count: 1 }, 0),
+            (Pushed::Queued { first: 4, count: 1 }, 0),
+            (
+                Pushed::Refused(DownRefusal::Records {
+                    pushing: 1,
+                    waiting: 2,
+                    max: 2
+                }),
+                0
+            ),
+            (Pushed::Queued { first: 2, count: 1 }, 0),
+        ]
+    );
+    let a = apply(
+        store,
+        110,
+        down_turn(
+            Vec::new(),
+            vec![listen(0, "old", 2, 100), listen(1, "new", 0, 100)],
+        ),
+    );
+    assert_eq!(
+        a.down.reads[0].records,
+        vec![down(3, b"n1"), down(4, b"n2")]
+    );
+    assert_eq!(
+        a.down.reads[1].records,
+        vec![down(1, b"m1"), down(2, b"m2")]
+    );
+    // A part that also stores records: its records are stored, and its pushes are applied before its LISTENs (on a
+    // fleet's database in a transaction of their own, ahead of the part's), each bounded after the ones before it.
+    let mut mixed = turn(0, vec![piece("mixdev", 1, 2)]);
+    mixed.pushes = vec![
+        push_of("mix", &[b"p1"], limits),
+        push_of("old", &[b"n3"], two),
+        push_of("mix", &[b"p2"], limits),
+    ];
+    mixed.fetches = vec![listen(0, "mix", 0, 100)];
+    let (a, pushed) = apply_down(store, 111, mixed);
+    assert_eq!(
+        pushed,
+        vec![
+            Pushed::Queued { first: 1, count: 1 },
+            Pushed::Refused(DownRefusal::Records {
+                pushing: 1,
+                waiting: 2,
+                max: 2
+            }),
+            Pushed::Queued { first: 2, count: 1 },
+        ]
+    );
+    assert_eq!(a.stored, 2);
+    assert_eq!(
+        a.down.reads[0].records,
+        vec![down(1, b"p1"), down(2, b"p2")]
+    );
+}
+
+/// [`apply_down`], with each push's count of its sender's records that expired.
+fn apply_down_expired(store: &mut dyn TurnStore, seq: u64, part: AppTurn) -> Vec<(Pushed, u64)> {
+    store.submit(seq, vec![part]);
+    let mut done: Vec<TurnOutcome> = Vec::new();
+    while done.is_empty() {
+        done = store.wait_done();
+    }
+    let (_, list) = done.remove(0).pushes.pop().expect("the part's pushes");
+    list.iter()
+        .map(|p| {
+            let (pushed, expired) = p.done().expect("the push is done");
+            (pushed.clone(), expired)
+        })
+        .collect()
 }
 
 /// Submits one turn and waits for its outcome; the one app part's result.
@@ -368,7 +471,7 @@ fn postgres_engine_gives_the_same_outcomes() {
     drop(engine);
     let mut again = pg_engine(&cluster);
     assert_eq!(again.heard_of(0, "dev").unwrap(), 8);
-    assert_eq!(again.head(0).unwrap(), 11);
+    assert_eq!(again.head(0).unwrap(), 13);
 }
 
 /// Two engines (two nodes of a fleet) pushing to one sender at once, while a third reads and deletes for it

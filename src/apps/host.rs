@@ -1107,7 +1107,7 @@ impl Host {
         // Looked up off the loop if the list is still the one it was looked up in (common/push.rs says why).
         let sender = match found.and_then(|f| f.in_list(node.senders())) {
             Some(index) => index,
-            None => node.senders().find_name(&to),
+            None => crate::common::push::find_name(node.senders(), &to),
         };
         let Some(sender) = sender else {
             let _ = answer.send(PushAnswer::NotFound(format!(

@@ -6,11 +6,12 @@
 //! between turns, and the app host queues its records and answers it once they are synced. The answer is plain
 //! data, so that none of them needs another's types.
 //!
-//! The sender is looked up by name on the HTTP thread, not on the loop: at a million senders the name scan
-//! (`AllowList::find_name`, no index and no memory per sender) takes about half a millisecond (research/024), which
-//! the receive loop must not spend per push. The loop publishes its allow-list to the inbox at start and after each
-//! reload; a request carries the list it was looked up in, and the loop trusts the lookup only if that is still
-//! its own list (else it looks again, once).
+//! The sender is looked up by name on the HTTP thread, not on the loop. The loop publishes its allow-list to the
+//! inbox at start and after each reload; a request carries the list it was looked up in, and the loop trusts the
+//! lookup only if that is still its own list (else it looks again, once). Every lookup by name goes through
+//! [`find_name`]: a list's index by name is made at its first lookup, off the loop, and until it is there the
+//! lookups scan the names (about half a millisecond at a million senders, research/024; with the index about a
+//! microsecond, research/046).
 
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -57,6 +58,36 @@ impl Found {
     pub fn in_list(&self, current: &Arc<AllowList>) -> Option<Option<SenderIndex>> {
         Arc::ptr_eq(&self.list, current).then_some(self.index)
     }
+}
+
+/// Lists of at most this many senders have their index by name made by the first lookup itself, on whichever
+/// thread asks, the receive loop included (at most about half a millisecond here, what one scan of a million names
+/// costs: research/046 measured 124 ms for a million under load); a longer list's is made on a thread of its own,
+/// and lookups scan until it is there.
+const INDEX_NAMES_INLINE: usize = 4096;
+
+/// Finds the sender named `name` in `list` without waiting for more than a scan: by the list's index by name, and
+/// at the first lookup in a list, the index is made (on a thread of its own for a long list, so that neither the
+/// receive loop nor the HTTP thread waits for it; the lookups meanwhile scan). A node never pushed to never makes
+/// one (about 5 B of heap per sender, research/046).
+pub fn find_name(list: &Arc<AllowList>, name: &str) -> Option<SenderIndex> {
+    if list.name_index().is_none() && list.claim_name_index() {
+        if list.len() <= INDEX_NAMES_INLINE {
+            list.index_names();
+        } else {
+            let made = list.clone();
+            let spawned = std::thread::Builder::new()
+                .name("pure-names".into())
+                .spawn(move || {
+                    made.index_names();
+                });
+            if let Err(e) = spawned {
+                // Not fatal: lookups in this list go on scanning.
+                tracing::warn!("could not start a thread to index the senders by name: {e}");
+            }
+        }
+    }
+    list.find_name(name)
 }
 
 /// Which bound refused a push.
@@ -255,7 +286,7 @@ impl PushInbox {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone();
-        let index = list.find_name(name);
+        let index = find_name(&list, name);
         Found { list, index }
     }
 
@@ -772,6 +803,49 @@ pub fn lines(body: &[u8]) -> Vec<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn list_of(n: usize) -> Arc<AllowList> {
+        Arc::new(AllowList::from_unique(
+            (0..n)
+                .map(|i| {
+                    let mut k = [0u8; 32];
+                    k[..4].copy_from_slice(&(i as u32).to_be_bytes());
+                    k[31] = 1;
+                    (format!("dev-{i}"), k)
+                })
+                .collect(),
+        ))
+    }
+
+    /// A short list is indexed by its first lookup; a long one on a thread of its own while the lookups scan, and
+    /// either way every lookup finds what the scan finds (research/046).
+    #[test]
+    fn the_first_lookup_by_name_makes_the_index_inline_or_on_a_thread() {
+        let short = list_of(INDEX_NAMES_INLINE);
+        assert!(short.name_index().is_none());
+        assert_eq!(
+            find_name(&short, "dev-7").map(|i| short.name(i)),
+            Some("dev-7")
+        );
+        assert!(short.name_index().is_some());
+        let long = list_of(INDEX_NAMES_INLINE + 1);
+        let found = find_name(&long, "dev-4096");
+        assert_eq!(found, long.scan_name("dev-4096"));
+        assert_eq!(found.map(|i| long.name(i)), Some("dev-4096"));
+        // The thread's index is there once it has run: wait for it (the event; the minute is only a safety valve
+        // against a thread that never ran, not a bound on its speed).
+        let gave_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while long.name_index().is_none() {
+            assert!(
+                std::time::Instant::now() < gave_up,
+                "the index was never made"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        for name in ["dev-0", "dev-4096", "dev-4097", "dev-", "x"] {
+            assert_eq!(find_name(&long, name), long.scan_name(name), "{name}");
+        }
+    }
 
     #[test]
     fn a_body_is_its_lines_and_an_unended_last_line_counts() {

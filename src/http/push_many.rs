@@ -1,13 +1,13 @@
 //! A push of many (docs/downlink.md, "Pushing to many devices"): `POST /push-many?app=APP` on the push socket, a
 //! body of `SENDER RECORD` lines, each line a push of one record to one sender, answered with an outcome per line
 //! once every line is applied. It is how a configuration reaches a million devices: a push a request costs a
-//! request, a name scan of the allow-list (half a millisecond at a million senders, research/024) and a turn of
-//! its own; here the names are found by a binary search in the list sorted once for the request, and the lines go
-//! to the receive loop in batches of [`BATCH`], each applied in one turn (one transaction, one sync), two batches
+//! request, a lookup of its sender by name and a turn of its own; here the names are found in the allow-list's
+//! index by name (made once per list, off the HTTP thread, if no push has made it yet: research/046; the request
+//! sorted the names for itself before), and the lines go to the receive loop in batches of [`BATCH`], each applied in one turn (one transaction, one sync), two batches
 //! in flight so that one fills while the other syncs. A million lines are queued in about 12 s here (research/043).
 //!
-//! The body is read as it comes, a batch at a time: the node holds at most [`IN_FLIGHT`] + 1 batches of lines and
-//! the sorted names (4 bytes per sender, for the request's length), however long the body is. Each line is a push
+//! The body is read as it comes, a batch at a time: the node holds at most [`IN_FLIGHT`] + 1 batches of lines,
+//! however long the body is, beside the index by name (about 5 bytes per sender, kept with the list). Each line is a push
 //! of its own, with the outcome a single push would have (queued, refused by a bound, no such sender, the store
 //! unable to take it); lines to one sender are queued in the order of the body. Nothing is all or nothing across
 //! lines: the answer counts the outcomes and lists the lines not queued.
@@ -27,7 +27,6 @@ use crate::common::push::FileTargets;
 use crate::common::push::{
     AnswerTo, Found, PushAnswer, PushInbox, PushRefused, PushRequest, batch_answers,
 };
-use crate::ops::devices::ByName;
 use crate::proto::allow_list::{AllowList, SenderIndex};
 use crate::senders::MAX_NAME_LEN;
 use crate::store::downlink::MAX_DOWN_PAYLOAD;
@@ -168,17 +167,29 @@ struct Sent {
 
 /// Serves `POST /push-many?app=APP` (docs/downlink.md, "Pushing to many devices").
 pub(super) async fn handle(body: Incoming, app: String, inbox: &PushInbox) -> Answer {
-    // Sorted off the HTTP thread: a million names take about a second, and this thread also answers /link.
+    // Indexed off the HTTP thread (a million names take about a tenth of a second, and this thread also answers
+    // /link), unless a push has indexed this list already.
     let list = inbox.list();
-    let Ok(names) = tokio::task::spawn_blocking(move || ByName::new(list)).await else {
-        return answer(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "application/json",
-            "{\"error\": \"could not sort the senders' names\"}\n",
-        );
+    let names = if list.name_index().is_some() {
+        list
+    } else {
+        let indexing = list.clone();
+        if tokio::task::spawn_blocking(move || {
+            indexing.index_names();
+        })
+        .await
+        .is_err()
+        {
+            return answer(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "application/json",
+                "{\"error\": \"could not index the senders' names\"}\n",
+            );
+        }
+        list
     };
     let mut tally = Tally::default();
-    let mut handing = Handing::new(&app, names.list().clone(), inbox);
+    let mut handing = Handing::new(&app, names.clone(), inbox);
     let mut pending: Vec<u8> = Vec::new();
     // The line being skipped because it is too long (its number), until its end.
     let mut skipping: Option<u64> = None;
@@ -315,7 +326,7 @@ pub(super) async fn handle_file(
         }
         FileTargets::Names(names) => {
             for name in names {
-                let index = list.find_name(&name);
+                let index = crate::common::push::find_name(&list, &name);
                 add(name, index, &mut tally).await;
             }
         }
@@ -325,13 +336,13 @@ pub(super) async fn handle_file(
 }
 
 /// Counts a line: the push it is, or none (noted why).
-fn take_line(line: &[u8], names: &ByName, tally: &mut Tally) -> Option<Line> {
+fn take_line(line: &[u8], names: &AllowList, tally: &mut Tally) -> Option<Line> {
     tally.lines += 1;
     match parse_line(line) {
         Ok((to, record)) => Some(Line {
             number: tally.lines,
             to: to.to_string(),
-            index: names.find(to).map(|k| names.index(k)),
+            index: names.find_name(to),
             records: vec![record.to_vec()],
             blob: None,
         }),

@@ -35,8 +35,8 @@ pub const DEFAULT_QUIET_AFTER: Duration = Duration::from_secs(3_600);
 const SEARCHES_WAITING: usize = 4;
 
 /// The allow-list's senders in the byte order of their names (4 bytes per sender, for as long as it is kept), so
-/// that the stores' sources, which come by name, are walked beside them rather than each searched for, and a name
-/// is found by a binary search rather than [`AllowList::find_name`]'s scan (a push of many, `src/http/push_many.rs`).
+/// that the stores' sources, which come by name, are walked beside them rather than each searched for (a census,
+/// `pure-serve senders`); a name alone is found by [`AllowList::find_name`].
 pub struct ByName {
     list: Arc<AllowList>,
     order: Vec<SenderIndex>,

@@ -9,6 +9,12 @@
 //! covers a few keys rather than all of them (about 1 B per sender; [`AllowList::candidates`]). No allocation per
 //! sender, so a million senders do not fragment the heap.
 //!
+//! A push names its sender, so pushes also look senders up by name. The layout has no order by name (a start with
+//! a changed file of a million lines must be ready in 0.3 s, and sorting the names would be a third of that), so a
+//! list is first searched by name with a scan of its name arena (about 0.4 ms at a million senders, research/024),
+//! and an index by name ([`NameIndex`], about 5 B of heap per sender) is made only when asked for
+//! ([`AllowList::index_names`]): a node never pushed to never holds one (research/046).
+//!
 //! Layout, all integers little-endian:
 //!
 //! | offset | size | field |
@@ -22,6 +28,8 @@
 //! | … | names_len | the names, concatenated |
 
 use std::ops::Range;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use thiserror::Error;
 
@@ -130,6 +138,96 @@ pub struct AllowList {
     /// least `j`, and the last entry is `count`. See [`AllowList::candidates`].
     buckets: Vec<SenderIndex>,
     bucket_bits: u32,
+    /// The index by name, once made ([`AllowList::index_names`]).
+    by_name: OnceLock<NameIndex>,
+    /// Whether someone has taken on making [`AllowList::by_name`] ([`AllowList::claim_name_index`]).
+    by_name_claimed: AtomicBool,
+}
+
+/// The hash of a name in a [`NameIndex`]: foldhash with a fixed seed (the senders file's duplicate check uses it
+/// too, src/senders.rs). Nothing depends on it being unguessable: the names are the operator's own, and a file
+/// made to give every name one hash only makes its lookups slower.
+const NAME_HASH: foldhash::fast::FixedState =
+    foldhash::fast::FixedState::with_seed(0x0046_0a3e_1dea_5eed);
+
+/// Slots of a [`NameIndex`] per sender, as a fraction: 5/4, so a lookup of a name not listed probes about a dozen
+/// slots at most on average (linear probing at a load of 0.8), all in one or two cache lines, and the index costs
+/// 5 B per sender.
+const NAME_SLOTS_NUM: usize = 5;
+const NAME_SLOTS_DEN: usize = 4;
+
+/// An open-addressing table of a list's senders by name (linear probing). A slot is 0 when empty, else the sender's
+/// index + 1 in its low bits and, in the bits the index does not need, the top bits of the name's hash: a probe
+/// compares a name only when those agree (one name in 4,096 at a million senders), so a lookup reads the table's
+/// cache line and one name. Made once per list from its name arena, in one pass, with no allocation per sender.
+pub struct NameIndex {
+    slots: Box<[u32]>,
+    /// Bits of a slot that hold the index + 1; the rest hold the hash's tag.
+    index_mask: u32,
+}
+
+impl NameIndex {
+    fn slot_of(&self, hash: u64) -> usize {
+        // The hash's top bits scaled onto the table (Lemire's multiply-shift: any table size, no division).
+        ((u128::from(hash) * self.slots.len() as u128) >> 64) as usize
+    }
+
+    fn tag_of(&self, hash: u64) -> u32 {
+        // The hash's low bits, which `slot_of` hardly uses, above the index's bits.
+        (hash as u32) & !self.index_mask
+    }
+
+    fn build(list: &AllowList) -> Self {
+        use std::hash::BuildHasher;
+        let count = list.count;
+        let len = count * NAME_SLOTS_NUM / NAME_SLOTS_DEN + 1;
+        // Bits for the values 1..=count; a list of 2^32 - 1 senders leaves no bits for the tag, and every probe
+        // compares names.
+        let index_bits = u32::BITS - (count as u32).leading_zeros();
+        let index_mask = if index_bits >= u32::BITS {
+            u32::MAX
+        } else {
+            (1u32 << index_bits) - 1
+        };
+        let mut index = NameIndex {
+            slots: vec![0u32; len].into_boxed_slice(),
+            index_mask,
+        };
+        for i in 0..count {
+            let hash = NAME_HASH.hash_one(list.name_bytes(i as SenderIndex));
+            let mut at = index.slot_of(hash);
+            // `len` > `count`: an empty slot is always found.
+            while index.slots[at] != 0 {
+                at = if at + 1 == len { 0 } else { at + 1 };
+            }
+            index.slots[at] = index.tag_of(hash) | (i as u32 + 1);
+        }
+        index
+    }
+
+    fn find(&self, list: &AllowList, name: &[u8]) -> Option<SenderIndex> {
+        use std::hash::BuildHasher;
+        let hash = NAME_HASH.hash_one(name);
+        let tag = self.tag_of(hash);
+        let len = self.slots.len();
+        let mut at = self.slot_of(hash);
+        loop {
+            let slot = self.slots[at];
+            if slot == 0 {
+                return None;
+            }
+            let index = (slot & self.index_mask) - 1;
+            if slot & !self.index_mask == tag && list.name_bytes(index) == name {
+                return Some(index);
+            }
+            at = if at + 1 == len { 0 } else { at + 1 };
+        }
+    }
+
+    /// Heap bytes the index holds.
+    pub fn byte_len(&self) -> usize {
+        self.slots.len() * std::mem::size_of::<u32>()
+    }
 }
 
 /// Senders per bucket of the key id table, about: the table costs 4 / this bytes of heap per sender (1 B; 0.5 MB for
@@ -363,6 +461,8 @@ impl AllowList {
             stamp,
             buckets,
             bucket_bits,
+            by_name: OnceLock::new(),
+            by_name_claimed: AtomicBool::new(false),
         })
     }
 
@@ -453,11 +553,22 @@ impl AllowList {
             .find(|&i| self.key(i) == key)
     }
 
-    /// Finds a sender by its name (a push names its sender). The list is sorted by key, not by name, and keeps no
-    /// index by name: one would cost 4 B of anonymous memory per sender for a lookup that only pushes make. So the
-    /// name arena is searched with a vectorised substring search, and each hit is checked to be a whole name
-    /// through the end offsets (which grow with the index). Linear in the arena's bytes.
+    /// Finds a sender by its name (a push names its sender): through the index by name if it has been made
+    /// ([`AllowList::index_names`]), else by [`AllowList::scan_name`].
     pub fn find_name(&self, name: &str) -> Option<SenderIndex> {
+        if name.is_empty() || self.count == 0 {
+            return None;
+        }
+        match self.by_name.get() {
+            Some(index) => index.find(self, name.as_bytes()),
+            None => self.scan_name(name),
+        }
+    }
+
+    /// Finds a sender by its name without the index: the name arena is searched with a vectorised substring search,
+    /// and each hit is checked to be a whole name through the end offsets (which grow with the index). Linear in the
+    /// arena's bytes, and no memory: for the lookups before the index is made.
+    pub fn scan_name(&self, name: &str) -> Option<SenderIndex> {
         let needle = name.as_bytes();
         if needle.is_empty() || self.count == 0 {
             return None;
@@ -485,6 +596,24 @@ impl AllowList {
         None
     }
 
+    /// Makes the index by name if it is not made yet, and returns it. One pass over the names (tens of
+    /// milliseconds at a million senders): the caller decides on which thread (never the receive loop, which
+    /// scans until the index is there; `common::push::find_name`).
+    pub fn index_names(&self) -> &NameIndex {
+        self.by_name.get_or_init(|| NameIndex::build(self))
+    }
+
+    /// The index by name, if it has been made.
+    pub fn name_index(&self) -> Option<&NameIndex> {
+        self.by_name.get()
+    }
+
+    /// True once per list: the caller that gets it makes the index ([`AllowList::index_names`]), so that callers
+    /// that would rather not wait for it start it once between them.
+    pub fn claim_name_index(&self) -> bool {
+        !self.by_name_claimed.swap(true, Ordering::AcqRel)
+    }
+
     /// Bytes of the list (mapped or in memory).
     pub fn byte_len(&self) -> usize {
         self.bytes().len()
@@ -509,14 +638,62 @@ mod tests {
             })
             .collect();
         let list = AllowList::from_unique(entries);
-        for n in names {
-            let i = list.find_name(n).unwrap_or_else(|| panic!("{n} not found"));
-            assert_eq!(list.name(i), n);
-        }
-        for absent in ["kitchen", "itchen-10", "1", "kitchen-1k", "", "xx", "en-1"] {
-            assert_eq!(list.find_name(absent), None, "{absent:?}");
+        // By the scan, then by the index.
+        for indexed in [false, true] {
+            if indexed {
+                list.index_names();
+            }
+            for n in names {
+                let i = list.find_name(n).unwrap_or_else(|| panic!("{n} not found"));
+                assert_eq!(list.name(i), n);
+            }
+            for absent in ["kitchen", "itchen-10", "1", "kitchen-1k", "", "xx", "en-1"] {
+                assert_eq!(list.find_name(absent), None, "{absent:?}");
+            }
         }
         assert_eq!(AllowList::from_unique(Vec::new()).find_name("k"), None);
+    }
+
+    /// The index by name finds what the scan finds, for every name and for names not listed (which share their
+    /// ends or beginnings with listed ones), in lists small enough that many names share a slot's neighbourhood.
+    #[test]
+    fn the_index_by_name_finds_what_the_scan_finds() {
+        for n in [0u32, 1, 2, 3, 7, 300, 5000] {
+            let entries: Vec<(String, PublicKeyBytes)> = (0..n)
+                .map(|i| {
+                    let mut k = [0u8; 32];
+                    k[..4].copy_from_slice(&(i.wrapping_mul(2_654_435_761)).to_be_bytes());
+                    k[31] = 1;
+                    (format!("sensor-{i}"), k)
+                })
+                .collect();
+            let list = AllowList::from_unique(entries);
+            assert!(list.name_index().is_none(), "made only when asked for");
+            let scanned: Vec<Option<SenderIndex>> = (0..n + 5)
+                .map(|i| list.find_name(&format!("sensor-{i}")))
+                .collect();
+            let index = list.index_names();
+            assert_eq!(index.byte_len(), 4 * (n as usize * 5 / 4 + 1));
+            for (i, found) in scanned.iter().enumerate() {
+                let name = format!("sensor-{i}");
+                assert_eq!(list.find_name(&name), *found, "{name}");
+                assert_eq!(found.is_some(), (i as u32) < n, "{name}");
+                if let Some(at) = found {
+                    assert_eq!(list.name(*at), name);
+                }
+            }
+            for absent in ["sensor-", "ensor-1", "sensor-1x", "", "x"] {
+                assert_eq!(list.find_name(absent), None, "{absent:?} in {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_index_is_claimed_once_per_list() {
+        let list = AllowList::from_unique(vec![("a".into(), [1u8; 32])]);
+        assert!(list.claim_name_index());
+        assert!(!list.claim_name_index());
+        assert!(AllowList::from_unique(Vec::new()).claim_name_index());
     }
 
     #[test]

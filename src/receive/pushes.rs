@@ -15,9 +15,10 @@
 //! is the pusher's own bound socket, as the kernel says, so an answer cannot be sent elsewhere.
 //!
 //! The sender is looked up by name here, on the loop (the HTTP path does it on its thread: common/push.rs says why).
-//! A name scan of a million senders takes about half a millisecond, so names found are kept (at most
-//! [`NAMES_KEPT`], all forgotten when that many are and when the allow-list changes), and a round looks up at most
-//! [`SCANS_PER_ROUND`] names not kept: a stream of pushes to many senders is slowed, the uplink is not.
+//! The list's index by name is made off the loop at its first lookup (`common::push::find_name`); until it is
+//! there a lookup is a scan of the names, about half a millisecond at a million senders, so names found are kept
+//! (at most [`NAMES_KEPT`], all forgotten when that many are and when the allow-list changes), and a round looks up
+//! at most [`SCANS_PER_ROUND`] names not kept: a stream of pushes to many senders is slowed, the uplink is not.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -216,7 +217,7 @@ impl PushDatagrams {
                 Some(index) => *index,
                 None => {
                     scans += 1;
-                    let index = senders.find_name(&to);
+                    let index = crate::common::push::find_name(senders, &to);
                     if self.names.len() >= NAMES_KEPT {
                         self.names.clear();
                     }

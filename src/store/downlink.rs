@@ -419,12 +419,21 @@ fn drop_ref(tx: &Transaction<'_>, id: i64) -> rusqlite::Result<()> {
 
 /// Deletes `sender`'s expired records and ranges at `now` (a range's blob loses its reference): how many records
 /// and pieces were deleted.
-fn expire_sender(tx: &Transaction<'_>, sender: &str, now: i64) -> rusqlite::Result<u64> {
+/// `ranges`: the store may hold ranges ([`AppStore`]'s `down_ranges`); else they are not looked for.
+fn expire_sender(
+    tx: &Transaction<'_>,
+    sender: &str,
+    now: i64,
+    ranges: bool,
+) -> rusqlite::Result<u64> {
     let mut n = tx
         .prepare_cached(
             "DELETE FROM downlink WHERE sender = ?1 AND expires_at IS NOT NULL AND expires_at <= ?2",
         )?
         .execute(params![sender, now])? as u64;
+    if !ranges {
+        return Ok(n);
+    }
     let expired: Vec<(i64, i64, i64)> = tx
         .prepare_cached(RANGES_EXPIRED_SQL)?
         .query_map(params![sender, now], |r| {
@@ -525,12 +534,14 @@ struct WaitingRange {
 }
 
 /// Runs the fetches in the app's open transaction. `swept`: senders whose expired records this transaction deleted
-/// already, at the same `now` (its pushes').
+/// already, at the same `now` (its pushes'). `ranges_held`: the store may hold ranges of files pushed as pieces
+/// (else they are not looked for).
 pub(super) fn apply_fetches(
     tx: &Transaction<'_>,
     fetches: &[Fetch<'_>],
     now: i64,
     swept: &[&str],
+    ranges_held: bool,
 ) -> rusqlite::Result<DownApplied> {
     let mut out = DownApplied::default();
     if fetches.is_empty() {
@@ -538,12 +549,12 @@ pub(super) fn apply_fetches(
     }
     let mut delivered =
         tx.prepare_cached("DELETE FROM downlink WHERE sender = ?1 AND seq <= ?2")?;
-    // The device's heard, where the flow's next number is above it already (the usual case: one statement).
+    // The device's heard, where the flow's next number is above it already.
     let mut ack = tx.prepare_cached(
         "UPDATE down_flows SET acked = ?2 WHERE sender = ?1 AND acked < ?2 AND next_seq > ?2",
     )?;
-    // Else: is there a flow that has it already, or must its next number be raised?
-    let mut flow = tx.prepare_cached("SELECT next_seq FROM down_flows WHERE sender = ?1")?;
+    // Whether the flow took this heard already, has a number above it, or must have its next number raised.
+    let mut flow = tx.prepare_cached("SELECT next_seq, acked FROM down_flows WHERE sender = ?1")?;
     // A device that has more than this node knows of (the node lost its queue): later records are numbered
     // above what it has, so they are not taken as duplicates (docs/protocol.md 12.5).
     let mut raise = tx.prepare_cached(
@@ -558,35 +569,56 @@ pub(super) fn apply_fetches(
     for f in fetches {
         let heard = f.heard.min(MAX_DOWN_HEARD) as i64;
         if heard > 0 {
-            out.delivered += delivered.execute(params![f.source, heard])? as u64;
-            out.delivered += deliver_ranges(tx, f.source, heard)?;
-            if ack.execute(params![f.source, heard])? == 0 {
-                let next: Option<i64> = flow.query_row([f.source], |r| r.get(0)).optional()?;
-                if next.is_none_or(|n| n <= heard) {
+            // A heard the flow has taken already (`acked`, raised only here, together with the deletions below;
+            // records are numbered above `acked`, so none at or below it waits): nothing to delete. The usual case
+            // of a push's turn, whose read carries the heard the device's last LISTEN brought (research/046).
+            // Read first, so that this case costs one statement.
+            let row: Option<(i64, i64)> = flow
+                .query_row([f.source], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            let taken = match row {
+                Some((next, acked)) if next > heard => {
+                    if acked < heard {
+                        ack.execute(params![f.source, heard])?;
+                    }
+                    acked >= heard
+                }
+                _ => {
                     raise.execute(params![f.source, heard])?;
                     out.raised = true;
+                    false
+                }
+            };
+            if !taken {
+                out.delivered += delivered.execute(params![f.source, heard])? as u64;
+                if ranges_held {
+                    out.delivered += deliver_ranges(tx, f.source, heard)?;
                 }
             }
         }
         if !swept.contains(&f.source) {
-            out.expired += expire_sender(tx, f.source, now)?;
+            out.expired += expire_sender(tx, f.source, now, ranges_held)?;
         }
         // Read above `from` (≥ heard): a validated session's pieces in flight are not read again.
         let from = f.from.max(f.heard).min(MAX_DOWN_HEARD) as i64;
-        let mut ranges: Vec<RangeRead> = ranges
-            .query_map(params![f.source, from], |r| {
-                let (first, last, blob, first_piece, piece_len): (i64, i64, i64, i64, i64) =
-                    (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
-                let next = first.max(from + 1);
-                Ok(RangeRead {
-                    next,
-                    last,
-                    blob,
-                    piece: first_piece + (next - first),
-                    piece_len,
-                })
-            })?
-            .collect::<Result<_, _>>()?;
+        let mut ranges: Vec<RangeRead> = if !ranges_held {
+            Vec::new()
+        } else {
+            ranges
+                .query_map(params![f.source, from], |r| {
+                    let (first, last, blob, first_piece, piece_len): (i64, i64, i64, i64, i64) =
+                        (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
+                    let next = first.max(from + 1);
+                    Ok(RangeRead {
+                        next,
+                        last,
+                        blob,
+                        piece: first_piece + (next - first),
+                        piece_len,
+                    })
+                })?
+                .collect::<Result<_, _>>()?
+        };
         ranges.reverse();
         let mut records = Vec::new();
         let mut used = 0usize;
@@ -645,7 +677,11 @@ pub(super) fn apply_fetches(
         // waiting; only a read that filled its room asks the store.
         let last = if full {
             let last: Option<i64> = last.query_row([f.source], |r| r.get(0))?;
-            let last_range: Option<i64> = ranges_last.query_row([f.source], |r| r.get(0))?;
+            let last_range: Option<i64> = if ranges_held {
+                ranges_last.query_row([f.source], |r| r.get(0))?
+            } else {
+                None
+            };
             last.max(last_range).map_or(0, |l| l as u64)
         } else {
             records.last().map_or(0, |r| r.seq)
@@ -664,28 +700,37 @@ pub(super) fn apply_fetches(
 /// Queues `payloads` for `sender` in the app's open transaction, all or nothing: each gets the flow's next sequence.
 /// Expired records of the sender are deleted first (the second value counts them), so they do not hold its room; a
 /// refused push keeps those deletions and writes nothing else.
+///
+/// `ranges`: the store may hold ranges of files pushed as pieces (else they are not looked for).
 pub(super) fn queue_in(
     tx: &Transaction<'_>,
     sender: &str,
     payloads: &[Vec<u8>],
     limits: &DownLimits,
     now: i64,
+    ranges: bool,
 ) -> rusqlite::Result<(Pushed, u64)> {
     if let Some(refused) = too_large(payloads) {
         return Ok((Pushed::Refused(refused), 0));
     }
-    let expired = expire_sender(tx, sender, now)?;
-    let (waiting, bytes) = waiting_of(tx, sender)?;
+    let expired = expire_sender(tx, sender, now, ranges)?;
+    let (waiting, bytes) = waiting_of(tx, sender, ranges)?;
     let refusal = limits.passed_by(payloads, waiting, bytes);
     if let Some(r) = refusal {
         change_count(tx, -(expired as i64))?;
         return Ok((Pushed::Refused(r), expired));
     }
-    let next: i64 = tx
-        .prepare_cached("SELECT next_seq FROM down_flows WHERE sender = ?1")?
-        .query_row([sender], |r| r.get(0))
-        .optional()?
-        .unwrap_or(1);
+    // The flow's next number advanced past the push and read back in one statement: the push's first is what it
+    // was (1 for a new flow).
+    let count = payloads.len() as i64;
+    let after: i64 = tx
+        .prepare_cached(
+            "INSERT INTO down_flows (sender, next_seq, acked) VALUES (?1, 1 + ?2, 0)
+             ON CONFLICT (sender) DO UPDATE SET next_seq = next_seq + ?2
+             RETURNING next_seq",
+        )?
+        .query_row(params![sender, count], |r| r.get(0))?;
+    let next = after - count;
     let expires = limits.expires_at(now);
     let mut put = tx.prepare_cached(
         "INSERT INTO downlink (sender, seq, payload, queued_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -693,11 +738,6 @@ pub(super) fn queue_in(
     for (i, p) in payloads.iter().enumerate() {
         put.execute(params![sender, next + i as i64, p, now, expires])?;
     }
-    tx.prepare_cached(
-        "INSERT INTO down_flows (sender, next_seq, acked) VALUES (?1, ?2, 0)
-         ON CONFLICT (sender) DO UPDATE SET next_seq = excluded.next_seq",
-    )?
-    .execute(params![sender, next + payloads.len() as i64])?;
     change_count(tx, payloads.len() as i64 - expired as i64)?;
     let queued = Pushed::Queued {
         first: next as u64,
@@ -707,12 +747,16 @@ pub(super) fn queue_in(
 }
 
 /// The records and payload bytes waiting for `sender`, a blob's pieces counted as records.
-fn waiting_of(tx: &Transaction<'_>, sender: &str) -> rusqlite::Result<(u64, u64)> {
+/// `ranges`: the store may hold ranges (else they are not looked for).
+fn waiting_of(tx: &Transaction<'_>, sender: &str, ranges: bool) -> rusqlite::Result<(u64, u64)> {
     let (mut waiting, mut bytes): (i64, i64) = tx
         .prepare_cached(
             "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM downlink WHERE sender = ?1",
         )?
         .query_row([sender], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    if !ranges {
+        return Ok((waiting.max(0) as u64, bytes.max(0) as u64));
+    }
     let mut q = tx.prepare_cached(
         "SELECT r.first_seq, r.last_seq, r.first_piece, b.piece_len, LENGTH(y.bytes)
          FROM down_ranges r JOIN down_blobs b ON b.id = r.blob JOIN down_blob_bytes y ON y.id = r.blob
@@ -747,8 +791,8 @@ pub(super) fn queue_blob_in(
     now: i64,
     made: &mut Vec<(std::sync::Arc<DownBlob>, i64)>,
 ) -> rusqlite::Result<(Pushed, u64)> {
-    let expired = expire_sender(tx, sender, now)?;
-    let (waiting, bytes) = waiting_of(tx, sender)?;
+    let expired = expire_sender(tx, sender, now, true)?;
+    let (waiting, bytes) = waiting_of(tx, sender, true)?;
     let pieces = blob.pieces();
     if let Some(r) = limits.passed_by_count(pieces, blob.bytes().len() as u64, waiting, bytes) {
         change_count(tx, -(expired as i64))?;
@@ -828,6 +872,7 @@ impl AppStore {
             path: path.clone(),
             source,
         };
+        self.down_ranges = true;
         self.before_commit()?;
         let tx = self.conn.transaction().map_err(sql)?;
         let mut made = Vec::new();
@@ -860,7 +905,8 @@ impl AppStore {
         };
         self.before_commit()?;
         let tx = self.conn.transaction().map_err(sql)?;
-        let (pushed, expired) = queue_in(&tx, sender, payloads, limits, now_ms()).map_err(sql)?;
+        let (pushed, expired) =
+            queue_in(&tx, sender, payloads, limits, now_ms(), self.down_ranges).map_err(sql)?;
         tx.commit().map_err(sql)?;
         self.commits += 1;
         self.after_commit()?;
@@ -1040,6 +1086,28 @@ impl AppStore {
 
     /// The kept count of waiting records; a store that has none yet (made before it was kept) is counted once and
     /// the count kept from then on.
+    /// Whether the store holds any range of a file pushed as pieces (one row looked for; a store made before
+    /// ranges existed has their table made at open).
+    pub(super) fn may_hold_ranges(&self) -> Result<bool, StoreError> {
+        if !self
+            .has_table("down_ranges")
+            .map_err(|source| StoreError::Sqlite {
+                path: self.path.clone(),
+                source,
+            })?
+        {
+            return Ok(false);
+        }
+        self.conn
+            .query_row("SELECT EXISTS (SELECT 1 FROM down_ranges)", [], |r| {
+                r.get(0)
+            })
+            .map_err(|source| StoreError::Sqlite {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
     pub(super) fn load_down_waiting(&mut self) -> Result<u64, StoreError> {
         let path = self.path.clone();
         let sql = |source| StoreError::Sqlite {
@@ -1305,6 +1373,9 @@ mod tests {
         use rusqlite::StatementStatus;
         let mut s = AppStore::open_in_memory("reprepare").unwrap();
         let limits = DownLimits::default();
+        // A range held for another sender, so that the reads look for ranges too.
+        let blob = std::sync::Arc::new(DownBlob::new(vec![7; 100], 40).unwrap());
+        s.queue_blob_down("other", &blob, &limits).unwrap();
         for i in 0..20 {
             let push = push_of("dev", &[b"a", b"b"], limits);
             // A room for one record of the two: the read fills it, so the last one is asked of the store too.
@@ -1321,6 +1392,131 @@ mod tests {
             assert!(st.get_status(StatementStatus::Run) >= 19, "{sql}");
             assert_eq!(st.get_status(StatementStatus::RePrepare), 0, "{sql}");
         }
+    }
+
+    /// A store that holds no range of a file pushed as pieces runs none of the statements that look for them
+    /// (research/046); once a file is queued, whether in a turn or alone, they run, also in a store opened again.
+    #[test]
+    fn ranges_are_looked_for_only_in_a_store_that_may_hold_them() {
+        use rusqlite::StatementStatus;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("main.sqlite");
+        let limits = DownLimits::default();
+        let runs = |s: &AppStore| {
+            [RANGES_SQL, RANGES_EXPIRED_SQL].map(|sql| {
+                s.conn
+                    .prepare_cached(sql)
+                    .unwrap()
+                    .get_status(StatementStatus::Run)
+            })
+        };
+        let mut s = AppStore::open(&path).unwrap();
+        for i in 0..3 {
+            let push = push_of("dev", &[b"a"], limits);
+            s.apply_with_down(&mut [], &[], false, &[fetch("dev", i, 100)], &[&push])
+                .unwrap();
+        }
+        assert_eq!(runs(&s), [0, 0]);
+        let blob = std::sync::Arc::new(DownBlob::new(vec![7; 100], 40).unwrap());
+        let file = blob_push("dev", &blob, limits);
+        let applied = s
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 3, 1000)], &[&file])
+            .unwrap();
+        assert_eq!(runs(&s), [1, 1]);
+        // The records were delivered (heard 3); the file's three pieces are read.
+        let seqs: Vec<u64> = applied.down.reads[0]
+            .records
+            .iter()
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(seqs, [4, 5, 6]);
+        drop(s);
+        let mut s = AppStore::open(&path).unwrap();
+        s.apply_with_down(&mut [], &[], false, &[fetch("dev", 4, 1000)], &[])
+            .unwrap();
+        assert_eq!(runs(&s), [1, 1]);
+        // And a store whose ranges were all delivered still looks (it is never cleared), which costs only that.
+        s.apply_with_down(&mut [], &[], false, &[fetch("dev", 6, 1000)], &[])
+            .unwrap();
+        assert_eq!(runs(&s), [2, 2]);
+    }
+
+    /// A read whose heard the flow took already deletes nothing again, and one above it deletes what the device
+    /// has: the heard is applied once, whichever turn carries it (research/046).
+    #[test]
+    fn a_heard_the_flow_took_already_deletes_nothing_and_a_new_one_does() {
+        let mut s = AppStore::open_in_memory("taken").unwrap();
+        let limits = DownLimits::default();
+        s.queue_down(
+            "dev",
+            &[b"1".to_vec(), b"2".to_vec(), b"3".to_vec()],
+            &limits,
+        )
+        .unwrap();
+        let read = |s: &mut AppStore, heard: u64| {
+            s.apply_with_down(&mut [], &[], false, &[fetch("dev", heard, 1000)], &[])
+                .unwrap()
+                .down
+        };
+        let first = read(&mut s, 2);
+        assert_eq!(first.delivered, 2);
+        assert_eq!(
+            first.reads[0]
+                .records
+                .iter()
+                .map(|r| r.seq)
+                .collect::<Vec<_>>(),
+            [3]
+        );
+        let again = read(&mut s, 2);
+        assert_eq!((again.delivered, again.raised), (0, false));
+        assert_eq!(
+            again.reads[0]
+                .records
+                .iter()
+                .map(|r| r.seq)
+                .collect::<Vec<_>>(),
+            [3]
+        );
+        // A push in the same turn as a read of the taken heard: numbered after what was queued.
+        let push = push_of("dev", &[b"4"], limits);
+        let turn = s
+            .apply_with_down(&mut [], &[], false, &[fetch("dev", 2, 1000)], &[&push])
+            .unwrap()
+            .down;
+        assert!(matches!(
+            turn.pushes[0],
+            (Pushed::Queued { first: 4, count: 1 }, 0)
+        ));
+        assert_eq!(
+            turn.reads[0]
+                .records
+                .iter()
+                .map(|r| r.seq)
+                .collect::<Vec<_>>(),
+            [3, 4]
+        );
+        let last = read(&mut s, 4);
+        assert_eq!((last.delivered, last.raised), (2, false));
+        assert_eq!(s.down_waiting(), 0);
+        // A heard past the flow's next number is still taken as the device having more: the number is raised.
+        let past = read(&mut s, 9);
+        assert!(past.raised);
+        let push = push_of("dev", &[b"10"], limits);
+        let turn = s
+            .apply_with_down(&mut [], &[], false, &[], &[&push])
+            .unwrap()
+            .down;
+        assert!(matches!(
+            turn.pushes[0],
+            (
+                Pushed::Queued {
+                    first: 10,
+                    count: 1
+                },
+                0
+            )
+        ));
     }
 
     #[test]

@@ -403,6 +403,11 @@ pub struct AppStore {
     head: u64,
     /// Downlink records waiting in the store, all senders (docs/store.md, "Downlink"); 0 for readers.
     down_waiting: u64,
+    /// Whether the store may hold ranges of a file pushed as pieces (`down_ranges`): false while it holds none,
+    /// so that a push or a read of records alone skips the statements that look for them (research/046: a push's
+    /// turn ran fifteen statements where a record's runs three). Read at open; set by a turn that queues a file,
+    /// and never cleared (one rolled back leaves it set, which costs only those statements).
+    down_ranges: bool,
     /// Transactions of this connection that committed: a caller that got an error tells by it whether the error
     /// came before the commit (nothing of it happened) or after (it is in the `-wal`, not yet known durable).
     commits: u64,
@@ -869,9 +874,11 @@ impl AppStore {
             frames_at_checkpoint: 0,
             head: head.max(1) as u64,
             down_waiting: 0,
+            down_ranges: true,
             commits: 0,
         };
         store.down_waiting = store.load_down_waiting()?;
+        store.down_ranges = store.may_hold_ranges()?;
         Ok(store)
     }
 
@@ -950,11 +957,13 @@ impl AppStore {
             wal_frames: Arc::new(AtomicU32::new(0)),
             frames_at_checkpoint: 0,
             down_waiting: 0,
+            down_ranges: true,
             commits: 0,
             head: 1,
         };
         store.head = store.read_head()?;
         store.down_waiting = store.load_down_waiting()?;
+        store.down_ranges = store.may_hold_ranges()?;
         Ok(store)
     }
 
@@ -1118,6 +1127,10 @@ impl AppStore {
                         .map_err(sql)?;
                 }
             }
+            if pushes.iter().any(|p| p.blob.is_some()) {
+                self.down_ranges = true;
+            }
+            let ranges = self.down_ranges;
             let mut pushed = Vec::with_capacity(pushes.len());
             for p in pushes {
                 let done = match &p.blob {
@@ -1129,7 +1142,9 @@ impl AppStore {
                         stored_at,
                         &mut blobs_made,
                     ),
-                    None => downlink::queue_in(&tx, &p.sender, &p.records, &p.limits, stored_at),
+                    None => {
+                        downlink::queue_in(&tx, &p.sender, &p.records, &p.limits, stored_at, ranges)
+                    }
                 };
                 pushed.push(done.map_err(sql)?);
             }
@@ -1139,7 +1154,8 @@ impl AppStore {
                 .filter(|p| p.too_large().is_none())
                 .map(|p| p.sender.as_str())
                 .collect();
-            applied.down = downlink::apply_fetches(&tx, fetches, stored_at, &swept).map_err(sql)?;
+            applied.down =
+                downlink::apply_fetches(&tx, fetches, stored_at, &swept, ranges).map_err(sql)?;
             applied.down.pushes = pushed;
         }
         tx.commit().map_err(sql)?;

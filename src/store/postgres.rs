@@ -31,16 +31,17 @@
 //! gets through is counted ([`TurnStore::connections`]), which has the host probe its failed apps at once.
 //!
 //! Downlink (docs/scale-out.md, "Downlink on a fleet"): a part of pushes and LISTENs only runs both in one
-//! transaction, the pushes first ([`try_down_part`]); a part that also stores records runs its pushes each in a
-//! transaction of its own before the part's. Either way a push is numbered under its flow's row lock and notifies
-//! the other nodes on [`DOWN_CHANNEL`], and the part's LISTENs read, acknowledge and delete in its transaction. Every connection `LISTEN`s on that channel: its
+//! transaction, the pushes first ([`try_down_part`]); a part that also stores records runs its pushes in a
+//! transaction of their own before the part's. Either way each statement of the pushes is sent once for all of
+//! them (arrays), a push is numbered under its flow's row lock and notifies the other nodes on [`DOWN_CHANNEL`],
+//! and the part's LISTENs read, acknowledge and delete in its transaction. Every connection `LISTEN`s on that channel: its
 //! task hands what it hears to the worker, which keeps other nodes' pushes for the host
 //! ([`TurnStore::down_notices`]) and drops its own (by the backend's pid). A file pushed as pieces is such a push
 //! too: stored once per push and app (`down_blobs`, `down_blob_bytes`), a range of sequences per sender
 //! (`down_ranges`), its pieces read among the records by the LISTENs' one read, and its ranges deleted or moved up
 //! and its references dropped by their one delete, as on one node ([`super::downlink`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::RawFd;
 use std::str::FromStr;
 use std::sync::{Arc, Condvar, Mutex, mpsc};
@@ -661,14 +662,7 @@ struct Prepared {
 
 /// The statements of downlink (docs/scale-out.md, "Downlink on a fleet").
 struct DownStatements {
-    add_flow: Statement,
-    lock_flow: Statement,
-    expire: Statement,
-    waiting: Statement,
-    insert: Statement,
-    move_next: Statement,
     count: Statement,
-    notify: Statement,
     ack: Statement,
     delete: Statement,
     read: Statement,
@@ -679,6 +673,16 @@ struct DownStatements {
     blob_insert: Statement,
     blob_ref: Statement,
     ranges_insert: Statement,
+    /// A part's pushes, each statement once for all of them (arrays, as the LISTENs' statements take): a push of
+    /// many's turn was seven statements a push, and a fleet queued about 3,500 lines a second (research/043).
+    /// `count` above is the app's waiting count, moved once a part.
+    add_flows: Statement,
+    lock_flows: Statement,
+    expire: Statement,
+    waiting: Statement,
+    insert: Statement,
+    set_next: Statement,
+    notify: Statement,
 }
 
 /// The references dropped to the blobs of the ranges a statement's CTE `rg` deleted (its `blob` column), the blobs'
@@ -1240,20 +1244,21 @@ impl Worker {
             let pushed = outcomes_of(&result, part.pushes.len(), maybe_queued);
             return (result, pushed);
         }
-        let mut pushed = Vec::with_capacity(part.pushes.len());
-        let mut waiting = None;
-        for push in &part.pushes {
-            pushed.push(match self.apply_push(part.app, push).await {
-                Ok((done, expired, count)) => {
-                    waiting = count.or(waiting);
-                    PushOutcome::Done(done, expired)
-                }
-                Err((e, maybe_queued)) => PushOutcome::Failed {
-                    error: Arc::new(e),
-                    maybe_queued,
-                },
-            });
-        }
+        // A part that also stores records: its pushes first, in one transaction of their own (a push of many's
+        // 2,048 beside a device's records were 2,048 transactions, seconds of a turn), then the rest in another.
+        let (pushed, waiting) = if part.pushes.is_empty() {
+            (Vec::new(), None)
+        } else {
+            let (result, maybe_queued) = match self.apply_pushes(part.app, &part.pushes).await {
+                Ok(applied) => (Ok(applied), false),
+                Err((e, maybe_queued)) => (Err(Arc::new(e)), maybe_queued),
+            };
+            let waiting = result.as_ref().ok().and_then(|a| a.down.waiting);
+            (
+                outcomes_of(&result, part.pushes.len(), maybe_queued),
+                waiting,
+            )
+        };
         let result = if part.pieces.is_empty() && part.outlets.is_empty() && part.fetches.is_empty()
         {
             Ok(Applied::default())
@@ -1267,45 +1272,18 @@ impl Worker {
         (result.map_err(Arc::new), pushed)
     }
 
-    /// One push in a transaction of its own (docs/scale-out.md, "Downlink on a fleet"), tried again as a part is:
-    /// what it did, the sender's records it found expired, and the app's waiting count where it moved it; or why
-    /// not, and whether it may have been committed all the same.
-    async fn apply_push(
+    /// A part's pushes in one transaction ([`try_down_part`] without LISTENs), tried again as a part is; or why not,
+    /// and whether they may have been committed all the same.
+    async fn apply_pushes(
         &mut self,
         app: AppIndex,
-        push: &DownPush,
-    ) -> Result<(Pushed, u64, Option<u64>), (StoreError, bool)> {
-        if let Some(refused) = push.too_large() {
-            return Ok((Pushed::Refused(refused), 0, None));
-        }
-        if push.blob.is_some() {
-            // A file's pieces: the part's pushes' transaction, with this push alone in it.
-            let alone = AppTurn {
-                app,
-                pushes: vec![push.clone()],
-                ..AppTurn::default()
-            };
-            let applied = self
-                .until_done(
-                    app,
-                    "a push",
-                    "nothing of it was queued",
-                    async |t, c, id| try_down_part(t, c, id, &alone).await,
-                )
-                .await?;
-            let (done, expired) = applied
-                .down
-                .pushes
-                .into_iter()
-                .next()
-                .expect("an outcome for its one push");
-            return Ok((done, expired, applied.down.waiting));
-        }
+        pushes: &[DownPush],
+    ) -> Result<Applied, (StoreError, bool)> {
         self.until_done(
             app,
             "a push",
             "nothing of it was queued",
-            async |t, c, id| try_push(t, c, id, push).await,
+            async |t, c, id| try_down_part(t, c, id, pushes, &[]).await,
         )
         .await
     }
@@ -1317,7 +1295,7 @@ impl Worker {
             part.app,
             "a push",
             "nothing of it was queued",
-            async |t, c, id| try_down_part(t, c, id, part).await,
+            async |t, c, id| try_down_part(t, c, id, &part.pushes, &part.fetches).await,
         )
         .await
     }
@@ -1671,56 +1649,12 @@ async fn make_conn_within(
         heard_of: p("SELECT heard FROM sources WHERE app = $1 AND name = $2").await?,
         head_of: p("SELECT head FROM apps WHERE id = $1").await?,
         down: DownStatements {
-            add_flow: p(
-                "INSERT INTO down_flows (app, sender, next_seq, acked) VALUES ($1, $2, 1, 0) \
-                 ON CONFLICT (app, sender) DO NOTHING",
-            )
-            .await?,
-            lock_flow: p(
-                "SELECT next_seq FROM down_flows WHERE app = $1 AND sender = $2 FOR UPDATE",
-            )
-            .await?,
-            // The sender's expired records and ranges (a range's blob losing its reference), counted.
-            expire: p(concat!(
-                "WITH gone AS (DELETE FROM downlink WHERE app = $1 AND sender = $2 AND expires_at <= $3::bigint \
-                 RETURNING 1), \
-                 rg AS (DELETE FROM down_ranges WHERE app = $1 AND sender = $2 AND expires_at <= $3::bigint \
-                 RETURNING blob, last_seq - first_seq + 1 AS n), ",
-                drop_blob_refs!(),
-                " SELECT (SELECT count(*) FROM gone) + (SELECT COALESCE(sum(n), 0) FROM rg)::bigint"
-            ))
-            .await?,
-            // What waits for the sender, records and bytes: a range's pieces counted as records, their bytes as
-            // payload bytes (piece k is bytes[k * piece_len ..][.. piece_len]).
-            waiting: p(
-                "SELECT d.n + r.n, d.b + r.b FROM \
-                 (SELECT count(*) AS n, COALESCE(sum(length(payload)), 0)::bigint AS b FROM downlink \
-                  WHERE app = $1 AND sender = $2) d, \
-                 (SELECT COALESCE(sum(r.last_seq - r.first_seq + 1), 0)::bigint AS n, \
-                     COALESCE(sum(LEAST((r.first_piece + r.last_seq - r.first_seq + 1) * b.piece_len, length(y.bytes)) \
-                         - LEAST(r.first_piece * b.piece_len, length(y.bytes))), 0)::bigint AS b \
-                  FROM down_ranges r JOIN down_blobs b ON b.app = r.app AND b.id = r.blob \
-                  JOIN down_blob_bytes y ON y.app = r.app AND y.id = r.blob \
-                  WHERE r.app = $1 AND r.sender = $2) r",
-            )
-            .await?,
-            insert: p(
-                "INSERT INTO downlink (app, sender, seq, payload, queued_at, expires_at) \
-                 SELECT $1, $2, $3::bigint + u.o - 1, u.p, $5::bigint, $6::bigint \
-                 FROM unnest($4::bytea[]) WITH ORDINALITY AS u(p, o)",
-            )
-            .await?,
-            move_next: p(
-                "UPDATE down_flows SET next_seq = next_seq + $3::bigint WHERE app = $1 AND sender = $2",
-            )
-            .await?,
             count: p(
                 "INSERT INTO down_counts (app, waiting) VALUES ($1, GREATEST($2::bigint, 0)) \
                  ON CONFLICT (app) DO UPDATE SET waiting = GREATEST(down_counts.waiting + $2::bigint, 0) \
                  RETURNING waiting",
             )
             .await?,
-            notify: p("SELECT pg_notify($1, $2)").await?,
             // Writes (and locks) only flows whose acknowledged sequence moves, so that a LISTEN that acknowledges
             // nothing new leaves its transaction read-only, and its COMMIT waits for no WAL flush (research/029).
             ack: p(
@@ -1799,6 +1733,71 @@ async fn make_conn_within(
                  FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $7::bigint[]) AS u(s, f, l, b, e)",
             )
             .await?,
+            // The flows of a part's senders (`$2`, sorted), made where missing, outside the part's transaction.
+            add_flows: p(
+                "INSERT INTO down_flows (app, sender, next_seq, acked) SELECT $1, u.s, 1, 0 \
+                 FROM unnest($2::text[]) AS u(s) ON CONFLICT (app, sender) DO NOTHING",
+            )
+            .await?,
+            // One index probe per sender, locked in the senders' order (sorted, as every node locks them), as
+            // `lock_sources` (research/030); a flow missing is missing from the answer.
+            lock_flows: p(
+                "SELECT u.i, f.next_seq FROM unnest($2::text[]) WITH ORDINALITY AS u(s, i) \
+                 CROSS JOIN LATERAL (SELECT next_seq FROM down_flows \
+                     WHERE app = $1 AND sender = u.s FOR UPDATE) f",
+            )
+            .await?,
+            // The senders' expired records and ranges (a range's blob losing its reference): per sender with
+            // anything expired, how many records and pieces went. Rows are found by one index probe per sender (a
+            // lateral subquery the planner may not flatten, `OFFSET 0`) and deleted by their `ctid`: a join of the
+            // array with the table, planned while the table was young and not yet analyzed, read every row of the
+            // app's each turn (research/043, addendum 2).
+            expire: p(concat!(
+                "WITH gone AS (DELETE FROM downlink d USING (SELECT x.c FROM unnest($2::text[]) AS u(s) \
+                     CROSS JOIN LATERAL (SELECT ctid AS c FROM downlink \
+                         WHERE app = $1 AND sender = u.s AND expires_at <= $3::bigint OFFSET 0) x) t \
+                     WHERE d.ctid = t.c RETURNING d.sender, 1::bigint AS n), \
+                 rg AS (DELETE FROM down_ranges r USING (SELECT x.c FROM unnest($2::text[]) AS u(s) \
+                     CROSS JOIN LATERAL (SELECT ctid AS c FROM down_ranges \
+                         WHERE app = $1 AND sender = u.s AND expires_at <= $3::bigint OFFSET 0) x) t \
+                     WHERE r.ctid = t.c RETURNING r.sender, r.blob, r.last_seq - r.first_seq + 1 AS n), ",
+                drop_blob_refs!(),
+                " SELECT e.s, sum(e.n)::bigint FROM \
+                     (SELECT sender AS s, n FROM gone UNION ALL SELECT sender, n FROM rg) e GROUP BY e.s"
+            ))
+            .await?,
+            // What waits for each sender, records and bytes, in `$2`'s order (one index probe each): a range's
+            // pieces counted as records, their bytes as payload bytes (piece k is bytes[k * piece_len ..][.. piece_len]).
+            waiting: p(
+                "SELECT u.i, d.n + r.n, d.b + r.b FROM unnest($2::text[]) WITH ORDINALITY AS u(s, i) \
+                 CROSS JOIN LATERAL (SELECT count(*) AS n, COALESCE(sum(length(payload)), 0)::bigint AS b \
+                     FROM downlink WHERE app = $1 AND sender = u.s) d \
+                 CROSS JOIN LATERAL (SELECT COALESCE(sum(r.last_seq - r.first_seq + 1), 0)::bigint AS n, \
+                     COALESCE(sum(LEAST((r.first_piece + r.last_seq - r.first_seq + 1) * b.piece_len, length(y.bytes)) \
+                         - LEAST(r.first_piece * b.piece_len, length(y.bytes))), 0)::bigint AS b \
+                     FROM down_ranges r JOIN down_blobs b ON b.app = r.app AND b.id = r.blob \
+                     JOIN down_blob_bytes y ON y.app = r.app AND y.id = r.blob \
+                     WHERE r.app = $1 AND r.sender = u.s) r \
+                 ORDER BY u.i",
+            )
+            .await?,
+            // Every record of a part's pushes: its sender, sequence, payload and expiry.
+            insert: p(
+                "INSERT INTO downlink (app, sender, seq, payload, queued_at, expires_at) \
+                 SELECT $1, u.s, u.q, u.p, $5::bigint, u.e \
+                 FROM unnest($2::text[], $3::bigint[], $4::bytea[], $6::bigint[]) AS u(s, q, p, e)",
+            )
+            .await?,
+            // Each pushed flow's next sequence, as the part counted it under the flow's lock (one row a sender).
+            // Found as `expire` finds rows, and for the same reason.
+            set_next: p(
+                "UPDATE down_flows f SET next_seq = t.n FROM (SELECT x.c, u.n \
+                     FROM unnest($2::text[], $3::bigint[]) AS u(s, n) CROSS JOIN LATERAL \
+                     (SELECT ctid AS c FROM down_flows WHERE app = $1 AND sender = u.s OFFSET 0) x) t \
+                 WHERE f.ctid = t.c",
+            )
+            .await?,
+            notify: p("SELECT count(pg_notify($1, u.p)) FROM unnest($2::text[]) AS u(p)").await?,
         },
     };
     Ok(Conn {
@@ -2614,15 +2613,15 @@ async fn try_down_part(
     target: &Target,
     conn: &mut Conn,
     app_id: i32,
-    part: &AppTurn,
+    pushes: &[DownPush],
+    listens: &[OwnedFetch],
 ) -> Result<Applied, Refused> {
     let fail = |doing| refusal(target, doing);
     let c = &conn.client;
     let st = &conn.st;
     let ds = &st.down;
     let now = crate::store::now_ms();
-    let mut pushing: Vec<&str> = part
-        .pushes
+    let mut pushing: Vec<&str> = pushes
         .iter()
         .filter(|p| p.too_large().is_none())
         .map(|p| p.sender.as_str())
@@ -2631,7 +2630,7 @@ async fn try_down_part(
     pushing.dedup();
     // The files pushed as pieces, each once (a request's pushes share one), and the id a committed push of it kept.
     let mut blobs: Vec<&Arc<DownBlob>> = Vec::new();
-    for p in &part.pushes {
+    for p in pushes {
         if let Some(b) = &p.blob
             && !blobs.iter().any(|k| Arc::ptr_eq(k, b))
         {
@@ -2639,7 +2638,7 @@ async fn try_down_part(
         }
     }
     let known: Vec<Option<i64>> = blobs.iter().map(|b| b.stored()).collect();
-    let fetches = FetchArgs::of(&part.fetches);
+    let fetches = FetchArgs::of(listens);
     // Every flow row the transaction writes, locked first and in name order, as every node locks them.
     let mut flows: Vec<&str> = pushing
         .iter()
@@ -2648,44 +2647,43 @@ async fn try_down_part(
         .collect();
     flows.sort_unstable();
     flows.dedup();
-    let flow_args: Vec<[&(dyn ToSql + Sync); 2]> =
-        flows.iter().map(|s| [&app_id as _, s as _]).collect();
-    let push_args: Vec<[&(dyn ToSql + Sync); 2]> =
-        pushing.iter().map(|s| [&app_id as _, s as _]).collect();
-    let expire_args: Vec<[&(dyn ToSql + Sync); 3]> = pushing
-        .iter()
-        .map(|s| [&app_id as _, s as _, &now as _])
-        .collect();
+    let flows_arg: Vec<&str> = flows.clone();
+    let pushing_arg: Vec<&str> = pushing.clone();
+    let flows_args: [&(dyn ToSql + Sync); 2] = [&app_id, &flows_arg];
+    let push_args: [&(dyn ToSql + Sync); 2] = [&app_id, &pushing_arg];
+    let expire_args: [&(dyn ToSql + Sync); 3] = [&app_id, &pushing_arg, &now];
     let blob_lock_args: Vec<Option<[&(dyn ToSql + Sync); 2]>> = known
         .iter()
         .map(|k| k.as_ref().map(|id| [&app_id as _, id as _]))
         .collect();
-    // First wait: the pushed flows' rows (autocommit, before the transaction), BEGIN, the flows locked, each pushed
-    // sender's expired records and ranges deleted and what is left counted; then each file's row locked if a push
-    // of it kept its id and it is still there (so no LISTEN deletes it under this push), and an id for it in case
-    // it must be written.
+    // First wait: the pushed flows' rows (autocommit, before the transaction), BEGIN, the flows locked, the pushed
+    // senders' expired records and ranges deleted and what is left counted, each statement once for all of them;
+    // then each file's row locked if a push of it kept its id and it is still there (so no LISTEN deletes it under
+    // this push), and an id for it in case it must be written.
     let mut first: Vec<Sent<'_>> = Vec::new();
-    for a in &push_args {
+    let any_pushed = !pushing.is_empty();
+    if any_pushed {
         first.push(Box::pin(async {
-            c.execute(&ds.add_flow, a).await.map(|_| Answer::Done)
+            c.execute(&ds.add_flows, &push_args)
+                .await
+                .map(|_| Answer::Done)
         }));
     }
     first.push(Box::pin(async {
         c.execute(&st.begin, &[]).await.map(|_| Answer::Done)
     }));
-    for a in &flow_args {
+    let locked_at = first.len();
+    first.push(Box::pin(async {
+        c.query(&ds.lock_flows, &flows_args).await.map(Answer::Rows)
+    }));
+    let expired_at = first.len();
+    let waiting_at = expired_at + 1;
+    if any_pushed {
         first.push(Box::pin(async {
-            c.query_opt(&ds.lock_flow, a).await.map(Answer::Row)
+            c.query(&ds.expire, &expire_args).await.map(Answer::Rows)
         }));
-    }
-    for a in &expire_args {
         first.push(Box::pin(async {
-            c.query_opt(&ds.expire, a).await.map(Answer::Row)
-        }));
-    }
-    for a in &push_args {
-        first.push(Box::pin(async {
-            c.query_opt(&ds.waiting, a).await.map(Answer::Row)
+            c.query(&ds.waiting, &push_args).await.map(Answer::Rows)
         }));
     }
     let blobs_at = first.len();
@@ -2710,33 +2708,50 @@ async fn try_down_part(
         Answer::Row(Some(r)) => Some(r),
         _ => None,
     };
-    let locked_at = push_args.len() + 1;
-    let expired_at = locked_at + flows.len();
-    let waiting_at = expired_at + pushing.len();
+    let rows_at = |k: usize| match answers.get(k) {
+        Some(Answer::Rows(r)) => r.as_slice(),
+        _ => &[],
+    };
+    // Each flow's next sequence, by its place in `flows` (the answer's ordinality counts from 1); the pushed
+    // senders' records and bytes waiting, in `pushing`'s order; what expired, by sender.
+    let mut next_of: Vec<Option<i64>> = vec![None; flows.len()];
+    for r in rows_at(locked_at) {
+        let i = r.get::<_, i64>(0);
+        if let Some(n) = usize::try_from(i - 1).ok().and_then(|k| next_of.get_mut(k)) {
+            *n = Some(r.get::<_, i64>(1));
+        }
+    }
+    let mut left_of: Vec<Option<(u64, u64)>> = vec![None; pushing.len()];
+    if any_pushed {
+        for r in rows_at(waiting_at) {
+            let i = r.get::<_, i64>(0);
+            if let Some(l) = usize::try_from(i - 1).ok().and_then(|k| left_of.get_mut(k)) {
+                *l = Some((
+                    r.get::<_, Option<i64>>(1).unwrap_or(0).max(0) as u64,
+                    r.get::<_, Option<i64>>(2).unwrap_or(0).max(0) as u64,
+                ));
+            }
+        }
+    }
+    let mut expired_of: HashMap<String, i64> = HashMap::new();
+    if any_pushed {
+        for r in rows_at(expired_at) {
+            expired_of.insert(r.get::<_, String>(0), r.get::<_, i64>(1));
+        }
+    }
     // Per pushed sender: its next sequence, what expired (told by its first push), what waits (records, bytes).
     let mut state: HashMap<&str, (i64, i64, u64, u64)> = HashMap::new();
     for (k, s) in pushing.iter().enumerate() {
         let at = flows
             .binary_search(s)
             .expect("a pushed sender's flow is locked");
-        let (Some(next), Some(expired), Some(left)) = (
-            row_at(locked_at + at),
-            row_at(expired_at + k),
-            row_at(waiting_at + k),
-        ) else {
+        let (Some(next), Some((waiting, bytes))) = (next_of[at], left_of[k]) else {
             // Its flow row is not there though it was just made (the tables emptied under the node?): again.
             let _ = c.execute(&st.rollback, &[]).await;
             return Err(Refused::Retry);
         };
-        state.insert(
-            s,
-            (
-                next.get::<_, i64>(0),
-                expired.get::<_, i64>(0),
-                left.get::<_, i64>(0).max(0) as u64,
-                left.get::<_, i64>(1).max(0) as u64,
-            ),
-        );
+        let expired = expired_of.get(*s).copied().unwrap_or(0);
+        state.insert(s, (next, expired, waiting, bytes));
     }
     // Per file: its id, and whether it must be written (not kept yet, or deleted since: every range of it went).
     let mut blob_ids: Vec<(i64, bool)> = Vec::with_capacity(blobs.len());
@@ -2761,7 +2776,7 @@ async fn try_down_part(
     }
     // In the node: each push against its sender's bounds, after the pushes before it in the part (a file's pieces
     // count as records, their bytes as payload bytes).
-    let mut outcomes: Vec<(Pushed, u64)> = Vec::with_capacity(part.pushes.len());
+    let mut outcomes: Vec<(Pushed, u64)> = Vec::with_capacity(pushes.len());
     let mut queued: Vec<(&DownPush, i64)> = Vec::new();
     // The ranges of the queued files' pieces (sender, first, last, blob), and the references each file gains.
     let (mut r_sender, mut r_first, mut r_last, mut r_blob, mut r_expires) =
@@ -2769,7 +2784,7 @@ async fn try_down_part(
     let mut blob_refs: Vec<i64> = vec![0; blobs.len()];
     let mut delta: i64 = 0;
     let mut expired_any = false;
-    for p in &part.pushes {
+    for p in pushes {
         if let Some(r) = p.too_large() {
             outcomes.push((Pushed::Refused(r), 0));
             continue;
@@ -2816,41 +2831,32 @@ async fn try_down_part(
     }
     // Second wait: the queued pushes' records, their flows' next sequences, the files written or referenced again
     // and their ranges, the count, the other nodes told; then the LISTENs (read first, as in a part), and COMMIT.
-    let expires: Vec<Option<i64>> = queued
-        .iter()
-        .map(|(p, _)| p.limits.expires_at(now))
-        .collect();
-    let records: Vec<Vec<&[u8]>> = queued
-        .iter()
-        .map(|(p, _)| p.records.iter().map(Vec::as_slice).collect())
-        .collect();
-    let counts: Vec<i64> = queued.iter().map(|(p, _)| p.count() as i64).collect();
+    // Every queued record, flattened: its sender, sequence, payload and expiry (a file's pieces are its ranges).
+    let (mut i_sender, mut i_seq, mut i_payload, mut i_expires) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (p, next) in queued.iter().filter(|(p, _)| p.blob.is_none()) {
+        let expires = p.limits.expires_at(now);
+        for (o, r) in p.records.iter().enumerate() {
+            i_sender.push(p.sender.as_str());
+            i_seq.push(next + o as i64);
+            i_payload.push(r.as_slice());
+            i_expires.push(expires);
+        }
+    }
+    // Each sender a push was queued for, and its next sequence after the part's pushes (counted under its lock).
+    let queued_for: HashSet<&str> = queued.iter().map(|(p, _)| p.sender.as_str()).collect();
+    let (mut n_sender, mut n_next): (Vec<&str>, Vec<i64>) = (Vec::new(), Vec::new());
+    for s in &pushing {
+        if queued_for.contains(s) {
+            n_sender.push(s);
+            n_next.push(state[s].0);
+        }
+    }
     let payloads: Vec<String> = queued.iter().map(|(p, _)| notice_of(app_id, p)).collect();
-    let inserts: Vec<Option<[&(dyn ToSql + Sync); 6]>> = queued
-        .iter()
-        .enumerate()
-        .map(|(k, (p, next))| {
-            p.blob.is_none().then(|| {
-                [
-                    &app_id as _,
-                    &p.sender as _,
-                    next as _,
-                    &records[k] as _,
-                    &now as _,
-                    &expires[k] as _,
-                ]
-            })
-        })
-        .collect();
-    let moves: Vec<[&(dyn ToSql + Sync); 3]> = queued
-        .iter()
-        .enumerate()
-        .map(|(k, (p, _))| [&app_id as _, &p.sender as _, &counts[k] as _])
-        .collect();
-    let notifies: Vec<[&(dyn ToSql + Sync); 2]> = payloads
-        .iter()
-        .map(|n| [&DOWN_CHANNEL as _, n as _])
-        .collect();
+    let insert_args: [&(dyn ToSql + Sync); 6] =
+        [&app_id, &i_sender, &i_seq, &i_payload, &now, &i_expires];
+    let next_args: [&(dyn ToSql + Sync); 3] = [&app_id, &n_sender, &n_next];
+    let notify_args: [&(dyn ToSql + Sync); 2] = [&DOWN_CHANNEL, &payloads];
     let piece_lens: Vec<i32> = blobs.iter().map(|b| b.piece_len() as i32).collect();
     let piece_counts: Vec<i64> = blobs.iter().map(|b| b.pieces() as i64).collect();
     let blob_bytes: Vec<&[u8]> = blobs.iter().map(|b| b.bytes()).collect();
@@ -2885,14 +2891,18 @@ async fn try_down_part(
         read: read_args,
     } = fetches.args(&app_id, &now);
     let mut second: Vec<Sent<'_>> = Vec::new();
-    for (insert, moved) in inserts.iter().zip(&moves) {
-        if let Some(a) = insert {
-            second.push(Box::pin(async {
-                c.execute(&ds.insert, a).await.map(|_| Answer::Done)
-            }));
-        }
+    if !i_sender.is_empty() {
         second.push(Box::pin(async {
-            c.execute(&ds.move_next, moved).await.map(|_| Answer::Done)
+            c.execute(&ds.insert, &insert_args)
+                .await
+                .map(|_| Answer::Done)
+        }));
+    }
+    if !n_sender.is_empty() {
+        second.push(Box::pin(async {
+            c.execute(&ds.set_next, &next_args)
+                .await
+                .map(|_| Answer::Done)
         }));
     }
     for (write, a) in &blob_writes {
@@ -2919,12 +2929,14 @@ async fn try_down_part(
             c.query_opt(&ds.count, &count_args).await.map(Answer::Row)
         }));
     }
-    for a in &notifies {
+    if !payloads.is_empty() {
         second.push(Box::pin(async {
-            c.execute(&ds.notify, a).await.map(|_| Answer::Done)
+            c.execute(&ds.notify, &notify_args)
+                .await
+                .map(|_| Answer::Done)
         }));
     }
-    let listening = !part.fetches.is_empty();
+    let listening = !listens.is_empty();
     let read_at = second.len();
     if listening {
         second.push(Box::pin(async {
@@ -2971,113 +2983,11 @@ async fn try_down_part(
         else {
             unreachable!("the read answers rows and the delete one row, as their futures say");
         };
-        applied.down = fetches.applied(&part.fetches, deleted, read);
+        applied.down = fetches.applied(listens, deleted, read);
     }
     applied.down.waiting = applied.down.waiting.or(waiting);
     applied.down.pushes = outcomes;
     Ok(applied)
-}
-
-/// One try of a push's transaction (docs/scale-out.md, "Downlink on a fleet"): what it did, with the sender's
-/// records that expired, and the app's waiting count where it moved it.
-async fn try_push(
-    target: &Target,
-    conn: &mut Conn,
-    app_id: i32,
-    push: &DownPush,
-) -> Result<(Pushed, u64, Option<u64>), Refused> {
-    let fail = |doing| refusal(target, doing);
-    let c = &conn.client;
-    let st = &conn.st;
-    let ds = &st.down;
-    let now = crate::store::now_ms();
-    let sender = push.sender.as_str();
-    let flow_args: [&(dyn ToSql + Sync); 2] = [&app_id, &sender];
-    let expire_args: [&(dyn ToSql + Sync); 3] = [&app_id, &sender, &now];
-    // First wait: the flow's row (autocommit), BEGIN, the row locked, what expired deleted, what is left counted.
-    let first = tokio::try_join!(
-        c.execute(&ds.add_flow, &flow_args),
-        c.execute(&st.begin, &[]),
-        c.query_one(&ds.lock_flow, &flow_args),
-        c.query_one(&ds.expire, &expire_args),
-        c.query_one(&ds.waiting, &flow_args),
-    );
-    let (next, expired, left) = match first {
-        Ok((_, _, next, expired, left)) => (next.get::<_, i64>(0), expired.get::<_, i64>(0), left),
-        Err(e) => {
-            let _ = c.execute(&st.rollback, &[]).await;
-            return Err(fail("locking a downlink flow")(e));
-        }
-    };
-    let waiting = left.get::<_, i64>(0).max(0) as u64;
-    let bytes = left.get::<_, i64>(1).max(0) as u64;
-    let refusal = push.limits.passed_by(&push.records, waiting, bytes);
-    // After COMMIT was sent: a connection lost now leaves it unknown whether the push committed.
-    let ended = |e: tokio_postgres::Error| async {
-        let _ = c.execute(&st.rollback, &[]).await;
-        if e.is_closed() {
-            Err(Refused::Unknown(db_err(
-                target,
-                "queueing downlink records",
-            )(e)))
-        } else {
-            Err(fail("queueing downlink records")(e))
-        }
-    };
-    if let Some(r) = refusal {
-        // The expiries are kept: they are true whatever the push.
-        let delta = -expired;
-        let count_args: [&(dyn ToSql + Sync); 2] = [&app_id, &delta];
-        let count = if expired > 0 {
-            let (count, commit) = tokio::join!(
-                c.query_one(&ds.count, &count_args),
-                c.execute(&st.commit, &[])
-            );
-            match count.and_then(|row| commit.map(|_| row)) {
-                Ok(row) => Some(row.get::<_, i64>(0).max(0) as u64),
-                Err(e) => return ended(e).await,
-            }
-        } else {
-            if let Err(e) = c.execute(&st.commit, &[]).await {
-                return ended(e).await;
-            }
-            None
-        };
-        return Ok((Pushed::Refused(r), expired as u64, count));
-    }
-    let n = push.records.len() as i64;
-    let expires = push.limits.expires_at(now);
-    let records: Vec<&[u8]> = push.records.iter().map(Vec::as_slice).collect();
-    let delta = n - expired;
-    let payload = notice_of(app_id, push);
-    let insert_args: [&(dyn ToSql + Sync); 6] = [&app_id, &sender, &next, &records, &now, &expires];
-    let move_args: [&(dyn ToSql + Sync); 3] = [&app_id, &sender, &n];
-    let count_args: [&(dyn ToSql + Sync); 2] = [&app_id, &delta];
-    let notify_args: [&(dyn ToSql + Sync); 2] = [&DOWN_CHANNEL, &payload];
-    // Second wait: the records at next_seq.., next_seq past them, the count, the other nodes told, COMMIT.
-    let (inserted, moved, count, notified, commit) = tokio::join!(
-        c.execute(&ds.insert, &insert_args),
-        c.execute(&ds.move_next, &move_args),
-        c.query_one(&ds.count, &count_args),
-        c.execute(&ds.notify, &notify_args),
-        c.execute(&st.commit, &[]),
-    );
-    match inserted
-        .and(moved)
-        .and(notified)
-        .and(count)
-        .and_then(|row| commit.map(|_| row))
-    {
-        Ok(row) => Ok((
-            Pushed::Queued {
-                first: next as u64,
-                count: n as u64,
-            },
-            expired as u64,
-            Some(row.get::<_, i64>(0).max(0) as u64),
-        )),
-        Err(e) => ended(e).await,
-    }
 }
 
 /// The rows of `names` are there; what their heard sequences are now, this connection does not say (a turn of

@@ -190,18 +190,24 @@ impl PgCluster {
             None => "",
         };
         let fsync = if fsync { "on" } else { "off" };
+        // Research runs may add server options (`PURE_PG_OPTS`, e.g. `-c log_min_duration_statement=20`) and keep
+        // the server's log where they say (`PURE_PG_LOG`); tests never set them.
+        let extra = std::env::var("PURE_PG_OPTS").unwrap_or_default();
         let opts = format!(
             "-k {} -p {} -c listen_addresses={listen} -c fsync={fsync} -c synchronous_commit=on {extra}",
             self.socket_dir().display(),
             self.port
         );
+        let log = std::env::var_os("PURE_PG_LOG")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| self.dir.path().join("log"));
         self.run_in(
             "pg_ctl",
             &[
                 "-D",
                 &self.data().to_string_lossy(),
                 "-l",
-                &self.dir.path().join("log").to_string_lossy(),
+                &log.to_string_lossy(),
                 "-w",
                 "-o",
                 &opts,

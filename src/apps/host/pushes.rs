@@ -3,8 +3,8 @@
 //! app's part ahead of the part's LISTEN reads (so that a live session's read in the same turn finds its records),
 //! and is answered from that turn's outcome, once it is durable: on the host's own files it is written in the app's
 //! transaction of the turn and answered after that transaction's sync, one commit and one sync for the push and its
-//! delivery (research/032); on a fleet's store it is a transaction of its own ahead of the part's
-//! (docs/scale-out.md, "Downlink on a fleet").
+//! delivery (research/032); on a fleet's store the part's pushes are one transaction, the part's when it only
+//! LISTENs, else one of their own ahead of the part's (docs/scale-out.md, "Downlink on a fleet").
 
 use std::time::Instant;
 

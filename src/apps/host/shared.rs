@@ -66,7 +66,7 @@ pub(super) const STORE_SILENT: Duration = Duration::from_millis(750);
 /// push_many.rs), and one transaction of 2,048 pushes took the database longer than [`STORE_SILENT`] here: the node
 /// took a healthy database for a lost one and answered its pusher "maybe queued" (research/043's fleet row). A
 /// turn of 128 takes tens of milliseconds; the rest go in the next turns, in order.
-const PUSHES_PER_TURN: usize = 128;
+const PUSHES_PER_TURN: usize = 512;
 
 /// What a turn handed to the shared store needs once its outcome is back.
 pub(super) struct SharedTurn {
