@@ -192,9 +192,9 @@ impl PgCluster {
         let fsync = if fsync { "on" } else { "off" };
         // Research runs may add server options (`PURE_PG_OPTS`, e.g. `-c log_min_duration_statement=20`) and keep
         // the server's log where they say (`PURE_PG_LOG`); tests never set them.
-        let extra = std::env::var("PURE_PG_OPTS").unwrap_or_default();
+        let research = std::env::var("PURE_PG_OPTS").unwrap_or_default();
         let opts = format!(
-            "-k {} -p {} -c listen_addresses={listen} -c fsync={fsync} -c synchronous_commit=on {extra}",
+            "-k {} -p {} -c listen_addresses={listen} -c fsync={fsync} -c synchronous_commit=on {extra} {research}",
             self.socket_dir().display(),
             self.port
         );
