@@ -37,7 +37,11 @@
 //!
 //! Usage: cargo bench --bench fleet -- [--records R] [--devices K] [--round N]
 //! [--configs sqlite1,pg1,db1,pg2,db2,pg3,db3] [--bin PATH] [--depth D]
-//! [--many [--waves W] [--per-packet P] [--in-flight F] [--no-analyze]]
+//! [--many [--waves W] [--per-packet P] [--in-flight F] [--no-analyze]] [--statements]
+//!
+//! For each PostgreSQL configuration it prints the WAL written over the timed span per record and the WAL's
+//! syncs (`pg_stat_wal`); with `--statements` the cluster preloads `pg_stat_statements` and the statements that
+//! took the database's time over the span are printed too (research/047).
 
 #[path = "util/devices.rs"]
 mod devices;
@@ -83,11 +87,14 @@ fn ticks_per_s() -> f64 {
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
 }
 
-/// CPU time (utime + stime) of `root` and every process below it, from /proc.
-fn tree_cpu(root: u32) -> Duration {
+/// CPU time (utime + stime) of `root` and every process below it, from /proc; and the part of it spent by the
+/// cluster's connection backends (a child whose title names its client, `… [local] …`) rather than its own
+/// processes (WAL writer, checkpointer, background writer, autovacuum): research/047 asks which a record costs.
+fn tree_cpu_split(root: u32) -> (Duration, Duration) {
     let mut ticks = 0u64;
+    let mut backend_ticks = 0u64;
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Duration::ZERO;
+        return (Duration::ZERO, Duration::ZERO);
     };
     for e in dir.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
@@ -106,9 +113,14 @@ fn tree_cpu(root: u32) -> Duration {
             let ut: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0);
             let st: u64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
             ticks += ut + st;
+            let title = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&title).contains("[local]") {
+                backend_ticks += ut + st;
+            }
         }
     }
-    Duration::from_secs_f64(ticks as f64 / ticks_per_s())
+    let of = |t: u64| Duration::from_secs_f64(t as f64 / ticks_per_s());
+    (of(ticks), of(backend_ticks))
 }
 
 /// The postmaster's pid, from the first line of `postmaster.pid` in the cluster's data directory.
@@ -245,6 +257,8 @@ struct Measured {
     records: u64,
     node_cpu: Option<Duration>,
     pg_cpu: Option<Duration>,
+    /// Of `pg_cpu`, what the cluster's connection backends spent (the rest: its own processes).
+    pg_backend_cpu: Option<Duration>,
     /// The senders' (`send` processes, or this process driving many devices).
     send_cpu: Option<Duration>,
     /// `dbN`: this process, whose threads run the engines.
@@ -406,7 +420,7 @@ fn run_db(
     ready.wait();
     let (cpu0, pg0, busy0, t) = (
         self_cpu(),
-        tree_cpu(postmaster),
+        tree_cpu_split(postmaster),
         machine_busy(),
         Instant::now(),
     );
@@ -415,7 +429,8 @@ fn run_db(
         .map(|h| h.join().expect("an engine thread"))
         .collect();
     let secs = t.elapsed().as_secs_f64();
-    let (engine_cpu, pg_cpu) = (self_cpu() - cpu0, tree_cpu(postmaster).saturating_sub(pg0));
+    let pg1 = tree_cpu_split(postmaster);
+    let (engine_cpu, pg_cpu) = (self_cpu() - cpu0, pg1.0.saturating_sub(pg0.0));
     let machine = machine_busy().saturating_sub(busy0);
     let records = done.iter().map(|d| d.1).sum();
     let turns = done.iter().map(|d| d.2).sum::<u64>() as f64;
@@ -424,6 +439,7 @@ fn run_db(
         secs,
         records,
         pg_cpu: Some(pg_cpu),
+        pg_backend_cpu: Some(pg1.1.saturating_sub(pg0.1)),
         engine_cpu: Some(engine_cpu),
         turns,
         machine,
@@ -442,7 +458,7 @@ fn run_sends(
 ) -> Measured {
     let nodes = started.len();
     let node_cpu0: Duration = started.iter().map(|n| process_cpu(n.child.id())).sum();
-    let (pg_cpu0, busy0) = (tree_cpu(postmaster), machine_busy());
+    let (pg_cpu0, busy0) = (tree_cpu_split(postmaster), machine_busy());
     let t = Instant::now();
     // Waited for by wait4 below, which also gives their CPU time.
     #[allow(clippy::zombie_processes)]
@@ -475,13 +491,14 @@ fn run_sends(
         .map(|n| process_cpu(n.child.id()))
         .sum::<Duration>()
         - node_cpu0;
-    let pg_cpu = tree_cpu(postmaster).saturating_sub(pg_cpu0);
+    let pg_cpu1 = tree_cpu_split(postmaster);
     let machine = machine_busy().saturating_sub(busy0);
     assert!(all_ok, "a send did not exit 0");
     Measured {
         secs,
         node_cpu: Some(node_cpu),
-        pg_cpu: Some(pg_cpu),
+        pg_cpu: Some(pg_cpu1.0.saturating_sub(pg_cpu0.0)),
+        pg_backend_cpu: Some(pg_cpu1.1.saturating_sub(pg_cpu0.1)),
         send_cpu: Some(send_cpu),
         turns: Node::sum(started, "pure_turns_total{outcome=\"committed\"}"),
         packets: Node::sum(started, "pure_packets_received_total"),
@@ -560,7 +577,7 @@ fn run_devices(
     let rows0 = rows();
     let node_cpu0: Duration = started.iter().map(|n| process_cpu(n.child.id())).sum();
     let (pg_cpu0, self0, busy0, t) = (
-        tree_cpu(postmaster),
+        tree_cpu_split(postmaster),
         self_cpu(),
         machine_busy(),
         Instant::now(),
@@ -584,8 +601,8 @@ fn run_devices(
         .map(|n| process_cpu(n.child.id()))
         .sum::<Duration>()
         - node_cpu0;
-    let (pg_cpu, send_cpu, machine) = (
-        tree_cpu(postmaster).saturating_sub(pg_cpu0),
+    let (pg_cpu1, send_cpu, machine) = (
+        tree_cpu_split(postmaster),
         self_cpu() - self0,
         machine_busy().saturating_sub(busy0),
     );
@@ -603,7 +620,8 @@ fn run_devices(
         secs,
         records: devices.len() as u64 * waves * per_packet,
         node_cpu: Some(node_cpu),
-        pg_cpu: Some(pg_cpu),
+        pg_cpu: Some(pg_cpu1.0.saturating_sub(pg_cpu0.0)),
+        pg_backend_cpu: Some(pg_cpu1.1.saturating_sub(pg_cpu0.1)),
         send_cpu: Some(send_cpu),
         turns: counters("pure_turns_total{outcome=\"committed\"}") - turns0,
         packets: counters("pure_packets_received_total") - packets0,
@@ -686,10 +704,60 @@ fn check_sqlite(path: &Path, config: &str, devices: usize, total: u64, heard: u6
     assert_eq!((first, gaps), (1, 0), "{config}: positions with gaps");
 }
 
+/// The cluster's WAL so far (`pg_stat_wal`, PostgreSQL 14 or later): bytes, records, and the syncs of the WAL
+/// (`wal_sync`: each COMMIT's flush that found its WAL not yet on disk).
+fn wal_now(conninfo: &str) -> (f64, f64, f64) {
+    sql(conninfo, async |c| {
+        let r = c
+            .query_one(
+                "SELECT wal_bytes::float8, wal_records::float8, wal_sync::float8 FROM pg_stat_wal",
+                &[],
+            )
+            .await
+            .expect("pg_stat_wal");
+        (r.get(0), r.get(1), r.get(2))
+    })
+}
+
+/// research/047: the statements of the timed span (since the reset when the devices were warmed, or the whole
+/// run for big turns) by the database's time in them, one JSON line each: calls, time in all, time per record,
+/// rows, and the statement.
+fn print_statements(conninfo: &str, round: u32, config: &str, records: u64) {
+    let rows = sql(conninfo, async |c| {
+        c.query(
+            "SELECT query, calls::float8, total_exec_time, rows::float8,                     (wal_bytes)::float8 FROM pg_stat_statements              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())              ORDER BY total_exec_time DESC LIMIT 12",
+            &[],
+        )
+        .await
+        .expect("pg_stat_statements")
+    });
+    for r in rows {
+        let (query, calls, ms, n, wal): (String, f64, f64, f64, f64) =
+            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+        let shape = SHAPE.get().map_or("big", |s| s.as_str());
+        println!(
+            "{}",
+            serde_json::json!({"name": "statement", "run": round, "config": config, "shape": shape,
+                "calls": calls, "total_ms": ms, "ns_per_record": ms * 1e6 / records as f64,
+                "rows": n, "wal_bytes": wal, "query": query})
+        );
+        eprintln!(
+            "  {config} {:>8.0} calls {:>9.1} ms {:>7.0} ns/record {:>9.0} rows {:>11.0} WAL B  {}",
+            calls,
+            ms,
+            ms * 1e6 / records as f64,
+            n,
+            wal,
+            query.chars().take(90).collect::<String>()
+        );
+    }
+}
+
 fn main() {
     let (mut records, mut devices, mut round) = (200_000u64, None, 1u32);
     let (mut many, mut waves, mut per_packet, mut depth) = (false, 5u64, 1u64, 4usize);
     let mut analyze = true;
+    let mut statements = false;
     let mut in_flight = devices::SOCKETS;
     let mut configs = "sqlite1,pg1,pg2,pg3".to_string();
     let mut bin = env!("CARGO_BIN_EXE_pure-serve").to_string();
@@ -707,6 +775,7 @@ fn main() {
             "--per-packet" => per_packet = val().parse().expect("--per-packet P"),
             "--depth" => depth = val().parse().expect("--depth D"),
             "--no-analyze" => analyze = false,
+            "--statements" => statements = true,
             "--in-flight" => in_flight = val().parse().expect("--in-flight N"),
             _ => {}
         }
@@ -731,6 +800,11 @@ fn main() {
     let Some(cluster) = pg_util::PgCluster::start("bench fleet") else {
         panic!("the fleet bench needs PostgreSQL: apt-get install postgresql");
     };
+    if statements {
+        // research/047: which statements take the database's time, per record (the cluster's own option, for this
+        // bench only: the tests never load it).
+        cluster.restart_with(true, "-c shared_preload_libraries=pg_stat_statements");
+    }
     let mut postmaster = postmaster_pid(&cluster);
     let dir = tempfile::Builder::new()
         .prefix("pure-fleet-bench-")
@@ -801,6 +875,17 @@ fn main() {
                     .await
                     .expect("create database")
             });
+            if statements {
+                let conninfo = format!(
+                    "host={} user=postgres dbname={db}",
+                    cluster.socket_dir().display()
+                );
+                sql(&conninfo, async |c| {
+                    c.batch_execute("CREATE EXTENSION pg_stat_statements")
+                        .await
+                        .expect("create extension pg_stat_statements")
+                });
+            }
             format!(
                 "postgresql://postgres@localhost/{db}?host={}",
                 cluster.socket_dir().display()
@@ -845,11 +930,22 @@ fn main() {
         // the plans it made while `sources` was nearly empty, and the lock of a turn's sources filters the whole
         // table against the turn's names (research/028, "A plan made on an empty table"). `--no-analyze` keeps
         // that.
+        let wal0 = std::cell::Cell::new(pg.then(|| wal_now(&conninfo)));
         let warmed = || {
             if pg && analyze {
                 sql(&conninfo, async |c| {
                     c.batch_execute("ANALYZE").await.expect("analyze")
                 });
+            }
+            if pg {
+                if statements {
+                    sql(&conninfo, async |c| {
+                        c.batch_execute("SELECT pg_stat_statements_reset()")
+                            .await
+                            .expect("reset pg_stat_statements")
+                    });
+                }
+                wal0.set(Some(wal_now(&conninfo)));
             }
         };
         let (m, timed_rows) = if alone {
@@ -921,6 +1017,13 @@ fn main() {
             }
             (m, timed_rows)
         };
+        let wal = wal0.get().map(|w0| {
+            let w1 = wal_now(&conninfo);
+            (w1.0 - w0.0, w1.1 - w0.1, w1.2 - w0.2)
+        });
+        if pg && statements {
+            print_statements(&conninfo, round, config, m.records);
+        }
         if pg {
             let rows = check_pg(&conninfo, config, devices, total, heard);
             if !alone && body.is_none() {
@@ -993,6 +1096,27 @@ fn main() {
         }
         if let Some(c) = m.pg_cpu.filter(|_| pg) {
             emit(round, config, "postgres_cpu_ns_per_record", per(c), "ns");
+        }
+        if let Some(c) = m.pg_backend_cpu.filter(|_| pg) {
+            emit(
+                round,
+                config,
+                "postgres_backend_cpu_ns_per_record",
+                per(c),
+                "ns",
+            );
+        }
+        if let Some((bytes, records, syncs)) = wal {
+            let n = m.records as f64;
+            emit(round, config, "wal_bytes_per_record", bytes / n, "bytes");
+            emit(
+                round,
+                config,
+                "wal_records_per_record",
+                records / n,
+                "records",
+            );
+            emit(round, config, "wal_syncs", syncs, "syncs");
         }
         if let Some(c) = m.send_cpu {
             emit(round, config, "send_cpu_ns_per_record", per(c), "ns");

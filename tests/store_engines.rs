@@ -1519,3 +1519,244 @@ fn postgres_engines_delivering_and_pushing_one_file_at_once_keep_its_references_
     assert_eq!(count("SELECT count(*)::text FROM down_blob_bytes"), 0);
     assert_eq!(count("SELECT count(*)::text FROM down_ranges"), 0);
 }
+
+/// Waits until `sql` (a count, as text) says `want`: for a state of the database the test made happen, not for time.
+fn until_row(conninfo: &str, sql: &str, want: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while one_row(conninfo, sql) != want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{sql} never said {want}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Turns that queue behind one the database holds up are applied together, per app in one transaction (one WAL
+/// flush: research/047), and each turn's outcome is what it would have been had they committed one after another:
+/// a turn overlapping the one before it finds its records duplicates, a gap stays a gap, positions follow the turns'
+/// order, and another app's part is its own.
+#[test]
+fn a_postgres_engine_applies_turns_queued_behind_a_slow_one_together_each_with_its_own_outcome() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "a_postgres_engine_applies_turns_queued_behind_a_slow_one_together_each_with_its_own_outcome",
+    ) else {
+        return;
+    };
+    let conninfo = cluster.conninfo();
+    let mut engine = pg_engine(&cluster);
+    apply(&mut engine, 1, turn(0, vec![piece("dev", 1, 2)]));
+    // Another client holds app a's head row, so the next turn waits in its transaction and the ones after it queue.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (held_tx, held) = std::sync::mpsc::channel::<()>();
+    let holder = {
+        let conninfo = conninfo.clone();
+        std::thread::spawn(move || {
+            pg_util::sql(&conninfo, async |c| {
+                c.batch_execute("BEGIN; SELECT head FROM apps WHERE name = 'a' FOR UPDATE")
+                    .await
+                    .unwrap();
+                held_tx.send(()).unwrap();
+                released.recv().unwrap();
+                c.batch_execute("COMMIT").await.unwrap();
+            })
+        })
+    };
+    held.recv().unwrap();
+    engine.submit(2, vec![turn(0, vec![piece("dev", 3, 2)])]);
+    until_row(
+        &conninfo,
+        "SELECT count(*)::text FROM pg_stat_activity \
+         WHERE application_name = 'pure-serve' AND wait_event_type = 'Lock'",
+        "1",
+    );
+    engine.submit(
+        3,
+        vec![turn(0, vec![piece("dev", 4, 3), piece("new", 1, 1)])],
+    );
+    engine.submit(
+        4,
+        vec![
+            turn(0, vec![piece("dev", 9, 1)]),
+            turn(1, vec![piece("dev", 1, 1)]),
+        ],
+    );
+    engine.submit(5, vec![turn(0, vec![piece("dev", 7, 2)])]);
+    release.send(()).unwrap();
+    holder.join().unwrap();
+    let mut outcomes: Vec<TurnOutcome> = Vec::new();
+    while outcomes.len() < 4 {
+        outcomes.extend(engine.wait_done());
+    }
+    let seqs: Vec<u64> = outcomes.iter().map(|o| o.seq).collect();
+    assert_eq!(seqs, vec![2, 3, 4, 5], "every outcome, in order");
+    let mut parts: Vec<(u64, u16, Applied)> = Vec::new();
+    for o in outcomes {
+        for (app, r) in o.apps {
+            parts.push((o.seq, app, r.expect("the part is applied")));
+        }
+    }
+    let chunks = |a: &Applied| -> Vec<(String, u64, u64, u64)> {
+        a.new_chunks
+            .iter()
+            .map(|c| (c.source.clone(), c.pos, c.first_seq, c.count))
+            .collect()
+    };
+    let said: Vec<_> = parts
+        .iter()
+        .map(|(seq, app, a)| {
+            (
+                *seq,
+                *app,
+                (a.stored, a.duplicate, a.gap),
+                a.heard.clone(),
+                chunks(a),
+                a.head,
+            )
+        })
+        .collect();
+    let s = |v: &str| v.to_string();
+    assert_eq!(
+        said,
+        vec![
+            (
+                2,
+                0,
+                (2, 0, 0),
+                vec![(s("dev"), 4)],
+                vec![(s("dev"), 3, 3, 2)],
+                5
+            ),
+            (
+                3,
+                0,
+                (3, 1, 0),
+                vec![(s("dev"), 6), (s("new"), 1)],
+                vec![(s("dev"), 5, 5, 2), (s("new"), 7, 1, 1)],
+                8
+            ),
+            (4, 0, (0, 0, 1), vec![(s("dev"), 6)], vec![], 0),
+            (
+                4,
+                1,
+                (1, 0, 0),
+                vec![(s("dev"), 1)],
+                vec![(s("dev"), 1, 1, 1)],
+                2
+            ),
+            (
+                5,
+                0,
+                (2, 0, 0),
+                vec![(s("dev"), 8)],
+                vec![(s("dev"), 8, 7, 2)],
+                10
+            ),
+        ]
+    );
+    // The turns that queued went in one transaction: their chunks share the inserting transaction's id.
+    assert_eq!(
+        one_row(
+            &conninfo,
+            "SELECT count(DISTINCT c.xmin::text)::text FROM chunks c JOIN apps a ON a.id = c.app \
+             WHERE a.name = 'a' AND c.pos >= 5",
+        ),
+        "1",
+        "turns 3 and 5 committed together"
+    );
+    let (stored, heard, head) = pg_contents(&conninfo, "a");
+    let all: Vec<String> = stored
+        .iter()
+        .filter(|c| c.0 == "dev")
+        .flat_map(|c| payloads(&c.4))
+        .collect();
+    let want: Vec<String> = (1..=8).map(|s| format!("r{s}")).collect();
+    assert_eq!(all, want, "each of dev's records once, in sequence");
+    assert_eq!(heard, vec![(s("dev"), 8), (s("new"), 1)]);
+    assert_eq!(head, 10);
+}
+
+/// A turn is cut against the heard sequences its engine last read or committed and written in one wait (research/047);
+/// when another node moved one meanwhile, the conditional update finds it moved, the transaction rolls back, and the
+/// turn is applied again against what the database holds: each record stored once.
+#[test]
+fn a_postgres_engine_that_knew_an_older_heard_sequence_stores_each_record_once() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "a_postgres_engine_that_knew_an_older_heard_sequence_stores_each_record_once",
+    ) else {
+        return;
+    };
+    let mut a = pg_engine(&cluster);
+    let mut b = pg_engine(&cluster);
+    assert_eq!(
+        apply(&mut a, 1, turn(0, vec![piece("dev", 1, 5)])).stored,
+        5
+    );
+    // Both sources' rows and heard sequences known to a from here on: its next turns are written in one wait.
+    assert_eq!(
+        apply(
+            &mut a,
+            2,
+            turn(0, vec![piece("dev", 6, 1), piece("side", 1, 1)])
+        )
+        .stored,
+        2
+    );
+    // Another node stores the next four; a still knows 6.
+    let r = apply(&mut b, 1, turn(0, vec![piece("dev", 7, 4)]));
+    assert_eq!(
+        (r.stored, r.heard.clone()),
+        (4, vec![("dev".to_string(), 10)])
+    );
+    let r = apply(
+        &mut a,
+        3,
+        turn(0, vec![piece("dev", 7, 6), piece("side", 2, 1)]),
+    );
+    assert_eq!((r.stored, r.duplicate, r.gap), (3, 4, 0));
+    assert_eq!(
+        r.heard,
+        vec![("dev".to_string(), 12), ("side".to_string(), 2)]
+    );
+    let got: Vec<(String, u64, u64, u64)> = r
+        .new_chunks
+        .iter()
+        .map(|c| (c.source.clone(), c.pos, c.first_seq, c.count))
+        .collect();
+    assert_eq!(
+        got,
+        vec![("dev".into(), 12, 11, 2), ("side".into(), 14, 2, 1)]
+    );
+    let (chunks, heard, head) = pg_contents(&cluster.conninfo(), "a");
+    let all: Vec<String> = chunks
+        .iter()
+        .filter(|c| c.0 == "dev")
+        .flat_map(|c| payloads(&c.4))
+        .collect();
+    let want: Vec<String> = (1..=12).map(|s| format!("r{s}")).collect();
+    assert_eq!(all, want, "each of dev's records once, in sequence");
+    assert_eq!(
+        heard,
+        vec![("dev".to_string(), 12), ("side".to_string(), 2)]
+    );
+    assert_eq!(head, 15);
+}
+
+/// The `sources` table a node makes leaves half of each page free (research/047): moving a heard sequence then
+/// writes its new row version on the same page (a HOT update), adding no index entries.
+#[test]
+fn the_sources_table_a_node_makes_leaves_room_to_move_heard_sequences_in_place() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "the_sources_table_a_node_makes_leaves_room_to_move_heard_sequences_in_place",
+    ) else {
+        return;
+    };
+    let _engine = pg_engine(&cluster);
+    assert_eq!(
+        one_row(
+            &cluster.conninfo(),
+            "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE relname = 'sources'",
+        ),
+        "fillfactor=50"
+    );
+}

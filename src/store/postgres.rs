@@ -14,6 +14,12 @@
 //! round trip of its own, and in a pipeline it then reaches the server after the prepared ones queued behind it
 //! (research/017, "A negative result").
 //!
+//! Two shortcuts of the record path (research/047), both giving each part the outcome the steps above give it:
+//! a turn whose sources this connection knows (their rows, and the heard sequences it last read or committed) is
+//! cut against those and written in **one wait**, its conditional heard update the check that nothing moved them
+//! ([`try_parts`]); and turns of records that queued behind the one in hand are applied **together**, each app's
+//! parts in one transaction and one WAL flush ([`Worker::gather`]).
+//!
 //! A part refused with a serialization failure or a deadlock, or whose conditional update finds a heard sequence
 //! moved, is rolled back and applied again from the start (at most [`RETRIES`] times). A broken connection fails
 //! the parts in hand (never acked: their outcome may be unknown), and so does a part the database leaves
@@ -95,7 +101,9 @@ pub const IDLE_IN_TRANSACTION: &str = "5s";
 /// The tables (docs/scale-out.md, "The schema"). `chunks.source` has no foreign key: a turn inserts a chunk only for
 /// a source row it has locked a statement before, and no source row is ever deleted, so PostgreSQL's check (a
 /// lookup and a lock per chunk row) could never fail and cost a quarter of its CPU per row when every record is a
-/// row (research/031). Tables an earlier node made keep theirs.
+/// row (research/031). Tables an earlier node made keep theirs. `sources` leaves half of each page free: every stored
+/// turn moves its sources' heard sequences, and with room on the page PostgreSQL writes the new row version there
+/// (a HOT update) with no new index entries; on full pages each move also wrote both indexes (research/047).
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS pure_layout (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS apps (
@@ -109,7 +117,7 @@ CREATE TABLE IF NOT EXISTS sources (
     name  TEXT NOT NULL,
     heard BIGINT NOT NULL DEFAULT 0,
     UNIQUE (app, name)
-);
+) WITH (fillfactor = 50);
 CREATE TABLE IF NOT EXISTS chunks (
     app       INTEGER NOT NULL,
     source    BIGINT NOT NULL,
@@ -478,6 +486,7 @@ impl PostgresTurns {
                         lost,
                         heard_tx,
                         heard,
+                        held: None,
                     };
                     worker.serve(rx, &worker_done).await;
                 });
@@ -724,8 +733,10 @@ struct Conn {
     pid: i32,
     /// The database's id of each app, by app index.
     app_ids: Vec<i32>,
-    /// Sources known to have a row, per app index (so a turn names only new ones to make).
-    known: HashSet<(AppIndex, String)>,
+    /// Sources known to have a row, per app index (so a turn names only new ones to make), and where this
+    /// connection knows it, the row's id and the heard sequence it last read or committed there: a turn of records
+    /// cut against these is written in one wait, without locking the rows first ([`try_parts`]).
+    known: HashMap<(AppIndex, String), Option<(i64, u64)>>,
 }
 
 struct Worker {
@@ -741,6 +752,31 @@ struct Worker {
     /// Notifications every connection's task hears (the sending process's pid and the payload), and their end.
     heard_tx: tokio::sync::mpsc::UnboundedSender<(i32, String)>,
     heard: tokio::sync::mpsc::UnboundedReceiver<(i32, String)>,
+    /// A job taken from the queue while gathering turns to apply together ([`Worker::gather`]) that could not join
+    /// them: served next, before anything queued behind it.
+    held: Option<Job>,
+}
+
+/// Turns applied together at most ([`Worker::gather`]), and the records they may carry between them: a
+/// transaction of 8 full turns (131,072 records) takes tens of milliseconds, far within the host's bound on a
+/// database's silence (750 ms, `STORE_SILENT` in src/apps/host/shared.rs).
+const GATHER_TURNS: usize = 8;
+const GATHER_RECORDS: u64 = 8 * crate::proto::node::TURN_RECORDS;
+
+/// Whether a turn's parts may be applied in one transaction with the turns queued beside it: records (and outlets'
+/// progress) only. Pushes, LISTENs and probes keep a transaction of their own per turn, as they are answered apart.
+fn gatherable(parts: &[AppTurn]) -> bool {
+    parts
+        .iter()
+        .all(|p| p.pushes.is_empty() && p.fetches.is_empty() && !p.is_probe())
+}
+
+fn records_in(parts: &[AppTurn]) -> u64 {
+    parts
+        .iter()
+        .flat_map(|p| p.pieces.iter())
+        .map(|p| p.count)
+        .sum()
 }
 
 /// Why a part's transaction did not commit.
@@ -786,6 +822,10 @@ impl Worker {
         pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.drop_if_lost();
+            if let Some(job) = self.held.take() {
+                self.serve_queued(job, &mut rx, done).await;
+                continue;
+            }
             let no_conn = self.conn.is_none();
             let trying = !self.tries.is_empty();
             let may_try = no_conn && self.tries.len() < TRIES_AT_ONCE;
@@ -796,11 +836,122 @@ impl Worker {
                 () = self.lost.notified() => {}
                 Some((pid, payload)) = self.heard.recv() => self.notified(pid, &payload, done),
                 job = rx.recv() => match job {
-                    Some(job) => self.serve_job(job, done).await,
+                    Some(job) => self.serve_queued(job, &mut rx, done).await,
                     None => break,
                 },
             }
         }
+    }
+
+    /// Serves `job`; a turn of records with the turns queued behind it that may join it ([`Worker::gather`]), in
+    /// one transaction per app ([`try_parts`]).
+    async fn serve_queued(
+        &mut self,
+        job: Job,
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<Job>,
+        done: &Done,
+    ) {
+        match job {
+            Job::Turn(seq, parts) => {
+                if gatherable(&parts) {
+                    let group = self.gather(seq, parts, rx);
+                    self.serve_together(group, done).await;
+                } else {
+                    self.serve_job(Job::Turn(seq, parts), done).await;
+                }
+            }
+            job => self.serve_job(job, done).await,
+        }
+    }
+
+    /// Turn `seq` (records only: [`gatherable`]) and the turns already queued behind it that may be applied with it
+    /// (research/047): while the database is the bottleneck a node's turns queue here (a full turn is handed over
+    /// whether or not earlier ones are done), and each paid its own round trips and its own WAL flush. Applied
+    /// together, per app in one transaction, they pay them once — the group commit SQLite's sync thread gives the
+    /// node's own store. Only turns of records, at most [`GATHER_TURNS`] and about [`GATHER_RECORDS`]; a job that
+    /// cannot join is held and served next, so the queue's order is kept.
+    fn gather(
+        &mut self,
+        seq: u64,
+        parts: Vec<AppTurn>,
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<Job>,
+    ) -> Vec<(u64, Vec<AppTurn>)> {
+        let mut records = records_in(&parts);
+        let mut group = vec![(seq, parts)];
+        while group.len() < GATHER_TURNS && records < GATHER_RECORDS {
+            match rx.try_recv() {
+                Ok(Job::Turn(seq, parts)) if gatherable(&parts) => {
+                    records += records_in(&parts);
+                    group.push((seq, parts));
+                }
+                Ok(job) => {
+                    self.held = Some(job);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        group
+    }
+
+    /// Turns gathered by [`Worker::gather`]: each app's parts of all of them in one transaction ([`try_parts`]),
+    /// each part's outcome as if the turns had committed one after another; then every turn's outcome, in order.
+    /// A transaction that fails fails each of its parts (nothing of them is acked), as a part alone would.
+    async fn serve_together(&mut self, group: Vec<(u64, Vec<AppTurn>)>, done: &Done) {
+        let mut apps: Vec<AppIndex> = Vec::new();
+        for p in group.iter().flat_map(|(_, parts)| parts) {
+            if !apps.contains(&p.app) {
+                apps.push(p.app);
+            }
+        }
+        type PartResult = Result<Applied, Arc<StoreError>>;
+        let mut results: HashMap<AppIndex, VecDeque<PartResult>> = HashMap::new();
+        for app in apps {
+            let parts: Vec<&AppTurn> = group
+                .iter()
+                .flat_map(|(_, parts)| parts.iter().filter(|p| p.app == app))
+                .collect();
+            let waited = tokio::select! {
+                r = tokio::time::timeout(PART_WAIT, self.apply_together(app, &parts)) => Some(r),
+                () = done.give_up.notified() => None,
+            };
+            let failed = |e: Arc<StoreError>| parts.iter().map(|_| Err(e.clone())).collect();
+            let r: VecDeque<PartResult> = match waited {
+                Some(Ok(Ok(applied))) => applied.into_iter().map(Ok).collect(),
+                Some(Ok(Err(e))) => failed(Arc::new(e)),
+                Some(Err(_)) => {
+                    failed(Arc::new(self.read_unanswered("applying a turn", PART_WAIT)))
+                }
+                None => failed(self.given_up()),
+            };
+            results.insert(app, r);
+        }
+        {
+            let mut outcomes = lock(&done.outcomes);
+            for (seq, parts) in &group {
+                let apps = parts
+                    .iter()
+                    .map(|p| {
+                        let r = results
+                            .get_mut(&p.app)
+                            .and_then(VecDeque::pop_front)
+                            .unwrap_or_else(|| {
+                                Err(Arc::new(StoreError::StoreThreadGone {
+                                    url: self.target.shown.clone(),
+                                }))
+                            });
+                        (p.app, r)
+                    })
+                    .collect();
+                outcomes.push_back(TurnOutcome {
+                    seq: *seq,
+                    apps,
+                    pushes: Vec::new(),
+                });
+            }
+        }
+        done.changed.notify_all();
+        done.wake.wake();
     }
 
     async fn serve_job(&mut self, job: Job, done: &Done) {
@@ -885,6 +1036,13 @@ impl Worker {
         &mut self,
         part: &AppTurn,
     ) -> (Result<Applied, Arc<StoreError>>, Vec<PushOutcome>) {
+        let result = Err(self.given_up());
+        let pushed = outcomes_of(&result, part.pushes.len(), true);
+        (result, pushed)
+    }
+
+    /// Gives up the connection of a part the host gave up waiting for, and says why.
+    fn given_up(&mut self) -> Arc<StoreError> {
         if self.conn.take().is_some() {
             tracing::warn!(
                 "the fleet's database {} left a turn without an answer until the node took it as out of reach: the \
@@ -892,12 +1050,10 @@ impl Worker {
                 self.target.shown
             );
         }
-        let result = Err(Arc::new(StoreError::DatabaseDown {
+        Arc::new(StoreError::DatabaseDown {
             url: self.target.shown.clone(),
             why: "it left a turn without an answer, and the node gave up its connection".into(),
-        }));
-        let pushed = outcomes_of(&result, part.pushes.len(), true);
-        (result, pushed)
+        })
     }
 
     /// Gives up the connection on which `doing` got no answer `within`, and says why.
@@ -1142,6 +1298,20 @@ impl Worker {
             async |t, c, id| try_down_part(t, c, id, &part.pushes, &part.fetches).await,
         )
         .await
+    }
+
+    /// Parts of one app from several turns, records only, in one transaction ([`try_parts`]): each part's outcome.
+    async fn apply_together(
+        &mut self,
+        app: AppIndex,
+        parts: &[&AppTurn],
+    ) -> Result<Vec<Applied>, StoreError> {
+        let said = "the turns are not acknowledged and their senders send again";
+        self.until_done(app, "a turn", said, async |t, c, id| {
+            try_parts(t, c, id, parts).await
+        })
+        .await
+        .map_err(|(e, _)| e)
     }
 
     /// A part's records, outlets and LISTENs in one transaction.
@@ -1635,7 +1805,7 @@ async fn make_conn_within(
         st,
         pid,
         app_ids,
-        known: HashSet::new(),
+        known: HashMap::new(),
     })
 }
 
@@ -1682,7 +1852,7 @@ async fn try_part(
     names.dedup();
     let new: Vec<String> = names
         .iter()
-        .filter(|n| !conn.known.contains(&(part.app, (*n).clone())))
+        .filter(|n| !conn.known.contains_key(&(part.app, (*n).clone())))
         .cloned()
         .collect();
     let c = &conn.client;
@@ -1899,6 +2069,382 @@ async fn try_part(
         }
     }
     Ok(applied)
+}
+
+/// Several parts of one app cut against the heard sequences of their sources, in order: what they store, as the
+/// arrays of the statements that write it, and each part's outcome so far.
+struct Cut {
+    applied: Vec<Applied>,
+    /// Per part: the end of its records among all the parts', and its chunks' range in the arrays below.
+    ends: Vec<(i64, std::ops::Range<usize>)>,
+    c_src: Vec<i64>,
+    c_first: Vec<i64>,
+    c_count: Vec<i32>,
+    c_off: Vec<i64>,
+    c_fmt: Vec<i16>,
+    bodies: Vec<Vec<u8>>,
+    chunk_sources: Vec<String>,
+    /// Records stored by all the parts.
+    n: i64,
+    /// The heard sequences that move: row id, from, to.
+    h_id: Vec<i64>,
+    h_old: Vec<i64>,
+    h_new: Vec<i64>,
+    /// Each source's row id and heard sequence once the parts are applied (what a commit leaves there).
+    after: Vec<(String, i64, u64)>,
+}
+
+/// Cuts `sorted` (each part's pieces in (source, first_seq) order) against `heard` (per source name: the row's id
+/// and its heard sequence before the parts), each part against what the parts before it left, by the same code as
+/// every engine ([`super::cut_flow`]). `None` if a source is not in `heard`.
+fn cut_parts(sorted: &[Vec<Piece<'_>>], heard: &HashMap<&str, (i64, u64)>) -> Option<Cut> {
+    let mut now: HashMap<&str, (i64, u64)> = HashMap::with_capacity(heard.len());
+    let mut cut = Cut {
+        applied: Vec::with_capacity(sorted.len()),
+        ends: Vec::with_capacity(sorted.len()),
+        c_src: Vec::new(),
+        c_first: Vec::new(),
+        c_count: Vec::new(),
+        c_off: Vec::new(),
+        c_fmt: Vec::new(),
+        bodies: Vec::new(),
+        chunk_sources: Vec::new(),
+        n: 0,
+        h_id: Vec::new(),
+        h_old: Vec::new(),
+        h_new: Vec::new(),
+        after: Vec::new(),
+    };
+    let mut body = Vec::new();
+    for pieces in sorted {
+        let mut a = Applied::default();
+        let from = cut.bodies.len();
+        let mut start = 0;
+        while start < pieces.len() {
+            let name = pieces[start].source;
+            let mut end = start;
+            while end < pieces.len() && pieces[end].source == name {
+                end += 1;
+            }
+            let (id, before) = match now.get(name) {
+                Some(&v) => v,
+                None => *heard.get(name)?,
+            };
+            let (segments, h) = super::cut_flow(&pieces[start..end], before, &mut body, &mut a);
+            if h > before {
+                for (first, count, format, range) in segments {
+                    cut.c_src.push(id);
+                    cut.c_first.push(first as i64);
+                    cut.c_count.push(count as i32);
+                    cut.c_off.push(cut.n);
+                    cut.c_fmt.push(format as i16);
+                    cut.bodies.push(body[range].to_vec());
+                    cut.chunk_sources.push(name.to_string());
+                    cut.n += count as i64;
+                }
+            }
+            now.insert(name, (id, h));
+            a.heard.push((name.to_string(), h));
+            start = end;
+        }
+        cut.ends.push((cut.n, from..cut.bodies.len()));
+        cut.applied.push(a);
+    }
+    let mut moved: Vec<(&str, i64, u64)> = now
+        .into_iter()
+        .map(|(name, (id, h))| (name, id, h))
+        .collect();
+    moved.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    for (name, id, h) in moved {
+        let before = heard.get(name).map_or(0, |v| v.1);
+        if h > before {
+            cut.h_id.push(id);
+            cut.h_old.push(before as i64);
+            cut.h_new.push(h as i64);
+        }
+        cut.after.push((name.to_string(), id, h));
+    }
+    Some(cut)
+}
+
+/// Each part's outcome once its cut committed with the app's head at `head` (None: nothing was stored).
+fn finish_cut(cut: Cut, head: Option<i64>, parts: &[&AppTurn], stored_at: i64) -> Vec<Applied> {
+    let Cut {
+        mut applied,
+        ends,
+        c_first,
+        c_count,
+        c_off,
+        c_fmt,
+        bodies,
+        chunk_sources,
+        n,
+        ..
+    } = cut;
+    let Some(head) = head else {
+        return applied;
+    };
+    let base = head - n;
+    let mut bodies: Vec<Option<Vec<u8>>> = bodies.into_iter().map(Some).collect();
+    let mut stored_before: i64 = 0;
+    for ((a, (end, chunks)), part) in applied.iter_mut().zip(ends).zip(parts) {
+        // The app's head after this part, said where the part stored something (as a part alone says it).
+        if end > stored_before {
+            a.head = (base + end) as u64;
+        }
+        stored_before = end;
+        if !part.keep_new {
+            continue;
+        }
+        for k in chunks {
+            a.new_chunks.push(Chunk {
+                pos: (base + c_off[k]) as u64,
+                source: chunk_sources[k].clone(),
+                first_seq: c_first[k] as u64,
+                count: c_count[k] as u64,
+                format: if c_fmt[k] == RecordFormat::Forwarded as i16 {
+                    RecordFormat::Forwarded
+                } else {
+                    RecordFormat::Plain
+                },
+                stored_at_ms: stored_at,
+                body: bodies[k].take().unwrap_or_default(),
+            });
+        }
+    }
+    applied
+}
+
+/// How a cut's write ended.
+enum Written {
+    /// Committed: the app's head after it, if it stored records.
+    Committed(Option<i64>),
+    /// A heard sequence was not what the cut was made against (SQLSTATE 22012 from the conditional update): rolled
+    /// back, nothing stored.
+    Moved,
+}
+
+/// Writes `cut` and commits, in one wait: (BEGIN, if `begin`), the heard sequences moved conditionally, the app's
+/// head last of the locks, the chunks, the outlets' progress, COMMIT. A failure rolls back.
+async fn write_cut(
+    conn: &Conn,
+    app_id: i32,
+    cut: &Cut,
+    outlets: &[(&str, i64)],
+    stored_at: i64,
+    begin: bool,
+) -> Result<Written, tokio_postgres::Error> {
+    let (c, st) = (&conn.client, &conn.st);
+    let o_names: Vec<&str> = outlets.iter().map(|o| o.0).collect();
+    let o_acked: Vec<i64> = outlets.iter().map(|o| o.1).collect();
+    let body_refs: Vec<&[u8]> = cut.bodies.iter().map(Vec::as_slice).collect();
+    let moving = cut.h_id.len() as i64;
+    let heard_args: [&(dyn ToSql + Sync); 4] = [&cut.h_id, &cut.h_old, &cut.h_new, &moving];
+    let head_args: [&(dyn ToSql + Sync); 2] = [&app_id, &cut.n];
+    let chunk_args: [&(dyn ToSql + Sync); 9] = [
+        &app_id,
+        &cut.n,
+        &stored_at,
+        &cut.c_src,
+        &cut.c_first,
+        &cut.c_count,
+        &body_refs,
+        &cut.c_off,
+        &cut.c_fmt,
+    ];
+    let outlet_args: [&(dyn ToSql + Sync); 3] = [&app_id, &o_names, &o_acked];
+    let began = async {
+        if begin {
+            c.execute(&st.begin, &[]).await.map(|_| ())
+        } else {
+            Ok(())
+        }
+    };
+    // As in try_part: every response waited for, so that the error reported is the first that failed.
+    let result = if cut.n > 0 {
+        let (began, moved, head, chunks, outlets, commit) = tokio::join!(
+            began,
+            c.query_one(&st.set_heard, &heard_args),
+            c.query_one(&st.take_head, &head_args),
+            c.execute(&st.insert_chunks, &chunk_args),
+            c.execute(&st.set_outlets, &outlet_args),
+            c.execute(&st.commit, &[]),
+        );
+        began
+            .and(moved)
+            .and(head)
+            .and_then(|head| chunks.and(outlets).and(commit).map(|_| head))
+            .map(|head| Some(head.get::<_, i64>(0)))
+    } else {
+        let (began, outlets, commit) = tokio::join!(
+            began,
+            c.execute(&st.set_outlets, &outlet_args),
+            c.execute(&st.commit, &[]),
+        );
+        began.and(outlets).and(commit).map(|_| None)
+    };
+    match result {
+        Ok(head) => Ok(Written::Committed(head)),
+        Err(e) => {
+            // The transaction is aborted (or the connection gone): nothing of it was stored.
+            let _ = c.execute(&st.rollback, &[]).await;
+            if e.code() == Some(&SqlState::DIVISION_BY_ZERO) {
+                Ok(Written::Moved)
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+/// One try of parts of one app, records (and outlets' progress) only, in one transaction: a turn's, or several
+/// turns' gathered in order ([`Worker::gather`]), so one WAL flush for all. Each part is cut, in order, against the
+/// heard sequences the parts before it left, and its chunks take the positions after theirs: each part's outcome is
+/// what it would have been had the parts committed one after another.
+///
+/// Where this connection knows every source's row and heard sequence (it read or committed them last), the parts
+/// are cut against those and written in **one wait** (BEGIN, the heard sequences moved conditionally, the head,
+/// the chunks, COMMIT), without locking the rows first: the conditional update is what keeps each record once (a
+/// heard sequence another node moved meanwhile fails it, the transaction rolls back, and the parts are applied
+/// again the other way). Otherwise, or then, as [`try_part`]: every source made and locked in one statement in
+/// name order, the heard sequences read there (one wait), then the write.
+async fn try_parts(
+    target: &Target,
+    conn: &mut Conn,
+    app_id: i32,
+    parts: &[&AppTurn],
+) -> Result<Vec<Applied>, Refused> {
+    let fail = |doing| refusal(target, doing);
+    let Some(app) = parts.first().map(|p| p.app) else {
+        return Ok(Vec::new());
+    };
+    let sorted: Vec<Vec<Piece<'_>>> = parts
+        .iter()
+        .map(|part| {
+            let mut pieces: Vec<Piece<'_>> = part.pieces.iter().map(|p| p.as_piece()).collect();
+            pieces.sort_by(|a, b| (a.source, a.first_seq).cmp(&(b.source, b.first_seq)));
+            pieces
+        })
+        .collect();
+    let mut names: Vec<&str> = sorted.iter().flatten().map(|p| p.source).collect();
+    names.sort_unstable();
+    names.dedup();
+    // Outlets' progress, one row each (a statement may not update a row twice), the furthest the parts say.
+    let mut outlets: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+    for (name, acked) in parts.iter().flat_map(|p| p.outlets.iter()) {
+        let e = outlets.entry(name.as_str()).or_insert(0);
+        *e = (*e).max(*acked as i64);
+    }
+    let outlets: Vec<(&str, i64)> = outlets.into_iter().collect();
+    let remember = |conn: &mut Conn, cut: &Cut| {
+        for (name, id, heard) in &cut.after {
+            conn.known.insert((app, name.clone()), Some((*id, *heard)));
+        }
+    };
+    // The fast way: every row and heard sequence known here, and something to store (a turn of duplicates only
+    // reads what the database holds, below).
+    let cached: Option<HashMap<&str, (i64, u64)>> = names
+        .iter()
+        .map(|n| {
+            let v = conn.known.get(&(app, n.to_string())).copied().flatten()?;
+            Some((*n, v))
+        })
+        .collect();
+    if let Some(cut) = cached.as_ref().and_then(|h| cut_parts(&sorted, h))
+        && cut.n > 0
+    {
+        let stored_at = crate::store::now_ms();
+        match write_cut(conn, app_id, &cut, &outlets, stored_at, true).await {
+            Ok(Written::Committed(head)) => {
+                remember(conn, &cut);
+                return Ok(finish_cut(cut, head, parts, stored_at));
+            }
+            // Another node moved a heard sequence: forget what this connection knew of these rows' heard
+            // sequences, and lock and read them.
+            Ok(Written::Moved) => mark_known_names(conn, app, &names),
+            Err(e) => return Err(fail("storing a turn")(e)),
+        }
+    }
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let new: Vec<String> = names
+        .iter()
+        .filter(|n| !conn.known.contains_key(&(app, (*n).clone())))
+        .cloned()
+        .collect();
+    let c = &conn.client;
+    let st = &conn.st;
+    let lock_args: [&(dyn ToSql + Sync); 2] = [&app_id, &names];
+    let add_args: [&(dyn ToSql + Sync); 2] = [&app_id, &new];
+    let first = if new.is_empty() {
+        tokio::try_join!(
+            c.execute(&st.begin, &[]),
+            c.query(&st.lock_sources, &lock_args)
+        )
+        .map(|(_, rows)| rows)
+    } else {
+        tokio::try_join!(
+            c.execute(&st.add_sources, &add_args),
+            c.execute(&st.begin, &[]),
+            c.query(&st.lock_sources, &lock_args)
+        )
+        .map(|(_, _, rows)| rows)
+    };
+    let locked = match first {
+        Ok(rows) => rows,
+        Err(e) => {
+            let _ = c.execute(&st.rollback, &[]).await;
+            return Err(fail("locking the turn's sources")(e));
+        }
+    };
+    let rows: Vec<(String, i64, u64)> = locked
+        .iter()
+        .map(|r| {
+            (
+                r.get::<_, String>(1),
+                r.get::<_, i64>(0),
+                r.get::<_, i64>(2) as u64,
+            )
+        })
+        .collect();
+    let heard: HashMap<&str, (i64, u64)> = rows
+        .iter()
+        .map(|(name, id, h)| (name.as_str(), (*id, *h)))
+        .collect();
+    let Some(cut) = cut_parts(&sorted, &heard) else {
+        // As in try_part: a row this connection made or saw is gone; forget what it knows, and try again.
+        let _ = c.execute(&st.rollback, &[]).await;
+        conn.known.clear();
+        return Err(Refused::Retry);
+    };
+    if cut.n == 0 && outlets.is_empty() {
+        // Nothing to write: the heard sequences read under the locks are the outcome.
+        c.execute(&st.rollback, &[])
+            .await
+            .map_err(fail("ending a turn with nothing to store"))?;
+        remember(conn, &cut);
+        return Ok(cut.applied);
+    }
+    let stored_at = crate::store::now_ms();
+    match write_cut(conn, app_id, &cut, &outlets, stored_at, false).await {
+        Ok(Written::Committed(head)) => {
+            remember(conn, &cut);
+            Ok(finish_cut(cut, head, parts, stored_at))
+        }
+        // A heard sequence moved since it was read: not under READ COMMITTED with the rows locked, but on an engine
+        // that locks otherwise. The cut is made again against what is there now.
+        Ok(Written::Moved) => {
+            mark_known_names(conn, app, &names);
+            Err(Refused::Retry)
+        }
+        Err(e) => Err(fail("storing a turn")(e)),
+    }
+}
+
+/// [`mark_known`] for names borrowed as `&str`.
+fn mark_known_names<S: AsRef<str>>(conn: &mut Conn, app: AppIndex, names: &[S]) {
+    for n in names {
+        conn.known.insert((app, n.as_ref().to_string()), None);
+    }
 }
 
 /// The arrays a part's LISTENs are given to the database as (docs/scale-out.md, "Downlink on a fleet").
@@ -2444,9 +2990,11 @@ async fn try_down_part(
     Ok(applied)
 }
 
+/// The rows of `names` are there; what their heard sequences are now, this connection does not say (a turn of
+/// [`try_part`] may have moved them).
 fn mark_known(conn: &mut Conn, app: AppIndex, names: &[String]) {
     for n in names {
-        conn.known.insert((app, n.clone()));
+        conn.known.insert((app, n.clone()), None);
     }
 }
 

@@ -158,6 +158,13 @@ impl PgCluster {
     /// database whose fsync is off; every test runs with it on).
     #[allow(dead_code)]
     pub fn restart_with_fsync(&self, on: bool) {
+        self.restart_with(on, "");
+    }
+
+    /// [`PgCluster::restart_with_fsync`] with more server options (`-c name=value …`): research/047 preloads
+    /// `pg_stat_statements` to see which statements take a turn's time.
+    #[allow(dead_code)]
+    pub fn restart_with(&self, fsync: bool, extra: &str) {
         self.run(
             "pg_ctl",
             &[
@@ -169,10 +176,14 @@ impl PgCluster {
                 "stop",
             ],
         );
-        self.start_server_fsync(on);
+        self.start_server_with(fsync, extra);
     }
 
     fn start_server_fsync(&self, fsync: bool) {
+        self.start_server_with(fsync, "");
+    }
+
+    fn start_server_with(&self, fsync: bool, extra: &str) {
         let listen = match &self.netns {
             Some((_, addr)) => addr.as_str(),
             None if self.tcp => "127.0.0.1",
@@ -181,9 +192,9 @@ impl PgCluster {
         let fsync = if fsync { "on" } else { "off" };
         // Research runs may add server options (`PURE_PG_OPTS`, e.g. `-c log_min_duration_statement=20`) and keep
         // the server's log where they say (`PURE_PG_LOG`); tests never set them.
-        let extra = std::env::var("PURE_PG_OPTS").unwrap_or_default();
+        let research = std::env::var("PURE_PG_OPTS").unwrap_or_default();
         let opts = format!(
-            "-k {} -p {} -c listen_addresses={listen} -c fsync={fsync} -c synchronous_commit=on {extra}",
+            "-k {} -p {} -c listen_addresses={listen} -c fsync={fsync} -c synchronous_commit=on {extra} {research}",
             self.socket_dir().display(),
             self.port
         );
