@@ -3,7 +3,8 @@
 # SQLite alone takes for the same rows in the same batches (store_alone.py), side by side, RUNS times, each on a
 # fresh state directory on disk. JSON lines on standard output.
 # usage: run.sh [N] [RUNS]   (from the repository's root; BIN=path overrides target/release/pure-serve;
-#        BINS="label=path label=path" compares builds side by side, VARIANTS picks the variants)
+#        BINS="label=path label=path" compares builds side by side, VARIANTS picks the variants;
+#        FLEET_URL=postgres://… and FLEET_RESET="command" run the node on a fleet's database, emptied each run)
 set -eu
 N="${1:-1000000}"
 RUNS="${2:-3}"
@@ -34,8 +35,17 @@ for run in $(seq 1 "$RUNS"); do
             # Emptied here, not by the redirection below: that happens in the child, after this shell may have
             # read the last run's "ready".
             : > "$WORK/node.out"
+            # A fleet's node (addendum 2): FLEET_URL names a PostgreSQL database, emptied before each run by
+            # FLEET_RESET (a shell command), and the node gets an identity file of its own.
+            NODE_ARGS=""
+            if [ -n "${FLEET_URL:-}" ]; then
+                sh -c "$FLEET_RESET"
+                [ -e "$WORK/node.key" ] || "$BIN" keygen --out "$WORK/node.key" >/dev/null 2>&1
+                NODE_ARGS="--key $WORK/node.key --store $FLEET_URL"
+            fi
+            # shellcheck disable=SC2086
             "$BIN" --state "$WORK/state" --senders "$WORK/senders" --bind 127.0.0.1 --link-port 0 --http-port 0 \
-                --metrics-listen 127.0.0.1:0 >> "$WORK/node.out" 2>&1 &
+                --metrics-listen 127.0.0.1:0 $NODE_ARGS >> "$WORK/node.out" 2>&1 &
             NODE=$!
             while ! grep -q '^ready' "$WORK/node.out" 2>/dev/null; do sleep 0.05; done
             PUB=$(sed -n 's/^public key: *//p' "$WORK/node.out")
