@@ -2053,22 +2053,40 @@ async fn try_part(
     {
         let base = (head - n) as u64;
         for (k, records) in bodies.into_iter().enumerate() {
-            applied.new_chunks.push(Chunk {
-                pos: base + c_off[k] as u64,
-                source: chunk_sources[k].clone(),
-                first_seq: c_first[k] as u64,
-                count: c_count[k] as u64,
-                format: if c_fmt[k] == RecordFormat::Forwarded as i16 {
-                    RecordFormat::Forwarded
-                } else {
-                    RecordFormat::Plain
-                },
-                stored_at_ms: stored_at,
-                body: records,
-            });
+            applied.new_chunks.push(stored_chunk(
+                base + c_off[k] as u64,
+                chunk_sources[k].clone(),
+                (c_first[k], c_count[k], c_fmt[k]),
+                stored_at,
+                records,
+            ));
         }
     }
     Ok(applied)
+}
+
+/// A chunk a turn stored, as the host keeps it (`keep_new`): at `pos`, from the chunk arrays' `(first_seq, count,
+/// format)` written with it, by either record path.
+fn stored_chunk(
+    pos: u64,
+    source: String,
+    (first, count, format): (i64, i32, i16),
+    stored_at_ms: i64,
+    body: Vec<u8>,
+) -> Chunk {
+    Chunk {
+        pos,
+        source,
+        first_seq: first as u64,
+        count: count as u64,
+        format: if format == RecordFormat::Forwarded as i16 {
+            RecordFormat::Forwarded
+        } else {
+            RecordFormat::Plain
+        },
+        stored_at_ms,
+        body,
+    }
 }
 
 /// Several parts of one app cut against the heard sequences of their sources, in order: what they store, as the
@@ -2197,19 +2215,13 @@ fn finish_cut(cut: Cut, head: Option<i64>, parts: &[&AppTurn], stored_at: i64) -
             continue;
         }
         for k in chunks {
-            a.new_chunks.push(Chunk {
-                pos: (base + c_off[k]) as u64,
-                source: chunk_sources[k].clone(),
-                first_seq: c_first[k] as u64,
-                count: c_count[k] as u64,
-                format: if c_fmt[k] == RecordFormat::Forwarded as i16 {
-                    RecordFormat::Forwarded
-                } else {
-                    RecordFormat::Plain
-                },
-                stored_at_ms: stored_at,
-                body: bodies[k].take().unwrap_or_default(),
-            });
+            a.new_chunks.push(stored_chunk(
+                (base + c_off[k]) as u64,
+                chunk_sources[k].clone(),
+                (c_first[k], c_count[k], c_fmt[k]),
+                stored_at,
+                bodies[k].take().unwrap_or_default(),
+            ));
         }
     }
     applied
