@@ -376,6 +376,9 @@ pub struct SenderStats {
     pub cookies_received: u64,
     /// Datagrams left unsent because a flow's queue could not read its records (a queue in flash).
     pub queue_read_failures: u64,
+    /// ACK frames ignored because they acknowledged past the largest sequence a node stores (2^63 − 1,
+    /// protocol.md 7.3): no node sends one.
+    pub acks_past_stored_range: u64,
 }
 
 impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SENT: usize>
@@ -1096,6 +1099,11 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
                     let Some(i) = self.flows.iter().position(|f| f.app.as_bytes() == app) else {
                         continue;
                     };
+                    if stored_through > wire::MAX_STORED_SEQ {
+                        // Acknowledging it would number records past 2^64 - 1.
+                        self.stats.acks_past_stored_range += 1;
+                        continue;
+                    }
                     let f = &mut self.flows[i];
                     if f.floor_echo.is_some() && echoed < f.floor_echo {
                         // Built before the node went back (docs/protocol.md 7.3): about records it lost.
@@ -1382,6 +1390,70 @@ mod tests {
         assert_eq!(s.downlink_heard("main"), Some(4));
         // The acknowledgement goes at once, carrying the new heard sequence.
         assert!(s.poll_transmit(now, &mut out));
+    }
+
+    #[test]
+    fn acks_near_the_largest_sequence_move_nothing_past_it_and_never_panic() {
+        // A hostile node may acknowledge any sequence up to 2^64 - 1 (the fuzz target node_packet found a panic
+        // there: `stored_through + 1` wrapped). No honest node acknowledges past 2^63 - 1 (protocol.md 5.1).
+        let node = Identity::generate();
+        let device = Identity::generate();
+        let shared = node.shared_secret(device.public()).unwrap();
+        let key = crypto::node_to_sender_key(&shared, 3, 1, device.public(), node.public());
+        let big = [
+            u64::MAX,
+            u64::MAX - 1,
+            u64::MAX - 2,
+            1 << 63,
+            (1 << 63) - 1,
+            (1 << 63) - 2,
+        ];
+        for &first in &big {
+            for &second in &big {
+                let mut s =
+                    Sender::new(SenderConfig::with_run_id(device.clone(), *node.public(), 3))
+                        .unwrap();
+                s.open_flow("main", FlowStart::At(1)).unwrap();
+                for _ in 0..3 {
+                    s.queue("main", b"record").unwrap();
+                }
+                let now = Instant::now();
+                let mut out = Vec::new();
+                while s.poll_transmit(now, &mut out) {}
+                for (pn, through) in [(0, first), (1, second)] {
+                    let mut p = Vec::new();
+                    NodeHeader {
+                        epoch: 1,
+                        packet_number: pn,
+                    }
+                    .emit(&mut p);
+                    wire::put_echo(&mut p, pn + 1);
+                    wire::put_ack(&mut p, b"main", through);
+                    crypto::seal(&key, pn, &mut p, wire::NODE_HEADER_LEN);
+                    s.handle_datagram(now, &mut p, &mut |_| {});
+                    while s.poll_transmit(now, &mut out) {}
+                    let _ = s.queue("main", b"more");
+                    while s.poll_transmit(now, &mut out) {}
+                }
+                let later = now + core::time::Duration::from_secs(10);
+                s.handle_timeout(later, &mut |_| {});
+                while s.poll_transmit(later, &mut out) {}
+                let past = [first, second]
+                    .iter()
+                    .filter(|&&a| a > wire::MAX_STORED_SEQ)
+                    .count() as u64;
+                assert_eq!(
+                    s.stats().acks_past_stored_range,
+                    past,
+                    "{first} then {second}"
+                );
+                let f = &s.flows[0];
+                assert!(f.acked <= wire::MAX_STORED_SEQ && f.cursor > f.acked);
+                if past == 2 {
+                    assert_eq!((f.acked, f.records.len()), (0, 5), "nothing released");
+                }
+            }
+        }
     }
 
     #[test]

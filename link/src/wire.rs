@@ -24,6 +24,9 @@ pub const TYPE_COOKIE: u8 = (VERSION << 4) | 3;
 pub const TYPE_SENDER_COOKIE: u8 = (VERSION << 4) | 4;
 /// Length of a cookie.
 pub const COOKIE_LEN: usize = 16;
+/// The largest sequence a node stores (its store's integers are signed 64-bit, protocol.md 5.1): no node
+/// acknowledges past it.
+pub const MAX_STORED_SEQ: u64 = (1 << 63) - 1;
 /// What a cookie adds in front of a sender packet: the type byte and the cookie.
 pub const COOKIE_PREFIX_LEN: usize = 1 + COOKIE_LEN;
 /// A COOKIE packet: type, the header fields of the packet it answers (key id, run id, packet number), cookie.
