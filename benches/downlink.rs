@@ -772,8 +772,10 @@ fn part_live_mixed(a: &Args, listed: usize) {
         .unwrap();
     let to = name(0);
     let pause = Duration::from_millis(5);
-    let (mut up, mut dg, mut http) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut dg_pair, mut http_pair) = (Vec::new(), Vec::new());
+    let (mut up, mut dg, mut http, mut kept) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut dg_pair, mut http_pair, mut kept_pair) = (Vec::new(), Vec::new(), Vec::new());
+    // A pusher that keeps its connection: what an HTTP push costs without a connection of its own.
+    let mut pusher = KeptPusher::connect(&socket);
     for k in 0..200 {
         uplink
             .sender()
@@ -795,6 +797,13 @@ fn part_live_mixed(a: &Args, listed: usize) {
         let (_, at) = handed.recv_timeout(Duration::from_secs(30)).unwrap();
         let h = ms(at.duration_since(t));
         std::thread::sleep(pause);
+        let t = Instant::now();
+        pusher.push(&to, body.as_bytes());
+        let (_, at) = handed.recv_timeout(Duration::from_secs(30)).unwrap();
+        let kh = ms(at.duration_since(t));
+        std::thread::sleep(pause);
+        kept.push(kh);
+        kept_pair.push(kh / u);
         up.push(u);
         dg.push(d);
         http.push(h);
@@ -818,6 +827,8 @@ fn part_live_mixed(a: &Args, listed: usize) {
             "dgram_p50_over_uplink_p50": d50 / u50, "socket_p50_over_uplink_p50": h50 / u50,
             "dgram_over_uplink_pair_p50": percentile(&mut dg_pair, 0.5),
             "socket_over_uplink_pair_p50": percentile(&mut http_pair, 0.5),
+            "kept_p50_ms": percentile(&mut kept, 0.5),
+            "kept_over_uplink_pair_p50": percentile(&mut kept_pair, 0.5),
             "fdatasync_p50_ms": fsync, "udp_rtt_p50_ms": rtt,
             "dgram_p50_over_commit_plus_rtt": d50 / (fsync + rtt),
         }),
