@@ -13,7 +13,9 @@
 //!   the node's own commit and round trip the other way (one record from the device on a live run → its stored ack).
 //!   With `--senders N`, once for each N, the device among N listed senders.
 //! - `live-mixed` (only when named): the same pushes and uplink records taken in turn, each beside the others in
-//!   the same seconds (research/046: the disk's sync time moved tenfold within a run); `--senders N` as for `live`.
+//!   the same seconds (research/046: the disk's sync time moved tenfold within a run), and a fourth, an HTTP push on
+//!   one connection kept for all of them (`kept_*`, research/049: a connection of its own costs a push ~0.1 ms);
+//!   `--senders N` as for `live`.
 //! - `wake`: a device that wakes every second (a new run each time, its session swept between): push → program.
 //! - `one`: records/s to one device (20,000 records of 32 bytes waiting), and records per answer.
 //! - `wide`: 100,000 devices with one record each woken together, beside the same devices' uplink of one record
