@@ -13,7 +13,9 @@
 //!   the node's own commit and round trip the other way (one record from the device on a live run → its stored ack).
 //!   With `--senders N`, once for each N, the device among N listed senders.
 //! - `live-mixed` (only when named): the same pushes and uplink records taken in turn, each beside the others in
-//!   the same seconds (research/046: the disk's sync time moved tenfold within a run); `--senders N` as for `live`.
+//!   the same seconds (research/046: the disk's sync time moved tenfold within a run), and a fourth, an HTTP push on
+//!   one connection kept for all of them (`kept_*`, research/049: a connection of its own costs a push ~0.1 ms);
+//!   `--senders N` as for `live`.
 //! - `wake`: a device that wakes every second (a new run each time, its session swept between): push → program.
 //! - `one`: records/s to one device (20,000 records of 32 bytes waiting), and records per answer.
 //! - `wide`: 100,000 devices with one record each woken together, beside the same devices' uplink of one record
@@ -772,8 +774,10 @@ fn part_live_mixed(a: &Args, listed: usize) {
         .unwrap();
     let to = name(0);
     let pause = Duration::from_millis(5);
-    let (mut up, mut dg, mut http) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut dg_pair, mut http_pair) = (Vec::new(), Vec::new());
+    let (mut up, mut dg, mut http, mut kept) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut dg_pair, mut http_pair, mut kept_pair) = (Vec::new(), Vec::new(), Vec::new());
+    // A pusher that keeps its connection: what an HTTP push costs without a connection of its own.
+    let mut pusher = KeptPusher::connect(&socket);
     for k in 0..200 {
         uplink
             .sender()
@@ -795,6 +799,13 @@ fn part_live_mixed(a: &Args, listed: usize) {
         let (_, at) = handed.recv_timeout(Duration::from_secs(30)).unwrap();
         let h = ms(at.duration_since(t));
         std::thread::sleep(pause);
+        let t = Instant::now();
+        pusher.push(&to, body.as_bytes());
+        let (_, at) = handed.recv_timeout(Duration::from_secs(30)).unwrap();
+        let kh = ms(at.duration_since(t));
+        std::thread::sleep(pause);
+        kept.push(kh);
+        kept_pair.push(kh / u);
         up.push(u);
         dg.push(d);
         http.push(h);
@@ -818,6 +829,8 @@ fn part_live_mixed(a: &Args, listed: usize) {
             "dgram_p50_over_uplink_p50": d50 / u50, "socket_p50_over_uplink_p50": h50 / u50,
             "dgram_over_uplink_pair_p50": percentile(&mut dg_pair, 0.5),
             "socket_over_uplink_pair_p50": percentile(&mut http_pair, 0.5),
+            "kept_p50_ms": percentile(&mut kept, 0.5),
+            "kept_over_uplink_pair_p50": percentile(&mut kept_pair, 0.5),
             "fdatasync_p50_ms": fsync, "udp_rtt_p50_ms": rtt,
             "dgram_p50_over_commit_plus_rtt": d50 / (fsync + rtt),
         }),

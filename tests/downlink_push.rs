@@ -248,6 +248,105 @@ fn a_record_pushed_to_a_live_listening_session_goes_out_without_waiting_for_the_
     assert_eq!(first_downs(&mut link), vec![(1, b"now".to_vec())]);
 }
 
+/// Pushes on one kept-alive connection of the push socket, each `POST /push` of `records` answered before the next:
+/// the answers' (status, JSON) in order.
+fn pushes_on_one_connection(
+    socket: &Path,
+    to: &str,
+    records: &[String],
+) -> Vec<(u16, serde_json::Value)> {
+    use std::io::BufRead;
+    let stream = UnixStream::connect(socket).unwrap();
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut stream = std::io::BufReader::new(stream);
+    let mut answers = Vec::new();
+    for r in records {
+        let body = format!("{r}\n");
+        let request = format!(
+            "POST /push?app=main&to={to} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.get_mut().write_all(request.as_bytes()).unwrap();
+        let mut status = String::new();
+        stream.read_line(&mut status).unwrap();
+        let mut length = 0usize;
+        loop {
+            let mut line = String::new();
+            stream.read_line(&mut line).unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0u8; length];
+        stream.read_exact(&mut body).unwrap();
+        answers.push((
+            status[9..12].parse().unwrap(),
+            serde_json::from_slice(&body).unwrap(),
+        ));
+    }
+    answers
+}
+
+/// Pushes from several pushers at once to a live listening device, many taken into each turn (the loop busy with
+/// them): each pusher is answered once per push, in the order of its pushes (its records numbered in that order),
+/// none is lost or answered twice, and the device is handed every record once, in order. The answers are sent after
+/// the turn's DOWN datagrams (research/049): this checks that holding them loses and reorders none.
+#[test]
+fn pushes_from_several_pushers_at_once_are_each_answered_in_order_and_none_is_lost() {
+    const PUSHERS: usize = 4;
+    const EACH: usize = 25;
+    let dir = tempfile::tempdir().unwrap();
+    let (key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    // Live and listening, so that the node sends each turn's records to it as the pushes are answered.
+    let _live = live_listening_link(&node, &key);
+    let socket = state.join("push.sock");
+    let pushers: Vec<_> = (0..PUSHERS)
+        .map(|p| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let records: Vec<String> = (0..EACH).map(|k| format!("p{p} {k}")).collect();
+                (
+                    records.clone(),
+                    pushes_on_one_connection(&socket, "kitchen-1", &records),
+                )
+            })
+        })
+        .collect();
+    let mut numbered = std::collections::BTreeMap::new();
+    for pusher in pushers {
+        let (records, answers) = pusher.join().unwrap();
+        assert_eq!(answers.len(), EACH);
+        let mut last = 0;
+        for (record, (status, v)) in records.iter().zip(&answers) {
+            assert_eq!(*status, 200, "{v}");
+            assert_eq!(v["count"].as_u64(), Some(1), "{v}");
+            let seq = v["last"].as_u64().unwrap();
+            assert!(
+                seq > last,
+                "a pusher's answers in the order of its pushes: {seq} after {last}"
+            );
+            last = seq;
+            assert!(
+                numbered.insert(seq, record.clone().into_bytes()).is_none(),
+                "numbered twice: {seq}"
+            );
+        }
+    }
+    let all = (PUSHERS * EACH) as u64;
+    assert_eq!(
+        numbered.keys().copied().collect::<Vec<_>>(),
+        (1..=all).collect::<Vec<_>>()
+    );
+    // A new session of the device from 0 is handed every record once, in order, as the answers numbered them.
+    let got = listen(&node, &key, 0, PUSHERS * EACH);
+    assert_eq!(got, numbered.into_iter().collect::<Vec<_>>());
+}
+
 #[test]
 fn pushes_that_cannot_be_queued_say_why_queue_nothing_and_exit_by_kind() {
     let dir = tempfile::tempdir().unwrap();

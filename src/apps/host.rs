@@ -442,6 +442,8 @@ pub struct Host {
     inner_queue: Option<Arc<outbox::InnerQueue>>,
     /// Pushes taken since the last turn, which the next one hands the store (`pushes.rs`).
     turn_pushes: Vec<TurnPush>,
+    /// Answers of finished pushes, sent by [`Host::send_push_answers`] after the finished turns' datagrams.
+    due_answers: pushes::DueAnswers,
     /// How the stores' last run ended, for stores opened later (an app a reload adds).
     start: StoreStart,
 }
@@ -599,6 +601,7 @@ impl Host {
             outbox_wake,
             inner_queue: None,
             turn_pushes: Vec::new(),
+            due_answers: pushes::DueAnswers::default(),
             start: StoreStart::default(),
         };
         let mut changes = OutletChanges::default();

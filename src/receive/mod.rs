@@ -753,6 +753,9 @@ impl ReadyNode {
         if self.host.poll_synced(&mut self.node) {
             self.after_finish();
         }
+        // Answers held for a round with no datagrams of finished turns to send first (after_finish sent the others
+        // already): none waits for a later turn, which a fleet's store that is behind may not take for a while.
+        self.host.send_push_answers();
     }
 
     /// Commits the turn being filled and waits for every sync: after it nothing taken is uncommitted or
@@ -784,7 +787,9 @@ impl ReadyNode {
         udp.clear();
         self.udp_out = udp;
         // After the datagrams of the same turns: a push to a live session reaches its device first, and the pusher
-        // then (on the stream socket the answer goes first: its thread must be woken, research/032).
+        // then, on either socket (research/049: answered first, the push socket's pusher woke the HTTP thread,
+        // which took this core before the DOWN left).
+        self.host.send_push_answers();
         if let Some(d) = self.push_datagrams.as_mut() {
             d.answer(Instant::now(), false);
         }

@@ -205,8 +205,39 @@ impl Host {
                     Pushed::Refused(_) => a.down_refused += p.records,
                 }
             }
-            let _ = p.answer.send(answer);
+            self.due_answers.0.push((p.answer, answer));
         }
+    }
+
+    /// Sends the answers of the pushes finished since the last call. The receive loop calls it once the finished
+    /// turns' datagrams are sent, so that a pushed record's DOWN leaves before its pusher is answered
+    /// ([`DueAnswers`] says why).
+    pub fn send_push_answers(&mut self) {
+        self.due_answers.send_all();
+    }
+}
+
+/// Answers of finished pushes, held until the loop has sent the datagrams of the same turns
+/// ([`Host::send_push_answers`]). An answer to a pusher on the push socket wakes the HTTP thread; sent before the
+/// DOWN that carries the pushed records, that wake took the loop's core on two cores and the device waited for its
+/// records until the HTTP thread had answered (research/049: about 30 µs a push). A datagram pusher's answer
+/// is read from the same queue after the datagrams too, as it always was. Dropped (the host is gone), the answers
+/// held are sent: one is never lost for being held.
+#[derive(Debug, Default)]
+pub(super) struct DueAnswers(Vec<(AnswerTo, PushAnswer)>);
+
+impl DueAnswers {
+    fn send_all(&mut self) {
+        for (to, answer) in self.0.drain(..) {
+            // A pusher that stopped waiting is nobody to tell.
+            let _ = to.send(answer);
+        }
+    }
+}
+
+impl Drop for DueAnswers {
+    fn drop(&mut self) {
+        self.send_all();
     }
 }
 
@@ -214,6 +245,37 @@ impl Host {
 mod tests {
     use super::*;
     use crate::store::StoreError;
+
+    /// A finished push's answer waits for [`Host::send_push_answers`], which the loop calls once the same turns'
+    /// datagrams are sent, and goes then, in the order the pushes were finished; answers still held when the host
+    /// goes away are sent as it does, so none is lost (the pusher would be told that nothing was queued).
+    #[test]
+    fn answers_are_held_until_sent_in_order_and_never_dropped_unsent() {
+        use tokio::sync::oneshot;
+        let mut due = DueAnswers::default();
+        let (first, mut first_rx) = oneshot::channel();
+        let (second, mut second_rx) = oneshot::channel();
+        due.0.push((first.into(), PushAnswer::Empty));
+        due.0
+            .push((second.into(), PushAnswer::NotFound("no sender".into())));
+        assert!(first_rx.try_recv().is_err(), "held until sent");
+        due.send_all();
+        assert_eq!(first_rx.try_recv().unwrap(), PushAnswer::Empty);
+        assert_eq!(
+            second_rx.try_recv().unwrap(),
+            PushAnswer::NotFound("no sender".into())
+        );
+        assert!(due.0.is_empty());
+
+        let (held, mut held_rx) = oneshot::channel();
+        due.0.push((held.into(), PushAnswer::Empty));
+        drop(due);
+        assert_eq!(
+            held_rx.try_recv().unwrap(),
+            PushAnswer::Empty,
+            "sent when dropped"
+        );
+    }
 
     fn failed(maybe_queued: bool) -> PushOutcome {
         PushOutcome::Failed {
