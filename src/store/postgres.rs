@@ -104,6 +104,8 @@ pub const IDLE_IN_TRANSACTION: &str = "5s";
 /// row (research/031). Tables an earlier node made keep theirs. `sources` leaves half of each page free: every stored
 /// turn moves its sources' heard sequences, and with room on the page PostgreSQL writes the new row version there
 /// (a HOT update) with no new index entries; on full pages each move also wrote both indexes (research/047).
+/// `down_flows` likewise: every push moves its flow's next sequence, and on full pages each move wrote its index
+/// too (research/043, addendum 3).
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS pure_layout (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS apps (
@@ -148,7 +150,7 @@ CREATE TABLE IF NOT EXISTS down_flows (
     next_seq BIGINT NOT NULL,
     acked    BIGINT NOT NULL,
     PRIMARY KEY (app, sender)
-);
+) WITH (fillfactor = 50);
 CREATE TABLE IF NOT EXISTS downlink (
     app        INTEGER NOT NULL,
     sender     TEXT NOT NULL,
