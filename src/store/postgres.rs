@@ -683,7 +683,6 @@ struct DownStatements {
     claim_flows: Statement,
     expire: Statement,
     waiting: Statement,
-    waiting_expiring: Statement,
     insert: Statement,
     set_next: Statement,
     notify: Statement,
@@ -1799,26 +1798,6 @@ async fn make_conn_within(
                  ORDER BY u.i",
             )
             .await?,
-            // `waiting` for a part that deletes expired records only where there are any: what waits unexpired
-            // at `$3`, and how many records and pieces have expired, in the same probes (research/043 addendum 3).
-            waiting_expiring: p(
-                "SELECT u.i, d.n + r.n, d.b + r.b, d.e + r.e FROM unnest($2::text[]) WITH ORDINALITY AS u(s, i) \
-                 CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE expires_at IS NULL OR expires_at > $3::bigint) AS n, \
-                     COALESCE(sum(length(payload)) FILTER (WHERE expires_at IS NULL OR expires_at > $3::bigint), 0)::bigint AS b, \
-                     count(*) FILTER (WHERE expires_at <= $3::bigint) AS e \
-                     FROM downlink WHERE app = $1 AND sender = u.s) d \
-                 CROSS JOIN LATERAL (SELECT COALESCE(sum(r.last_seq - r.first_seq + 1) \
-                         FILTER (WHERE r.expires_at IS NULL OR r.expires_at > $3::bigint), 0)::bigint AS n, \
-                     COALESCE(sum(LEAST((r.first_piece + r.last_seq - r.first_seq + 1) * b.piece_len, length(y.bytes)) \
-                         - LEAST(r.first_piece * b.piece_len, length(y.bytes))) \
-                         FILTER (WHERE r.expires_at IS NULL OR r.expires_at > $3::bigint), 0)::bigint AS b, \
-                     COALESCE(sum(r.last_seq - r.first_seq + 1) FILTER (WHERE r.expires_at <= $3::bigint), 0)::bigint AS e \
-                     FROM down_ranges r JOIN down_blobs b ON b.app = r.app AND b.id = r.blob \
-                     JOIN down_blob_bytes y ON y.app = r.app AND y.id = r.blob \
-                     WHERE r.app = $1 AND r.sender = u.s) r \
-                 ORDER BY u.i",
-            )
-            .await?,
             // Every record of a part's pushes: its sender, sequence, payload and expiry.
             insert: p(
                 "INSERT INTO downlink (app, sender, seq, payload, queued_at, expires_at) \
@@ -2745,19 +2724,9 @@ async fn try_down_part(
             c.query(&ds.lock_flows, &flows_args).await.map(Answer::Rows)
         }
     }));
-    // A part of pushes only without files counts what expired with what waits and deletes it in the second wait,
-    // only for senders that have any (usually none: a statement and two probes a line saved); with files, a range
-    // expiring may delete a file this part references, so it is deleted first, before the file's row is looked at.
-    let deferred = claim && blobs.is_empty();
     let expired_at = first.len();
-    let waiting_at = if deferred { expired_at } else { expired_at + 1 };
-    if any_pushed && deferred {
-        first.push(Box::pin(async {
-            c.query(&ds.waiting_expiring, &expire_args)
-                .await
-                .map(Answer::Rows)
-        }));
-    } else if any_pushed {
+    let waiting_at = expired_at + 1;
+    if any_pushed {
         first.push(Box::pin(async {
             c.query(&ds.expire, &expire_args).await.map(Answer::Rows)
         }));
@@ -2814,17 +2783,7 @@ async fn try_down_part(
         }
     }
     let mut expired_of: HashMap<String, i64> = HashMap::new();
-    if any_pushed && deferred {
-        for r in rows_at(waiting_at) {
-            let i = r.get::<_, i64>(0);
-            let e = r.get::<_, Option<i64>>(3).unwrap_or(0);
-            if let Some(s) = usize::try_from(i - 1).ok().and_then(|k| pushing.get(k))
-                && e > 0
-            {
-                expired_of.insert((*s).to_owned(), e);
-            }
-        }
-    } else if any_pushed {
+    if any_pushed {
         for r in rows_at(expired_at) {
             expired_of.insert(r.get::<_, String>(0), r.get::<_, i64>(1));
         }
@@ -2991,23 +2950,7 @@ async fn try_down_part(
         delete: delete_args,
         read: read_args,
     } = fetches.args(&app_id, &now);
-    // The senders whose expired records were counted but not deleted yet (sorted, as `pushing`): deleted first.
-    let expiring: Vec<&str> = if deferred {
-        pushing
-            .iter()
-            .copied()
-            .filter(|s| expired_of.contains_key(*s))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let expiring_args: [&(dyn ToSql + Sync); 3] = [&app_id, &expiring, &now];
     let mut second: Vec<Sent<'_>> = Vec::new();
-    if !expiring.is_empty() {
-        second.push(Box::pin(async {
-            c.query(&ds.expire, &expiring_args).await.map(Answer::Rows)
-        }));
-    }
     if !i_sender.is_empty() {
         second.push(Box::pin(async {
             c.execute(&ds.insert, &insert_args)
