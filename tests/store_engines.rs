@@ -296,6 +296,60 @@ fn same_downlink_outcomes(store: &mut dyn TurnStore) {
         a.down.reads[0].records,
         vec![down(1, b"p1"), down(2, b"p2")]
     );
+    // A part of pushes only whose later pushes to a sender are refused, the last of them to a sender made by the
+    // part: a fleet's database moves each flow past every push of the part first and then back to what was queued,
+    // so the next push is numbered right after, none skipped.
+    let one = DownLimits {
+        max_records: 1,
+        ..limits
+    };
+    let (_, pushed) = apply_down(
+        store,
+        112,
+        down_turn(
+            vec![
+                push_of("gap", &[b"g1"], one),
+                push_of("gap", &[b"g2"], one),
+                push_of("gap", &[b"g3", b"g4"], one),
+                push_of("gap", &[&[0u8; MAX_DOWN_PAYLOAD + 1]], limits),
+            ],
+            Vec::new(),
+        ),
+    );
+    assert_eq!(pushed[0], Pushed::Queued { first: 1, count: 1 });
+    assert!(pushed[1..].iter().all(|p| matches!(p, Pushed::Refused(_))));
+    apply(
+        store,
+        113,
+        down_turn(Vec::new(), vec![listen(0, "gap", 1, 100)]),
+    );
+    let (_, pushed) = apply_down(
+        store,
+        114,
+        down_turn(
+            vec![
+                push_of("gap", &[b"g5"], limits),
+                push_of("gap", &[b"g6", b"g7"], limits),
+            ],
+            Vec::new(),
+        ),
+    );
+    assert_eq!(
+        pushed,
+        vec![
+            Pushed::Queued { first: 2, count: 1 },
+            Pushed::Queued { first: 3, count: 2 },
+        ]
+    );
+    let a = apply(
+        store,
+        115,
+        down_turn(Vec::new(), vec![listen(0, "gap", 1, 100)]),
+    );
+    assert_eq!(
+        a.down.reads[0].records,
+        vec![down(2, b"g5"), down(3, b"g6"), down(4, b"g7")]
+    );
 }
 
 /// [`apply_down`], with each push's count of its sender's records that expired.
@@ -1756,6 +1810,25 @@ fn the_sources_table_a_node_makes_leaves_room_to_move_heard_sequences_in_place()
         one_row(
             &cluster.conninfo(),
             "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE relname = 'sources'",
+        ),
+        "fillfactor=50"
+    );
+}
+
+/// Every push moves its flow's next sequence: `down_flows` leaves room on its pages for that too (research/043,
+/// addendum 3).
+#[test]
+fn the_down_flows_table_a_node_makes_leaves_room_to_move_next_sequences_in_place() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "the_down_flows_table_a_node_makes_leaves_room_to_move_next_sequences_in_place",
+    ) else {
+        return;
+    };
+    let _engine = pg_engine(&cluster);
+    assert_eq!(
+        one_row(
+            &cluster.conninfo(),
+            "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE relname = 'down_flows'",
         ),
         "fillfactor=50"
     );

@@ -104,6 +104,8 @@ pub const IDLE_IN_TRANSACTION: &str = "5s";
 /// row (research/031). Tables an earlier node made keep theirs. `sources` leaves half of each page free: every stored
 /// turn moves its sources' heard sequences, and with room on the page PostgreSQL writes the new row version there
 /// (a HOT update) with no new index entries; on full pages each move also wrote both indexes (research/047).
+/// `down_flows` likewise: every push moves its flow's next sequence, and on full pages each move wrote its index
+/// too (research/043, addendum 3).
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS pure_layout (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS apps (
@@ -148,7 +150,7 @@ CREATE TABLE IF NOT EXISTS down_flows (
     next_seq BIGINT NOT NULL,
     acked    BIGINT NOT NULL,
     PRIMARY KEY (app, sender)
-);
+) WITH (fillfactor = 50);
 CREATE TABLE IF NOT EXISTS downlink (
     app        INTEGER NOT NULL,
     sender     TEXT NOT NULL,
@@ -678,6 +680,7 @@ struct DownStatements {
     /// `count` above is the app's waiting count, moved once a part.
     add_flows: Statement,
     lock_flows: Statement,
+    claim_flows: Statement,
     expire: Statement,
     waiting: Statement,
     insert: Statement,
@@ -1747,6 +1750,20 @@ async fn make_conn_within(
                      WHERE app = $1 AND sender = u.s FOR UPDATE) f",
             )
             .await?,
+            // A part of pushes only: each pushed flow's row written once, its next sequence moved past every
+            // record the part pushes to it (`$3`), and the sequence before that returned (the flow's lock and its
+            // write in one; lock then write was two writes of the row a line, research/043 addendum 3). Found as
+            // `expire` finds rows, and locked in `$2`'s order (sorted, as every node locks them): a row another
+            // transaction wrote since the probe fails the `ctid` test again and is missing from the answer, and the
+            // part is tried again. The part then writes back the next sequence of any flow whose pushes were not
+            // all queued (`set_next`).
+            claim_flows: p(
+                "UPDATE down_flows f SET next_seq = f.next_seq + t.k FROM (SELECT x.c, u.k, u.i \
+                     FROM unnest($2::text[], $3::bigint[]) WITH ORDINALITY AS u(s, k, i) CROSS JOIN LATERAL \
+                     (SELECT ctid AS c FROM down_flows WHERE app = $1 AND sender = u.s OFFSET 0) x) t \
+                 WHERE f.ctid = t.c RETURNING t.i, f.next_seq - t.k",
+            )
+            .await?,
             // The senders' expired records and ranges (a range's blob losing its reference): per sender with
             // anything expired, how many records and pieces went. Rows are found by one index probe per sender (a
             // lateral subquery the planner may not flatten, `OFFSET 0`) and deleted by their `ctid`: a join of the
@@ -2661,7 +2678,20 @@ async fn try_down_part(
     flows.dedup();
     let flows_arg: Vec<&str> = flows.clone();
     let pushing_arg: Vec<&str> = pushing.clone();
+    // A part without LISTENs claims its flows (`claim_flows`): each row written once, moved past every record the
+    // part pushes to it, as if all were queued; a part with LISTENs locks every flow it reads or writes first.
+    let claim = listens.is_empty();
+    let mut claimed: Vec<i64> = vec![0; flows.len()];
+    if claim {
+        for p in pushes.iter().filter(|p| p.too_large().is_none()) {
+            if let Ok(k) = flows.binary_search(&p.sender.as_str()) {
+                claimed[k] =
+                    claimed[k].saturating_add(i64::try_from(p.count()).unwrap_or(i64::MAX));
+            }
+        }
+    }
     let flows_args: [&(dyn ToSql + Sync); 2] = [&app_id, &flows_arg];
+    let claim_args: [&(dyn ToSql + Sync); 3] = [&app_id, &flows_arg, &claimed];
     let push_args: [&(dyn ToSql + Sync); 2] = [&app_id, &pushing_arg];
     let expire_args: [&(dyn ToSql + Sync); 3] = [&app_id, &pushing_arg, &now];
     let blob_lock_args: Vec<Option<[&(dyn ToSql + Sync); 2]>> = known
@@ -2686,7 +2716,13 @@ async fn try_down_part(
     }));
     let locked_at = first.len();
     first.push(Box::pin(async {
-        c.query(&ds.lock_flows, &flows_args).await.map(Answer::Rows)
+        if claim {
+            c.query(&ds.claim_flows, &claim_args)
+                .await
+                .map(Answer::Rows)
+        } else {
+            c.query(&ds.lock_flows, &flows_args).await.map(Answer::Rows)
+        }
     }));
     let expired_at = first.len();
     let waiting_at = expired_at + 1;
@@ -2724,7 +2760,8 @@ async fn try_down_part(
         Some(Answer::Rows(r)) => r.as_slice(),
         _ => &[],
     };
-    // Each flow's next sequence, by its place in `flows` (the answer's ordinality counts from 1); the pushed
+    // Each flow's next sequence (before this part's claim), by its place in `flows` (the answer's ordinality counts
+    // from 1); the pushed
     // senders' records and bytes waiting, in `pushing`'s order; what expired, by sender.
     let mut next_of: Vec<Option<i64>> = vec![None; flows.len()];
     for r in rows_at(locked_at) {
@@ -2855,13 +2892,24 @@ async fn try_down_part(
             i_expires.push(expires);
         }
     }
-    // Each sender a push was queued for, and its next sequence after the part's pushes (counted under its lock).
+    // Each sender a push was queued for, and its next sequence after the part's pushes (counted under its lock);
+    // with the flows claimed, only those whose claim counted pushes that were refused, written back to what was
+    // queued (no sequence is skipped).
     let queued_for: HashSet<&str> = queued.iter().map(|(p, _)| p.sender.as_str()).collect();
     let (mut n_sender, mut n_next): (Vec<&str>, Vec<i64>) = (Vec::new(), Vec::new());
     for s in &pushing {
-        if queued_for.contains(s) {
+        let next = state[s].0;
+        let write = if claim {
+            let at = flows
+                .binary_search(s)
+                .expect("a pushed sender's flow is claimed");
+            next_of[at].map(|n| n.saturating_add(claimed[at])) != Some(next)
+        } else {
+            queued_for.contains(s)
+        };
+        if write {
             n_sender.push(s);
-            n_next.push(state[s].0);
+            n_next.push(next);
         }
     }
     let payloads: Vec<String> = queued.iter().map(|(p, _)| notice_of(app_id, p)).collect();

@@ -2,12 +2,12 @@
 # research/043 addendum 2: push --many on a fleet, builds side by side (BINS="label=path ..."), ROUNDS rounds.
 set -u
 B="$1"; OUT="$2"; ROUNDS="${3:-2}"; N="${4:-100000}"
-mkdir -p /tmp/r046/pglog && chmod 777 /tmp/r046/pglog
+mkdir -p ${PGLOG_DIR:-/tmp/r046/pglog} && chmod 777 ${PGLOG_DIR:-/tmp/r046/pglog}
 for r in $(seq 1 "$ROUNDS"); do
   for lb in $BINS; do
     label="${lb%%=*}"; bin="${lb#*=}"
     load="$(cut -d' ' -f1 /proc/loadavg)"
-    log="/tmp/r046/pglog/$label-$r.log"; rm -f "$log"
+    log="${PGLOG_DIR:-/tmp/r046/pglog}/$label-$r.log"; rm -f "$log"
     PURE_PG_LOG="$log" PURE_PG_OPTS="-c log_min_duration_statement=20" \
       "$B" --bench --only many-fleet --bin "$bin" --round "$r" --senders "$N" 2>/dev/null \
       | grep '^{' | sed "s/^{/{\"build\":\"$label\",\"load\":$load,/" >> "$OUT"
