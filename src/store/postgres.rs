@@ -2900,10 +2900,10 @@ async fn try_down_part(
     for s in &pushing {
         let next = state[s].0;
         let write = if claim {
-            let at = flows
-                .binary_search(s)
-                .expect("a pushed sender's flow is claimed");
-            next_of[at].map(|n| n.saturating_add(claimed[at])) != Some(next)
+            // Every pushed sender is among `flows`; were one not, writing its next sequence is always right.
+            flows.binary_search(s).map_or(true, |at| {
+                next_of[at].map(|n| n.saturating_add(claimed[at])) != Some(next)
+            })
         } else {
             queued_for.contains(s)
         };
