@@ -1796,40 +1796,27 @@ fn a_postgres_engine_that_knew_an_older_heard_sequence_stores_each_record_once()
     assert_eq!(head, 15);
 }
 
-/// The `sources` table a node makes leaves half of each page free (research/047): moving a heard sequence then
-/// writes its new row version on the same page (a HOT update), adding no index entries.
+/// The tables whose rows every turn moves leave half of each page free: `sources` (a heard sequence, research/047)
+/// and `down_flows` (a push's next sequence, research/043 addendum 3). The new row version is then written on the
+/// same page (a HOT update), adding no index entries.
 #[test]
-fn the_sources_table_a_node_makes_leaves_room_to_move_heard_sequences_in_place() {
+fn the_tables_a_node_makes_leave_room_to_move_heard_and_next_sequences_in_place() {
     let Some(cluster) = pg_util::PgCluster::start(
-        "the_sources_table_a_node_makes_leaves_room_to_move_heard_sequences_in_place",
+        "the_tables_a_node_makes_leave_room_to_move_heard_and_next_sequences_in_place",
     ) else {
         return;
     };
     let _engine = pg_engine(&cluster);
-    assert_eq!(
-        one_row(
-            &cluster.conninfo(),
-            "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE relname = 'sources'",
-        ),
-        "fillfactor=50"
-    );
-}
-
-/// Every push moves its flow's next sequence: `down_flows` leaves room on its pages for that too (research/043,
-/// addendum 3).
-#[test]
-fn the_down_flows_table_a_node_makes_leaves_room_to_move_next_sequences_in_place() {
-    let Some(cluster) = pg_util::PgCluster::start(
-        "the_down_flows_table_a_node_makes_leaves_room_to_move_next_sequences_in_place",
-    ) else {
-        return;
-    };
-    let _engine = pg_engine(&cluster);
-    assert_eq!(
-        one_row(
-            &cluster.conninfo(),
-            "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE relname = 'down_flows'",
-        ),
-        "fillfactor=50"
-    );
+    for table in ["sources", "down_flows"] {
+        assert_eq!(
+            one_row(
+                &cluster.conninfo(),
+                &format!(
+                    "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE relname = '{table}'"
+                ),
+            ),
+            "fillfactor=50",
+            "{table}"
+        );
+    }
 }
