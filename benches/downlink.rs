@@ -589,6 +589,18 @@ fn one_device_dir(extra_apps: Option<&str>) -> (tempfile::TempDir, Identity, Pat
     (dir, id, senders, extra)
 }
 
+/// One uplink record `up K` queued and delivered: ms from its send to its stored ack.
+fn one_stored_ack(uplink: &mut UdpLink, k: usize) -> f64 {
+    uplink
+        .sender()
+        .queue("main", format!("up {k}").into_bytes())
+        .unwrap();
+    let t = Instant::now();
+    let out = uplink.deliver(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(out.unacked, 0);
+    ms(t.elapsed())
+}
+
 /// 200 records, one at a time, from the device on a live run to `node`: each one's time to its stored ack, ms.
 /// `pause`: how long the device waits after an ack before its next record (the pushes below wait 5 ms between
 /// them; a loop left idle that long runs its next turn about three times slower, research/035).
@@ -598,14 +610,7 @@ fn uplink_stored_acks(id: &Identity, node: &Node, pause: Duration) -> Vec<f64> {
     uplink.deliver(Some(Duration::from_secs(10))).unwrap();
     (0..200)
         .map(|k| {
-            uplink
-                .sender()
-                .queue("main", format!("up {k}").into_bytes())
-                .unwrap();
-            let t = Instant::now();
-            let out = uplink.deliver(Some(Duration::from_secs(10))).unwrap();
-            assert_eq!(out.unacked, 0);
-            let took = ms(t.elapsed());
+            let took = one_stored_ack(&mut uplink, k);
             std::thread::sleep(pause);
             took
         })
@@ -779,14 +784,7 @@ fn part_live_mixed(a: &Args, listed: usize) {
     // A pusher that keeps its connection: what an HTTP push costs without a connection of its own.
     let mut pusher = KeptPusher::connect(&socket);
     for k in 0..200 {
-        uplink
-            .sender()
-            .queue("main", format!("up {k}").into_bytes())
-            .unwrap();
-        let t = Instant::now();
-        let out = uplink.deliver(Some(Duration::from_secs(10))).unwrap();
-        assert_eq!(out.unacked, 0);
-        let u = ms(t.elapsed());
+        let u = one_stored_ack(&mut uplink, k);
         std::thread::sleep(pause);
         let body = format!("mixed {k}\n");
         let t = Instant::now();
