@@ -629,6 +629,205 @@ fn two_postgres_engines_pushing_to_one_sender_give_each_sequence_once_and_tell_e
     );
 }
 
+/// A part of pushes to many senders is split over the engine's two connections, each sender's pushes in one
+/// transaction (research/050): every push numbered as if the part were one transaction, in order, none skipped,
+/// through a spare connection ended under it (its half queued on the first connection instead), with the waiting
+/// count exact; another node hears every push and the engine none of its own, the spare's included.
+#[test]
+fn postgres_pushes_to_many_senders_split_over_two_connections_keep_each_senders_order() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "postgres_pushes_to_many_senders_split_over_two_connections_keep_each_senders_order",
+    ) else {
+        return;
+    };
+    const SENDERS: usize = 100;
+    let limits = DownLimits {
+        max_records: 1 << 20,
+        ..DownLimits::default()
+    };
+    let name = |k: usize| format!("s{k:03}");
+    // Each sender twice, the rounds one after another: its two pushes are far apart in the part.
+    let part = |t: u64| {
+        let mut pushes = Vec::new();
+        for round in 0..2 {
+            for k in 0..SENDERS {
+                let payload = format!("{t}-{round}-{k}");
+                pushes.push(push_of(&name(k), &[payload.as_bytes()], limits));
+            }
+        }
+        down_turn(pushes, Vec::new())
+    };
+    let expect = |t: u64| -> Vec<Pushed> {
+        (0..2)
+            .flat_map(|round| {
+                (0..SENDERS).map(move |_| Pushed::Queued {
+                    first: 2 * (t - 1) + round + 1,
+                    count: 1,
+                })
+            })
+            .collect()
+    };
+    let backends = || -> Vec<i32> {
+        pg_util::sql(&cluster.conninfo(), async |client| {
+            client
+                .query(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = 'pure-serve' \
+                     ORDER BY backend_start",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
+        })
+    };
+    // Waits for the event (the spare connection made), not for a time.
+    let until_backends = |n: usize| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while backends().len() != n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the engine made no spare connection: {:?}",
+                backends()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let mut engine = pg_engine(&cluster);
+    // The first such part goes on one connection, and has the spare made beside it.
+    let (_, pushed) = apply_down(&mut engine, 1, part(1));
+    assert_eq!(pushed, expect(1));
+    until_backends(2);
+    // The spare ended under the engine: the part after is queued whole all the same.
+    let spare = *backends().last().unwrap();
+    pg_util::sql(&cluster.conninfo(), async |client| {
+        client
+            .execute("SELECT pg_terminate_backend($1)", &[&spare])
+            .await
+            .unwrap()
+    });
+    until_backends(1);
+    for t in 2..=3 {
+        let (_, pushed) = apply_down(&mut engine, t, part(t));
+        assert_eq!(pushed, expect(t), "turn {t}, after the spare ended");
+    }
+    // Whether turn `t`'s records were inserted by two transactions (one on each connection).
+    let split = |t: u64| {
+        let sql = format!(
+            "SELECT count(DISTINCT xmin::text)::text FROM downlink WHERE seq IN ({}, {})",
+            2 * t - 1,
+            2 * t
+        );
+        one_row(&cluster.conninfo(), &sql) == "2"
+    };
+    // Turns after `t` until one is split (the spare is made again beside them), and `more` after it: the first
+    // split turn, the last turn, and the waiting count the last said.
+    let until_split = |engine: &mut PostgresTurns, mut t: u64, more: u64| {
+        let (mut first_split, mut last) = (None, None);
+        while first_split.is_none_or(|f| t < f + more) {
+            t += 1;
+            assert!(t < 500, "no part was split over two connections");
+            let (applied, pushed) = apply_down(engine, t, part(t));
+            assert_eq!(pushed, expect(t), "turn {t}");
+            last = applied.down.waiting;
+            if first_split.is_none() && split(t) {
+                first_split = Some(t);
+            }
+        }
+        (first_split.unwrap(), t, last)
+    };
+    // The spare refuses its half of a part (a trigger that fails its inserts, and counts that it did): the half is
+    // queued on the first connection instead, and the spare made again.
+    let (_, t, _) = until_split(&mut engine, 3, 0);
+    let spare = *backends().last().unwrap();
+    pg_util::sql(&cluster.conninfo(), async |client| {
+        client
+            .batch_execute(&format!(
+                "CREATE SEQUENCE spare_refused; \
+                 CREATE FUNCTION refuse_spare() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+                     IF pg_backend_pid() = {spare} THEN PERFORM nextval('spare_refused'); \
+                         RAISE EXCEPTION 'the test refuses the spare'; END IF; RETURN NULL; END $$; \
+                 CREATE TRIGGER refuse_spare BEFORE INSERT ON downlink FOR EACH STATEMENT \
+                     EXECUTE FUNCTION refuse_spare();"
+            ))
+            .await
+            .unwrap()
+    });
+    let t = t + 1;
+    let (_, pushed) = apply_down(&mut engine, t, part(t));
+    assert_eq!(pushed, expect(t), "turn {t}, its spare's half refused");
+    assert_eq!(
+        one_row(
+            &cluster.conninfo(),
+            "SELECT last_value::text FROM spare_refused"
+        ),
+        "1",
+        "the spare's half was refused once"
+    );
+    pg_util::sql(&cluster.conninfo(), async |client| {
+        client
+            .batch_execute("DROP TRIGGER refuse_spare ON downlink")
+            .await
+            .unwrap()
+    });
+    let mut other = pg_engine(&cluster);
+    let heard_from = t + 1;
+    let (first_split, t, last) = until_split(&mut engine, t, 2);
+    assert!(
+        (first_split..=t).all(split),
+        "every part after the spare was made again went over two connections"
+    );
+    assert_eq!(
+        last,
+        Some(t * 2 * SENDERS as u64),
+        "the waiting count as the later of the two transactions left it"
+    );
+    // Each sender's records in the order pushed.
+    let listens = (0..SENDERS)
+        .step_by(33)
+        .enumerate()
+        .map(|(i, k)| listen(i, &name(k), 0, 1 << 20))
+        .collect();
+    let a = apply(&mut engine, t + 1, down_turn(Vec::new(), listens));
+    for (i, k) in (0..SENDERS).step_by(33).enumerate() {
+        let want: Vec<DownRecord> = (1..=t)
+            .flat_map(|t| (0..2u64).map(move |round| (t, round)))
+            .map(|(t, round)| {
+                down(
+                    2 * (t - 1) + round + 1,
+                    format!("{t}-{round}-{k}").as_bytes(),
+                )
+            })
+            .collect();
+        assert_eq!(a.down.reads[i].records, want, "sender {}", name(k));
+    }
+    // The other node hears of each sender's pushes of the turns after it opened (once a transaction: PostgreSQL
+    // delivers a payload signalled twice in one transaction once), the engine none of its own.
+    let turns = (t + 1 - heard_from) as usize;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut heard = Vec::new();
+    while heard.len() < turns * SENDERS && std::time::Instant::now() < deadline {
+        heard.extend(other.down_notices());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    heard.extend(other.down_notices());
+    let mut senders: Vec<String> = heard.iter().map(|n| n.sender.clone()).collect();
+    senders.sort_unstable();
+    let want: Vec<String> = (0..SENDERS)
+        .flat_map(|k| std::iter::repeat_n(name(k), turns))
+        .collect();
+    assert_eq!(
+        senders, want,
+        "each sender's pushes heard by the other node once a turn"
+    );
+    assert!(
+        engine.down_notices().is_empty(),
+        "the engine hears none of its own pushes, its spare's included"
+    );
+}
+
 /// The one text value `sql` selects, by a client of the test's own.
 fn one_row(conninfo: &str, sql: &str) -> String {
     pg_util::sql(conninfo, async |client| {

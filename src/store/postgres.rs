@@ -467,7 +467,8 @@ impl PostgresTurns {
                 rt.block_on(async move {
                     let lost = Arc::new(tokio::sync::Notify::new());
                     let (heard_tx, heard) = tokio::sync::mpsc::unbounded_channel();
-                    let conn = match make_conn(&target, &apps, lost.clone(), heard_tx.clone()).await
+                    let conn = match make_conn(&target, &apps, lost.clone(), heard_tx.clone(), true)
+                        .await
                     {
                         Ok(conn) => conn,
                         Err(e) => {
@@ -489,6 +490,8 @@ impl PostgresTurns {
                         heard_tx,
                         heard,
                         held: None,
+                        spare: None,
+                        spare_try: None,
                     };
                     worker.serve(rx, &worker_done).await;
                 });
@@ -758,6 +761,12 @@ struct Worker {
     /// A job taken from the queue while gathering turns to apply together ([`Worker::gather`]) that could not join
     /// them: served next, before anything queued behind it.
     held: Option<Job>,
+    /// A second connection, which takes half of the senders of a part of many pushes while the first takes the
+    /// other half, both at once ([`Worker::apply_push_only`]): on one connection the database's one process for it
+    /// was the bound of a push of many (research/050). Made beside the jobs when such a part first comes, and given
+    /// up whenever the first connection is, or it fails.
+    spare: Option<Conn>,
+    spare_try: Option<tokio::task::JoinHandle<Result<Conn, StoreError>>>,
 }
 
 /// Turns applied together at most ([`Worker::gather`]), and the records they may carry between them: a
@@ -1004,6 +1013,8 @@ impl Worker {
             }
             Job::AddApps(names) => {
                 Arc::make_mut(&mut self.apps).extend(names.iter().cloned());
+                // Made for the apps before: the next one made registers them all.
+                self.drop_spare();
                 if let Some(conn) = &mut self.conn
                     && let Err(e) =
                         register_apps(&conn.client, &self.target, &names, &mut conn.app_ids).await
@@ -1046,6 +1057,7 @@ impl Worker {
 
     /// Gives up the connection of a part the host gave up waiting for, and says why.
     fn given_up(&mut self) -> Arc<StoreError> {
+        self.drop_spare();
         if self.conn.take().is_some() {
             tracing::warn!(
                 "the fleet's database {} left a turn without an answer until the node took it as out of reach: the \
@@ -1061,6 +1073,7 @@ impl Worker {
 
     /// Gives up the connection on which `doing` got no answer `within`, and says why.
     fn read_unanswered(&mut self, doing: &'static str, within: Duration) -> StoreError {
+        self.drop_spare();
         if self.conn.take().is_some() {
             tracing::warn!(
                 "the fleet's database {} answered nothing for {} s while {doing}: the connection is given up and made \
@@ -1085,6 +1098,49 @@ impl Worker {
             );
             self.conn = None;
         }
+        if self.spare.as_ref().is_some_and(|c| c.client.is_closed()) {
+            self.spare = None;
+        }
+    }
+
+    /// Gives up the spare connection, and a try to make one ([`Worker::spare`]).
+    fn drop_spare(&mut self) {
+        self.spare = None;
+        if let Some(t) = self.spare_try.take() {
+            t.abort();
+        }
+    }
+
+    /// The spare connection if it is made; if it is not, a try to make one is started (when the first connection is
+    /// there, so that a database away is not tried twice over) and the part in hand goes without it.
+    async fn spare_ready(&mut self) -> Option<Conn> {
+        if let Some(t) = &self.spare_try
+            && t.is_finished()
+        {
+            let t = self.spare_try.take().expect("just seen");
+            // Finished, so its answer is there at once.
+            match t.await {
+                Ok(Ok(conn)) if conn.app_ids.len() == self.apps.len() => self.spare = Some(conn),
+                Ok(Err(e)) => {
+                    tracing::debug!("a spare connection to the fleet's database failed: {e}")
+                }
+                _ => {}
+            }
+        }
+        self.drop_if_lost();
+        if self.spare.is_none() && self.spare_try.is_none() && self.conn.is_some() {
+            let (target, apps, lost, heard) = (
+                self.target.clone(),
+                self.apps.clone(),
+                // Its end is not news: the worker sees it by `is_closed` when it next wants it.
+                Arc::new(tokio::sync::Notify::new()),
+                self.heard_tx.clone(),
+            );
+            self.spare_try = Some(tokio::spawn(async move {
+                make_conn(&target, &apps, lost, heard, false).await
+            }));
+        }
+        self.spare.take()
     }
 
     /// Starts a try to connect, beside the jobs.
@@ -1096,7 +1152,7 @@ impl Worker {
             self.heard_tx.clone(),
         );
         self.tries
-            .spawn(async move { make_conn(&target, &apps, lost, heard).await });
+            .spawn(async move { make_conn(&target, &apps, lost, heard, true).await });
     }
 
     /// A notification on [`DOWN_CHANNEL`]: another node's push committed (`APP_ID KEY SENDER`). Kept for the host
@@ -1104,7 +1160,7 @@ impl Worker {
     /// dropped (a notification is a wake, never the queue).
     fn notified(&mut self, pid: i32, payload: &str, done: &Done) {
         let Some(conn) = &self.conn else { return };
-        if pid == conn.pid {
+        if pid == conn.pid || self.spare.as_ref().is_some_and(|s| s.pid == pid) {
             return;
         }
         let mut words = payload.splitn(3, ' ');
@@ -1238,29 +1294,21 @@ impl Worker {
         if part.is_probe() {
             return (self.probe(part.app).await.map_err(Arc::new), Vec::new());
         }
-        if !part.pushes.is_empty() && part.pieces.is_empty() && part.outlets.is_empty() {
+        let pushes_alone = part.pieces.is_empty() && part.outlets.is_empty();
+        if !part.pushes.is_empty() && pushes_alone && !part.fetches.is_empty() {
             // The usual part of a push: the push, and the LISTEN of the session it was made for; one transaction.
-            let (result, maybe_queued) = match self.apply_down_part(part).await {
-                Ok(applied) => (Ok(applied), false),
-                Err((e, maybe_queued)) => (Err(Arc::new(e)), maybe_queued),
-            };
-            let pushed = outcomes_of(&result, part.pushes.len(), maybe_queued);
-            return (result, pushed);
+            return settled(self.apply_down_part(part).await, part.pushes.len());
+        }
+        if !part.pushes.is_empty() && pushes_alone {
+            return self.apply_push_only(part.app, &part.pushes).await;
         }
         // A part that also stores records: its pushes first, in one transaction of their own (a push of many's
         // 2,048 beside a device's records were 2,048 transactions, seconds of a turn), then the rest in another.
         let (pushed, waiting) = if part.pushes.is_empty() {
             (Vec::new(), None)
         } else {
-            let (result, maybe_queued) = match self.apply_pushes(part.app, &part.pushes).await {
-                Ok(applied) => (Ok(applied), false),
-                Err((e, maybe_queued)) => (Err(Arc::new(e)), maybe_queued),
-            };
-            let waiting = result.as_ref().ok().and_then(|a| a.down.waiting);
-            (
-                outcomes_of(&result, part.pushes.len(), maybe_queued),
-                waiting,
-            )
+            let (result, pushed) = self.apply_push_only(part.app, &part.pushes).await;
+            (pushed, result.ok().and_then(|a| a.down.waiting))
         };
         let result = if part.pieces.is_empty() && part.outlets.is_empty() && part.fetches.is_empty()
         {
@@ -1275,31 +1323,123 @@ impl Worker {
         (result.map_err(Arc::new), pushed)
     }
 
+    /// A part's pushes without LISTENs: in one transaction ([`Worker::apply_pushes`]); or, when they go to many
+    /// senders and carry no file ([`halves`]) and the spare connection is made, half of the senders on each
+    /// connection, two transactions at once (research/050). Each sender's pushes are all in one of them, in their
+    /// order, so each is numbered as in one transaction, and the turns after wait for both. The part's result is
+    /// the first connection's (it says whether the app can store); a half the spare could not apply is applied on
+    /// the first connection after the other, unless it may have committed (its pushes then say "maybe queued", as
+    /// after a connection lost once COMMIT was sent), and the spare is made again for a later part.
+    async fn apply_push_only(
+        &mut self,
+        app: AppIndex,
+        pushes: &[DownPush],
+    ) -> (Result<Applied, Arc<StoreError>>, Vec<PushOutcome>) {
+        let split = match halves(pushes) {
+            Some(split) => self.spare_ready().await.map(|spare| (split, spare)),
+            None => None,
+        };
+        let Some(([mine, theirs], mut spare)) = split else {
+            let all: Vec<&DownPush> = pushes.iter().collect();
+            return settled(self.apply_pushes(app, &all).await, pushes.len());
+        };
+        let first: Vec<&DownPush> = mine.iter().map(|&i| &pushes[i]).collect();
+        let second: Vec<&DownPush> = theirs.iter().map(|&i| &pushes[i]).collect();
+        let target = self.target.clone();
+        let ((a, a_at), (b, b_at)) = tokio::join!(
+            async {
+                let a = self.apply_pushes(app, &first).await;
+                (a, std::time::Instant::now())
+            },
+            async {
+                let b = until_done_on(&target, &mut spare, app, PUSH_REFUSED, async |t, c, id| {
+                    try_down_part(t, c, id, &second, &[]).await
+                })
+                .await;
+                (b, std::time::Instant::now())
+            },
+        );
+        let (b, b_at) = match b {
+            Ok(applied) => {
+                self.spare = Some(spare);
+                (Ok(applied), b_at)
+            }
+            Err((e, maybe)) => {
+                tracing::warn!(
+                    "a spare connection to the fleet's database {} failed ({e}); it is made again{}",
+                    self.target.shown,
+                    if maybe {
+                        ", and the half of a part's pushes it was committing may or may not be queued"
+                    } else {
+                        ", and the half of a part's pushes it had is queued on the first connection"
+                    }
+                );
+                drop(spare);
+                if maybe {
+                    (Err((e, true)), b_at)
+                } else {
+                    let b = self.apply_pushes(app, &second).await;
+                    (b, std::time::Instant::now())
+                }
+            }
+        };
+        let (a, a_pushed) = settled(a, first.len());
+        let (b, b_pushed) = settled(b, second.len());
+        let mut pushed: Vec<Option<PushOutcome>> = vec![None; pushes.len()];
+        for (&i, o) in mine.iter().zip(a_pushed).chain(theirs.iter().zip(b_pushed)) {
+            pushed[i] = Some(o);
+        }
+        let pushed: Vec<PushOutcome> = pushed.into_iter().flatten().collect();
+        let result = a.map(|mut applied| {
+            // The app's waiting count as the later of the two transactions left it (the second to move its row
+            // waited for the first's COMMIT, and counted both): the one whose count is the other's moved by its own
+            // pushes; failing that (another node moved it between them), the one that finished last.
+            if let (Some(wa), Ok(other)) = (applied.down.waiting, &b)
+                && let Some(wb) = other.down.waiting
+            {
+                let b_later = if wb as i64 == wa as i64 + moved(other) {
+                    true
+                } else if wa as i64 == wb as i64 + moved(&applied) {
+                    false
+                } else {
+                    b_at > a_at
+                };
+                if b_later {
+                    applied.down.waiting = Some(wb);
+                }
+            }
+            let done: Vec<(Pushed, u64)> = pushed
+                .iter()
+                .filter_map(|o| o.done().map(|(p, e)| (p.clone(), e)))
+                .collect();
+            if done.len() == pushes.len() {
+                applied.down.pushes = done;
+            }
+            applied
+        });
+        (result, pushed)
+    }
+
     /// A part's pushes in one transaction ([`try_down_part`] without LISTENs), tried again as a part is; or why not,
     /// and whether they may have been committed all the same.
     async fn apply_pushes(
         &mut self,
         app: AppIndex,
-        pushes: &[DownPush],
+        pushes: &[&DownPush],
     ) -> Result<Applied, (StoreError, bool)> {
-        self.until_done(
-            app,
-            "a push",
-            "nothing of it was queued",
-            async |t, c, id| try_down_part(t, c, id, pushes, &[]).await,
-        )
+        self.until_done(app, PUSH_REFUSED, async |t, c, id| {
+            try_down_part(t, c, id, pushes, &[]).await
+        })
         .await
     }
 
     /// A part of pushes and LISTENs in one transaction ([`try_down_part`]), tried again as a part is; or why not, and
     /// whether its pushes may have been committed all the same.
     async fn apply_down_part(&mut self, part: &AppTurn) -> Result<Applied, (StoreError, bool)> {
-        self.until_done(
-            part.app,
-            "a push",
-            "nothing of it was queued",
-            async |t, c, id| try_down_part(t, c, id, &part.pushes, &part.fetches).await,
-        )
+        let pushes: Vec<&DownPush> = part.pushes.iter().collect();
+        self.until_done(part.app, PUSH_REFUSED, async |t, c, id| {
+            try_down_part(t, c, id, &pushes, &part.fetches).await
+        })
         .await
     }
 
@@ -1310,7 +1450,7 @@ impl Worker {
         parts: &[&AppTurn],
     ) -> Result<Vec<Applied>, StoreError> {
         let said = "the turns are not acknowledged and their senders send again";
-        self.until_done(app, "a turn", said, async |t, c, id| {
+        self.until_done(app, ("a turn", said), async |t, c, id| {
             try_parts(t, c, id, parts).await
         })
         .await
@@ -1320,42 +1460,25 @@ impl Worker {
     /// A part's records, outlets and LISTENs in one transaction.
     async fn apply_turn_part(&mut self, part: &AppTurn) -> Result<Applied, StoreError> {
         let said = "the turn is not acknowledged and its senders send again";
-        self.until_done(part.app, "a turn", said, async |t, c, id| {
+        self.until_done(part.app, ("a turn", said), async |t, c, id| {
             try_part(t, c, id, part).await
         })
         .await
         .map_err(|(e, _)| e)
     }
 
-    /// Tries `attempt` (a transaction of app `app` on the connection) until it is done, fails, or was refused
-    /// [`RETRIES`] times (then `what` was refused too often, and `then` says what that means): what it did, or why
-    /// not and whether it may have committed all the same (its connection was lost after COMMIT was sent).
+    /// [`until_done_on`] the connection; a write refused by a server that takes none gives the connection up.
     async fn until_done<T>(
         &mut self,
         app: AppIndex,
-        what: &'static str,
-        then: &'static str,
-        mut attempt: impl AsyncFnMut(&Target, &mut Conn, i32) -> Result<T, Refused>,
+        refused: (&'static str, &'static str),
+        attempt: impl AsyncFnMut(&Target, &mut Conn, i32) -> Result<T, Refused>,
     ) -> Result<T, (StoreError, bool)> {
-        let mut tries = 0;
-        loop {
-            let target = self.target.clone();
-            let conn = self.connection().map_err(|e| (e, false))?;
-            let app_id = match conn.app_ids.get(app as usize) {
-                Some(&id) if id >= 0 => id,
-                _ => return Err((StoreError::Closed { app }, false)),
-            };
-            match attempt(&target, conn, app_id).await {
-                Ok(done) => return Ok(done),
-                Err(Refused::Retry) => {
-                    if !pause_to_retry(&mut tries).await {
-                        return Err((refused_too_often(&target, what, then), false));
-                    }
-                }
-                Err(Refused::Failed(e)) => return Err(self.unless_read_only(e, false)),
-                Err(Refused::Unknown(e)) => return Err(self.unless_read_only(e, true)),
-            }
-        }
+        let target = self.target.clone();
+        let conn = self.connection().map_err(|e| (e, false))?;
+        until_done_on(&target, conn, app, refused, attempt)
+            .await
+            .map_err(|(e, maybe)| self.unless_read_only(e, maybe))
     }
 
     /// A part's failure `e`, passed on; if it is a write refused by a server that takes none, the connection is
@@ -1370,6 +1493,86 @@ impl Worker {
         }
         (e, maybe)
     }
+}
+
+/// What a push refused too often is, and what that means ([`until_done_on`]).
+const PUSH_REFUSED: (&str, &str) = ("a push", "nothing of it was queued");
+
+/// Tries `attempt` (a transaction of app `app` on `conn`) until it is done, fails, or was refused [`RETRIES`] times
+/// (then `refused.0` was refused too often, and `refused.1` says what that means): what it did, or why not and
+/// whether it may have committed all the same (its connection was lost after COMMIT was sent).
+async fn until_done_on<T>(
+    target: &Target,
+    conn: &mut Conn,
+    app: AppIndex,
+    (what, then): (&'static str, &'static str),
+    mut attempt: impl AsyncFnMut(&Target, &mut Conn, i32) -> Result<T, Refused>,
+) -> Result<T, (StoreError, bool)> {
+    let app_id = match conn.app_ids.get(app as usize) {
+        Some(&id) if id >= 0 => id,
+        _ => return Err((StoreError::Closed { app }, false)),
+    };
+    let mut tries = 0;
+    loop {
+        match attempt(target, conn, app_id).await {
+            Ok(done) => return Ok(done),
+            Err(Refused::Retry) => {
+                if !pause_to_retry(&mut tries).await {
+                    return Err((refused_too_often(target, what, then), false));
+                }
+            }
+            Err(Refused::Failed(e)) => return Err((e, false)),
+            Err(Refused::Unknown(e)) => return Err((e, true)),
+        }
+    }
+}
+
+/// How much a transaction of pushes moved its app's waiting count: the records it queued less those that expired.
+fn moved(applied: &Applied) -> i64 {
+    applied
+        .down
+        .pushes
+        .iter()
+        .map(|(p, expired)| match p {
+            Pushed::Queued { count, .. } => *count as i64 - *expired as i64,
+            Pushed::Refused(_) => -(*expired as i64),
+        })
+        .sum()
+}
+
+/// What a part's pushes came to, and each push's outcome (all failed alike if they did not commit).
+fn settled(
+    r: Result<Applied, (StoreError, bool)>,
+    count: usize,
+) -> (Result<Applied, Arc<StoreError>>, Vec<PushOutcome>) {
+    let (result, maybe_queued) = match r {
+        Ok(applied) => (Ok(applied), false),
+        Err((e, maybe_queued)) => (Err(Arc::new(e)), maybe_queued),
+    };
+    let pushed = outcomes_of(&result, count, maybe_queued);
+    (result, pushed)
+}
+
+/// Distinct senders a part of pushes only must have for its pushes to be split over two connections
+/// ([`Worker::apply_push_only`]): below it the second connection's round trips are not worth a second process.
+const SPLIT_FROM: usize = 64;
+
+/// The indexes of `pushes` in two halves by sender, alternately as each sender first comes (each sender's pushes
+/// all in one half, in their order); `None` if they go to fewer than [`SPLIT_FROM`] senders, or if one carries a
+/// file pushed as pieces (its bytes are written once, by the transaction that first queues it: two at once would
+/// each write them).
+fn halves(pushes: &[DownPush]) -> Option<[Vec<usize>; 2]> {
+    if pushes.iter().any(|p| p.blob.is_some()) {
+        return None;
+    }
+    let mut half_of: HashMap<&str, usize> = HashMap::new();
+    let mut split = [Vec::new(), Vec::new()];
+    for (i, p) in pushes.iter().enumerate() {
+        let next = half_of.len() % 2;
+        let half = *half_of.entry(p.sender.as_str()).or_insert(next);
+        split[half].push(i);
+    }
+    (half_of.len() >= SPLIT_FROM).then_some(split)
 }
 
 /// After a refusal a new try may cure: waits a short, varying pause (so that two nodes refused together do not
@@ -1468,13 +1671,18 @@ async fn check_layout(client: &Client, t: &Target) -> Result<(), StoreError> {
 
 /// Makes a connection: the settings checked, the tables made if they are not there, the apps registered, every
 /// statement prepared. Bounded as a whole by twice [`NET_TIMEOUT`], whatever the network does.
+/// A connection made and set up: the tables made if missing, `apps` registered, every statement prepared, and, if
+/// `listen`, listening for other nodes' pushes (a spare connection does not: the worker's own connection hears them
+/// once).
 async fn make_conn(
     t: &Target,
     apps: &[String],
     lost: Arc<tokio::sync::Notify>,
     heard: tokio::sync::mpsc::UnboundedSender<(i32, String)>,
+    listen: bool,
 ) -> Result<Conn, StoreError> {
-    match tokio::time::timeout(2 * NET_TIMEOUT, make_conn_within(t, apps, lost, heard)).await {
+    let within = make_conn_within(t, apps, lost, heard, listen);
+    match tokio::time::timeout(2 * NET_TIMEOUT, within).await {
         Ok(made) => made,
         Err(_) => Err(StoreError::DatabaseSilent {
             url: t.shown.clone(),
@@ -1489,6 +1697,7 @@ async fn make_conn_within(
     apps: &[String],
     lost: Arc<tokio::sync::Notify>,
     heard: tokio::sync::mpsc::UnboundedSender<(i32, String)>,
+    listen: bool,
 ) -> Result<Conn, StoreError> {
     let (client, mut connection) = t
         .config
@@ -1588,10 +1797,12 @@ async fn make_conn_within(
     check_layout(&client, t).await?;
     let mut app_ids = Vec::new();
     register_apps(&client, t, apps, &mut app_ids).await?;
-    client
-        .batch_execute(&format!("LISTEN {DOWN_CHANNEL}"))
-        .await
-        .map_err(db_err(t, "listening for other nodes' pushes"))?;
+    if listen {
+        client
+            .batch_execute(&format!("LISTEN {DOWN_CHANNEL}"))
+            .await
+            .map_err(db_err(t, "listening for other nodes' pushes"))?;
+    }
     let pid: i32 = client
         .query_one("SELECT pg_backend_pid()", &[])
         .await
@@ -2642,7 +2853,7 @@ async fn try_down_part(
     target: &Target,
     conn: &mut Conn,
     app_id: i32,
-    pushes: &[DownPush],
+    pushes: &[&DownPush],
     listens: &[OwnedFetch],
 ) -> Result<Applied, Refused> {
     let fail = |doing| refusal(target, doing);
