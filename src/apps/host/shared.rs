@@ -64,9 +64,11 @@ pub(super) const STORE_SILENT: Duration = Duration::from_millis(750);
 
 /// Pushes one turn carries to the database at most. A push of many hands the loop 2,048 at once (src/http/
 /// push_many.rs), and one transaction of 2,048 pushes took the database longer than [`STORE_SILENT`] here: the node
-/// took a healthy database for a lost one and answered its pusher "maybe queued" (research/043's fleet row). A
-/// turn of 128 takes tens of milliseconds; the rest go in the next turns, in order.
-const PUSHES_PER_TURN: usize = 512;
+/// took a healthy database for a lost one and answered its pusher "maybe queued" (research/043's fleet row); the rest
+/// go in the next turns, in order. The store splits a turn of pushes to many senders over two connections
+/// (research/050), so 1,024 a turn are two transactions of 512 at once, whose slowest statement took 148 ms at a
+/// million lines (512 were a third slower a million lines than 1,024, with no slower statement).
+const PUSHES_PER_TURN: usize = 1024;
 
 /// What a turn handed to the shared store needs once its outcome is back.
 pub(super) struct SharedTurn {
