@@ -1322,7 +1322,8 @@ fn a_push_of_many_on_a_fleet_queues_each_line_in_the_database() {
 
 /// A push of many far larger than a turn on a fleet's node: every line queued, none answered "maybe queued". The
 /// loop hands the host 2,048 pushes at once, and one transaction of them outlasted the 750 ms after which a node
-/// takes its database for out of reach (research/043's addendum); a turn now carries at most 128.
+/// takes its database for out of reach (research/043's addendum); a turn now carries at most 1,024, two
+/// transactions of 512 at once on two connections (research/050).
 #[test]
 fn a_push_of_many_larger_than_a_turn_on_a_fleet_is_all_queued() {
     let Some(cluster) =
