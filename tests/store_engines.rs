@@ -629,6 +629,52 @@ fn two_postgres_engines_pushing_to_one_sender_give_each_sequence_once_and_tell_e
     );
 }
 
+/// Senders of [`many_part`].
+const SENDERS: usize = 100;
+
+fn many_name(k: usize) -> String {
+    format!("s{k:03}")
+}
+
+/// Turn `t`'s part of pushes to many senders: each of [`SENDERS`] twice, the rounds one after another (a sender's two
+/// pushes far apart in the part), payloads `T-ROUND-K`.
+fn many_part(t: u64) -> AppTurn {
+    let limits = DownLimits {
+        max_records: 1 << 20,
+        ..DownLimits::default()
+    };
+    let mut pushes = Vec::new();
+    for round in 0..2 {
+        for k in 0..SENDERS {
+            let payload = format!("{t}-{round}-{k}");
+            pushes.push(push_of(&many_name(k), &[payload.as_bytes()], limits));
+        }
+    }
+    down_turn(pushes, Vec::new())
+}
+
+/// What [`many_part`]`(t)` is answered after turns 1 to `t - 1` of it: each push queued, numbered in order.
+fn many_expected(t: u64) -> Vec<Pushed> {
+    (0..2)
+        .flat_map(|round| {
+            (0..SENDERS).map(move |_| Pushed::Queued {
+                first: 2 * (t - 1) + round + 1,
+                count: 1,
+            })
+        })
+        .collect()
+}
+
+/// Whether turn `t` of [`many_part`]'s records were inserted by two transactions (one on each connection).
+fn many_split(conninfo: &str, t: u64) -> bool {
+    let sql = format!(
+        "SELECT count(DISTINCT xmin::text)::text FROM downlink WHERE seq IN ({}, {})",
+        2 * t - 1,
+        2 * t
+    );
+    one_row(conninfo, &sql) == "2"
+}
+
 /// A part of pushes to many senders is split over the engine's two connections, each sender's pushes in one
 /// transaction (research/050): every push numbered as if the part were one transaction, in order, none skipped,
 /// through a spare connection ended under it (its half queued on the first connection instead), with the waiting
@@ -640,33 +686,7 @@ fn postgres_pushes_to_many_senders_split_over_two_connections_keep_each_senders_
     ) else {
         return;
     };
-    const SENDERS: usize = 100;
-    let limits = DownLimits {
-        max_records: 1 << 20,
-        ..DownLimits::default()
-    };
-    let name = |k: usize| format!("s{k:03}");
-    // Each sender twice, the rounds one after another: its two pushes are far apart in the part.
-    let part = |t: u64| {
-        let mut pushes = Vec::new();
-        for round in 0..2 {
-            for k in 0..SENDERS {
-                let payload = format!("{t}-{round}-{k}");
-                pushes.push(push_of(&name(k), &[payload.as_bytes()], limits));
-            }
-        }
-        down_turn(pushes, Vec::new())
-    };
-    let expect = |t: u64| -> Vec<Pushed> {
-        (0..2)
-            .flat_map(|round| {
-                (0..SENDERS).map(move |_| Pushed::Queued {
-                    first: 2 * (t - 1) + round + 1,
-                    count: 1,
-                })
-            })
-            .collect()
-    };
+    let (name, part, expect) = (many_name, many_part, many_expected);
     let backends = || -> Vec<i32> {
         pg_util::sql(&cluster.conninfo(), async |client| {
             client
@@ -712,15 +732,7 @@ fn postgres_pushes_to_many_senders_split_over_two_connections_keep_each_senders_
         let (_, pushed) = apply_down(&mut engine, t, part(t));
         assert_eq!(pushed, expect(t), "turn {t}, after the spare ended");
     }
-    // Whether turn `t`'s records were inserted by two transactions (one on each connection).
-    let split = |t: u64| {
-        let sql = format!(
-            "SELECT count(DISTINCT xmin::text)::text FROM downlink WHERE seq IN ({}, {})",
-            2 * t - 1,
-            2 * t
-        );
-        one_row(&cluster.conninfo(), &sql) == "2"
-    };
+    let split = |t: u64| many_split(&cluster.conninfo(), t);
     // Turns after `t` until one is split (the spare is made again beside them), and `more` after it: the first
     // split turn, the last turn, and the waiting count the last said.
     let until_split = |engine: &mut PostgresTurns, mut t: u64, more: u64| {
@@ -826,6 +838,69 @@ fn postgres_pushes_to_many_senders_split_over_two_connections_keep_each_senders_
         engine.down_notices().is_empty(),
         "the engine hears none of its own pushes, its spare's included"
     );
+}
+
+/// A server that refuses the spare connection (at its `max_connections`): the parts of pushes to many go on one
+/// connection, each push queued in order all the same, and once a connection is free the spare is made again and
+/// the parts are split again.
+#[test]
+fn postgres_pushes_to_many_senders_go_on_one_connection_while_the_spare_is_refused() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "postgres_pushes_to_many_senders_go_on_one_connection_while_the_spare_is_refused",
+    ) else {
+        return;
+    };
+    // Three connections at most, superusers included: the engine's, and two the test holds.
+    cluster.restart_with(
+        true,
+        "-c max_connections=3 -c superuser_reserved_connections=0",
+    );
+    let mut engine = pg_engine(&cluster);
+    let holders: Vec<_> = (0..2)
+        .map(|_| {
+            let (held_tx, held) = std::sync::mpsc::channel::<()>();
+            let (release, release_rx) = std::sync::mpsc::channel::<()>();
+            let conninfo = cluster.conninfo();
+            let thread = std::thread::spawn(move || {
+                pg_util::sql(&conninfo, async |client| {
+                    client.execute("SELECT 1", &[]).await.unwrap();
+                    held_tx.send(()).unwrap();
+                    // Held until the test lets go (a blocking wait: the connection needs nothing meanwhile).
+                    let _ = release_rx.recv();
+                })
+            });
+            held.recv().expect("the connection is held");
+            (release, thread)
+        })
+        .collect();
+    for t in 1..=3 {
+        let (_, pushed) = apply_down(&mut engine, t, many_part(t));
+        assert_eq!(pushed, many_expected(t), "turn {t}, the spare refused");
+    }
+    for (release, thread) in holders {
+        release.send(()).unwrap();
+        thread.join().unwrap();
+    }
+    assert!(
+        (1..=3).all(|t| !many_split(&cluster.conninfo(), t)),
+        "no part went over two connections while the server refused the second"
+    );
+    // Parts again, until one is split: the spare is tried again some seconds after it was refused.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut t = 3;
+    loop {
+        t += 1;
+        let (_, pushed) = apply_down(&mut engine, t, many_part(t));
+        assert_eq!(pushed, many_expected(t), "turn {t}");
+        if many_split(&cluster.conninfo(), t) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the spare was not made again once a connection was free"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// The one text value `sql` selects, by a client of the test's own.

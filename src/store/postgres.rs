@@ -492,6 +492,7 @@ impl PostgresTurns {
                         held: None,
                         spare: None,
                         spare_try: None,
+                        spare_failed: None,
                     };
                     worker.serve(rx, &worker_done).await;
                 });
@@ -767,7 +768,13 @@ struct Worker {
     /// up whenever the first connection is, or it fails.
     spare: Option<Conn>,
     spare_try: Option<tokio::task::JoinHandle<Result<Conn, StoreError>>>,
+    /// When a try to make the spare last failed (a server at its `max_connections`, say): the next waits
+    /// [`SPARE_AGAIN`], rather than every part of a push of many trying, and failing, again.
+    spare_failed: Option<tokio::time::Instant>,
 }
+
+/// How long after a failed try to make the spare connection the next may start ([`Worker::spare_ready`]).
+const SPARE_AGAIN: Duration = Duration::from_secs(10);
 
 /// Turns applied together at most ([`Worker::gather`]), and the records they may carry between them: a
 /// transaction of 8 full turns (131,072 records) takes tens of milliseconds, far within the host's bound on a
@@ -1120,15 +1127,44 @@ impl Worker {
             let t = self.spare_try.take().expect("just seen");
             // Finished, so its answer is there at once.
             match t.await {
-                Ok(Ok(conn)) if conn.app_ids.len() == self.apps.len() => self.spare = Some(conn),
+                Ok(Ok(conn)) if conn.app_ids.len() == self.apps.len() => {
+                    if self.spare_failed.take().is_some() {
+                        tracing::info!(
+                            "the second connection to the fleet's database {} is made: pushes to many senders \
+                             go on two connections again",
+                            self.target.shown
+                        );
+                    }
+                    self.spare = Some(conn);
+                }
                 Ok(Err(e)) => {
-                    tracing::debug!("a spare connection to the fleet's database failed: {e}")
+                    if self.spare_failed.is_none() {
+                        // What the server said ("sorry, too many clients already"), not a turn's error.
+                        let e = match &e {
+                            StoreError::Database { source, .. } => source
+                                .as_db_error()
+                                .map_or_else(|| source.to_string(), |d| d.message().to_string()),
+                            e => e.to_string(),
+                        };
+                        tracing::warn!(
+                            "a second connection to the fleet's database {} could not be made ({e}): pushes to \
+                             many senders go on one connection meanwhile, more slowly (research/050), and it is \
+                             tried again every {} s; if the server is at its max_connections, raise it (a node \
+                             holds up to three connections, docs/scale-out.md)",
+                            self.target.shown,
+                            SPARE_AGAIN.as_secs()
+                        );
+                    }
+                    self.spare_failed = Some(tokio::time::Instant::now());
                 }
                 _ => {}
             }
         }
         self.drop_if_lost();
-        if self.spare.is_none() && self.spare_try.is_none() && self.conn.is_some() {
+        let may_try = self
+            .spare_failed
+            .is_none_or(|at| at.elapsed() >= SPARE_AGAIN);
+        if self.spare.is_none() && self.spare_try.is_none() && self.conn.is_some() && may_try {
             let (target, apps, lost, heard) = (
                 self.target.clone(),
                 self.apps.clone(),
