@@ -742,6 +742,12 @@ fn postgres_pushes_to_many_senders_split_over_two_connections_keep_each_senders_
             assert!(t < 500, "no part was split over two connections");
             let (applied, pushed) = apply_down(engine, t, part(t));
             assert_eq!(pushed, expect(t), "turn {t}");
+            // Nothing delivered yet: every record pushed so far waits, whichever half counted last.
+            assert_eq!(
+                applied.down.waiting,
+                Some(t * 2 * SENDERS as u64),
+                "turn {t}: the waiting count as the later of its transactions left it"
+            );
             last = applied.down.waiting;
             if first_split.is_none() && split(t) {
                 first_split = Some(t);
