@@ -15,7 +15,9 @@
 //! - `live-mixed` (only when named): the same pushes and uplink records taken in turn, each beside the others in
 //!   the same seconds (research/046: the disk's sync time moved tenfold within a run), and a fourth, an HTTP push on
 //!   one connection kept for all of them (`kept_*`, research/049: a connection of its own costs a push ~0.1 ms);
-//!   `--senders N` as for `live`.
+//!   and, at the same pace, one commit as the node makes one and one UDP round trip (`*_paced_*`, research/051:
+//!   5 ms apart they cost several times what they cost back to back, so "one commit plus one round trip" is taken
+//!   in the pushes' setting); `--senders N` as for `live`.
 //! - `wake`: a device that wakes every second (a new run each time, its session swept between): push → program.
 //! - `one`: records/s to one device (20,000 records of 32 bytes waiting), and records per answer.
 //! - `wide`: 100,000 devices with one record each woken together, beside the same devices' uplink of one record
@@ -574,6 +576,83 @@ fn udp_rtt_ms(n: usize) -> f64 {
     percentile(&mut v, 0.5)
 }
 
+/// One commit as the node makes one (research/051): a SQLite transaction of one row in WAL mode
+/// (`synchronous=NORMAL`), then `fdatasync` of its `-wal`. Taken one at a time at the pushes' pace, it says what
+/// "one commit" costs in the setting the pushes meet; back to back ([`fdatasync_ms`]) the disk answers faster than
+/// after an idle pause (research/051: 0.2 against 1.0 ms for the same writes on this VM).
+struct CommitProbe {
+    conn: rusqlite::Connection,
+    wal: std::fs::File,
+    k: i64,
+}
+
+impl CommitProbe {
+    fn open(dir: &Path) -> Self {
+        let path = dir.join("commit-probe.sqlite");
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
+        conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB NOT NULL)")
+            .unwrap();
+        let wal = std::fs::File::open(dir.join("commit-probe.sqlite-wal")).unwrap();
+        CommitProbe { conn, wal, k: 0 }
+    }
+
+    /// One commit, ms.
+    fn once(&mut self) -> f64 {
+        self.k += 1;
+        let t = Instant::now();
+        self.conn
+            .execute(
+                "INSERT INTO t (k, v) VALUES (?1, ?2)",
+                rusqlite::params![self.k, [7u8; 32]],
+            )
+            .unwrap();
+        self.wal.sync_data().unwrap();
+        ms(t.elapsed())
+    }
+}
+
+/// A UDP round trip on loopback to an echo thread, taken one at a time (at the pushes' pace, research/051).
+struct RttProbe {
+    socket: UdpSocket,
+}
+
+impl RttProbe {
+    fn start() -> Self {
+        let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = echo.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut b = [0u8; 1500];
+            // Until the probe's socket is gone: its last datagram is a zero-length one.
+            while let Ok((k, from)) = echo.recv_from(&mut b) {
+                if k == 0 {
+                    break;
+                }
+                let _ = echo.send_to(&b[..k], from);
+            }
+        });
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.connect(addr).unwrap();
+        RttProbe { socket }
+    }
+
+    /// One round trip of 100 bytes, ms.
+    fn once(&self) -> f64 {
+        let mut b = [0u8; 1500];
+        let t = Instant::now();
+        self.socket.send(&[1u8; 100]).unwrap();
+        self.socket.recv(&mut b).unwrap();
+        ms(t.elapsed())
+    }
+}
+
+impl Drop for RttProbe {
+    fn drop(&mut self) {
+        let _ = self.socket.send(&[]);
+    }
+}
+
 /// In `$TMPDIR` if set (research/046 ran `live` on tmpfs too), else `/tmp`.
 fn one_device_dir(extra_apps: Option<&str>) -> (tempfile::TempDir, Identity, PathBuf, Vec<String>) {
     let dir =
@@ -783,6 +862,10 @@ fn part_live_mixed(a: &Args, listed: usize) {
     let (mut dg_pair, mut http_pair, mut kept_pair) = (Vec::new(), Vec::new(), Vec::new());
     // A pusher that keeps its connection: what an HTTP push costs without a connection of its own.
     let mut pusher = KeptPusher::connect(&socket);
+    // One commit and one round trip taken in the same rounds, at the same pace (research/051).
+    let mut commit_probe = CommitProbe::open(dir.path());
+    let rtt_probe = RttProbe::start();
+    let (mut commit, mut round_trip) = (Vec::new(), Vec::new());
     for k in 0..200 {
         let u = one_stored_ack(&mut uplink, k);
         std::thread::sleep(pause);
@@ -802,6 +885,10 @@ fn part_live_mixed(a: &Args, listed: usize) {
         let (_, at) = handed.recv_timeout(Duration::from_secs(30)).unwrap();
         let kh = ms(at.duration_since(t));
         std::thread::sleep(pause);
+        commit.push(commit_probe.once());
+        std::thread::sleep(pause);
+        round_trip.push(rtt_probe.once());
+        std::thread::sleep(pause);
         kept.push(kh);
         kept_pair.push(kh / u);
         up.push(u);
@@ -817,6 +904,10 @@ fn part_live_mixed(a: &Args, listed: usize) {
         percentile(&mut dg, 0.5),
         percentile(&mut http, 0.5),
     );
+    let (commit50, rtt50) = (
+        percentile(&mut commit, 0.5),
+        percentile(&mut round_trip, 0.5),
+    );
     emit(
         a.round,
         "live-mixed",
@@ -831,6 +922,8 @@ fn part_live_mixed(a: &Args, listed: usize) {
             "kept_over_uplink_pair_p50": percentile(&mut kept_pair, 0.5),
             "fdatasync_p50_ms": fsync, "udp_rtt_p50_ms": rtt,
             "dgram_p50_over_commit_plus_rtt": d50 / (fsync + rtt),
+            "commit_paced_p50_ms": commit50, "udp_rtt_paced_p50_ms": rtt50,
+            "dgram_p50_over_paced_commit_plus_rtt": d50 / (commit50 + rtt50),
         }),
     );
     let _ = stop_tx.send(());
