@@ -248,6 +248,36 @@ fn a_record_pushed_to_a_live_listening_session_goes_out_without_waiting_for_the_
     assert_eq!(first_downs(&mut link), vec![(1, b"now".to_vec())]);
 }
 
+/// A pusher that connects and writes its request only later (past the wait the node gives a new connection's
+/// request before it sleeps on it, research/052) is answered as any other, and its record queued once.
+#[test]
+fn a_request_written_long_after_its_connection_is_served_as_any_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let _node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let socket = state.join("push.sock");
+    let mut s = UnixStream::connect(&socket).unwrap();
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let body = b"late\n";
+    let mut request = format!(
+        "POST /push?app=main&to=kitchen-1 HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body);
+    s.write_all(&request).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    // Queued once: the next push to the same device is numbered after it.
+    let (status, json) = post_raw(&socket, "/push?app=main&to=kitchen-1", b"next\n");
+    assert_eq!(status, 200, "{json}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["first"].as_u64(), Some(2), "{v}");
+}
+
 /// Pushes on one kept-alive connection of the push socket, each `POST /push` of `records` answered before the next:
 /// the answers' (status, JSON) in order.
 fn pushes_on_one_connection(

@@ -44,6 +44,10 @@ const MAX_TURNED_AWAY: usize = 32;
 /// and dropped: a Unix socket closed with bytes it has not read resets its peer, which may then lose the answer.
 const TURN_AWAY_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long a new connection's task waits for its request, without sleeping, before it hands the connection to
+/// hyper (which sleeps until the request comes): [`request_soon`].
+const REQUEST_SOON: std::time::Duration = std::time::Duration::from_micros(50);
+
 /// How long a push waits for its answer: a commit and one sync, or the wait for a sync in flight before it.
 const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -168,6 +172,7 @@ pub(super) async fn accept_loop(
         open.fetch_add(1, Ordering::Relaxed);
         let (shared, open, closing) = (shared.clone(), open.clone(), closing.clone());
         tokio::spawn(async move {
+            request_soon(&stream);
             serve(stream, shared, closing).await;
             open.fetch_sub(1, Ordering::Relaxed);
         });
@@ -190,6 +195,35 @@ async fn turn_away(mut stream: tokio::net::UnixStream, busy: &[u8]) {
         Ok::<_, io::Error>(())
     };
     let _ = tokio::time::timeout(TURN_AWAY_WITHIN, answer_and_drain).await;
+}
+
+/// Waits up to [`REQUEST_SOON`] for a new connection's first bytes, giving the CPU away between looks. A pusher
+/// writes its request right after it connects, but the `connect` wakes this thread first: found empty, the
+/// connection would be read again only after `epoll` wakes the thread a second time, which after an idle pause
+/// costs tens of µs here (research/052). A connection whose request is not there by then is served as before.
+fn request_soon(stream: &tokio::net::UnixStream) {
+    use std::os::fd::AsRawFd;
+    let start = std::time::Instant::now();
+    let mut byte = 0u8;
+    loop {
+        // SAFETY: one byte into a live buffer, peeked without waiting, on a descriptor the stream owns.
+        let n = unsafe {
+            libc::recv(
+                stream.as_raw_fd(),
+                (&raw mut byte).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        // Bytes, the end, or an error other than "nothing yet": hyper takes it from here.
+        if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock {
+            return;
+        }
+        if start.elapsed() >= REQUEST_SOON {
+            return;
+        }
+        std::thread::yield_now();
+    }
 }
 
 async fn serve(
@@ -475,6 +509,59 @@ mod tests {
         );
         let (status, v) = status_and_json(push_too_large());
         assert_eq!((status, v["refused"].as_str()), (413, Some("too_large")));
+    }
+
+    /// `request_soon` only looks: a request there (or coming within the wait) is left whole for hyper, one that
+    /// comes after the wait is read whole when it comes, and a connection closed without one ends the wait at once.
+    #[test]
+    fn waiting_for_a_request_reads_nothing_and_ends_with_the_request_the_wait_or_the_close() {
+        use std::io::{Read as _, Write as _};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let pair = || {
+                let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+                a.set_nonblocking(true).unwrap();
+                (tokio::net::UnixStream::from_std(a).unwrap(), b)
+            };
+            let read_all = |s: tokio::net::UnixStream, want: usize| {
+                let mut s = s.into_std().unwrap();
+                s.set_nonblocking(false).unwrap();
+                s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                    .unwrap();
+                let mut got = vec![0u8; want];
+                s.read_exact(&mut got).unwrap();
+                got
+            };
+            // There already.
+            let (node, mut pusher) = pair();
+            pusher.write_all(b"POST /push").unwrap();
+            request_soon(&node);
+            assert_eq!(read_all(node, 10), b"POST /push");
+            // Written while the node waits.
+            let (node, mut pusher) = pair();
+            let writer = std::thread::spawn(move || {
+                pusher.write_all(b"GET").unwrap();
+                pusher
+            });
+            request_soon(&node);
+            let _pusher = writer.join().unwrap();
+            assert_eq!(read_all(node, 3), b"GET");
+            // Not there within the wait: left for hyper, nothing taken.
+            let (node, mut pusher) = pair();
+            request_soon(&node);
+            pusher.write_all(b"late").unwrap();
+            assert_eq!(read_all(node, 4), b"late");
+            // Closed without a request: the wait ends, and the close is still there to be read.
+            let (node, pusher) = pair();
+            drop(pusher);
+            request_soon(&node);
+            let mut rest = Vec::new();
+            node.into_std().unwrap().read_to_end(&mut rest).unwrap();
+            assert!(rest.is_empty());
+        });
     }
 
     #[test]
