@@ -336,6 +336,8 @@ pub struct Synced {
 struct Shared {
     queue: VecDeque<(u64, SyncFiles)>,
     done: VecDeque<Synced>,
+    /// The thread took jobs off the queue and has not put their outcomes in `done` yet: a waiter waits for them.
+    busy: bool,
     stop: bool,
 }
 
@@ -346,6 +348,9 @@ struct Inner {
     /// Signals the thread that a job was queued (or to stop), and a waiter that a job finished.
     changed: Condvar,
     wake: Wake,
+    /// Held by a test to keep the thread from syncing the jobs it took (a sync that takes long, on demand).
+    #[cfg(test)]
+    hold: Mutex<()>,
 }
 
 /// The `pure-sync` thread and its queues.
@@ -361,6 +366,8 @@ impl Syncer {
             syncs: std::sync::atomic::AtomicU64::new(0),
             changed: Condvar::new(),
             wake: Wake::new()?,
+            #[cfg(test)]
+            hold: Mutex::new(()),
         });
         let worker = inner.clone();
         let thread = std::thread::Builder::new()
@@ -387,10 +394,11 @@ impl Syncer {
         lock(&self.inner.state).done.drain(..).collect()
     }
 
-    /// Blocks until at least one job is finished (or none is queued), then returns the finished ones.
+    /// Blocks until at least one job is finished (or none is queued or being synced), then returns the finished
+    /// ones.
     pub fn wait_done(&self) -> Vec<Synced> {
         let mut s = lock(&self.inner.state);
-        while s.done.is_empty() && !s.queue.is_empty() {
+        while s.done.is_empty() && (!s.queue.is_empty() || s.busy) {
             s = self
                 .inner
                 .changed
@@ -437,8 +445,11 @@ fn run(inner: &Inner) {
             if s.queue.is_empty() {
                 return;
             }
+            s.busy = true;
             s.queue.drain(..).collect()
         };
+        #[cfg(test)]
+        drop(inner.hold.lock());
         // Each distinct store once, for every job taken (group commit).
         let mut failed: Vec<(*const StoreFiles, Arc<StoreError>)> = Vec::new();
         let mut synced: Vec<*const StoreFiles> = Vec::new();
@@ -472,6 +483,7 @@ fn run(inner: &Inner) {
                 failed: failed_here,
             });
         }
+        s.busy = false;
         drop(s);
         inner.changed.notify_all();
         inner.wake.wake();
@@ -503,6 +515,33 @@ mod tests {
             all.extend(syncer.wait_done());
         }
         all
+    }
+
+    /// A waiter waits for the jobs the thread took off the queue and has not finished syncing, rather than being
+    /// told at once that nothing finished (it was, and `Host::drain` spun until the sync ended).
+    #[test]
+    fn a_waiter_waits_for_jobs_the_thread_is_syncing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_conn, a) = store(dir.path(), "a");
+        let syncer = Arc::new(Syncer::start().unwrap());
+        let held = syncer.inner.hold.lock().unwrap();
+        syncer.submit(1, vec![item(0, &a)]);
+        // Until the thread has taken the job: it is then syncing it, held.
+        while !lock(&syncer.inner.state).queue.is_empty() {
+            std::thread::yield_now();
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiting = syncer.clone();
+        let waiter = std::thread::spawn(move || tx.send(waiting.wait_done()).unwrap());
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(300))
+                .is_err(),
+            "the waiter was answered while the job was being synced"
+        );
+        drop(held);
+        let done = rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
+        assert_eq!(done.iter().map(|d| d.seq).collect::<Vec<_>>(), vec![1]);
+        waiter.join().unwrap();
     }
 
     #[test]
