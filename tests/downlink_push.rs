@@ -15,19 +15,23 @@ use ops_util::{DEADLINE, NodeProcess, bin, keygen, node_command, output_within, 
 use pure_serve::keys;
 use pure_serve::sender::{SenderEvent, UdpLink};
 
-/// One HTTP/1.1 request on the push socket, as a program without our command would make it.
-fn post_raw(socket: &Path, target: &str, body: &[u8]) -> (u16, String) {
-    let mut s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(DEADLINE)).unwrap();
-    // The request in one write: a server that answers a bad request before its body (400) and closes would make
-    // a second write fail with a broken pipe.
+/// A `POST` of `body` to `target` closing its connection, whole, as one write takes it: a server that answers a
+/// bad request before its body (400) and closes would make a second write fail with a broken pipe.
+fn post_request(target: &str, body: &[u8]) -> Vec<u8> {
     let mut request = format!(
         "POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     )
     .into_bytes();
     request.extend_from_slice(body);
-    s.write_all(&request).unwrap();
+    request
+}
+
+/// One HTTP/1.1 request on the push socket, as a program without our command would make it.
+fn post_raw(socket: &Path, target: &str, body: &[u8]) -> (u16, String) {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    s.write_all(&post_request(target, body)).unwrap();
     let mut answer = String::new();
     s.read_to_string(&mut answer).unwrap();
     let status = answer[9..12].parse().unwrap();
@@ -260,14 +264,8 @@ fn a_request_written_long_after_its_connection_is_served_as_any_other() {
     let mut s = UnixStream::connect(&socket).unwrap();
     s.set_read_timeout(Some(DEADLINE)).unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    let body = b"late\n";
-    let mut request = format!(
-        "POST /push?app=main&to=kitchen-1 HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    request.extend_from_slice(body);
-    s.write_all(&request).unwrap();
+    s.write_all(&post_request("/push?app=main&to=kitchen-1", b"late\n"))
+        .unwrap();
     let mut answer = String::new();
     s.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
