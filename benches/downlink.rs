@@ -551,28 +551,10 @@ fn fdatasync_ms(dir: &Path, n: usize) -> f64 {
     percentile(&mut v, 0.5)
 }
 
-/// Median of `n` UDP round trips on loopback (an echo thread).
+/// Median of `n` UDP round trips on loopback (an echo thread), back to back.
 fn udp_rtt_ms(n: usize) -> f64 {
-    let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let addr = echo.local_addr().unwrap();
-    std::thread::spawn(move || {
-        let mut b = [0u8; 1500];
-        for _ in 0..n {
-            let (k, from) = echo.recv_from(&mut b).unwrap();
-            echo.send_to(&b[..k], from).unwrap();
-        }
-    });
-    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-    s.connect(addr).unwrap();
-    let mut b = [0u8; 1500];
-    let mut v: Vec<f64> = (0..n)
-        .map(|_| {
-            let t = Instant::now();
-            s.send(&[1u8; 100]).unwrap();
-            s.recv(&mut b).unwrap();
-            ms(t.elapsed())
-        })
-        .collect();
+    let probe = RttProbe::start();
+    let mut v: Vec<f64> = (0..n).map(|_| probe.once()).collect();
     percentile(&mut v, 0.5)
 }
 
@@ -613,7 +595,8 @@ impl CommitProbe {
     }
 }
 
-/// A UDP round trip on loopback to an echo thread, taken one at a time (at the pushes' pace, research/051).
+/// UDP round trips on loopback to an echo thread, one at a time: back to back ([`udp_rtt_ms`]) or at the pushes'
+/// pace (research/051).
 struct RttProbe {
     socket: UdpSocket,
 }
