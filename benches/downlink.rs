@@ -50,7 +50,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use devices::{Driven, drive};
-use process::{metric, par_map, proc_kb, read_banner};
+use process::{metric, par_map, proc_kb, process_cpu, read_banner};
 use pure_serve::keys::encode_key;
 use pure_serve::proto::crypto::Identity;
 use pure_serve::proto::sender::{FlowStart, Sender, SenderConfig, SenderEvent};
@@ -849,6 +849,7 @@ fn part_live_mixed(a: &Args, listed: usize) {
     let mut commit_probe = CommitProbe::open(dir.path());
     let rtt_probe = RttProbe::start();
     let (mut commit, mut round_trip) = (Vec::new(), Vec::new());
+    let cpu_before = process_cpu(node.pid());
     for k in 0..200 {
         let u = one_stored_ack(&mut uplink, k);
         std::thread::sleep(pause);
@@ -880,6 +881,8 @@ fn part_live_mixed(a: &Args, listed: usize) {
         dg_pair.push(d / u);
         http_pair.push(h / u);
     }
+    // What the node spent on the part's 200 steps (three pushes and a record each, and the probes' idle pauses).
+    let node_cpu_ms = ms(process_cpu(node.pid()) - cpu_before);
     let fsync = fdatasync_ms(&node.state, 200);
     let rtt = udp_rtt_ms(200);
     let (u50, d50, h50) = (
@@ -907,6 +910,7 @@ fn part_live_mixed(a: &Args, listed: usize) {
             "dgram_p50_over_commit_plus_rtt": d50 / (fsync + rtt),
             "commit_paced_p50_ms": commit50, "udp_rtt_paced_p50_ms": rtt50,
             "dgram_p50_over_paced_commit_plus_rtt": d50 / (commit50 + rtt50),
+            "node_cpu_ms": node_cpu_ms,
         }),
     );
     let _ = stop_tx.send(());
