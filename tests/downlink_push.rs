@@ -283,7 +283,6 @@ fn pushes_on_one_connection(
     to: &str,
     records: &[String],
 ) -> Vec<(u16, serde_json::Value)> {
-    use std::io::BufRead;
     let stream = UnixStream::connect(socket).unwrap();
     stream.set_read_timeout(Some(DEADLINE)).unwrap();
     let mut stream = std::io::BufReader::new(stream);
@@ -295,27 +294,82 @@ fn pushes_on_one_connection(
             body.len()
         );
         stream.get_mut().write_all(request.as_bytes()).unwrap();
-        let mut status = String::new();
-        stream.read_line(&mut status).unwrap();
-        let mut length = 0usize;
-        loop {
-            let mut line = String::new();
-            stream.read_line(&mut line).unwrap();
-            if line == "\r\n" {
-                break;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                length = v.trim().parse().unwrap();
-            }
-        }
-        let mut body = vec![0u8; length];
-        stream.read_exact(&mut body).unwrap();
-        answers.push((
-            status[9..12].parse().unwrap(),
-            serde_json::from_slice(&body).unwrap(),
-        ));
+        answers.push(read_answer(&mut stream));
     }
     answers
+}
+
+/// One HTTP answer read off `stream`: its status and JSON body.
+fn read_answer(stream: &mut std::io::BufReader<UnixStream>) -> (u16, serde_json::Value) {
+    use std::io::BufRead;
+    let mut status = String::new();
+    stream.read_line(&mut status).unwrap();
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        stream.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).unwrap();
+    (
+        status[9..12].parse().unwrap(),
+        serde_json::from_slice(&body).unwrap(),
+    )
+}
+
+/// Requests written at once on one connection (pipelined): the receive loop serves the first push (research/054)
+/// and hands the connection, with the requests after it, to the HTTP thread; each is answered once, in order, and
+/// the pushes' records are numbered in that order. A push whose body is written later than its head, one of
+/// another path and one of many lines come after it on the same connection, as a pusher may write them.
+#[test]
+fn requests_written_at_once_on_one_connection_are_each_answered_once_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let _node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let stream = UnixStream::connect(state.join("push.sock")).unwrap();
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut stream = std::io::BufReader::new(stream);
+    let push = |body: &str| {
+        format!(
+            "POST /push?app=main&to=kitchen-1 HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let at_once = format!(
+        "{}{}GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n{}",
+        push("one\n"),
+        push("two\nthree\n"),
+        push("four\n")
+    );
+    stream.get_mut().write_all(at_once.as_bytes()).unwrap();
+    let late = push("five\n");
+    let (head, body) = late.split_at(late.len() - 5);
+    stream.get_mut().write_all(head.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    stream.get_mut().write_all(body.as_bytes()).unwrap();
+    let answers: Vec<_> = (0..5).map(|_| read_answer(&mut stream)).collect();
+    let firsts: Vec<_> = answers
+        .iter()
+        .map(|(status, v)| (*status, v["first"].as_u64(), v["count"].as_u64()))
+        .collect();
+    assert_eq!(
+        firsts,
+        [
+            (200, Some(1), Some(1)),
+            (200, Some(2), Some(2)),
+            (400, None, None),
+            (200, Some(4), Some(1)),
+            (200, Some(5), Some(1)),
+        ],
+        "{answers:?}"
+    );
 }
 
 /// Pushes from several pushers at once to a live listening device, many taken into each turn (the loop busy with

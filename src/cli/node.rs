@@ -340,7 +340,15 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = &push_path {
         let socket = PushSocket::bind(path).context("the node did not start")?;
-        http = http.with_pushes(socket, ready.push_inbox());
+        let (listener, path, ino) = socket
+            .into_parts()
+            .map_err(|e| crate::http::HttpError::PushSocket {
+                path: path.clone(),
+                why: format!("cannot make it non-blocking ({e})"),
+            })
+            .context("the node did not start")?;
+        let handed = ready.serve_push_stream(listener, path, ino, http.limits().head_timeout);
+        http = http.with_pushes(handed, ready.push_inbox());
     }
     let inbox = if args.no_http_links {
         None

@@ -13,6 +13,7 @@
 //! lookups scan the names (about half a millisecond at a million senders, research/024; with the index about a
 //! microsecond, research/046).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 
@@ -71,6 +72,19 @@ const INDEX_NAMES_INLINE: usize = 4096;
 /// receive loop nor the HTTP thread waits for it; the lookups meanwhile scan). A node never pushed to never makes
 /// one (about 5 B of heap per sender, research/046).
 pub fn find_name(list: &Arc<AllowList>, name: &str) -> Option<SenderIndex> {
+    start_name_index(list);
+    list.find_name(name)
+}
+
+/// [`find_name`] where it costs no scan of a long list: the list's index by name is there (made now if the list is
+/// short); else none, and the index is being made.
+pub fn find_name_without_scan(list: &Arc<AllowList>, name: &str) -> Option<Option<SenderIndex>> {
+    start_name_index(list);
+    list.name_index().is_some().then(|| list.find_name(name))
+}
+
+/// Makes `list`'s index by name at its first lookup: at once for a short list, on a thread of its own for a long one.
+fn start_name_index(list: &Arc<AllowList>) {
     if list.name_index().is_none() && list.claim_name_index() {
         if list.len() <= INDEX_NAMES_INLINE {
             list.index_names();
@@ -87,7 +101,6 @@ pub fn find_name(list: &Arc<AllowList>, name: &str) -> Option<SenderIndex> {
             }
         }
     }
-    list.find_name(name)
 }
 
 /// Which bound refused a push.
@@ -909,4 +922,49 @@ mod tests {
                 .contains("app is given twice")
         );
     }
+}
+
+/// One of the push socket's connections open: the receive loop takes one at accept, and it is given back when the
+/// connection closes, on whichever thread serves it then (docs/downlink.md: at most
+/// [`MAX_PUSH_CONNECTIONS`] at once).
+#[derive(Debug)]
+pub struct ConnectionSlot(Arc<AtomicUsize>);
+
+impl ConnectionSlot {
+    /// A slot of `open`, unless `max` are taken.
+    pub fn take(open: &Arc<AtomicUsize>, max: usize) -> Option<Self> {
+        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| ConnectionSlot(open.clone()))
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Push connections open at once (docs/downlink.md, "The push socket's requests"); one more is answered 503 and
+/// closed. Pushers are the node's own machine's programs, so a few suffice, and a runaway one cannot take the
+/// process's descriptors.
+pub const MAX_PUSH_CONNECTIONS: usize = 32;
+
+/// A push socket's connection the receive loop hands to the HTTP thread (research/054): what the loop does not
+/// serve itself is served there by hyper, as if it had been accepted there.
+#[derive(Debug)]
+pub enum Handed {
+    /// Write `write_first` (the end of an answer the loop could not write at once); then, if `serve`, serve the
+    /// connection from `read` (the bytes the loop read off it and did not use) on; else close it.
+    Serve {
+        stream: std::os::unix::net::UnixStream,
+        read: Vec<u8>,
+        write_first: Vec<u8>,
+        serve: bool,
+        slot: ConnectionSlot,
+    },
+    /// A connection past [`MAX_PUSH_CONNECTIONS`]: answer it busy and close it.
+    TurnAway(std::os::unix::net::UnixStream),
 }

@@ -218,7 +218,10 @@ impl Shared {
 pub struct HttpServer {
     listener: std::net::TcpListener,
     metrics: Option<std::net::TcpListener>,
-    push: Option<(push::PushSocket, crate::common::push::PushInbox)>,
+    push: Option<(
+        tokio::sync::mpsc::UnboundedReceiver<crate::common::push::Handed>,
+        crate::common::push::PushInbox,
+    )>,
     devices: Option<crate::ops::devices::DeviceSearch>,
     limits: HttpLimits,
     tls: Option<TlsConfig>,
@@ -247,13 +250,14 @@ impl HttpServer {
         Ok(self)
     }
 
-    /// Also serves the push socket (docs/downlink.md), handing its pushes to `inbox`.
+    /// Also serves the push socket's connections the receive loop hands over (`handed`, research/054;
+    /// docs/downlink.md), handing their pushes to `inbox`.
     pub fn with_pushes(
         mut self,
-        socket: push::PushSocket,
+        handed: tokio::sync::mpsc::UnboundedReceiver<crate::common::push::Handed>,
         inbox: crate::common::push::PushInbox,
     ) -> Self {
-        self.push = Some((socket, inbox));
+        self.push = Some((handed, inbox));
         self
     }
 
@@ -280,6 +284,10 @@ impl HttpServer {
     pub fn with_limits(mut self, limits: HttpLimits) -> Self {
         self.limits = limits;
         self
+    }
+
+    pub fn limits(&self) -> &HttpLimits {
+        &self.limits
     }
 
     /// Starts serving on the `pure-http` thread. `links`: where `POST /link` goes (`None`: it is answered 404).
@@ -340,13 +348,7 @@ impl HttpServer {
         if let Some(m) = self.metrics {
             listeners.push((register(m)?, Listener::Metrics));
         }
-        let push = match self.push {
-            Some((socket, _)) => {
-                let _entered = runtime.enter();
-                Some(socket.into_tokio().map_err(HttpError::Start)?)
-            }
-            None => None,
-        };
+        let push = self.push.map(|(handed, _)| handed);
         let (stop, stop_rx) = oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("pure-http".into())

@@ -1,6 +1,8 @@
 //! The push socket (docs/downlink.md, "Queueing records"): a Unix stream socket on which programs of the node's
-//! machine queue downlink records with `POST /push?app=APP&to=SENDER`, one record per line of the body. Served by
-//! hyper on the HTTP thread like the TCP listeners; each push goes to the receive loop through a bounded queue
+//! machine queue downlink records with `POST /push?app=APP&to=SENDER`, one record per line of the body. The receive
+//! loop accepts its connections and serves a complete `POST /push` itself (`receive/push_stream.rs`, research/054);
+//! every other request, and a connection kept for another request, it hands here, where hyper serves it on the HTTP
+//! thread like the TCP listeners. Each push goes to the receive loop through a bounded queue
 //! ([`crate::common::push`]) and is answered, in JSON, once its records are synced or refused.
 //!
 //! Why a Unix socket and not a TCP port: who may push is then decided by the kernel's file permissions (the socket
@@ -9,10 +11,11 @@
 //! dials a Unix socket can push, with no client library of ours.
 
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::{Body, Incoming};
@@ -20,21 +23,18 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::routes::{Answer, answer};
 use super::serve::stopping;
 use super::{HttpError, Shared};
 use crate::common::blob::{BlobError, DownBlob, MAX_BLOB};
 use crate::common::push::{
-    MAX_PUSH_BODY, PushAnswer, PushRefused, PushRequest, answer_json, clear_socket_path,
+    Handed, MAX_PUSH_BODY, PushAnswer, PushRefused, PushRequest, answer_json, clear_socket_path,
     file_target, lines, make_private, maybe_queued_json, target, too_large_json,
 };
 
-/// Push connections open at once (docs/downlink.md, "The push socket's requests"); one more is answered 503
-/// ([`busy_answer`]) and closed. Pushers are the node's own machine's programs, so a few suffice, and a runaway one
-/// cannot take the process's descriptors.
-pub const MAX_PUSH_CONNECTIONS: usize = 32;
+pub use crate::common::push::MAX_PUSH_CONNECTIONS;
 
 /// Connections past the bound being answered busy at once, each for at most [`TURN_AWAY_WITHIN`]; past these, one
 /// gets what fits the socket's buffer and is closed at once.
@@ -43,10 +43,6 @@ const MAX_TURNED_AWAY: usize = 32;
 /// How long a connection turned away is given to read its answer and finish sending its request, which is read
 /// and dropped: a Unix socket closed with bytes it has not read resets its peer, which may then lose the answer.
 const TURN_AWAY_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// How long a new connection's task waits for its request, without sleeping, before it hands the connection to
-/// hyper (which sleeps until the request comes): [`request_soon`].
-const REQUEST_SOON: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// How long a push waits for its answer: a commit and one sync, or the wait for a sync in flight before it.
 const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
@@ -69,9 +65,6 @@ fn busy_answer() -> Vec<u8> {
     )
     .into_bytes()
 }
-
-/// How often the log says that pushers are turned away at the bound.
-const BUSY_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The push socket, bound: its listener and where it is (removed when the server stops, if it is still ours).
 pub struct PushSocket {
@@ -108,78 +101,70 @@ impl PushSocket {
         &self.path
     }
 
-    /// The listener registered with the runtime entered by the caller.
-    pub(super) fn into_tokio(self) -> io::Result<(tokio::net::UnixListener, PathBuf, u64)> {
+    /// The listener (non-blocking), its path and the inode bound there, for the receive loop, which accepts on it
+    /// and removes the path when it stops if it is still this socket.
+    pub fn into_parts(self) -> io::Result<(std::os::unix::net::UnixListener, PathBuf, u64)> {
         self.listener.set_nonblocking(true)?;
-        Ok((
-            tokio::net::UnixListener::from_std(self.listener)?,
-            self.path,
-            self.ino,
-        ))
+        Ok((self.listener, self.path, self.ino))
     }
 }
 
-/// Accepts push connections until the server stops; then removes the socket if it is still the one bound.
-pub(super) async fn accept_loop(
-    listener: tokio::net::UnixListener,
-    path: PathBuf,
-    ino: u64,
+/// Serves the connections the receive loop hands over (research/054) until the server stops.
+pub(super) async fn handed_loop(
+    mut handed: mpsc::UnboundedReceiver<Handed>,
     shared: Arc<Shared>,
     mut closing: watch::Receiver<bool>,
 ) {
-    let open = Arc::new(AtomicUsize::new(0));
     let busy: Arc<[u8]> = busy_answer().into();
     let turning_away = Arc::new(AtomicUsize::new(0));
-    let mut busy_logged: Option<std::time::Instant> = None;
-    let mut busy_since_log = 0u64;
     loop {
-        let stream = tokio::select! {
+        let h = tokio::select! {
             () = stopping(&mut closing) => break,
-            accepted = listener.accept() => match accepted {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::debug!("push socket accept: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
+            h = handed.recv() => match h {
+                Some(h) => h,
+                None => break,
             },
         };
-        if open.load(Ordering::Relaxed) >= MAX_PUSH_CONNECTIONS {
-            if turning_away.load(Ordering::Relaxed) < MAX_TURNED_AWAY {
-                turning_away.fetch_add(1, Ordering::Relaxed);
-                let (busy, turning_away) = (busy.clone(), turning_away.clone());
+        match h {
+            Handed::Serve {
+                stream,
+                read,
+                write_first,
+                serve: then_serve,
+                slot,
+            } => {
+                let stream = match tokio::net::UnixStream::from_std(stream) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::debug!("push connection handed over: {e}");
+                        continue;
+                    }
+                };
+                let (shared, closing) = (shared.clone(), closing.clone());
                 tokio::spawn(async move {
-                    turn_away(stream, &busy).await;
-                    turning_away.fetch_sub(1, Ordering::Relaxed);
+                    serve_handed(stream, read, write_first, then_serve, shared, closing).await;
+                    drop(slot);
                 });
-            } else {
-                // The answer fits the new socket's empty send buffer; the pusher may lose it to a reset, and then
-                // sees the connection closed before its push was read, which `pure-serve push` says is "busy".
-                let _ = stream.try_write(&busy);
             }
-            busy_since_log += 1;
-            let now = std::time::Instant::now();
-            if busy_logged.is_none_or(|t| now.duration_since(t) >= BUSY_LOG_EVERY) {
-                tracing::warn!(
-                    "push socket: {MAX_PUSH_CONNECTIONS} connections are open, the most it serves; {busy_since_log} \
-                     pusher(s) answered 503 (busy) since this was last said"
-                );
-                busy_logged = Some(now);
-                busy_since_log = 0;
+            Handed::TurnAway(stream) => {
+                let Ok(stream) = tokio::net::UnixStream::from_std(stream) else {
+                    continue;
+                };
+                if turning_away.load(Ordering::Relaxed) < MAX_TURNED_AWAY {
+                    turning_away.fetch_add(1, Ordering::Relaxed);
+                    let (busy, turning_away) = (busy.clone(), turning_away.clone());
+                    tokio::spawn(async move {
+                        turn_away(stream, &busy).await;
+                        turning_away.fetch_sub(1, Ordering::Relaxed);
+                    });
+                } else {
+                    // The answer fits the new socket's empty send buffer; the pusher may lose it to a reset, and
+                    // then sees the connection closed before its push was read, which `pure-serve push` says is
+                    // "busy".
+                    let _ = stream.try_write(&busy);
+                }
             }
-            continue;
         }
-        open.fetch_add(1, Ordering::Relaxed);
-        let (shared, open, closing) = (shared.clone(), open.clone(), closing.clone());
-        tokio::spawn(async move {
-            request_soon(&stream);
-            serve(stream, shared, closing).await;
-            open.fetch_sub(1, Ordering::Relaxed);
-        });
-    }
-    drop(listener);
-    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == ino) {
-        let _ = std::fs::remove_file(&path);
     }
 }
 
@@ -197,40 +182,98 @@ async fn turn_away(mut stream: tokio::net::UnixStream, busy: &[u8]) {
     let _ = tokio::time::timeout(TURN_AWAY_WITHIN, answer_and_drain).await;
 }
 
-/// Waits up to [`REQUEST_SOON`] for a new connection's first bytes, giving the CPU away between looks. A pusher
-/// writes its request right after it connects, but the `connect` wakes this thread first: found empty, the
-/// connection would be read again only after `epoll` wakes the thread a second time, which after an idle pause
-/// costs tens of µs here (research/052). A connection whose request is not there by then is served as before.
-fn request_soon(stream: &tokio::net::UnixStream) {
-    use std::os::fd::AsRawFd;
-    let start = std::time::Instant::now();
-    let mut byte = 0u8;
-    loop {
-        // SAFETY: one byte into a live buffer, peeked without waiting, on a descriptor the stream owns.
-        let n = unsafe {
-            libc::recv(
-                stream.as_raw_fd(),
-                (&raw mut byte).cast(),
-                1,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
-        // Bytes, the end, or an error other than "nothing yet": hyper takes it from here.
-        if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock {
+/// A connection the loop handed over: the rest of its answer written, then served by hyper from the bytes the loop
+/// read on, or closed.
+async fn serve_handed(
+    mut stream: tokio::net::UnixStream,
+    read: Vec<u8>,
+    write_first: Vec<u8>,
+    then_serve: bool,
+    shared: Arc<Shared>,
+    closing: watch::Receiver<bool>,
+) {
+    use tokio::io::AsyncWriteExt;
+    if !write_first.is_empty() {
+        let written = tokio::time::timeout(ANSWER_WITHIN, stream.write_all(&write_first)).await;
+        if !matches!(written, Ok(Ok(()))) {
             return;
         }
-        if start.elapsed() >= REQUEST_SOON {
-            return;
-        }
-        std::thread::yield_now();
+    }
+    if then_serve {
+        serve(
+            Prefixed {
+                read,
+                at: 0,
+                stream,
+            },
+            shared,
+            closing,
+        )
+        .await;
+    } else {
+        let _ = stream.shutdown().await;
     }
 }
 
-async fn serve(
+/// A connection whose first bytes were read by the receive loop: hyper reads those first, then the socket.
+struct Prefixed {
+    read: Vec<u8>,
+    at: usize,
     stream: tokio::net::UnixStream,
-    shared: Arc<Shared>,
-    mut closing: watch::Receiver<bool>,
-) {
+}
+
+impl tokio::io::AsyncRead for Prefixed {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.at < this.read.len() {
+            let n = buf.remaining().min(this.read.len() - this.at);
+            buf.put_slice(&this.read[this.at..this.at + n]);
+            this.at += n;
+            if this.at == this.read.len() {
+                this.read = Vec::new();
+                this.at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Prefixed {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+async fn serve(stream: Prefixed, shared: Arc<Shared>, mut closing: watch::Receiver<bool>) {
     let head_timeout = shared.limits.head_timeout;
     let service = service_fn(move |req| {
         let shared = shared.clone();
@@ -509,59 +552,6 @@ mod tests {
         );
         let (status, v) = status_and_json(push_too_large());
         assert_eq!((status, v["refused"].as_str()), (413, Some("too_large")));
-    }
-
-    /// `request_soon` only looks: a request there (or coming within the wait) is left whole for hyper, one that
-    /// comes after the wait is read whole when it comes, and a connection closed without one ends the wait at once.
-    #[test]
-    fn waiting_for_a_request_reads_nothing_and_ends_with_the_request_the_wait_or_the_close() {
-        use std::io::{Read as _, Write as _};
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let pair = || {
-                let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-                a.set_nonblocking(true).unwrap();
-                (tokio::net::UnixStream::from_std(a).unwrap(), b)
-            };
-            let read_all = |s: tokio::net::UnixStream, want: usize| {
-                let mut s = s.into_std().unwrap();
-                s.set_nonblocking(false).unwrap();
-                s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-                    .unwrap();
-                let mut got = vec![0u8; want];
-                s.read_exact(&mut got).unwrap();
-                got
-            };
-            // There already.
-            let (node, mut pusher) = pair();
-            pusher.write_all(b"POST /push").unwrap();
-            request_soon(&node);
-            assert_eq!(read_all(node, 10), b"POST /push");
-            // Written while the node waits.
-            let (node, mut pusher) = pair();
-            let writer = std::thread::spawn(move || {
-                pusher.write_all(b"GET").unwrap();
-                pusher
-            });
-            request_soon(&node);
-            let _pusher = writer.join().unwrap();
-            assert_eq!(read_all(node, 3), b"GET");
-            // Not there within the wait: left for hyper, nothing taken.
-            let (node, mut pusher) = pair();
-            request_soon(&node);
-            pusher.write_all(b"late").unwrap();
-            assert_eq!(read_all(node, 4), b"late");
-            // Closed without a request: the wait ends, and the close is still there to be read.
-            let (node, pusher) = pair();
-            drop(pusher);
-            request_soon(&node);
-            let mut rest = Vec::new();
-            node.into_std().unwrap().read_to_end(&mut rest).unwrap();
-            assert!(rest.is_empty());
-        });
     }
 
     #[test]

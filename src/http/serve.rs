@@ -180,7 +180,7 @@ Content-Type: text/plain\r\nContent-Length: 21\r\n\r\ntoo many connections\n"
 /// signal.
 pub(super) async fn run(
     listeners: Vec<(AsyncFd<std::net::TcpListener>, Listener)>,
-    push: Option<(tokio::net::UnixListener, std::path::PathBuf, u64)>,
+    push: Option<tokio::sync::mpsc::UnboundedReceiver<crate::common::push::Handed>>,
     shared: Arc<Shared>,
     stop: tokio::sync::oneshot::Receiver<()>,
 ) {
@@ -189,11 +189,9 @@ pub(super) async fn run(
         .into_iter()
         .map(|(l, which)| tokio::spawn(accept_loop(l, which, shared.clone(), closing_rx.clone())))
         .collect();
-    if let Some((listener, path, ino)) = push {
-        loops.push(tokio::spawn(super::push::accept_loop(
-            listener,
-            path,
-            ino,
+    if let Some(handed) = push {
+        loops.push(tokio::spawn(super::push::handed_loop(
+            handed,
             shared.clone(),
             closing_rx.clone(),
         )));

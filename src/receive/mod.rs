@@ -53,6 +53,7 @@ mod batch;
 pub mod heap;
 mod links;
 mod local;
+pub mod push_stream;
 pub mod pushes;
 pub use links::LINK_BYTES_PER_ROUND;
 pub use local::LocalNode;
@@ -207,6 +208,8 @@ pub struct ReadyNode {
     pushes: Option<PushQueue>,
     /// The push datagram socket, read and answered by this loop, if the node serves one.
     push_datagrams: Option<pushes::PushDatagrams>,
+    /// The push socket's listener, its simple pushes served by this loop, the rest handed to the HTTP thread.
+    push_stream: Option<push_stream::PushStream>,
     /// The number the next link request is given (its pseudo peer address).
     next_link_request: u64,
     /// The link requests taken and not yet answered (they wait for their turns to finish).
@@ -431,6 +434,7 @@ impl ReadyNode {
             links: None,
             pushes: None,
             push_datagrams: None,
+            push_stream: None,
             next_link_request: 0,
             link_requests: links::LinkRequests::default(),
             _lock: lock,
@@ -459,6 +463,28 @@ impl ReadyNode {
     /// Serves the push datagram socket on this loop (docs/downlink.md, "The push datagram socket").
     pub fn serve_push_datagrams(&mut self, socket: pushes::PushDatagrams) {
         self.push_datagrams = Some(socket);
+    }
+
+    /// Serves the push socket (docs/downlink.md, "The push socket's requests") from this loop: its listener
+    /// (non-blocking), path and inode as bound; a connection waits for its request at most `head_timeout` (the HTTP
+    /// server's). Returns where the connections this loop does not serve itself go:
+    /// the HTTP server's [`crate::http::HttpServer::with_pushes`], with [`ReadyNode::push_inbox`] for their pushes.
+    pub fn serve_push_stream(
+        &mut self,
+        listener: std::os::unix::net::UnixListener,
+        path: std::path::PathBuf,
+        ino: u64,
+        head_timeout: Duration,
+    ) -> tokio::sync::mpsc::UnboundedReceiver<crate::common::push::Handed> {
+        let (hand, handed) = tokio::sync::mpsc::unbounded_channel();
+        self.push_stream = Some(push_stream::PushStream::new(
+            listener,
+            path,
+            ino,
+            hand,
+            head_timeout,
+        ));
+        handed
     }
 
     pub fn link_inbox(&mut self) -> Result<LinkInbox, NodeError> {
@@ -498,6 +524,7 @@ impl ReadyNode {
     /// [`ReadyNode::run`] as a service: also reloads on `control.reload` and keeps the supervisor informed.
     pub fn run_with(mut self, control: Control<'_>) -> Result<NodeCounters, NodeError> {
         let mut segments = Vec::with_capacity(batch::SLOTS * 4);
+        let mut idle_fds: Vec<RawFd> = Vec::new();
         let mut last_summary = Instant::now();
         let mut summarized = NodeCounters::default();
         let notifier = control.notifier;
@@ -552,7 +579,7 @@ impl ReadyNode {
             } else {
                 wait
             };
-            let mut pushes_ready = false;
+            let (mut pushes_ready, mut stream_ready, mut idle_ready) = (false, false, 0u64);
             if !stopping {
                 let link_wake = self.links.as_ref().map(|q| q.wake().fd());
                 // A full turn the host cannot take yet (its store is behind) waits for the store's wake, not for
@@ -562,9 +589,16 @@ impl ReadyNode {
                     .push_datagrams
                     .as_ref()
                     .and_then(pushes::PushDatagrams::fd_to_wait_on);
-                pushes_ready = wait_readable(
+                let stream_fd = self.push_stream.as_ref().map(push_stream::PushStream::fd);
+                idle_fds.clear();
+                if let Some(p) = &self.push_stream {
+                    idle_fds.extend(p.idle_fds());
+                }
+                [pushes_ready, stream_ready] = wait_readable(
                     read_socket.then_some(&self.socket),
-                    push_fd,
+                    [push_fd, stream_fd],
+                    &idle_fds,
+                    &mut idle_ready,
                     &[
                         control.wake,
                         link_wake,
@@ -606,6 +640,19 @@ impl ReadyNode {
                     }
                 }
             }
+            if let Some(p) = self
+                .push_stream
+                .as_mut()
+                .filter(|_| stream_ready || idle_ready != 0)
+            {
+                let senders = self.node.senders().clone();
+                p.take(now, &senders, stream_ready, idle_ready, |push| {
+                    self.host.push(&mut self.node, push, now)
+                });
+            }
+            if let Some(p) = self.push_stream.as_mut() {
+                p.expire(now);
+            }
             if let Some(d) = self.push_datagrams.as_mut().filter(|_| pushes_ready) {
                 let senders = self.node.senders().clone();
                 d.take(now, &senders, |push| {
@@ -634,6 +681,10 @@ impl ReadyNode {
                 if let Some(d) = self.push_datagrams.as_mut() {
                     d.answer(Instant::now(), true);
                     d.close();
+                }
+                if let Some(p) = self.push_stream.as_mut() {
+                    p.answer(Instant::now(), true);
+                    p.close();
                 }
                 self.host.checkpoint_at_stop();
                 if let Err(e) = self.memo.write() {
@@ -792,6 +843,9 @@ impl ReadyNode {
         self.host.send_push_answers();
         if let Some(d) = self.push_datagrams.as_mut() {
             d.answer(Instant::now(), false);
+        }
+        if let Some(p) = self.push_stream.as_mut() {
+            p.answer(Instant::now(), false);
         }
         self.link_requests.answer_finished(self.host.finished_seq());
         for r in self.node.take_forward_refusals() {
@@ -1444,27 +1498,38 @@ const SENDING_STALE: Duration = Duration::from_secs(3);
 const TRIM_AFTER_SWEPT: u64 = 1024;
 
 /// Waits until the socket is readable, a wake descriptor (signals, outlets, HTTP) is, or `timeout` passes. Wakes
-/// are cleared: one round serves them all. Returns whether `push_datagrams` is readable, so that a round without a
-/// push costs the uplink no read of it.
+/// are cleared: one round serves them all. Returns whether each of `pushes` (the push datagram socket, the push
+/// socket's listener) is readable, so that a round without a push costs the uplink no read of them.
 fn wait_readable(
     socket: Option<&UdpSocket>,
-    push_datagrams: Option<RawFd>,
+    pushes: [Option<RawFd>; 2],
+    idle: &[RawFd],
+    idle_ready: &mut u64,
     wakes: &[Option<RawFd>],
     timeout: Duration,
-) -> bool {
+) -> [bool; 2] {
     // A negative fd is ignored by poll(2). The sockets first: only the wakes after them are cleared.
-    let mut fds = vec![
-        libc::pollfd {
-            fd: socket.map_or(-1, |s| s.as_raw_fd()),
+    let mut fds = vec![libc::pollfd {
+        fd: socket.map_or(-1, |s| s.as_raw_fd()),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    for p in pushes {
+        fds.push(libc::pollfd {
+            fd: p.unwrap_or(-1),
             events: libc::POLLIN,
             revents: 0,
-        },
-        libc::pollfd {
-            fd: push_datagrams.unwrap_or(-1),
+        });
+    }
+    // The push socket's kept connections (at most 32, so their bits fit), then the wakes.
+    for &fd in idle.iter().take(64) {
+        fds.push(libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
-        },
-    ];
+        });
+    }
+    let wakes_at = fds.len();
     for w in wakes {
         fds.push(libc::pollfd {
             // A negative fd is ignored by poll(2).
@@ -1478,14 +1543,22 @@ fn wait_readable(
     let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
     // SAFETY: valid pollfds for the duration of the call; a failure (EINTR) just ends the wait early.
     if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) } <= 0 {
-        return false;
+        return [false; 2];
     }
-    for p in &fds[2..] {
+    // Readable, closed or failed: a read says which.
+    *idle_ready = 0;
+    for (i, p) in fds[3..wakes_at].iter().enumerate() {
+        if p.revents != 0 {
+            *idle_ready |= 1 << i;
+        }
+    }
+    for p in &fds[wakes_at..] {
         if p.fd >= 0 && p.revents & libc::POLLIN != 0 {
             crate::common::wake::clear_eventfd(p.fd);
         }
     }
-    fds[1].fd >= 0 && fds[1].revents & libc::POLLIN != 0
+    let ready = |p: &libc::pollfd| p.fd >= 0 && p.revents & libc::POLLIN != 0;
+    [ready(&fds[1]), ready(&fds[2])]
 }
 
 #[cfg(test)]
