@@ -46,6 +46,32 @@ pub struct PushRequest {
     pub found: Option<Found>,
 }
 
+impl PushRequest {
+    /// A push of `records` to `to` in `app`, its sender looked up in `list` (`index`, none: no such sender there), and
+    /// where its answer will come.
+    pub fn looked_up(
+        app: String,
+        to: String,
+        records: Vec<Vec<u8>>,
+        list: &Arc<AllowList>,
+        index: Option<SenderIndex>,
+    ) -> (Self, oneshot::Receiver<PushAnswer>) {
+        let (tx, rx) = oneshot::channel();
+        let request = PushRequest {
+            app,
+            to,
+            records,
+            blob: None,
+            answer: tx.into(),
+            found: Some(Found {
+                list: list.clone(),
+                index,
+            }),
+        };
+        (request, rx)
+    }
+}
+
 /// A sender looked up by name in one allow-list.
 #[derive(Debug, Clone)]
 pub struct Found {

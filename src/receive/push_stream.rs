@@ -28,8 +28,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot::{self, error::TryRecvError};
 
 use crate::common::push::{
-    ConnectionSlot, Found, Handed, MAX_PUSH_CONNECTIONS, PushAnswer, PushRequest, answer_json,
-    error_json, find_name_without_scan, lines, maybe_queued_json, target,
+    ConnectionSlot, Handed, MAX_PUSH_CONNECTIONS, PushAnswer, PushRequest, answer_json, error_json,
+    find_name_without_scan, lines, maybe_queued_json, target,
 };
 use crate::proto::allow_list::AllowList;
 
@@ -253,18 +253,9 @@ impl PushStream {
         };
         let records = lines(&read[body]);
         let rest = read[rest..].to_vec();
-        let (tx, rx) = oneshot::channel();
-        push(PushRequest {
-            app: app.clone(),
-            to: to.clone(),
-            records,
-            blob: None,
-            answer: tx.into(),
-            found: Some(Found {
-                list: senders.clone(),
-                index,
-            }),
-        });
+        let (request, rx) =
+            PushRequest::looked_up(app.clone(), to.clone(), records, senders, index);
+        push(request);
         self.counts.served += 1;
         self.in_flight.push(InFlight {
             stream,

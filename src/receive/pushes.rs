@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot::{self, error::TryRecvError};
 
 use crate::common::push::{
-    Found, PushAnswer, PushRequest, answer_json, clear_socket_path, error_json, lines,
-    make_private, maybe_queued_json, target, too_large_json,
+    PushAnswer, PushRequest, answer_json, clear_socket_path, error_json, lines, make_private,
+    maybe_queued_json, target, too_large_json,
 };
 use crate::proto::allow_list::{AllowList, SenderIndex};
 
@@ -225,18 +225,9 @@ impl PushDatagrams {
                     index
                 }
             };
-            let (tx, rx) = oneshot::channel();
-            push(PushRequest {
-                app: app.clone(),
-                to: to.clone(),
-                records,
-                blob: None,
-                answer: tx.into(),
-                found: Some(Found {
-                    list: senders.clone(),
-                    index,
-                }),
-            });
+            let (request, rx) =
+                PushRequest::looked_up(app.clone(), to.clone(), records, senders, index);
+            push(request);
             self.in_hand.push(InHand {
                 to: from,
                 app,
