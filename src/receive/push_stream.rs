@@ -1,19 +1,21 @@
-//! The push socket's connections, accepted by the receive loop (docs/downlink.md, "The push socket's requests";
-//! research/054). A complete `POST /push` that is in the socket when the loop reads it — the request line, its
-//! headers and a `content-length` body of at most [`MAX_BODY_HERE`] bytes — is served here: its push goes to the
-//! app host as a push datagram's does, and its answer is written once the records are synced or refused. Everything
-//! else goes to the HTTP thread, with the bytes read so far, and hyper serves it there as it serves every request
-//! of the socket: another path or method, a chunked body or `expect`, a body not all there yet, a larger one, a
-//! request hyper must refuse, a sender looked up by a scan of a long allow-list, and, once its push is answered, a
-//! connection kept for another request.
+//! The push socket's connections, accepted and polled by the receive loop (docs/downlink.md, "The push socket's
+//! requests"; research/054). A whole `POST /push` that is in the socket when the loop reads it — the request line,
+//! its headers and a `content-length` body of at most [`MAX_BODY_HERE`] bytes — is served here: its push goes to the
+//! app host as a push datagram's does, its answer is written once the records are synced or refused, and the
+//! connection, if its pusher keeps it, waits here for the next request (a new connection waits here for its first
+//! one too, for at most the HTTP server's head timeout, as hyper would wait). Everything else goes to the HTTP
+//! thread with the bytes read so far, and hyper serves it there as it serves every request of the socket: another
+//! path or method, a chunked body or `expect`, a body not all there when read or larger, a request hyper must
+//! refuse, what the pusher wrote after a push on the same connection, and a push whose sender only a scan of a long
+//! allow-list would find past [`SCANS_PER_ROUND`] in a round (while the list's index by name is being made).
 //!
 //! Why here: through the HTTP thread a push costs a second thread's wake before its turn (the HTTP thread's, then
 //! the loop's, research/053's stage table), which a push datagram does not pay. Read here it reaches the loop as a
 //! device's datagram does: one wake. Why only the simplest requests: hyper (the well-kept HTTP library) stays the
 //! server of everything else, with its limits and timeouts; what is parsed here is parsed with `httparse`, hyper's
-//! own parser, and anything it would not take whole here is left to hyper whole. The loop holds a connection only
-//! while its push is in flight (at most [`crate::common::push::MAX_PUSH_CONNECTIONS`] open in all, on either thread),
-//! and never waits on one: a request not all there is handed over, not waited for.
+//! own parser, and anything it would not take whole here is left to hyper whole. The loop never waits on a
+//! connection: it reads what is there, and a request not all there is handed over, not waited for. At most
+//! [`crate::common::push::MAX_PUSH_CONNECTIONS`] connections are open in all, on either thread.
 
 use std::io::{self, Read as _, Write as _};
 use std::os::unix::fs::MetadataExt;
@@ -29,7 +31,7 @@ use tokio::sync::oneshot::{self, error::TryRecvError};
 
 use crate::common::push::{
     ConnectionSlot, Handed, MAX_PUSH_CONNECTIONS, PushAnswer, PushRequest, answer_json, error_json,
-    find_name_without_scan, lines, maybe_queued_json, target,
+    find_name, find_name_without_scan, lines, maybe_queued_json, target,
 };
 use crate::proto::allow_list::AllowList;
 
@@ -51,6 +53,11 @@ const ACCEPT_PER_ROUND: usize = 8;
 /// How long the loop waits for a new connection's request, without sleeping: a pusher writes it right after its
 /// `connect`, which woke the loop (research/052: within 40–50 µs here). Past it the connection goes to hyper.
 const REQUEST_SOON: Duration = Duration::from_micros(50);
+
+/// Names looked up by a scan of a long allow-list in one round, while its index by name is being made (as on the push
+/// datagram socket: about half a millisecond each at a million senders); past them a push goes to the HTTP thread,
+/// which looks its sender up there.
+const SCANS_PER_ROUND: usize = 4;
 
 /// How long a push waits for its answer (as through hyper).
 const ANSWER_WITHIN: Duration = Duration::from_secs(30);
@@ -105,6 +112,8 @@ pub struct PushStream {
     idle: Vec<Idle>,
     buf: Vec<u8>,
     counts: StreamCounts,
+    /// Names this round may still look up by a scan of the allow-list (its index by name not made yet).
+    scans_left: usize,
     busy_logged: Option<Instant>,
     busy_since_log: u64,
 }
@@ -144,6 +153,7 @@ impl PushStream {
             idle: Vec::new(),
             buf: vec![0; READ_AT_MOST],
             counts: StreamCounts::default(),
+            scans_left: SCANS_PER_ROUND,
             busy_logged: None,
             busy_since_log: 0,
         }
@@ -174,6 +184,7 @@ impl PushStream {
         idle_ready: u64,
         mut push: impl FnMut(PushRequest),
     ) {
+        self.scans_left = SCANS_PER_ROUND;
         if idle_ready != 0 {
             for (i, c) in std::mem::take(&mut self.idle).into_iter().enumerate() {
                 if i < 64 && idle_ready & (1 << i) != 0 {
@@ -242,10 +253,19 @@ impl PushStream {
             self.hand_over(stream, slot, read, Vec::new(), true);
             return;
         };
-        // A target hyper would refuse, or a sender only a scan would find: hyper's, with the bytes read.
-        let found = target(&query)
-            .ok()
-            .and_then(|(app, to)| Some((find_name_without_scan(senders, &to)?, app, to)));
+        // A target hyper would refuse, or a sender only a scan would find past the round's scans: hyper's, with the
+        // bytes read.
+        let found = target(&query).ok().and_then(|(app, to)| {
+            let index = match find_name_without_scan(senders, &to) {
+                Some(index) => index,
+                None if self.scans_left > 0 => {
+                    self.scans_left -= 1;
+                    find_name(senders, &to)
+                }
+                None => return None,
+            };
+            Some((index, app, to))
+        });
         let Some((index, app, to)) = found else {
             let read = read.to_vec();
             self.hand_over(stream, slot, read, Vec::new(), true);
