@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The bounded fuzz step (issue 8): build every target once, run each from a copy of its corpus for FUZZ_SECONDS
-# (default 12: six targets, about a minute), fail on the first crash. Needs the nightly toolchain and cargo-fuzz
+# (default 12: seven targets, about a minute and a half), fail on the first crash. Needs the nightly toolchain and cargo-fuzz
 # (`cargo install cargo-fuzz --locked`). Longer runs: FUZZ_SECONDS=600 fuzz/ci.sh (research/009-crash-loop.md,
 # fuzzing). A crash leaves its input in fuzz/artifacts/TARGET/; make it a regression test, then fix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${FUZZ_SECONDS:-12}"
-TARGETS="packet packet_open node_packet senders_file apps_file http_framing"
+TARGETS="packet packet_open node_packet senders_file apps_file http_framing push_request"
 cargo +nightly fuzz build -O
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -22,4 +22,4 @@ for t in $TARGETS; do
         exit 1
     fi
 done
-echo "fuzz: 6 targets, ${SECONDS_EACH}s each, no crash"
+echo "fuzz: 7 targets, ${SECONDS_EACH}s each, no crash"

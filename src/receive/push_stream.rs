@@ -118,9 +118,9 @@ pub struct PushStream {
     busy_since_log: u64,
 }
 
-/// What a connection's first bytes are.
+/// What a connection's first bytes are ([`parse_request`]).
 #[derive(Debug, PartialEq, Eq)]
-enum Request {
+pub enum Request {
     /// A complete `POST /push` to serve here: its query, body and what follows it.
     Push {
         query: String,
@@ -466,8 +466,9 @@ fn read_request(mut stream: &UnixStream, buf: &mut [u8]) -> (usize, bool, Reques
     (n, closed, parse_request(&buf[..n]))
 }
 
-/// Whether `bytes` open with a whole `POST /push` this loop serves (the module doc says which).
-fn parse_request(bytes: &[u8]) -> Request {
+/// Whether `bytes` open with a whole `POST /push` this loop serves (the module doc says which). Public for the fuzz
+/// target (`fuzz/fuzz_targets/push_request.rs`).
+pub fn parse_request(bytes: &[u8]) -> Request {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let head = match req.parse(bytes) {
