@@ -1,8 +1,8 @@
 //! The push socket (docs/downlink.md, "Queueing records"): a Unix stream socket on which programs of the node's
 //! machine queue downlink records with `POST /push?app=APP&to=SENDER`, one record per line of the body. The receive
 //! loop accepts its connections and serves a complete `POST /push` itself (`receive/push_stream.rs`, research/054);
-//! every other request, and a connection kept for another request, it hands here, where hyper serves it on the HTTP
-//! thread like the TCP listeners. Each push goes to the receive loop through a bounded queue
+//! every other request, with the connection it came on, it hands here, where hyper serves it on the HTTP thread like
+//! the TCP listeners. Each push goes to the receive loop through a bounded queue
 //! ([`crate::common::push`]) and is answered, in JSON, once its records are synced or refused.
 //!
 //! Why a Unix socket and not a TCP port: who may push is then decided by the kernel's file permissions (the socket
@@ -66,7 +66,8 @@ fn busy_answer() -> Vec<u8> {
     .into_bytes()
 }
 
-/// The push socket, bound: its listener and where it is (removed when the server stops, if it is still ours).
+/// The push socket, bound: its listener and where it is (removed by the receive loop when it stops, if it is still
+/// ours).
 pub struct PushSocket {
     listener: std::os::unix::net::UnixListener,
     path: PathBuf,
