@@ -519,6 +519,63 @@ fn the_receive_buffer_refusal_states_the_default_help_shows() {
     assert!(err.contains(&format!("the default is {default}")), "{err}");
 }
 
+/// The binary as nobody may run it (as root; else the binary itself): a copy in `dir`, which everyone may enter,
+/// since the checkout itself may be where only root can go (issue 38: a clone under /root).
+fn exe_for_nobody(root: bool, dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    if !root {
+        return std::path::PathBuf::from(bin());
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = dir.join("pure-serve");
+    std::fs::copy(bin(), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    exe
+}
+
+/// An outside audit: `check --state` on a directory this user may not look into (the packaged node's
+/// /var/lib/private/pure-serve, run without sudo) said "missing; the node will make it" of the directory and of the
+/// key, then "configuration is fine", exit 0. It is a problem, said once, with the fix.
+#[test]
+fn check_on_a_state_directory_this_user_may_not_look_into_says_so_not_missing() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let private = tempfile::tempdir().unwrap();
+    let state = private.path().join("pure-serve");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let exe_dir = tempfile::tempdir().unwrap();
+    let exe = exe_for_nobody(root, exe_dir.path());
+    let mut cmd = Command::new(&exe);
+    cmd.args(["check", "--link-port", "0", "--http-port", "0", "--state"])
+        .arg(&state);
+    if root {
+        cmd.uid(65534).gid(65534);
+    } else {
+        std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o000)).unwrap();
+    }
+    let out = cmd.output().unwrap();
+    if !root {
+        std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("this user cannot look at it")
+            && all.contains("run check as the node's user, or with sudo"),
+        "{all}"
+    );
+    assert_eq!(
+        all.matches("this user cannot look at it").count(),
+        1,
+        "said once: {all}"
+    );
+    assert!(!all.contains("missing"), "{all}");
+    assert!(!all.contains("configuration is fine"), "{all}");
+}
+
 /// `pure-serve push` as `cmd` says it, with one record on standard input.
 fn push_one(cmd: &mut Command) -> Output {
     use std::io::Write;
@@ -547,19 +604,9 @@ fn a_push_socket_this_user_may_not_open_says_who_may_push_not_start_the_node() {
     let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    // Root may open any socket: push as nobody, who may not enter the test's 0700 directory. Nobody runs a copy
-    // of the binary in a directory everyone may enter: the checkout itself may be where only root can go (issue
-    // 38: a clone under /root).
+    // Root may open any socket: push as nobody, who may not enter the test's 0700 directory.
     let exe_dir = tempfile::tempdir().unwrap();
-    let exe = if root {
-        std::fs::set_permissions(exe_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let exe = exe_dir.path().join("pure-serve");
-        std::fs::copy(bin(), &exe).unwrap();
-        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-        exe
-    } else {
-        std::path::PathBuf::from(bin())
-    };
+    let exe = exe_for_nobody(root, exe_dir.path());
     let mut cmd = Command::new(&exe);
     cmd.args(["push", "--to", "kitchen-1", "--socket"])
         .arg(&socket);

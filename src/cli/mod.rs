@@ -185,7 +185,7 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Check the node's configuration without serving: list every problem, exit non-zero if there is one.
     #[command(after_help = "Examples:\n  \
-        pure-serve check --senders /etc/pure-serve/senders --state /var/lib/private/pure-serve\n  \
+        sudo pure-serve check --senders /etc/pure-serve/senders --state /var/lib/private/pure-serve\n  \
         pure-serve check --apps /etc/pure-serve/apps.toml --senders /etc/pure-serve/senders\n\n\
         Prints `ok:` for each file that is fine, `warning:` for what is allowed but probably not meant (it does not\n\
         stop the node), and `problem: FILE:LINE: …` for each problem with how to fix it. Exit status: 0 when there\n\

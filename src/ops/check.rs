@@ -89,11 +89,19 @@ pub fn check(input: &CheckInput) -> Report {
             dir.display()
         )),
         Ok(_) => r.fine.push(format!("state directory {}", dir.display())),
-        Err(_) => r.fine.push(format!(
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => r.fine.push(format!(
             "state directory {}: missing; the node will make it",
             dir.display()
         )),
+        // Not "missing": a directory this user may not look into (the packaged node's /var/lib/private is root's
+        // alone) would be reported as one the node makes, and its key as one the node makes too.
+        Err(e) => r.problems.push(format!(
+            "state directory {}: this user cannot look at it ({e}); run check as the node's user, or with sudo",
+            dir.display()
+        )),
     }
+    let state_unreadable =
+        std::fs::metadata(dir).is_err_and(|e| e.kind() != std::io::ErrorKind::NotFound);
     // A node serving from this state holds its lock (and its ports): checking its configuration before a reload is
     // the usual case, so that is said, not a problem.
     let running = crate::store::state::StateLock::holder(dir);
@@ -108,7 +116,16 @@ pub fn check(input: &CheckInput) -> Report {
         .key_file
         .parent()
         .filter(|d| !d.as_os_str().is_empty());
-    if input.key_file.exists() {
+    let key_found = input.key_file.try_exists();
+    if let Err(e) = &key_found {
+        // Said once: a key under a state directory this user cannot look into is that directory's problem.
+        if !(state_unreadable && input.key_file.starts_with(dir)) {
+            r.problems.push(format!(
+                "key {}: this user cannot look at it ({e}); run check as the node's user, or with sudo",
+                input.key_file.display()
+            ));
+        }
+    } else if key_found.is_ok_and(|found| found) {
         match crate::keys::read_identity(&input.key_file) {
             Ok(id) => {
                 r.fine.push(format!(
