@@ -11,8 +11,8 @@ mod ops_util;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Builds the library and the example; the example's path.
-fn build_example(dir: &Path) -> PathBuf {
+/// Builds the library and the example `name` (`link-c/examples/NAME.c`); the program's path.
+fn build_example(dir: &Path, name: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("link-c");
     // A workspace of its own (panic = "abort"), with its own target directory; RUSTFLAGS of the outer build are
     // not the library's.
@@ -24,18 +24,18 @@ fn build_example(dir: &Path) -> PathBuf {
         .output()
         .unwrap();
     assert!(out.status.success(), "cargo build of link-c: {out:?}");
-    let exe = dir.join("deliver");
+    let exe = dir.join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let out = Command::new(cc)
         .args(["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
         .arg(root.join("include"))
-        .arg(root.join("examples/deliver.c"))
+        .arg(root.join(format!("examples/{name}.c")))
         .arg(root.join("target/release/libpure_link_c.a"))
         .arg("-o")
         .arg(&exe)
         .output()
         .unwrap();
-    assert!(out.status.success(), "cc deliver.c: {out:?}");
+    assert!(out.status.success(), "cc {name}.c: {out:?}");
     exe
 }
 
@@ -63,7 +63,7 @@ fn a_c_program_delivers_through_its_flash_outbox_and_takes_downlink_once() {
         key_hex: secret,
         node_hex: node_public,
     } = ops_util::DeviceNode::start("c-device");
-    let exe = build_example(dir.path());
+    let exe = build_example(dir.path(), "deliver");
     let flash = dir.path().join("flash.bin");
     let run = |count: u64, listen_ms: u64, down_window: u64| {
         let out = ops_util::output_within(
@@ -176,4 +176,21 @@ fn a_c_program_delivers_through_its_flash_outbox_and_takes_downlink_once() {
     assert_eq!(seqs, (4..4 + 48).collect::<Vec<_>>());
     let got: Vec<u8> = fourth.downs.iter().flat_map(|d| d.1.bytes()).collect();
     assert!(got == image, "the pieces do not reassemble the file");
+}
+
+/// An outside audit: a record larger than a flash page takes, and a failed flash program, both came back as
+/// PL_ERR_FULL ("queue again once the node has stored records"), which for the first is never true and for the
+/// second hides the flash's fault. `link-c/examples/errors.c` checks each answer against a flash in memory.
+#[test]
+fn a_c_program_is_told_too_large_and_flash_failed_not_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_example(dir.path(), "errors");
+    let out = Command::new(&exe).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text.lines().count(), 6, "{text}");
 }

@@ -26,7 +26,7 @@ extern "C" {
 /* Errors: every function that can fail returns PL_OK or one of these. */
 #define PL_OK 0
 #define PL_ERR_ARG (-1)       /* a null pointer, an app name that is not 1-32 of a-z 0-9 _ -, or no such app */
-#define PL_ERR_FLASH (-2)     /* a flash callback returned non-zero */
+#define PL_ERR_FLASH (-2)     /* a flash callback returned non-zero (pl_queue: the record was not kept; queue it again) */
 #define PL_ERR_FULL (-3)      /* the outbox has no room: queue again once the node has stored records */
 #define PL_ERR_TOO_LARGE (-4) /* the record does not fit in one datagram: see pl_max_record */
 #define PL_ERR_REFUSED (-5)   /* the node refused the app (not listed for this device, or no such app) */
@@ -111,7 +111,9 @@ int pl_set_down_window(pl_device *dev, uint32_t bytes);
 /* 1 once the node challenged this run (it speaks version 1.2: pl_set_down_window), else 0. */
 int pl_is_wide(pl_device *dev);
 
-/* Queues a record. When this returns PL_OK the record is in flash and will reach the node's disk once. */
+/* Queues a record. When this returns PL_OK the record is in flash and will reach the node's disk once.
+ * PL_ERR_TOO_LARGE: longer than pl_max_record (for good). PL_ERR_FULL: no room until the node stores records.
+ * PL_ERR_FLASH: a flash callback failed; the record was not kept (a later call writes on a fresh page). */
 int pl_queue(pl_device *dev, const uint8_t *record, size_t len);
 
 /* Builds the next datagram into out (out_len >= max_datagram): its length, or 0 when nothing is to be sent now.
@@ -156,7 +158,8 @@ size_t pl_unacked(pl_device *dev);
 /* 1 when nothing waits for the node (every record stored, every downlink answer in): time to sleep. */
 int pl_is_idle(pl_device *dev);
 
-/* The largest record pl_queue takes. */
+/* The largest record pl_queue takes: what a datagram carries for the app (1,125 bytes for `main` at 1,200-byte
+ * datagrams), and at most the flash page's size less 64 (448 bytes with 512-byte pages). */
 size_t pl_max_record(pl_device *dev);
 
 /* Closes the device; its memory may be reused. */

@@ -557,6 +557,15 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
         self.first
     }
 
+    /// The largest record this outbox takes: an entry (its 8-byte header and the record, in whole 8-byte units) fits
+    /// in a page after the page's header, so a page of 512 bytes takes records of at most 448.
+    pub fn largest_record(&self) -> usize {
+        let units = (self.flash.page_size().saturating_sub(HEADER_LEN)) / UNIT;
+        (units * UNIT)
+            .saturating_sub(ENTRY_HEADER)
+            .min(usize::from(u16::MAX))
+    }
+
     /// The sequence the next record queued gets.
     pub fn next_seq(&self) -> u64 {
         self.first + self.records.len() as u64
