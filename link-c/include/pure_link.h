@@ -36,7 +36,7 @@ extern "C" {
 
 /* Events, handed to the pl_event_fn given to pl_handle_datagram and pl_handle_timeout. */
 #define PL_EVENT_STORED 1               /* the node stored every record up to seq, on its disk */
-#define PL_EVENT_REFUSED 2              /* the node refused the app (reason, docs/protocol.md 5); records dropped */
+#define PL_EVENT_REFUSED 2              /* the node refused the app (reason, docs/protocol.md 5); not sent again this run, kept in flash for the next */
 #define PL_EVENT_NOT_STORED 3           /* the node cannot store now (reason); records stay and go again */
 #define PL_EVENT_NODE_AHEAD 4           /* the node held records past ours (seq: the node's, ours) */
 #define PL_EVENT_NODE_BEHIND 5          /* the node lost records (seq: the node's, ours): renumbered, sent again */
@@ -82,7 +82,8 @@ typedef struct pl_device {
  * its flow to `app`, numbering on from the outbox. `secret` is the device's 32-byte X25519 secret key
  * (`pure-serve keygen`), `node_public` the node's 32-byte public key. `max_datagram` is the largest datagram the
  * carrier takes (0: 1200; at least 96, at most 1472); pl_poll_transmit's buffer must hold it.
- * Costs one X25519 (tens of milliseconds on a Cortex-M4).
+ * Costs two X25519 scalar multiplications, the public key and the shared secret (tens of milliseconds each on a
+ * Cortex-M4). PL_ERR_FULL: no room left in flash for the new run's count (docs/devices.md, "Writing").
  */
 int pl_open(pl_device *dev, const pl_flash *flash, const uint8_t secret[32], const uint8_t node_public[32],
             const char *app, const uint8_t *entropy, size_t entropy_len, size_t max_datagram);
@@ -146,7 +147,7 @@ int pl_set_heard_with(pl_device *dev, uint64_t seq, const uint8_t state[PL_STATE
 /* Copies the state kept (zeros until pl_set_heard_with kept one) to out. */
 int pl_state(pl_device *dev, uint8_t out[PL_STATE_LEN]);
 
-/* The downlink heard sequence kept in flash: the last one pl_set_heard kept (0 before any). */
+/* The downlink heard sequence kept in flash: the last one pl_set_heard or pl_set_heard_with kept (0 before any). */
 uint64_t pl_heard(pl_device *dev);
 
 /* The sequence the next record queued gets. */

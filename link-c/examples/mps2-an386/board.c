@@ -1,5 +1,5 @@
 /*
- * board.c: the board's clock, UART and flash for the C firmware (board.h, README.md).
+ * board.c: the board's clock, UART and flash for the C firmware (board.h; docs/devices.md, "On a microcontroller, in C").
  */
 #include "board.h"
 

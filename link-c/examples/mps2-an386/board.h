@@ -1,6 +1,6 @@
 /*
  * board.h: what the C firmware needs of QEMU's mps2-an386 board: a millisecond clock, datagrams over UART0 (one
- * SLIP frame each), and flash pages kept in a host file across power cuts (QEMU SIGKILLed). README.md says how
+ * SLIP frame each), and flash pages kept in a host file across power cuts (QEMU SIGKILLed). docs/devices.md says how
  * each maps to the board; the Rust board support in firmware/qemu-m4/src/board/ does the same for Rust firmware.
  */
 #ifndef BOARD_H
