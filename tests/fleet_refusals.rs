@@ -270,3 +270,81 @@ fn a_database_that_cannot_be_reached_exits_1_naming_where_it_was_looked_for() {
     assert!(err.contains("/nonexistent-dir"), "{err}");
     assert!(err.contains("check --store"), "{err}");
 }
+
+/// An outside audit: docs/scale-out.md says a node's role needs to make the tables at the first start "and to read
+/// and write them after", but every start ran the layout's `CREATE … IF NOT EXISTS`, which needs the right to
+/// create in the schema and to own the tables: a role granted reading and writing tables another role made exited
+/// 78 ("making the tables: permission denied for schema public"). It serves, and stores what it is sent.
+#[test]
+fn a_role_granted_reading_and_writing_the_tables_another_made_serves() {
+    let Some(cluster) = pg_util::PgCluster::start("fleet_refusals::granted") else {
+        return;
+    };
+    as_superuser(
+        &cluster,
+        &[
+            "CREATE ROLE maker LOGIN",
+            "CREATE ROLE writer LOGIN",
+            "CREATE DATABASE granted OWNER maker",
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, device_key, senders) = setup(dir.path());
+    // The first start, as the tables' owner, makes them; then it stops.
+    drop(fleet_util::start_node(
+        dir.path(),
+        "maker",
+        &cluster.url_as("maker", "granted"),
+        &node_key,
+        &senders,
+        &[],
+    ));
+    let granted = cluster
+        .conninfo()
+        .replace("dbname=postgres", "dbname=granted");
+    pg_util::sql(&granted, async |client| {
+        client
+            .batch_execute(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO writer; \
+                 GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO writer",
+            )
+            .await
+            .unwrap();
+    });
+    let node = fleet_util::start_node(
+        dir.path(),
+        "writer",
+        &cluster.url_as("writer", "granted"),
+        &node_key,
+        &senders,
+        &[],
+    );
+    fleet_util::send_all(None, &device_key, &node.public_key, node.link, 3);
+    let count: i64 = pg_util::sql(&granted, async |client| {
+        client
+            .query_one("SELECT count(*)::bigint FROM chunks", &[])
+            .await
+            .unwrap()
+            .get(0)
+    });
+    assert!(count >= 1, "the records are stored: {count} chunk rows");
+}
+
+/// An outside audit: docs/scale-out.md offered `sslmode=require`, which this node's client cannot speak: every try
+/// failed its TLS handshake and exited 1, which systemd restarts for ever. It is refused at once as a flag error.
+#[test]
+fn a_url_that_asks_for_tls_exits_78_saying_the_node_connects_without_it() {
+    let fleet = Fleet::new();
+    let (status, err) = fleet.refused(
+        "tls",
+        "postgresql://pure@db.example/fleet?sslmode=require",
+        &[],
+    );
+    assert_eq!(status, Some(EXIT_CONFIG), "{err}");
+    said_once(&err, "it asks for TLS");
+    assert!(
+        err.contains("give sslmode=disable (or prefer) in --store")
+            && err.contains("this pure-serve connects without TLS"),
+        "{err}"
+    );
+}

@@ -1946,7 +1946,8 @@ pub fn plan_reload(old: &AppsConfig, new: &AppsConfig) -> ReloadPlan {
         let Some(o) = old.app(&n.name) else {
             plan.added.push(n.name.clone());
             plan.lines.push(format!(
-                "app {} added: accepts {}, {} outlet{}; its store is STATE/apps/{}.sqlite",
+                "app {} added: accepts {}, {} outlet{}; its store is STATE/apps/{}.sqlite (on a fleet's --store: \
+                 its rows in the database)",
                 n.name,
                 n.accept,
                 n.outlets.len(),
@@ -2864,7 +2865,8 @@ mod tests {
             "app a: outlet up changed: link to h:1, app a on node daMGbrvt… → link to h:2, app a on node daMGbrvt…",
             "app a: outlet new added (into app b of this host)",
             "app a: outlet gone removed",
-            "app d added: accepts every sender, 0 outlets; its store is STATE/apps/d.sqlite",
+            "app d added: accepts every sender, 0 outlets; its store is STATE/apps/d.sqlite (on a fleet's --store: \
+             its rows in the database)",
             "app c is no longer in the file: removing or renaming an app needs a restart",
             "if c was renamed to d",
         ] {

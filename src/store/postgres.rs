@@ -227,6 +227,9 @@ pub enum DatabaseFault {
     Asynchronous,
     /// The URL is not one PostgreSQL's client takes.
     Url,
+    /// The URL asks for TLS (`sslmode=require`), which this pure-serve's client does not speak: every try would
+    /// fail its handshake, and systemd would restart the node for ever.
+    NoTls,
 }
 
 impl DatabaseFault {
@@ -258,6 +261,10 @@ impl DatabaseFault {
             }
             DatabaseFault::Url => {
                 "give --store as postgres://USER@HOST[:PORT]/DATABASE (docs/scale-out.md)"
+            }
+            DatabaseFault::NoTls => {
+                "give sslmode=disable (or prefer) in --store, and reach the database over a private network or a \
+                 tunnel: this pure-serve connects without TLS (docs/scale-out.md)"
             }
         }
     }
@@ -399,6 +406,14 @@ fn config_of(
             what: source.to_string(),
         }
     })?;
+    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+        return Err(StoreError::DatabaseMisconfigured {
+            url: url.to_string(),
+            doing: "reading the URL",
+            fault: DatabaseFault::NoTls,
+            what: "it asks for TLS (sslmode=require)".to_string(),
+        });
+    }
     if let Some(p) = password {
         config.password(p);
     }
@@ -1684,6 +1699,16 @@ async fn warn_if_asynchronous(client: &Client, t: &Target, sync: &str) -> Result
 }
 
 /// Refuses tables whose `pure_layout` says a newer pure-serve made them.
+/// The tables and indexes [`SCHEMA`] makes, by name, read from it so that the two never differ.
+fn schema_objects() -> Vec<String> {
+    SCHEMA
+        .split(" IF NOT EXISTS ")
+        .skip(1)
+        .filter_map(|rest| rest.split([' ', '(']).next())
+        .map(str::to_string)
+        .collect()
+}
+
 async fn check_layout(client: &Client, t: &Target) -> Result<(), StoreError> {
     let doing = "reading the layout's version";
     let found: Option<i32> = client
@@ -1793,9 +1818,20 @@ async fn make_conn_within(
             .map_err(db_err(t, "looking for the tables"))?;
         (row.get(0), row.get(1))
     };
+    // Every table and index there (the usual start of every node but the first): nothing is made, so a role that
+    // was only granted reading and writing the tables another role made may serve (docs/scale-out.md). `CREATE …
+    // IF NOT EXISTS` would need the right to create in the schema, and the owner's for the index, even then.
+    let missing: i64 = client
+        .query_one(
+            "SELECT count(*) FROM unnest($1::text[]) AS n WHERE to_regclass(n) IS NULL",
+            &[&schema_objects()],
+        )
+        .await
+        .map_err(db_err(t, "looking for the tables"))?
+        .get(0);
     // Two nodes starting at once may both make the tables: one of them then finds a name taken, and tries again.
     let mut tries = 0;
-    loop {
+    while missing > 0 {
         match client.batch_execute(SCHEMA).await {
             Ok(()) => break,
             Err(e)
@@ -3825,6 +3861,31 @@ fn chunk_row<'a>(name: &'a str, row: &'a tokio_postgres::Row, at: usize) -> supe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_objects_looked_for_are_every_table_and_index_the_schema_makes() {
+        let names = schema_objects();
+        assert_eq!(
+            SCHEMA.matches("IF NOT EXISTS").count(),
+            names.len(),
+            "{names:?}"
+        );
+        for name in [
+            "pure_layout",
+            "sources",
+            "chunks",
+            "chunks_pos",
+            "down_ranges",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
+        assert!(
+            names
+                .iter()
+                .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_lowercase() || c == '_')),
+            "{names:?}"
+        );
+    }
 
     #[test]
     fn hosts_named_counts_the_authority_or_the_host_parameter_as_libpq_does() {
