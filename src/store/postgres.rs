@@ -1831,9 +1831,10 @@ async fn make_conn_within(
         .get(0);
     // Two nodes starting at once may both make the tables: one of them then finds a name taken, and tries again.
     let mut tries = 0;
-    while missing > 0 {
+    let mut made = missing == 0;
+    while !made {
         match client.batch_execute(SCHEMA).await {
-            Ok(()) => break,
+            Ok(()) => made = true,
             Err(e)
                 if tries < 3
                     && matches!(e.code(), Some(c) if *c == SqlState::UNIQUE_VIOLATION
