@@ -1,7 +1,9 @@
 /*
  * What pl_queue answers when a record is not kept, and why: a record larger than a flash page takes
  * (PL_ERR_TOO_LARGE, and pl_max_record says the bound), a flash whose program callback fails (PL_ERR_FLASH; the
- * next record is kept on a fresh page). Prints one line per check and exits 0 when each holds.
+ * next record is kept on a fresh page). Then an outbox full of records started until its kept page is full of run
+ * entries (pl_open: PL_ERR_FULL), and pl_drop_oldest as the way out. Prints one line per check and exits 0 when
+ * each holds.
  * tests/c_device.rs builds and runs it.
  */
 #include <stdio.h>
@@ -63,6 +65,33 @@ int main(void) {
     expect("a record while the flash fails", pl_queue(&dev, record, 10), PL_ERR_FLASH);
     fail_programs = 0;
     expect("the next record", pl_queue(&dev, record, 10), PL_OK);
+    pl_close(&dev);
+
+    /* Four pages of 512 bytes: 12 records of 100 bytes fill three, the fourth is kept for marks. */
+    memset(flash_bytes, 0xFF, sizeof flash_bytes);
+    pl_open(&dev, &flash, secret, node, "main", NULL, 0, 0);
+    int queued = 0;
+    while (pl_queue(&dev, record, 100) == PL_OK) {
+        queued++;
+    }
+    pl_close(&dev);
+    /* Three or four a page (the first also holds the first start's entries). */
+    expect("records queued fill three pages", queued >= 9 && queued <= 12, 1);
+    int starts = 0, r;
+    while ((r = pl_open(&dev, &flash, secret, node, "main", NULL, 0, 0)) == PL_OK && starts < 1000) {
+        pl_close(&dev);
+        starts++;
+    }
+    /* Each start wrote a run entry of 16 bytes into the kept page: (512 - 56) / 16 of them. */
+    expect("starts until the kept page is full", starts, 28);
+    expect("pl_open then", r, PL_ERR_FULL);
+    int dropped = pl_drop_oldest(&flash);
+    printf("pl_drop_oldest gave up %d of %d records\n", dropped, queued);
+    expect("the oldest page's records, not all", dropped >= 3 && dropped <= 4, 1);
+    expect("pl_open after it", pl_open(&dev, &flash, secret, node, "main", NULL, 0, 0), PL_OK);
+    /* The rest are there, numbered on after them. */
+    expect("records left", (long)pl_unacked(&dev), (long)(queued - dropped));
+    expect("the next sequence", (long)pl_next_seq(&dev), (long)(queued + 1));
     pl_close(&dev);
     return failed;
 }

@@ -112,6 +112,16 @@ int pl_set_down_window(pl_device *dev, uint32_t bytes);
 /* 1 once the node challenged this run (it speaks version 1.2: pl_set_down_window), else 0. */
 int pl_is_wide(pl_device *dev);
 
+/*
+ * Gives up the records of the oldest flash page of the outbox, unstored, and frees the page: the way out when
+ * pl_open returns PL_ERR_FULL because every start wrote a run entry while the device could not reach its node and
+ * its records filled every other page (docs/devices.md, "Writing"). Those records will not reach the node; the
+ * rest keep their order and are renumbered after what the node has. Returns how many records were given up (>= 0),
+ * or PL_ERR_FULL when no page but the one being written holds records, PL_ERR_FLASH, PL_ERR_GEOMETRY. Call it with
+ * no device open on that flash, then pl_open again.
+ */
+int pl_drop_oldest(const pl_flash *flash);
+
 /* Queues a record. When this returns PL_OK the record is in flash and will reach the node's disk once.
  * PL_ERR_TOO_LARGE: longer than pl_max_record (for good). PL_ERR_FULL: no room until the node stores records.
  * PL_ERR_FLASH: a flash callback failed; the record was not kept (a later call writes on a fresh page). */

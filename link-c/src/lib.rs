@@ -359,6 +359,33 @@ pub unsafe extern "C" fn pl_queue(dev: *mut pl_device, record: *const u8, len: u
     }
 }
 
+/// Gives up the records of the oldest page of the outbox in `flash`, unstored: the way out when `pl_open` says
+/// `PL_ERR_FULL` because the page kept for marks filled with run entries ([`Outbox::drop_oldest_page`]). The number
+/// of records given up, or a negative error (`PL_ERR_FULL`: no page but the one written holds records). Call it
+/// with no device open on that flash, then `pl_open` again.
+///
+/// # Safety
+/// `flash` points to a valid `pl_flash` whose callbacks may be called.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pl_drop_oldest(flash: *const pl_flash) -> c_int {
+    if flash.is_null() {
+        return PL_ERR_ARG;
+    }
+    // SAFETY: non-null, and per the contract valid.
+    let flash = unsafe { *flash };
+    if flash.read.is_none() || flash.program.is_none() || flash.erase.is_none() {
+        return PL_ERR_ARG;
+    }
+    let mut outbox = match Outbox::<CFlash, RECORDS>::open(CFlash(flash)) {
+        Ok(o) => o,
+        Err(e) => return outbox_error(e),
+    };
+    match outbox.drop_oldest_page() {
+        Ok(n) => c_int::try_from(n).unwrap_or(c_int::MAX),
+        Err(e) => outbox_error(e),
+    }
+}
+
 /// Builds the next datagram into `out`; its length, or 0 when nothing is to be sent now.
 ///
 /// # Safety

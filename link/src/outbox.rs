@@ -77,6 +77,8 @@ pub struct OutboxStats {
     /// Acknowledgements or renumberings that could not be kept (after a restart those records are sent again,
     /// which the node takes as duplicates).
     pub marks_lost: u64,
+    /// Records given up unstored by [`Outbox::drop_oldest_page`].
+    pub records_dropped: u64,
 }
 
 const UNIT: usize = 8;
@@ -631,6 +633,35 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
         Ok(u64::from_le_bytes(id))
     }
 
+    /// Gives up the records of the oldest page, unstored, and frees it: the way out when [`Outbox::new_run`] says
+    /// `Full` because the page kept for marks is full of run entries (a device that started many times without
+    /// reaching its node while its records filled every other page, docs/devices.md "Writing"). It is the
+    /// program's decision, never the outbox's: those records were queued and will not reach the node. Call it on
+    /// an outbox just opened, then open it again; the number of records given up, or `Full` when no page but the
+    /// one written holds records. Their sequences are not used again: the node, which never stored them, answers
+    /// the next record with an ACK below it, and the sender renumbers the rest after what the node has
+    /// (docs/protocol.md 7.3). The page is freed as an acknowledged one is (its header's first unit zeroed), so a
+    /// cut during it leaves the outbox as it was or without that page.
+    pub fn drop_oldest_page(&mut self) -> Result<usize, OutboxError> {
+        let tail = self.tail;
+        if tail == self.head {
+            return Err(OutboxError::Full);
+        }
+        self.program(tail, 0, &[0u8; UNIT])?;
+        let mut dropped = 0;
+        while self.records.front().is_some_and(|r| r.page == tail) {
+            self.records.pop_front();
+            dropped += 1;
+        }
+        self.first += dropped as u64;
+        if self.pinned.is_some_and(|p| p.page == tail) {
+            self.pinned = self.records.front().copied();
+        }
+        self.tail = (tail + 1) % self.flash.pages();
+        self.stats.records_dropped += dropped as u64;
+        Ok(dropped)
+    }
+
     /// Runs started on this flash ([`Outbox::new_run`]).
     pub fn runs(&self) -> u64 {
         self.runs
@@ -1054,6 +1085,52 @@ mod tests {
         assert_eq!(m, 11);
         let o = Box4::open(o.flash().clone()).unwrap();
         assert_eq!((o.first_seq(), o.len()), (u64::from(n) + 1, 11));
+    }
+
+    /// An outside audit: run entries filled the kept page of an outbox full of records, and `new_run` said `Full`
+    /// at every start for ever (the device could never reach its node to free room). Giving up the oldest page lets
+    /// it start again, with the rest of its records and their numbering.
+    #[test]
+    fn an_outbox_whose_kept_page_filled_with_runs_starts_again_once_its_oldest_page_is_given_up() {
+        let secret = [7u8; 32];
+        let mut o = Box4::open(SimFlash::new(512, 4)).unwrap();
+        let mut n = 0u32;
+        while o.push_slice(&record(n, 100)).is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, 12);
+        let mut starts = 0;
+        let mut flash = o.flash().clone();
+        loop {
+            let mut o = Box4::open(flash.clone()).unwrap();
+            match o.new_run(&secret, &[]) {
+                Ok(_) => starts += 1,
+                Err(e) => {
+                    assert_eq!(e, OutboxError::Full);
+                    break;
+                }
+            }
+            flash = o.flash().clone();
+            assert!(starts < 1000, "never full");
+        }
+        // 512-byte pages: the kept page takes (512 - 56) / 16 = 28 run entries.
+        assert_eq!(starts, 28);
+        let runs = Box4::open(flash.clone()).unwrap().runs();
+        let mut o = Box4::open(flash).unwrap();
+        assert_eq!(o.drop_oldest_page(), Ok(4));
+        assert_eq!(o.stats().records_dropped, 4);
+        let mut o = Box4::open(o.flash().clone()).unwrap();
+        assert_eq!((o.first_seq(), o.len(), o.runs()), (5, 8, runs));
+        o.new_run(&secret, &[]).unwrap();
+        assert_eq!(o.runs(), runs + 1);
+        // The records left are the newest eight, whole.
+        let left = queued(&o);
+        assert_eq!(left.len(), 8);
+        assert_eq!(left[0], record(4, 100));
+        // Nothing but the page written holds records: nothing to give up.
+        let mut one = Box4::open(SimFlash::new(512, 4)).unwrap();
+        one.push_slice(&record(0, 10)).unwrap();
+        assert_eq!(one.drop_oldest_page(), Err(OutboxError::Full));
     }
 
     /// The model of what the device program was told.
