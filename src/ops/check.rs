@@ -79,7 +79,11 @@ fn answers_as_a_node(addr: SocketAddr) -> bool {
 pub fn check(input: &CheckInput) -> Report {
     let mut r = Report::default();
     let dir = &input.state_dir;
-    match std::fs::metadata(dir) {
+    let state = std::fs::metadata(dir);
+    let state_unreadable = state
+        .as_ref()
+        .is_err_and(|e| e.kind() != std::io::ErrorKind::NotFound);
+    match state {
         Ok(m) if !m.is_dir() => r.problems.push(format!(
             "state directory {}: exists but is not a directory; give another with --state",
             dir.display()
@@ -100,8 +104,6 @@ pub fn check(input: &CheckInput) -> Report {
             dir.display()
         )),
     }
-    let state_unreadable =
-        std::fs::metadata(dir).is_err_and(|e| e.kind() != std::io::ErrorKind::NotFound);
     // A node serving from this state holds its lock (and its ports): checking its configuration before a reload is
     // the usual case, so that is said, not a problem.
     let running = crate::store::state::StateLock::holder(dir);

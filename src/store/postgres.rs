@@ -1698,7 +1698,6 @@ async fn warn_if_asynchronous(client: &Client, t: &Target, sync: &str) -> Result
     Ok(())
 }
 
-/// Refuses tables whose `pure_layout` says a newer pure-serve made them.
 /// The tables and indexes [`SCHEMA`] makes, by name, read from it so that the two never differ.
 fn schema_objects() -> Vec<String> {
     SCHEMA
@@ -1709,6 +1708,7 @@ fn schema_objects() -> Vec<String> {
         .collect()
 }
 
+/// Refuses tables whose `pure_layout` says a newer pure-serve made them.
 async fn check_layout(client: &Client, t: &Target) -> Result<(), StoreError> {
     let doing = "reading the layout's version";
     let found: Option<i32> = client
