@@ -77,11 +77,15 @@ int main(void) {
     pl_close(&dev);
     /* Three or four a page (the first also holds the first start's entries). */
     expect("records queued fill three pages", queued >= 9 && queued <= 12, 1);
-    int starts = 0, r;
+    /* A device that queues a reading at every start, its node away: each reading is refused, none takes the kept
+     * page (which a start's run entry opened). */
+    int starts = 0, readings_kept = 0, r;
     while ((r = pl_open(&dev, &flash, secret, node, "main", NULL, 0, 0)) == PL_OK && starts < 1000) {
+        readings_kept += pl_queue(&dev, record, 16) == PL_OK;
         pl_close(&dev);
         starts++;
     }
+    expect("readings kept with the outbox full", readings_kept, 0);
     /* Each start wrote a run entry of 16 bytes into the kept page: (512 - 56) / 16 of them. */
     expect("starts until the kept page is full", starts, 28);
     expect("pl_open then", r, PL_ERR_FULL);
