@@ -338,14 +338,9 @@ pub unsafe extern "C" fn pl_queue(dev: *mut pl_device, record: *const u8, len: u
         // SAFETY: per the contract.
         unsafe { slice::from_raw_parts(record, len) }
     };
-    // The outbox says "full" for every record it did not keep; what the caller should do differs: a record larger
-    // than a page takes is refused for good, and a failed flash callback is the flash's fault, not the node's.
-    let (largest, failures) = d.outbox().map_or((usize::MAX, 0), |o| {
-        (o.largest_record(), o.stats().flash_failures)
-    });
-    if len > largest {
-        return PL_ERR_TOO_LARGE;
-    }
+    // The sender says "too large" for a record larger than a page takes (refused for good), and the outbox "full"
+    // for every other record it did not keep; a failed flash callback is the flash's fault, not the node's.
+    let failures = d.outbox().map_or(0, |o| o.stats().flash_failures);
     let app = d.app;
     match d.sender.queue(app.as_str(), record) {
         Ok(()) => PL_OK,
@@ -597,11 +592,7 @@ pub unsafe extern "C" fn pl_is_idle(dev: *mut pl_device) -> c_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pl_max_record(dev: *mut pl_device) -> usize {
     // SAFETY: per the contract.
-    unsafe { device(dev) }.map_or(0, |d| {
-        let app = d.app;
-        let largest = d.outbox().map_or(usize::MAX, |o| o.largest_record());
-        d.sender.max_payload(app.as_str()).min(largest)
-    })
+    unsafe { device(dev) }.map_or(0, |d| d.sender.max_record(d.app.as_str()))
 }
 
 /// Closes the device; `dev`'s memory may be reused after.

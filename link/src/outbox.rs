@@ -738,6 +738,9 @@ impl<F: Flash, const RECORDS: usize> RecordQueue for Outbox<F, RECORDS> {
     fn queued_bytes(&self) -> usize {
         self.bytes_before(self.records.len())
     }
+    fn largest_record(&self) -> usize {
+        Outbox::largest_record(self)
+    }
     fn fit(&self, from: usize, max: usize, room: usize) -> usize {
         let mut used = 0;
         self.records

@@ -43,6 +43,11 @@ pub trait RecordQueue {
     fn push_slice(&mut self, record: &[u8]) -> Result<(), QueueFull> {
         self.push_with(record.len(), |b| b.extend_from_slice(record))
     }
+    /// The largest record this queue can ever take (a queue in flash: what a page holds); a longer one is
+    /// [`crate::sender::SenderError::TooLarge`], not [`QueueFull`], since no acknowledgement makes room for it.
+    fn largest_record(&self) -> usize {
+        usize::MAX
+    }
     /// Releases the `n` oldest records (acknowledged).
     fn release(&mut self, n: usize);
     /// Releases every record.
@@ -96,6 +101,10 @@ pub trait RecordBytes: Out + core::ops::Deref<Target = [u8]> {
     fn make_room(&mut self, released: usize, extra: usize) -> Result<usize, QueueFull>;
     /// Moves the first `n` bytes out after a release, where the buffer wants that; returns how many moved.
     fn compact(&mut self, released: usize) -> usize;
+    /// The most bytes it can ever hold (`usize::MAX`: it grows).
+    fn most(&self) -> usize {
+        usize::MAX
+    }
 }
 
 /// The ends under [`Records`].
@@ -204,6 +213,9 @@ impl<const N: usize> RecordBytes for heapless::Vec<u8, N> {
         // A fixed buffer moves its bytes only when it needs the room (`make_room`).
         0
     }
+    fn most(&self) -> usize {
+        N
+    }
 }
 
 impl<const R: usize> RecordEnds for heapless::Deque<usize, R> {
@@ -279,6 +291,18 @@ impl<B: RecordBytes + Default, E: RecordEnds + Default> RecordQueue for Records<
     fn queued_bytes(&self) -> usize {
         self.bytes.len() - self.start
     }
+    fn largest_record(&self) -> usize {
+        // A record takes its length's varint and its bytes: the longest whose both fit the whole buffer.
+        let most = self.bytes.most();
+        if most == usize::MAX {
+            return most;
+        }
+        let mut len = most.saturating_sub(wire::varint_len(most as u64));
+        while len + 1 + wire::varint_len(len as u64 + 1) <= most {
+            len += 1;
+        }
+        len
+    }
     fn fit(&self, from: usize, max: usize, room: usize) -> usize {
         let begin = self.begin(from);
         let to = self.ends.len().min(from.saturating_add(max));
@@ -342,6 +366,23 @@ mod tests {
         (0..n)
             .take_while(|i| q.push_slice(&[*i as u8; 10]).is_ok())
             .count()
+    }
+
+    #[test]
+    fn a_fixed_queue_takes_records_up_to_its_whole_buffer_and_no_longer() {
+        // A record of 47 bytes and its length byte fill 48; of 127 and its byte, 128; 128 takes two length bytes.
+        for (largest, q) in [
+            (47, ArrayQueue::<48, 2>::default().largest_record()),
+            (127, ArrayQueue::<128, 2>::default().largest_record()),
+            (127, ArrayQueue::<129, 2>::default().largest_record()),
+            (128, ArrayQueue::<130, 2>::default().largest_record()),
+        ] {
+            assert_eq!(q, largest);
+        }
+        let mut q = ArrayQueue::<130, 2>::default();
+        assert_eq!(q.push_slice(&[1; 129]), Err(QueueFull));
+        assert_eq!(q.push_slice(&[1; 128]), Ok(()));
+        assert_eq!(VecQueue::default().largest_record(), usize::MAX);
     }
 
     #[test]

@@ -549,7 +549,9 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
         max: usize,
     ) -> Result<(usize, usize), (usize, SenderError)> {
         let i = self.queue_flow(app, 0).map_err(|e| (0, e))?;
-        let most = self.max_payload(app);
+        let most = self
+            .max_payload(app)
+            .min(self.flows[i].records.largest_record());
         let name = self.flows[i].app;
         let records = &mut self.flows[i].records;
         let (mut pos, mut n) = (0, 0);
@@ -589,6 +591,14 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
         Ok(len)
     }
 
+    /// The largest record [`Sender::queue`] takes for `app`: what a datagram carries ([`Sender::max_payload`]) and
+    /// what its flow's queue can ever hold (an outbox in flash: a page's room).
+    pub fn max_record(&self, app: &str) -> usize {
+        let most = self.max_payload(app);
+        self.flow_index(app)
+            .map_or(most, |i| most.min(self.flows[i].records.largest_record()))
+    }
+
     /// The flow a record of `len` bytes for `app` goes to, opened with a probe if there is none; or why it cannot.
     fn queue_flow(&mut self, app: &str, len: usize) -> Result<usize, SenderError> {
         let max = self.max_payload(app);
@@ -606,6 +616,10 @@ impl<T: Time, Q: RecordQueue, const FLOWS: usize, const LISTENS: usize, const SE
         };
         if self.flows[i].refused {
             return Err(SenderError::Refused(self.flows[i].app));
+        }
+        let max = max.min(self.flows[i].records.largest_record());
+        if len > max {
+            return Err(SenderError::TooLarge { len, max });
         }
         Ok(i)
     }
@@ -1653,6 +1667,47 @@ mod tests {
         assert_eq!(n, 1);
         assert!(matches!(e, SenderError::TooLarge { .. }));
         assert_eq!(s.unacked("main"), 5);
+    }
+
+    /// A record longer than the flow's queue can ever hold is too large, not "full": no acknowledgement makes room
+    /// for it (an outside audit found pl_queue saying "full" for ever; an outbox in flash bounds by its page).
+    #[test]
+    fn a_record_longer_than_its_queue_can_ever_hold_is_too_large_not_full() {
+        type Small = crate::queue::ArrayQueue<64, 4>;
+        let mut s = super::Sender::<Instant, Small, 2, 2, 8>::new(SenderConfig::new(
+            Identity::generate(),
+            *Identity::generate().public(),
+        ))
+        .unwrap();
+        s.open_flow_with(
+            "main",
+            FlowStart::At(1),
+            RecordFormat::Plain,
+            Small::default(),
+        )
+        .unwrap();
+        assert_eq!(s.max_record("main"), 63);
+        assert_eq!(
+            s.queue("main", &[0; 64]),
+            Err(SenderError::TooLarge { len: 64, max: 63 })
+        );
+        assert_eq!(
+            s.queue_lines(
+                "main",
+                &[b'x'; 65][..]
+                    .iter()
+                    .chain(b"\n")
+                    .copied()
+                    .collect::<Vec<_>>(),
+                1
+            ),
+            Err((0, SenderError::TooLarge { len: 65, max: 63 }))
+        );
+        s.queue("main", &[0; 63]).unwrap();
+        assert!(matches!(
+            s.queue("main", &[0; 1]),
+            Err(SenderError::QueueFull(_))
+        ));
     }
 
     #[test]
