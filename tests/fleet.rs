@@ -1195,6 +1195,63 @@ fn a_node_that_does_not_drive_an_outlet_keeps_its_lag_budget_from_what_the_datab
     assert_exactly_once(&cluster, count, &[0]);
 }
 
+/// An outside audit: the node driving an outlet counted its lag from its own last turn, so when every record came
+/// through another node it showed a lag of 0 while the far side had none of them (and the alert on the largest lag
+/// over the fleet's nodes was the only one right). Its lag now counts from the app's head as the database says at
+/// each renewal: both nodes show every record waiting.
+#[test]
+fn the_node_driving_an_outlet_counts_the_records_other_nodes_stored_in_its_lag() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "the_node_driving_an_outlet_counts_the_records_other_nodes_stored_in_its_lag",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, node_public, device_key, senders) = keys_with_public(dir.path());
+    let url = cluster.url();
+    // The far node is gone before the outlet starts: nothing is acknowledged.
+    let (far_state, far_args, far_public) = far_node(dir.path(), &node_public);
+    let far = outlet_util::start(&far_state, &far_args, 0, 0);
+    let far_link = far.link;
+    drop(far);
+    let apps = dir.path().join("fleet.toml");
+    std::fs::write(
+        &apps,
+        format!(
+            "[apps.main]\n[apps.main.outlets.out]\nkind = \"link\"\nto = \"{far_link}\"\n\
+             node_key = \"{far_public}\"\napp = \"far\"\n"
+        ),
+    )
+    .unwrap();
+    let extra = ["--apps", apps.to_str().unwrap()];
+    let nodes = two_nodes(dir.path(), &url, &node_key, &senders, &extra).map(Option::unwrap);
+    outlet_util::wait_until("a node to hold the outlet", || {
+        matches!(holders(&cluster).as_slice(), [Some(_)])
+    });
+    let driver = holder_index(&cluster);
+    let count = 1_000;
+    send_all(
+        None,
+        &device_key,
+        &node_public,
+        nodes[1 - driver].link,
+        count,
+    );
+    assert_eq!(stored(&cluster).0.len() as u64, count);
+    for (which, node) in [
+        ("the driver", &nodes[driver]),
+        ("the other", &nodes[1 - driver]),
+    ] {
+        outlet_util::wait_until(&format!("{which}'s lag to count every record"), || {
+            outlet_util::lag(node, "main", "out", "link") == Some(count as f64)
+        });
+    }
+    assert_eq!(
+        nodes[driver].metric("pure_outlet_driving{app=\"main\",outlet=\"out\"}"),
+        Some(1.0)
+    );
+}
+
 /// App `copy`'s records in the fleet's database, as `records --store --json` prints them.
 fn copied(url: &str) -> Vec<serde_json::Value> {
     outlet_util::records_in("copy", &["--store", url])

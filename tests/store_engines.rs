@@ -1216,21 +1216,23 @@ fn outlet_leases_are_held_by_one_node_at_a_time_and_taken_over_once_expired() {
     // One outlet of app b, taken by n1.
     let (mut n1, mut n2) = (open("n1"), open("n2"));
     let o = key("b", "out");
-    let (held, _) = n1.renew(&renewal(&[(o.clone(), 0)])).unwrap();
+    let (held, _, _) = n1.renew(&renewal(&[(o.clone(), 0)])).unwrap();
     assert_eq!(held, vec![(o.clone(), 0)]);
     // n2 asks while n1 holds it: not granted, and its position is not written.
-    let (held, all) = n2.renew(&renewal(&[(o.clone(), 5)])).unwrap();
+    let (held, all, heads) = n2.renew(&renewal(&[(o.clone(), 5)])).unwrap();
     assert!(held.is_empty(), "{held:?}");
     assert_eq!(all, vec![(o.clone(), 0)]);
+    // Its app's head, the next position the fleet gives: nothing stored yet.
+    assert_eq!(heads, vec![("b".to_string(), 1)]);
     // n1 renews with what its far side acknowledged; a smaller position later never takes it back.
-    let (held, _) = n1.renew(&renewal(&[(o.clone(), 7)])).unwrap();
+    let (held, _, _) = n1.renew(&renewal(&[(o.clone(), 7)])).unwrap();
     assert_eq!(held, vec![(o.clone(), 7)]);
-    let (held, _) = n1.renew(&renewal(&[(o.clone(), 3)])).unwrap();
+    let (held, _, _) = n1.renew(&renewal(&[(o.clone(), 3)])).unwrap();
     assert_eq!(held, vec![(o.clone(), 7)], "acked only grows");
     // n1 stops renewing (it died): once the lease expires by the database's clock, n2 takes it from 7.
     let stopped = Instant::now();
     let (held, all) = loop {
-        let (held, all) = n2.renew(&renewal(&[(o.clone(), 0)])).unwrap();
+        let (held, all, _) = n2.renew(&renewal(&[(o.clone(), 0)])).unwrap();
         if !held.is_empty() {
             break (held, all);
         }
@@ -1247,7 +1249,7 @@ fn outlet_leases_are_held_by_one_node_at_a_time_and_taken_over_once_expired() {
     );
     assert_eq!(all, vec![(o.clone(), 7)]);
     // And n1, back, does not get it while n2 renews.
-    let (held, _) = n1.renew(&renewal(&[(o.clone(), 9)])).unwrap();
+    let (held, _, _) = n1.renew(&renewal(&[(o.clone(), 9)])).unwrap();
     assert!(held.is_empty(), "{held:?}");
 }
 

@@ -359,6 +359,10 @@ struct App {
     /// Its store's head has been known: the store was opened (its head is known while it is open), or a turn of
     /// it committed (on a fleet's store, the head is what the database last returned).
     head_known: bool,
+    /// On a fleet's store: the app's head as the database said at the outbox's last renewal (0 until then, and on
+    /// one node), shared with the outbox. A node that stored none of the fleet's last records counts its outlets'
+    /// lag from it, not from its own last turn.
+    fleet_head: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What one turn of the host did.
@@ -655,6 +659,7 @@ impl Host {
             times: times::StoredTimes::default(),
             head_known: self.stores.app(index).is_some(),
             last_progress_write: Instant::now(),
+            fleet_head: Arc::default(),
         });
         Ok(())
     }
@@ -1662,13 +1667,7 @@ impl Host {
     /// each turn's commits (the head moved) and when a turn is finished (acknowledgements may have come); and once
     /// the node core has its apps (at start and after a reload), so that a budget holds from the first packet.
     pub fn check_lag(&mut self, node: &mut Node) {
-        let heads: Vec<u64> = (0..self.apps.len())
-            .map(|i| {
-                self.stores
-                    .app(i as AppIndex)
-                    .map_or(self.durable[i], |s| s.head())
-            })
-            .collect();
+        let heads: Vec<u64> = (0..self.apps.len()).map(|i| self.head_known(i)).collect();
         self.keep_times(&heads);
         let mut over: Vec<Option<bool>> = vec![None; self.apps.len()];
         let mut rooms: Vec<Option<u64>> = vec![None; self.apps.len()];
@@ -1778,16 +1777,27 @@ impl Host {
         }
     }
 
+    /// App `i`'s head as this node knows it: its store's, or on a fleet's store the larger of its last turn's and
+    /// the database's at the outbox's last renewal (records the other nodes stored since).
+    fn head_known(&self, i: usize) -> u64 {
+        let own = self
+            .stores
+            .app(i as AppIndex)
+            .map_or(self.durable[i], |s| s.head());
+        own.max(
+            self.apps[i]
+                .fleet_head
+                .load(std::sync::atomic::Ordering::Acquire),
+        )
+    }
+
     /// Figures for metrics, status and health.
     pub fn figures(&self) -> Vec<AppFigures> {
         self.apps
             .iter()
             .enumerate()
             .map(|(i, app)| {
-                let head = self
-                    .stores
-                    .app(i as AppIndex)
-                    .map_or(self.durable[i], |s| s.head());
+                let head = self.head_known(i);
                 let mut outlets: Vec<OutletFigures> = app
                     .outlets
                     .iter()

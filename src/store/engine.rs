@@ -143,9 +143,14 @@ pub trait TurnStore {
     fn give_up_waiting(&mut self) {}
 }
 
-/// What a renewal of leases found: the leases this node holds (with their acknowledged positions), and every
-/// wanted outlet's acknowledged position.
-pub type Renewed = (Vec<(OutletKey, u64)>, Vec<(OutletKey, u64)>);
+/// What a renewal of leases found: the leases this node holds (with their acknowledged positions), every wanted
+/// outlet's acknowledged position, and the head of each of their apps (the next position the fleet gives: what
+/// every node stored, for the outlets' lag on a node that stored none of it).
+pub type Renewed = (
+    Vec<(OutletKey, u64)>,
+    Vec<(OutletKey, u64)>,
+    Vec<(String, u64)>,
+);
 
 /// How long a wait on a shared store may last at most, whatever the network does (the outbox bounds each of its
 /// waits by it and by the end of its leases).

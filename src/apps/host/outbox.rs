@@ -49,6 +49,8 @@ pub struct FleetInner {
     /// How far the destination holds the source, fleet-wide, as this node last learned it: the host's lag
     /// budgets and figures read it.
     pub heard: Arc<AtomicU64>,
+    /// The source app's head as the database last said (0 until a renewal said): [`FleetOutlet::app_head`].
+    pub app_head: Arc<AtomicU64>,
 }
 
 /// Records of an inner outlet's source for its destination, read by the outbox from the database and applied by
@@ -95,6 +97,9 @@ pub struct FleetOutlet {
     /// Its start as this node would keep it if it is the first to take the lease: `start` 1 for `from = "first"`,
     /// 0 for the app's head at that moment (`from = "next"`).
     pub start: OutletStart,
+    /// Its app's head as the database last said, at most a renewal old (0 until one said), shared with the host:
+    /// what every node of the fleet stored, which the outlet's lag counts from on a node that stored none of it.
+    pub app_head: Arc<AtomicU64>,
 }
 
 /// Where the outbox connects, as whom, and the sending loop it starts outlets on.
@@ -453,9 +458,16 @@ impl Driver {
             return;
         };
         match conn.renew(&renewal) {
-            Ok((held, all)) => {
+            Ok((held, all, heads)) => {
                 if self.told.take().is_some() {
                     tracing::info!("outlets of a fleet: leases renewed again");
+                }
+                let apps_heads = self.entries.iter().map(|e| (&e.f.key, &e.f.app_head));
+                let inner_heads = self.inner.iter().map(|e| (&e.f.key, &e.f.app_head));
+                for (key, head) in apps_heads.chain(inner_heads) {
+                    if let Some((_, h)) = heads.iter().find(|(app, _)| *app == key.app) {
+                        head.fetch_max(*h, Ordering::AcqRel);
+                    }
                 }
                 let events = self
                     .leases

@@ -115,8 +115,13 @@ impl Host {
                 .apps
                 .iter()
                 .find(|a| a.config.name == outlet.app)
-                .and_then(|a| a.config.outlets.iter().find(|o| o.name == outlet.name));
-            let Some(config) = config else { continue };
+                .and_then(|a| {
+                    let o = a.config.outlets.iter().find(|o| o.name == outlet.name)?;
+                    Some((o, a.fleet_head.clone()))
+                });
+            let Some((config, app_head)) = config else {
+                continue;
+            };
             let (kind, target_words) = config.kind.target();
             let from = match config.from {
                 StartFrom::First => 1,
@@ -138,6 +143,7 @@ impl Host {
                 },
                 outlet,
                 target,
+                app_head,
             });
         }
         (start, changes.stop)
@@ -156,6 +162,7 @@ impl Host {
                 dest: self.apps[i.dest as usize].config.name.clone(),
                 source_name: i.source_name.clone(),
                 heard: i.fleet_heard.clone(),
+                app_head: self.apps[i.source as usize].fleet_head.clone(),
             })
             .collect()
     }

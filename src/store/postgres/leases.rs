@@ -7,7 +7,7 @@
 //! A renewal is one wait: the wanted outlets' rows made if they are not there (`ON CONFLICT DO NOTHING`), the
 //! update that takes or keeps every lease that is free, expired or already this node's, writing what this node's
 //! far sides acknowledged with `GREATEST` (a fact that only grows, right whoever writes it), and the select of
-//! every wanted outlet's acknowledged position for the lag budgets. The lease's end is the database's `now()` plus
+//! every wanted outlet's acknowledged position and its app's head, for the lag budgets and the outlets' lag. The lease's end is the database's `now()` plus
 //! [`DATABASE_LEASE`]: only the database's clock decides who may take a lease.
 
 use std::time::Duration;
@@ -30,7 +30,7 @@ const RENEW: &str = "UPDATE outlets o SET holder = $1, \
        AND (o.holder = $1 OR o.holder IS NULL OR o.lease_until < now()) \
      RETURNING u.app, o.name, o.acked";
 
-const ALL_ACKED: &str = "SELECT a.name, o.name, o.acked FROM outlets o JOIN apps a ON a.id = o.app \
+const ALL_ACKED: &str = "SELECT a.name, o.name, o.acked, a.head FROM outlets o JOIN apps a ON a.id = o.app \
      WHERE a.name = ANY($1::text[])";
 
 /// A clean stop gives its leases back, with what its far sides acknowledged, so another node takes them at its
@@ -163,9 +163,16 @@ impl crate::store::engine::OutboxConn for LeaseConn {
                 r.get::<_, i64>(2).max(0) as u64,
             )
         };
+        let mut heads: Vec<(String, u64)> = all
+            .iter()
+            .map(|r| (r.get(0), r.get::<_, i64>(3).max(1) as u64))
+            .collect();
+        heads.sort();
+        heads.dedup_by(|a, b| a.0 == b.0);
         Ok((
             held.iter().map(row).collect(),
             all.iter().map(row).collect(),
+            heads,
         ))
     }
 
