@@ -552,7 +552,13 @@ class Delivery:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - r)
             self.srtt = 0.875 * self.srtt + 0.125 * r
-        self.rto = min(max(self.srtt + max(4 * self.rttvar, RTO_G), RTO_MIN), RTO_MAX)
+        self.rto = self._base_rto()
+
+    def _base_rto(self):
+        """§7.4's RTO before any doubling: from the estimator, or the initial one before a sample."""
+        if self.srtt is None:
+            return RTO_INITIAL
+        return min(max(self.srtt + max(4 * self.rttvar, RTO_G), RTO_MIN), RTO_MAX)
 
     def _echo(self, echo, now):
         """§7.4: a sample only from an ECHO larger than any before, once per packet number."""
@@ -608,6 +614,8 @@ class Delivery:
 
     def _progress(self, now):
         self.last_progress = now
+        # §7.5: any progress restores the undoubled RTO at once, before the next RTT sample.
+        self.rto = self._base_rto()
         self.deadline = (now + self.rto) if self.in_flight() else None
         if self.done:
             self.finished = now

@@ -266,6 +266,22 @@ class SenderRules(unittest.TestCase):
         self.deliver(d, self.node_packet(pns[0], (b"main", 5)))
         self.assertEqual(d.srtt, srtt)
 
+    def test_progress_restores_the_undoubled_rto_before_the_next_sample(self):
+        d = S.Delivery(self.run, "main", [b"x"] * 10, start=1)
+        pns = self.sent_pns(d)
+        self.deliver(d, self.node_packet(pns[-1], (b"main", 2)))
+        base = d.rto
+        for _ in range(2):  # two RTOs pass: the RTO doubles twice (§7.5)
+            self.now = d.deadline
+            d.tick(self.now)
+            self.sent_pns(d)
+        self.assertAlmostEqual(d.rto, min(base * 4, S.RTO_MAX))
+        # Records released by an answer that gives no sample (its ECHO is not larger than one seen before).
+        self.deliver(d, self.node_packet(pns[-1], (b"main", 5)))
+        self.assertEqual(d.acked, 5)
+        self.assertAlmostEqual(d.rto, base)
+        self.assertAlmostEqual(d.deadline, self.now + base)
+
     def test_records_are_numbered_when_queued_not_when_first_sent(self):
         d = S.Delivery(self.run, "main", [b"p%d" % i for i in range(10)], window=2)
         probe = self.sent_pns(d)
