@@ -24,7 +24,7 @@ mod outlet_util;
 mod pg_util;
 
 use std::net::{SocketAddr, UdpSocket};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -1144,6 +1144,53 @@ fn far_node(dir: &Path, fleet_public: &str) -> (std::path::PathBuf, Vec<String>,
     (dir.join("far"), far_args, far_public)
 }
 
+/// Two nodes of a fleet whose app `main` has a link outlet `out` to a far node (running, or gone before the
+/// outlet starts), once one of them holds the outlet's lease.
+struct LinkOutletFleet {
+    nodes: [NodeProcess; 2],
+    device_key: PathBuf,
+    node_public: String,
+    far_state: PathBuf,
+    /// The far node, while it runs.
+    _far: Option<NodeProcess>,
+}
+
+impl LinkOutletFleet {
+    fn start(
+        cluster: &pg_util::PgCluster,
+        dir: &Path,
+        far_running: bool,
+        outlet_keys: &str,
+    ) -> Self {
+        let (node_key, node_public, device_key, senders) = keys_with_public(dir);
+        let (far_state, far_args, far_public) = far_node(dir, &node_public);
+        let far = outlet_util::start(&far_state, &far_args, 0, 0);
+        let far_link = far.link;
+        let far = far_running.then_some(far);
+        let apps = dir.join("fleet.toml");
+        std::fs::write(
+            &apps,
+            format!(
+                "[apps.main]\n[apps.main.outlets.out]\nkind = \"link\"\nto = \"{far_link}\"\n\
+                 node_key = \"{far_public}\"\napp = \"far\"\n{outlet_keys}"
+            ),
+        )
+        .unwrap();
+        let extra = ["--apps", apps.to_str().unwrap()];
+        let nodes = two_nodes(dir, &cluster.url(), &node_key, &senders, &extra).map(Option::unwrap);
+        outlet_util::wait_until("a node to hold the outlet", || {
+            matches!(holders(cluster).as_slice(), [Some(_)])
+        });
+        LinkOutletFleet {
+            nodes,
+            device_key,
+            node_public,
+            far_state,
+            _far: far,
+        }
+    }
+}
+
 #[test]
 fn a_node_that_does_not_drive_an_outlet_keeps_its_lag_budget_from_what_the_database_says_was_acknowledged()
  {
@@ -1153,33 +1200,21 @@ fn a_node_that_does_not_drive_an_outlet_keeps_its_lag_budget_from_what_the_datab
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (node_key, node_public, device_key, senders) = keys_with_public(dir.path());
-    let url = cluster.url();
-    let (far_state, far_args, far_public) = far_node(dir.path(), &node_public);
-    let far = outlet_util::start(&far_state, &far_args, 0, 0);
-    let apps = dir.path().join("fleet.toml");
-    std::fs::write(
-        &apps,
-        format!(
-            "[apps.main]\n[apps.main.outlets.out]\nkind = \"link\"\nto = \"{}\"\nnode_key = \"{far_public}\"\n\
-             app = \"far\"\nmax_lag_records = 500\n",
-            far.link
-        ),
-    )
-    .unwrap();
-    let extra = ["--apps", apps.to_str().unwrap()];
-    let nodes = two_nodes(dir.path(), &url, &node_key, &senders, &extra).map(Option::unwrap);
-    outlet_util::wait_until("a node to hold the outlet", || {
-        matches!(holders(&cluster).as_slice(), [Some(_)])
-    });
+    let far = LinkOutletFleet::start(&cluster, dir.path(), true, "max_lag_records = 500\n");
+    let (nodes, device_key, node_public, far_state) = (
+        &far.nodes,
+        &far.device_key,
+        &far.node_public,
+        &far.far_state,
+    );
     let standby = 1 - holder_index(&cluster);
     // Everything through the node that does not drive the outlet: it stops taking input each time it is 500
     // records past what the database says the far side has, and goes on once the driver's renewal says more is
     // acknowledged; were its budget kept from its own view (nothing acknowledged), it would stop for good.
     let count = 3_000;
-    send_all(None, &device_key, &node_public, nodes[standby].link, count);
+    send_all(None, device_key, node_public, nodes[standby].link, count);
     outlet_util::wait_until("every record on the far node", || {
-        outlet_util::records(&far_state, "far").len() as u64 >= count
+        outlet_util::records(far_state, "far").len() as u64 >= count
     });
     let pauses = nodes[standby]
         .metric("pure_app_pauses_total{app=\"main\"}")
@@ -1207,36 +1242,12 @@ fn the_node_driving_an_outlet_counts_the_records_other_nodes_stored_in_its_lag()
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (node_key, node_public, device_key, senders) = keys_with_public(dir.path());
-    let url = cluster.url();
     // The far node is gone before the outlet starts: nothing is acknowledged.
-    let (far_state, far_args, far_public) = far_node(dir.path(), &node_public);
-    let far = outlet_util::start(&far_state, &far_args, 0, 0);
-    let far_link = far.link;
-    drop(far);
-    let apps = dir.path().join("fleet.toml");
-    std::fs::write(
-        &apps,
-        format!(
-            "[apps.main]\n[apps.main.outlets.out]\nkind = \"link\"\nto = \"{far_link}\"\n\
-             node_key = \"{far_public}\"\napp = \"far\"\n"
-        ),
-    )
-    .unwrap();
-    let extra = ["--apps", apps.to_str().unwrap()];
-    let nodes = two_nodes(dir.path(), &url, &node_key, &senders, &extra).map(Option::unwrap);
-    outlet_util::wait_until("a node to hold the outlet", || {
-        matches!(holders(&cluster).as_slice(), [Some(_)])
-    });
+    let far = LinkOutletFleet::start(&cluster, dir.path(), false, "");
+    let (nodes, device_key, node_public) = (&far.nodes, &far.device_key, &far.node_public);
     let driver = holder_index(&cluster);
     let count = 1_000;
-    send_all(
-        None,
-        &device_key,
-        &node_public,
-        nodes[1 - driver].link,
-        count,
-    );
+    send_all(None, device_key, node_public, nodes[1 - driver].link, count);
     assert_eq!(stored(&cluster).0.len() as u64, count);
     for (which, node) in [
         ("the driver", &nodes[driver]),

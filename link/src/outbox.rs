@@ -1099,18 +1099,24 @@ mod tests {
         assert_eq!((o.first_seq(), o.len()), (u64::from(n) + 1, 11));
     }
 
-    /// An outside audit: run entries filled the kept page of an outbox full of records, and `new_run` said `Full`
-    /// at every start for ever (the device could never reach its node to free room). Giving up the oldest page lets
-    /// it start again, with the rest of its records and their numbering.
-    #[test]
-    fn an_outbox_whose_kept_page_filled_with_runs_starts_again_once_its_oldest_page_is_given_up() {
-        let secret = [7u8; 32];
+    /// Four pages of 512 bytes: 12 records of 100 bytes fill three; the fourth is kept for marks.
+    fn full_of_records() -> Box4 {
         let mut o = Box4::open(SimFlash::new(512, 4)).unwrap();
         let mut n = 0u32;
         while o.push_slice(&record(n, 100)).is_ok() {
             n += 1;
         }
         assert_eq!(n, 12);
+        o
+    }
+
+    /// An outside audit: run entries filled the kept page of an outbox full of records, and `new_run` said `Full`
+    /// at every start for ever (the device could never reach its node to free room). Giving up the oldest page lets
+    /// it start again, with the rest of its records and their numbering.
+    #[test]
+    fn an_outbox_whose_kept_page_filled_with_runs_starts_again_once_its_oldest_page_is_given_up() {
+        let secret = [7u8; 32];
+        let o = full_of_records();
         let mut starts = 0;
         let mut flash = o.flash().clone();
         loop {
@@ -1152,12 +1158,7 @@ mod tests {
     #[test]
     fn records_never_take_the_kept_page_even_after_a_run_entry_opened_it() {
         let secret = [7u8; 32];
-        let mut o = Box4::open(SimFlash::new(512, 4)).unwrap();
-        let mut n = 0u32;
-        while o.push_slice(&record(n, 100)).is_ok() {
-            n += 1;
-        }
-        assert_eq!(n, 12);
+        let o = full_of_records();
         let full = o.flash().clone();
         let (mut flash, mut starts) = (full.clone(), 0);
         loop {
