@@ -158,3 +158,53 @@ fn a_refused_apps_file_counts_as_a_refused_reload_and_stays_in_status_until_a_go
     assert_eq!(node.metric("pure_reloads_total"), Some(1.0));
     assert_eq!(node.metric("pure_reloads_failed_total"), Some(2.0));
 }
+
+/// An outside audit: an app renamed by a reload (which makes the new name's store), the node stopped, and the old
+/// store's file renamed to the new name as docs/apps.md said: the new store's `-wal`, left by the stop, was read
+/// over the renamed file and the records were gone. A clean stop now leaves every `-wal` empty; the log's advice
+/// names the `-wal` and `-shm` too.
+#[test]
+fn an_app_renamed_by_renaming_its_store_after_a_reload_and_a_stop_keeps_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    write_atomic(&senders, &format!("dev {public}\n"));
+    let apps = dir.path().join("apps.toml");
+    write_atomic(&apps, "[apps.main]\n");
+    let notify = NotifySocket::path();
+    let state = dir.path().join("state");
+    let args = [
+        "--senders",
+        senders.to_str().unwrap(),
+        "--apps",
+        apps.to_str().unwrap(),
+    ];
+    let mut node = NodeProcess::start(&state, &args, Some(&notify));
+    notify.until("READY=1");
+    let records: Vec<String> = (1..=10).map(|i| format!("r{i}")).collect();
+    assert!(node.send(&key, &records, "30").0);
+    write_atomic(&apps, "[apps.kept]\n");
+    reload(&node, &notify);
+    let log = wait_for_log(&node, "if main was renamed to kept");
+    assert!(log.contains("-wal and -shm"), "{log}");
+    node.signal(libc::SIGTERM);
+    assert_eq!(node.wait_exit(), Some(0));
+    drop(node);
+    let apps_dir = state.join("apps");
+    for suffix in ["", "-wal", "-shm"] {
+        let wal = apps_dir.join(format!("kept.sqlite{suffix}"));
+        if suffix == "-wal" && wal.exists() {
+            assert_eq!(
+                std::fs::metadata(&wal).unwrap().len(),
+                0,
+                "kept's -wal after a clean stop"
+            );
+        }
+    }
+    // Only the file, as the document said before.
+    std::fs::rename(apps_dir.join("main.sqlite"), apps_dir.join("kept.sqlite")).unwrap();
+    let node = NodeProcess::start(&state, &args, None);
+    assert_eq!(count(&state, "kept"), 10);
+    drop(node);
+    assert_eq!(count(&state, "kept"), 10);
+}

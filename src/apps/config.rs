@@ -2082,7 +2082,9 @@ pub fn plan_reload(old: &AppsConfig, new: &AppsConfig) -> ReloadPlan {
     if let ([gone], [new_name]) = (plan.needs_restart.as_slice(), plan.added.as_slice()) {
         plan.lines.push(format!(
             "if {gone} was renamed to {new_name}: the store is named after the app, so {new_name} starts empty; \
-             to keep the records, stop the node and rename STATE/apps/{gone}.sqlite to {new_name}.sqlite first"
+             to keep {gone}'s records under {new_name}, stop the node and, if {new_name} has taken no records, \
+             delete STATE/apps/{new_name}.sqlite with its -wal and -shm files, rename {gone}.sqlite and its -wal \
+             and -shm (those there) to {new_name}.sqlite, .sqlite-wal and .sqlite-shm, and start it"
         ));
     }
     plan

@@ -1213,8 +1213,9 @@ impl Host {
     }
 
     /// At a clean stop, once every turn is synced: copies each store's `-wal` into its file, checked as after a
-    /// commit, so that after a stop the file alone holds every record (a copy of it is a whole backup). One that
-    /// fails loses nothing: the `-wal` keeps the commits and the next start reads them.
+    /// commit, then empties the `-wal` ([`AppStore::empty_wal`]), so that after a stop the file alone holds every
+    /// record (a copy of it is a whole backup) and a file renamed over it is read as it is. One that fails loses
+    /// nothing: the `-wal` keeps the commits and the next start reads them.
     ///
     /// Then writes `STATE/clean-stop` naming the apps whose stores are open and sound here: no fault of the disk
     /// under them in this run. The next start reads every other store whole before serving it.
@@ -1227,7 +1228,10 @@ impl Host {
             let Some(store) = self.stores.app_mut(i as AppIndex) else {
                 continue;
             };
-            match store.checkpoint() {
+            match store
+                .checkpoint()
+                .and_then(|()| store.empty_wal().map(|_| ()))
+            {
                 Ok(()) => {}
                 Err(e) => {
                     tracing::warn!(

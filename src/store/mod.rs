@@ -769,6 +769,45 @@ impl AppStore {
         Ok(())
     }
 
+    /// At a clean stop, after [`AppStore::checkpoint`] copied and synced every frame into the file: the `-wal` cut
+    /// to nothing (SQLite's TRUNCATE checkpoint, which has nothing left to copy), so that the file alone is the
+    /// store. A `-wal` left with frames is read over whatever file later takes this one's name (an app renamed by
+    /// renaming its file, docs/apps.md) and undoes it. Left as it is when a frame is not in the file yet (a reader
+    /// in another process held it back) or a reader holds the `-wal`: nothing is lost either way.
+    pub fn empty_wal(&mut self) -> Result<bool, StoreError> {
+        if self.files.is_none() {
+            return Ok(false);
+        }
+        let err = |source| StoreError::Checkpoint {
+            path: self.path.clone(),
+            source: Arc::new(source),
+        };
+        let busy = |e: &rusqlite::Error| {
+            matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            )
+        };
+        use rusqlite::wal::CheckpointMode;
+        match self
+            .conn
+            .wal_checkpoint_v2(Some("main"), CheckpointMode::PASSIVE)
+        {
+            Ok((log, done)) if log == done => {}
+            Ok(_) => return Ok(false),
+            Err(e) if busy(&e) => return Ok(false),
+            Err(e) => return Err(err(e)),
+        }
+        match self
+            .conn
+            .wal_checkpoint_v2(Some("main"), CheckpointMode::TRUNCATE)
+        {
+            Ok((log, _)) => Ok(log == 0),
+            Err(e) if busy(&e) => Ok(false),
+            Err(e) => Err(err(e)),
+        }
+    }
+
     /// The descriptors the store is synced through (`None` for stores in memory, or before its `-wal` exists).
     pub fn files(&self) -> Option<&Arc<sync::StoreFiles>> {
         self.files.as_ref()
