@@ -858,3 +858,35 @@ fn push_socket_paths_are_checked_and_a_long_derived_one_is_blamed_on_its_flag() 
         "{t}"
     );
 }
+
+/// An outside audit: a line too long to be a record made `send` exit saying only that, while the lines before it
+/// were stored; sending the same input again (the obvious retry) stored those twice. It now delivers what it
+/// queued before the line, then says what was stored, that nothing from the line on was sent, and where to go on.
+#[test]
+fn a_line_too_long_for_a_record_says_what_before_it_was_stored_and_where_to_send_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (key, public) = keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    std::fs::write(&senders, format!("dev {public}\n")).unwrap();
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let lines = [
+        "r1".to_string(),
+        "r2".to_string(),
+        "b".repeat(1200),
+        "r3".to_string(),
+    ];
+    let (ok, said) = node.send(&key, &lines, "30");
+    assert!(!ok, "{said}");
+    for want in [
+        "line 3 of standard input: a record of 1200 bytes is too long: at most 1125 bytes",
+        "the 2 lines before it were stored for app main (seq 1–2) and nothing from it on was sent",
+        "tail -n +3",
+    ] {
+        assert!(said.contains(want), "{want:?} in {said}");
+    }
+    let stored = pure_serve::store::open_app_for_reading(&state, "main")
+        .and_then(|s| s.read_head())
+        .unwrap();
+    assert_eq!(stored, 3, "r1 and r2 stored, nothing after");
+}

@@ -38,7 +38,10 @@ const COOKIE_USE: Duration = Duration::from_secs(120);
 pub enum SenderError {
     #[error("an app name must be 1–32 characters of a-z 0-9 _ -")]
     BadApp,
-    #[error("record of {len} bytes does not fit in one {max}-byte datagram")]
+    #[error(
+        "a record of {len} bytes is too long: at most {max} bytes here (what one datagram carries, or a page of \
+         the outbox holds)"
+    )]
     TooLarge { len: usize, max: usize },
     #[error("the node's public key is a low-order point")]
     BadNodeKey,

@@ -193,10 +193,19 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
     let mut no_downlink = false;
     // The app the node last said it cannot store, until it stores again.
     let mut cannot_store: Option<String> = None;
+    // A line that cannot be a record (or input that cannot be read): nothing from it on is sent, and what was
+    // queued before it is delivered first, so that the summary can say where to send again from.
+    let mut bad_input: Option<anyhow::Error> = None;
     loop {
         // Take what input there is, up to the sender's window, without waiting for it.
         if input_open {
-            input_open = input.take(link.sender(), &args.app, &mut lines)?;
+            input_open = match input.take(link.sender(), &args.app, &mut lines) {
+                Ok(open) => open,
+                Err(e) => {
+                    bad_input = Some(e);
+                    false
+                }
+            };
         }
         let records_done = lines == 0 || first_seq.is_some() && link.sender().unacked_total() == 0;
         if !input_open && records_done {
@@ -329,6 +338,37 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
     }
     let stored = first_seq.map_or(0, |f| (through + 1).saturating_sub(f));
     let unacked = lines.saturating_sub(stored);
+    if let Some(e) = bad_input {
+        let at = lines + 1;
+        let what = match (lines, unacked) {
+            (0, _) => "nothing was sent".to_string(),
+            (_, 0) => format!(
+                "the {lines} line{} before it {} stored for app {} (seq {}–{through}) and nothing from it on was \
+                 sent",
+                if lines == 1 { "" } else { "s" },
+                if lines == 1 { "was" } else { "were" },
+                args.app,
+                first_seq.unwrap_or(1)
+            ),
+            _ => format!(
+                "of the {lines} lines before it {unacked} were not acknowledged (the node at {to} answered nothing \
+                 for {:.1} s) and nothing from it on was sent",
+                args.timeout
+            ),
+        };
+        let again = if lines == 0 {
+            "Fix that line and send again".to_string()
+        } else {
+            format!(
+                "Fix that line, then send from it on (`tail -n +{at} FILE | pure-serve send …`): sending the lines \
+                 before it again would store them again"
+            )
+        };
+        bail!(
+            "{}; send stopped there: {what}. {again}",
+            super::one_line(&e)
+        );
+    }
     if let Some((app, reason)) = refused {
         let why = refuse_reason(reason);
         if lines == 0 {
@@ -668,10 +708,15 @@ impl LineInput {
                     }
                 }
             } else {
-                let (used, n) = sender.queue_lines(app, data, room).map_err(|(n, e)| {
-                    anyhow::Error::new(e)
-                        .context(format!("line {} of standard input", *lines + n as u64 + 1))
-                })?;
+                let (used, n) = match sender.queue_lines(app, data, room) {
+                    Ok(taken) => taken,
+                    Err((n, e)) => {
+                        // The lines before it stay queued and are sent.
+                        *lines += n as u64;
+                        return Err(anyhow::Error::new(e)
+                            .context(format!("line {} of standard input", *lines + 1)));
+                    }
+                };
                 *lines += n as u64;
                 *pos += used;
                 if n < room {
