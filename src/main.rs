@@ -6,6 +6,26 @@ use clap::Parser;
 use pure_serve::cli::{self, Cli, Command};
 use pure_serve::ops::journal;
 
+/// Every directive of `--log` is a level (`debug`) or a target with its level (`pure_serve=debug`). tracing takes a
+/// bare word as a target to log at every level, so a misspelt level (`warnings`, `inf`) would silence every other
+/// line, errors included; it is refused instead, as is an empty directive.
+fn log_filter(filter: &str) -> Result<tracing_subscriber::EnvFilter, String> {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    for directive in filter.split(',') {
+        let directive = directive.trim();
+        if directive.is_empty() {
+            return Err("an empty directive".to_string());
+        }
+        if !directive.contains('=') && !LEVELS.contains(&directive.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "{directive:?} is not a level ({}) nor TARGET=LEVEL",
+                LEVELS.join(", ")
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| e.to_string())
+}
+
 fn main() {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cli = match Cli::try_parse_from(&args) {
@@ -17,7 +37,7 @@ fn main() {
         }
     };
     let filter = match &cli.log {
-        Some(level) => match tracing_subscriber::EnvFilter::try_new(level) {
+        Some(level) => match log_filter(level) {
             Ok(f) => f,
             Err(e) => {
                 eprintln!(

@@ -712,6 +712,10 @@ fn a_bad_flag_of_the_node_exits_78_and_help_exits_0() {
         &["--link-port", "seventy"][..],
         &["--no-such-flag"][..],
         &["--log", "pure_serve=loud"][..],
+        // A bare word is a target to tracing: a misspelt level silenced every line, errors included.
+        &["--log", "warnings"][..],
+        &["--log", "inf"][..],
+        &["--log", "info,,"][..],
     ] {
         let out = output_within(Command::new(bin()).args(args));
         let err = text(&out);
@@ -733,6 +737,14 @@ fn a_bad_flag_of_the_node_exits_78_and_help_exits_0() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let out = output_within(Command::new(bin()).args(["--log", "debug", "records", "--frm", "1"]));
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let out = output_within(Command::new(bin()).args(["--log", "warnings"]));
+    let err = text(&out);
+    assert!(
+        err.contains("--log \"warnings\" is not a log level or filter")
+            && err.contains("not a level (trace, debug, info, warn, error, off) nor TARGET=LEVEL")
+            && err.contains("try --log debug"),
+        "{err}"
+    );
 }
 
 /// Issue 37, "small things seen": `push` to a node running with `--push-socket none` said "no node answers … start
