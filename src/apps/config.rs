@@ -714,13 +714,15 @@ fn all_outlet_keys() -> Vec<&'static str> {
     all
 }
 
-/// Headers the webhook client writes itself; one from the file would contradict it.
+/// Headers the webhook client writes itself; one from the file would contradict it (a second `Idempotency-Key`,
+/// read first by many receivers, would give every batch the same key: docs/apps.md).
 const OWN_HEADERS: &[&str] = &[
     "host",
     "content-length",
     "transfer-encoding",
     "connection",
     "content-type",
+    "idempotency-key",
 ];
 
 /// The walk over one file: where problems go, and how offsets become lines.
@@ -2653,6 +2655,7 @@ mod tests {
         for (h, says) in [
             ("{ Host = \"x\" }", "Host is set by the node itself"),
             ("{ content-length = \"1\" }", "is set by the node itself"),
+            ("{ Idempotency-Key = \"fixed\" }", "Idempotency-Key is set by the node itself"),
             ("{ X = \"a\\r\\nInjected: yes\" }", "control character"),
             ("{ \"Bad Name\" = \"x\" }", "is not a header name"),
             ("{ X-A = \"1\", x-a = \"2\" }", "given twice"),
