@@ -902,3 +902,36 @@ fn a_line_too_long_for_a_record_says_what_before_it_was_stored_and_where_to_send
         .unwrap();
     assert_eq!(stored, 3, "r1 and r2 stored, nothing after");
 }
+
+/// An outside audit: `demo --state DIR` run twice said "each exactly once: NO" of a sound store (its new senders
+/// went on after the old ones' sequences). A directory that is not empty is refused, naming it.
+#[test]
+fn a_demo_runs_in_its_own_directory_and_refuses_one_that_is_not_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("demo");
+    let demo = || {
+        output_within(
+            Command::new(bin())
+                .args(["demo", "--senders", "2", "--records", "50", "--state"])
+                .arg(&state),
+        )
+    };
+    let out = demo();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("each exactly once: yes"),
+        "{}",
+        text(&out)
+    );
+    let out = demo();
+    let err = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "demo --state {}: the directory is not empty",
+            state.display()
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("exactly once"), "{err}");
+}

@@ -2655,7 +2655,10 @@ mod tests {
         for (h, says) in [
             ("{ Host = \"x\" }", "Host is set by the node itself"),
             ("{ content-length = \"1\" }", "is set by the node itself"),
-            ("{ Idempotency-Key = \"fixed\" }", "Idempotency-Key is set by the node itself"),
+            (
+                "{ Idempotency-Key = \"fixed\" }",
+                "Idempotency-Key is set by the node itself",
+            ),
             ("{ X = \"a\\r\\nInjected: yes\" }", "control character"),
             ("{ \"Bad Name\" = \"x\" }", "is not a header name"),
             ("{ X-A = \"1\", x-a = \"2\" }", "given twice"),

@@ -89,6 +89,13 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     }
     let temp;
     let state_dir = match &args.state {
+        // A demo checks that its senders' records are 1..=N once each: in the state of an earlier demo its new
+        // senders, named as the old ones, would go on after them and the check would fail on a sound store.
+        Some(d) if std::fs::read_dir(d).is_ok_and(|mut entries| entries.next().is_some()) => bail!(
+            "demo --state {}: the directory is not empty (an earlier demo's state?); give a new or empty \
+             directory, or delete this one",
+            d.display()
+        ),
         Some(d) => d.clone(),
         None => {
             temp = tempfile::Builder::new().prefix("pure-demo-").tempdir()?;
