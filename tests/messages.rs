@@ -935,3 +935,80 @@ fn a_demo_runs_in_its_own_directory_and_refuses_one_that_is_not_empty() {
     );
     assert!(!err.contains("exactly once"), "{err}");
 }
+
+/// An outside audit: `--state` naming a file exited 1 (systemd restarts it five times) with only the OS error, and
+/// `check` said "configuration is fine" of a state directory the node cannot make and of a store that is not a
+/// database, both of which the node refuses. The node now exits 78 with the fix; `check` finds all three, each once.
+#[test]
+fn a_state_the_node_cannot_make_or_a_store_that_is_not_a_database_is_found_by_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("afile");
+    std::fs::write(&file, "").unwrap();
+    let out = output_within(Command::new(bin()).arg("--state").arg(&file).args([
+        "--bind",
+        "127.0.0.1",
+        "--link-port",
+        "0",
+        "--http-port",
+        "0",
+    ]));
+    let err = text(&out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("cannot create state directory")
+            && err.contains("a file, not a directory")
+            && err.contains("give --state a directory, or move the file away"),
+        "{err}"
+    );
+    let check_state = |state: &Path| {
+        let out = check(&[
+            "--link-port",
+            "0",
+            "--http-port",
+            "0",
+            "--state",
+            state.to_str().unwrap(),
+        ]);
+        (out.status.code(), text(&out))
+    };
+    for state in [file.clone(), file.join("state")] {
+        let (code, all) = check_state(&state);
+        assert_eq!(code, Some(1), "{all}");
+        assert_eq!(all.matches("problem:").count(), 1, "said once: {all}");
+        assert!(all.contains("not a directory"), "{all}");
+    }
+    // A store that is not a database.
+    let state = dir.path().join("state");
+    drop(NodeProcess::start(&state, &[], None));
+    for suffix in ["-wal", "-shm"] {
+        std::fs::remove_file(state.join(format!("apps/main.sqlite{suffix}"))).ok();
+    }
+    std::fs::write(state.join("apps/main.sqlite"), vec![0x42u8; 8192]).unwrap();
+    let (code, all) = check_state(&state);
+    assert_eq!(code, Some(1), "{all}");
+    assert!(
+        all.contains("apps/main.sqlite: not an SQLite database")
+            && all.contains("restore it from a backup"),
+        "{all}"
+    );
+    // A state directory to be made where this user may not write.
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let exe_dir = tempfile::tempdir().unwrap();
+        let exe = exe_for_nobody(true, exe_dir.path());
+        let out = Command::new(&exe)
+            .args(["check", "--link-port", "0", "--http-port", "0", "--state"])
+            .arg(exe_dir.path().join("state"))
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{all}");
+        assert!(
+            all.contains("missing, and this user may not make it"),
+            "{all}"
+        );
+    }
+}

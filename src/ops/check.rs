@@ -52,6 +52,33 @@ fn writable(path: &Path) -> bool {
     unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
+/// The nearest of `path` and its ancestors that exists (`None` when none can be looked at).
+fn nearest_existing(path: &Path) -> Option<std::path::PathBuf> {
+    let absolute = std::path::absolute(path).ok()?;
+    absolute
+        .ancestors()
+        .find(|p| p.symlink_metadata().is_ok())
+        .map(Path::to_path_buf)
+}
+
+/// Why the store at `path` is not an SQLite database (a file of another kind, or one whose first page was
+/// overwritten), or `None`: an empty file is one SQLite makes a database of.
+fn not_a_database(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut head = [0u8; 16];
+    let mut f = std::fs::File::open(path).ok()?;
+    let n = f.read(&mut head).ok()?;
+    if n == 0 || head == *b"SQLite format 3\0" {
+        return None;
+    }
+    Some(format!(
+        "store {}: not an SQLite database (its first bytes are not SQLite's header); the node refuses to start \
+         on it: restore it from a backup, or move it away with its -wal and -shm files to start that app with an \
+         empty store",
+        path.display()
+    ))
+}
+
 /// Whether a pure-serve node answers HTTP on `addr` (its root page names it), within a second.
 fn answers_as_a_node(addr: SocketAddr) -> bool {
     use std::io::{Read, Write};
@@ -80,9 +107,14 @@ pub fn check(input: &CheckInput) -> Report {
     let mut r = Report::default();
     let dir = &input.state_dir;
     let state = std::fs::metadata(dir);
+    use std::io::ErrorKind;
     let state_unreadable = state
         .as_ref()
-        .is_err_and(|e| e.kind() != std::io::ErrorKind::NotFound);
+        .is_err_and(|e| !matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory));
+    // A key under a state directory that is a file (or lies under one) is that file's problem, said once.
+    let state_not_dir = state
+        .as_ref()
+        .map_or_else(|e| e.kind() == ErrorKind::NotADirectory, |m| !m.is_dir());
     match state {
         Ok(m) if !m.is_dir() => r.problems.push(format!(
             "state directory {}: exists but is not a directory; give another with --state",
@@ -93,10 +125,25 @@ pub fn check(input: &CheckInput) -> Report {
             dir.display()
         )),
         Ok(_) => r.fine.push(format!("state directory {}", dir.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => r.fine.push(format!(
-            "state directory {}: missing; the node will make it",
-            dir.display()
-        )),
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => match nearest_existing(dir) {
+            Some(up) if !up.is_dir() => r.problems.push(format!(
+                "state directory {}: {} is a file, not a directory, so the node cannot make it there; give \
+                 --state a directory, or move the file away",
+                dir.display(),
+                up.display()
+            )),
+            Some(up) if !writable(&up) => r.problems.push(format!(
+                "state directory {}: missing, and this user may not make it in {} (not writable, or a read-only \
+                 filesystem); make it and give it to the node's user (mkdir, then chown), or give --state a \
+                 directory on a writable filesystem",
+                dir.display(),
+                up.display()
+            )),
+            _ => r.fine.push(format!(
+                "state directory {}: missing; the node will make it",
+                dir.display()
+            )),
+        },
         // Not "missing": a directory this user may not look into (the packaged node's /var/lib/private is root's
         // alone) would be reported as one the node makes, and its key as one the node makes too.
         Err(e) => r.problems.push(format!(
@@ -121,7 +168,7 @@ pub fn check(input: &CheckInput) -> Report {
     let key_found = input.key_file.try_exists();
     if let Err(e) = &key_found {
         // Said once: a key under a state directory this user cannot look into is that directory's problem.
-        if !(state_unreadable && input.key_file.starts_with(dir)) {
+        if !((state_unreadable || state_not_dir) && input.key_file.starts_with(dir)) {
             r.problems.push(format!(
                 "key {}: this user cannot look at it ({e}); run check as the node's user, or with sudo",
                 input.key_file.display()
@@ -151,6 +198,13 @@ pub fn check(input: &CheckInput) -> Report {
             "key {}: missing; the node will make one (mode 0600)",
             input.key_file.display()
         ));
+    }
+    // A store that is not a database: the node refuses to start on it.
+    for app in crate::store::list_apps(dir) {
+        let path = dir.join("apps").join(format!("{app}.sqlite"));
+        if let Some(problem) = not_a_database(&path) {
+            r.problems.push(problem);
+        }
     }
     // What the node refuses at start as lost data (store/state.rs).
     if dir.is_dir() {

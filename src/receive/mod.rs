@@ -78,7 +78,7 @@ pub enum NodeError {
     Store(#[from] StoreError),
     #[error(transparent)]
     State(#[from] StateError),
-    #[error("cannot create state directory {path}: {source}")]
+    #[error("cannot create state directory {}: {}", path.display(), state_dir_problem(source))]
     StateDir {
         path: PathBuf,
         source: std::io::Error,
@@ -115,6 +115,10 @@ impl NodeError {
             | NodeError::Apps(_)
             | NodeError::OwnKey(_) => true,
             NodeError::Store(e) => e.is_configuration(),
+            // A place the node may never make its state in: restarting does not change it.
+            NodeError::StateDir { source, .. } => {
+                !matches!(source.kind(), std::io::ErrorKind::StorageFull)
+            }
             _ => false,
         }
     }
@@ -224,6 +228,28 @@ pub struct ReadyNode {
     kernel_drops_counted: u64,
     /// The turn's UDP datagrams, sent together (kept to reuse its allocation).
     udp_out: Vec<Transmit>,
+}
+
+/// What a failure to make the state directory means, and the fix.
+fn state_dir_problem(source: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match source.kind() {
+        ErrorKind::AlreadyExists | ErrorKind::NotADirectory => format!(
+            "a file, not a directory, is there or on the way to it ({source}): give --state a directory, or move \
+             the file away"
+        ),
+        ErrorKind::PermissionDenied => format!(
+            "this user may not make it ({source}): make it and give it to the node's user (mkdir, then chown), or \
+             run the node as a user who may"
+        ),
+        ErrorKind::ReadOnlyFilesystem => {
+            format!(
+                "its filesystem is read-only ({source}): give --state a directory on a writable one"
+            )
+        }
+        ErrorKind::StorageFull => format!("the disk is full ({source}): make room on it"),
+        _ => source.to_string(),
+    }
 }
 
 fn create_private_dir(path: &Path) -> Result<(), NodeError> {
