@@ -1123,6 +1123,10 @@ impl Node {
             if hosted.paused {
                 // No ack: the sender keeps the records and sends them again (docs/protocol.md 6, backpressure).
                 self.counters.paused_records += d.count;
+                // Named by the session all the same (protocol.md 6.3, "every flow so far"): once it has named only
+                // apps that take no input, its packets are dropped before they are opened, and counted there, even
+                // those that carry no record (a probe, which a new run sends first).
+                session.flow_mut(app);
                 // A store that cannot commit is said (NOT_STORED, docs/protocol.md 5), once per answer per app.
                 if hosted.cannot_store
                     && !session.not_stored[not_stored_before..]
@@ -1141,6 +1145,7 @@ impl Node {
             if hosted.at_lag_budget(in_turn) {
                 // An outlet of the app would pass its lag budget: held back as by a pause (protocol.md 6.3).
                 self.counters.paused_records += d.count;
+                session.flow_mut(app);
                 continue;
             }
             if in_turn >= hosted.turn_records {
@@ -3140,6 +3145,42 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// An outside audit: a new run's probes for a paused app were opened, held back and counted nowhere (a probe
+    /// carries no record), and the session never counted as one that names only paused apps. After its first packet
+    /// the run's packets are dropped before they are opened and counted as `backpressure`; none is answered.
+    #[test]
+    fn a_new_runs_probes_for_a_paused_app_are_dropped_as_backpressure_after_the_first() {
+        let node_id = Identity::generate();
+        let a = Identity::generate();
+        let list = Arc::new(AllowList::from_unique(vec![("a".to_string(), *a.public())]));
+        let mut node = test_node(&node_id, list);
+        node.set_apps(vec![HostedApp::open("main")]);
+        node.set_app_paused(0, true);
+        let mut sa = Sender::new(SenderConfig::new(a, *node_id.public())).unwrap();
+        sa.open_flow("main", crate::proto::sender::FlowStart::Probe)
+            .unwrap();
+        sa.queue("main", b"r1".to_vec()).unwrap();
+        let mut now = Instant::now();
+        let mut out = Vec::new();
+        let mut sent = 0;
+        for _ in 0..4 {
+            while sa.poll_transmit(now, &mut out) {
+                node.handle_datagram(now, addr(1), &out, &mut NoMemo);
+                sent += 1;
+            }
+            now += Duration::from_secs(3);
+            sa.handle_timeout(now);
+        }
+        assert!(sent >= 3, "the probe sent again: {sent}");
+        let c = node.counters();
+        assert_eq!(
+            c.dropped(DropReason::Backpressure),
+            sent - 1,
+            "every packet after the first: {c:?}"
+        );
+        assert!(node.poll_transmit().is_none(), "nothing answered");
     }
 
     /// A lag budget's room is passed by less than one frame: the frame that reaches it is taken whole, every later

@@ -391,8 +391,9 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
             ),
             (None, None) => format!(
                 "never answered in {:.1} s (is it running there, with this key in its senders file, and is --node \
-                 its public key?)",
-                args.timeout
+                 its public key? Or does app {} take no input now, an outlet behind its max_lag_records? The node's \
+                 status page and pure_app_paused say so)",
+                args.timeout, args.app
             ),
             (None, Some(_)) => format!("answered nothing for {:.1} s", args.timeout),
         };
