@@ -714,6 +714,15 @@ fn all_outlet_keys() -> Vec<&'static str> {
     all
 }
 
+/// "an" before an outlet kind said aloud with a vowel first (an app outlet), else "a".
+fn article(kind: &str) -> &'static str {
+    if kind.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    }
+}
+
 /// Headers the webhook client writes itself; one from the file would contradict it (a second `Idempotency-Key`,
 /// read first by many receivers, would give every batch the same key: docs/apps.md).
 const OWN_HEADERS: &[&str] = &[
@@ -1322,17 +1331,25 @@ impl Walk {
                     .collect();
                 let kind = kind.unwrap_or("?");
                 if owners.is_empty() {
-                    self.unknown_key(k.span(), at, k_name, &allowed, &format!("a {kind} outlet"));
+                    self.unknown_key(
+                        k.span(),
+                        at,
+                        k_name,
+                        &allowed,
+                        &format!("{} {kind} outlet", article(kind)),
+                    );
                 } else {
                     self.problem(
                         Some(k.span()),
                         at,
                         format!(
-                            "`{k_name}` is not a key of a {kind} outlet (only of {})",
+                            "`{k_name}` is not a key of {} {kind} outlet (only of {})",
+                            article(kind),
                             owners.join(" and ")
                         ),
                         format!(
-                            "remove it; the keys of a {kind} outlet are: {}",
+                            "remove it; the keys of {} {kind} outlet are: {}",
+                            article(kind),
                             allowed.join(", ")
                         ),
                     );
@@ -1532,7 +1549,7 @@ impl Walk {
                 self.problem(
                     Some(key.span()),
                     whole,
-                    format!("a {kind} outlet needs `{req}`"),
+                    format!("{} {kind} outlet needs `{req}`", article(kind)),
                     format!("add {example}"),
                 );
                 ok = false;

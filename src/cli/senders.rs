@@ -109,14 +109,15 @@ pub fn run(args: &SendersArgs) -> anyhow::Result<()> {
         .senders
         .clone()
         .unwrap_or_else(|| state.join("senders"));
-    let list = crate::senders::load(&senders_path)
-        .map(std::sync::Arc::new)
-        .with_context(|| {
-            format!(
-                "cannot read the senders file {} (give the node's with --senders)",
-                senders_path.display()
-            )
-        })?;
+    let list = crate::senders::load(&senders_path).map(std::sync::Arc::new);
+    // The path is in the error itself: the context says only where it came from.
+    let list = if args.senders.is_none() {
+        list.context(
+            "no --senders given, so the state directory's (give the node's with --senders)",
+        )?
+    } else {
+        list?
+    };
     // The names, sorted, each with what the stores say of it.
     let by_name = ByName::new(list);
     let mut seen = vec![Seen::default(); by_name.len()];

@@ -257,17 +257,13 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
                 }
                 SenderEvent::NotStored { app, reason } => {
                     eprintln!(
-                        "the node cannot store app {app} now (reason {reason}: {}; its /healthz says which); \
-                         sending again until it can",
+                        "the node cannot store app {app} now (reason {reason}: {}); sending again until it can",
                         not_stored_reason(reason)
                     );
                     cannot_store = Some(app);
                 }
                 SenderEvent::Refused { app, reason } => {
-                    eprintln!(
-                        "the node refused app {app} (reason {reason}: {})",
-                        refuse_reason(reason)
-                    );
+                    // Said once, by the exit message below: the loop ends at once.
                     refused = Some((app, reason));
                 }
                 SenderEvent::NodeAhead { app, node, ours } => {
@@ -384,8 +380,7 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
         };
         let why = match (&cannot_store, seen_progress) {
             (Some(app), _) => format!(
-                "acknowledged nothing for {:.1} s: the node said it cannot store app {app} ({}; its /healthz \
-                 says which)",
+                "acknowledged nothing for {:.1} s: the node said it cannot store app {app} ({})",
                 args.timeout,
                 not_stored_reason(crate::proto::wire::NOT_STORED_STORE_FAILING)
             ),
