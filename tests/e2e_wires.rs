@@ -324,3 +324,50 @@ fn a_far_node_that_does_not_list_this_node_is_told_once_with_the_likely_cause() 
     drop(a);
     drop(b);
 }
+
+/// An outside audit: a wire whose requests failed (no server there, an untrusted certificate, a name that does not
+/// resolve) also told "the far node does not answer: does its senders file list this node's key", counted as
+/// `unanswered`: the wrong cause, beside the right one. Only a far node that answers HTTP with nothing is told so.
+#[test]
+fn a_wire_whose_requests_fail_is_not_told_the_far_node_does_not_list_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("a");
+    let (key_dev, pub_dev) = keygen(dir.path(), "dev");
+    let (_, pub_far) = keygen(dir.path(), "far");
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (senders, apps) = node_files(
+        dir.path(),
+        "a",
+        &format!("dev {pub_dev}\n"),
+        &format!(
+            "[apps.main]\n[apps.main.outlets.wire]\nkind = \"wire\"\nurl = \"http://{closed}/link\"\n\
+             node_key = \"{pub_far}\"\napp = \"far\"\n"
+        ),
+    );
+    let a = start(
+        &state,
+        &args(&[
+            "--senders",
+            senders.to_str().unwrap(),
+            "--apps",
+            apps.to_str().unwrap(),
+        ]),
+        0,
+        0,
+    );
+    let mut send = spawn_send(&key_dev, &a, "main", 30);
+    feed_lines(&mut send, "dev", 20, 20, Duration::ZERO)
+        .join()
+        .unwrap();
+    assert_sent(send, "dev");
+    wait_until("connect errors", || {
+        outlet_util::errors(&a, "main", "wire", "connect") >= 5.0
+    });
+    assert_eq!(outlet_util::errors(&a, "main", "wire", "unanswered"), 0.0);
+    let log = a.stderr_text();
+    assert!(!log.contains("the far node does not answer"), "{log}");
+}

@@ -140,6 +140,8 @@ async fn serve(
     let mut out = Vec::with_capacity(wire::MAX_ACCEPTED_DATAGRAM);
     let mut body: Vec<u8> = Vec::with_capacity(MAX_BODY);
     let mut backoff = Duration::ZERO;
+    // The last request failed before the far node could answer (connect, TLS, DNS, an HTTP error).
+    let mut request_failed = false;
     let mut lanes: [Option<InFlight>; LANES] = std::array::from_fn(|_| None);
     // Requests of this run are numbered from 0 under a token of their own.
     let token = u64::from_le_bytes(crate::proto::crypto::random_array());
@@ -180,7 +182,9 @@ async fn serve(
                 if let Err(end) = flow.events(outlet) {
                     return end;
                 }
-                flow.check_silence(outlet);
+                if !request_failed {
+                    flow.check_silence(outlet);
+                }
                 continue;
             }
             done = answer_of(first) => (0, done),
@@ -191,6 +195,7 @@ async fn serve(
         match answer {
             Ok((200, answer)) => {
                 backoff = Duration::ZERO;
+                request_failed = false;
                 let now = Instant::now();
                 match framed_packets(&answer) {
                     Some(packets) => {
@@ -205,10 +210,12 @@ async fn serve(
                 let text = String::from_utf8_lossy(&answer[..answer.len().min(200)]).to_string();
                 outlet.error("http", format!("{far} answered {status}: {}", text.trim()));
                 backoff = (backoff * 2).clamp(Duration::from_millis(250), BACKOFF_MAX);
+                request_failed = true;
             }
             Err(e) => {
                 outlet.error(e.kind(), format!("{far}: {e}"));
                 backoff = (backoff * 2).clamp(Duration::from_millis(250), BACKOFF_MAX);
+                request_failed = true;
             }
         }
         if !backoff.is_zero() {
@@ -218,8 +225,11 @@ async fn serve(
         if let Err(end) = flow.events(outlet) {
             return end;
         }
-        // HTTP answers 200 with no packets when the far node cannot open them: say what that likely means.
-        flow.check_silence(outlet);
+        // HTTP answers 200 with no packets when the far node cannot open them: say what that likely means. Not
+        // while requests fail (connect, TLS, DNS, an HTTP error): that is the cause, counted and told already.
+        if !request_failed {
+            flow.check_silence(outlet);
+        }
     }
 }
 
