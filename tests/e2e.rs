@@ -377,7 +377,16 @@ fn send_takes_every_line_across_block_boundaries_and_short_reads() {
     let said = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!out.status.success());
     assert!(said.contains("line 3 of standard input"), "{said}");
-    assert!(said.contains("does not fit"), "{said}");
+    assert!(said.contains("is too long: at most 1125 bytes"), "{said}");
+    assert!(
+        said.contains("the 2 lines before it were stored") && said.contains("tail -n +3"),
+        "{said}"
+    );
+    assert_eq!(
+        records(&state).len() as u64,
+        LINES + 1 + 2,
+        "one and two stored"
+    );
 }
 
 /// `--bind`'s default listens on every address, IPv6 and IPv4 (issue 37): one device sends over IPv6 loopback,
