@@ -1228,10 +1228,7 @@ impl Host {
             let Some(store) = self.stores.app_mut(i as AppIndex) else {
                 continue;
             };
-            match store
-                .checkpoint()
-                .and_then(|()| store.empty_wal().map(|_| ()))
-            {
+            match store.checkpoint().and_then(|()| store.empty_wal()) {
                 Ok(()) => {}
                 Err(e) => {
                     tracing::warn!(

@@ -774,9 +774,9 @@ impl AppStore {
     /// store. A `-wal` left with frames is read over whatever file later takes this one's name (an app renamed by
     /// renaming its file, docs/apps.md) and undoes it. Left as it is when a frame is not in the file yet (a reader
     /// in another process held it back) or a reader holds the `-wal`: nothing is lost either way.
-    pub fn empty_wal(&mut self) -> Result<bool, StoreError> {
+    pub fn empty_wal(&mut self) -> Result<(), StoreError> {
         if self.files.is_none() {
-            return Ok(false);
+            return Ok(());
         }
         let err = |source| StoreError::Checkpoint {
             path: self.path.clone(),
@@ -794,16 +794,16 @@ impl AppStore {
             .wal_checkpoint_v2(Some("main"), CheckpointMode::PASSIVE)
         {
             Ok((log, done)) if log == done => {}
-            Ok(_) => return Ok(false),
-            Err(e) if busy(&e) => return Ok(false),
+            Ok(_) => return Ok(()),
+            Err(e) if busy(&e) => return Ok(()),
             Err(e) => return Err(err(e)),
         }
         match self
             .conn
             .wal_checkpoint_v2(Some("main"), CheckpointMode::TRUNCATE)
         {
-            Ok((log, _)) => Ok(log == 0),
-            Err(e) if busy(&e) => Ok(false),
+            Ok(_) => Ok(()),
+            Err(e) if busy(&e) => Ok(()),
             Err(e) => Err(err(e)),
         }
     }
