@@ -200,8 +200,15 @@ impl StoreFiles {
                 source: Arc::new(e),
             }
         };
+        // No frame copied, or a -wal with no header yet (emptied by the last clean stop, and nothing committed
+        // since): nothing to read back.
+        if checkpointed == 0 {
+            return Ok(());
+        }
         let mut header = [0u8; 32];
-        self.wal.read_exact_at(&mut header, 0).map_err(io_err)?;
+        if read_up_to(&self.wal, &mut header, 0).map_err(io_err)? < header.len() {
+            return Ok(());
+        }
         let word =
             |b: &[u8], at: usize| u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
         let page_size = match word(&header, 8) {
