@@ -290,6 +290,13 @@ fn disk_full_while_serving_then_freed(fs: &SmallFs) {
     );
     assert_eq!(node.metric("pure_app_can_store{app=\"main\"}"), Some(0.0));
     assert!(alive(&mut node));
+    // Tried again and again for one reason: the log says it once (each try used to say it again).
+    let tries = "pure_app_store_reopen_tries_total{app=\"main\"}";
+    wait_until("three tries to reopen the store", || {
+        node.metric(tries).unwrap_or(0.0) >= 3.0
+    });
+    let err = node.stderr_text();
+    assert!(err.matches("still cannot store").count() <= 1, "{err}");
     fs.free();
     let (ok, text) = finish_send(sending);
     assert!(ok, "the send resumes once there is room: {text}");

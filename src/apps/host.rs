@@ -220,6 +220,9 @@ struct Failure {
     why: String,
     /// Why the last try to open the store again did not succeed, if it did not.
     last_try: Option<String>,
+    /// The last "still cannot store" words logged: a try that only reports the store still being read in between
+    /// does not make the same words be logged again at every retry.
+    logged: Option<String>,
     since: Instant,
     retry_at: Instant,
     backoff: Duration,
@@ -232,6 +235,7 @@ impl Failure {
         Failure {
             why,
             last_try: None,
+            logged: None,
             database: false,
             since: now,
             retry_at: now + RETRY_FIRST,
@@ -343,6 +347,8 @@ struct App {
     failure: Option<Failure>,
     stored: u64,
     turns_failed: u64,
+    /// Tries to reopen this app's store after it could not store (each read to its end, whatever came of it).
+    reopen_tries: u64,
     last_progress_write: Instant,
     /// Downlink records deleted because their device had them, or because they expired (docs/downlink.md).
     down_delivered: u64,
@@ -651,6 +657,7 @@ impl Host {
             failure: None,
             stored: 0,
             turns_failed: 0,
+            reopen_tries: 0,
             down_delivered: 0,
             down_expired: 0,
             down_queued: 0,
@@ -1424,6 +1431,7 @@ impl Host {
                 Some(f) => {
                     f.why = why;
                     f.last_try = None;
+                    f.logged = None;
                 }
                 None => a.failure = Some(Failure::new(why, now)),
             }
@@ -1743,7 +1751,11 @@ impl Host {
                 f.retry_at = now + RETRY_FIRST;
                 continue;
             }
-            match self.stores.retry(i as AppIndex) {
+            let tried = self.stores.retry(i as AppIndex);
+            if !matches!(tried, Err(StoreError::Checking { .. })) {
+                app.reopen_tries += 1;
+            }
+            match tried {
                 Ok(_) => {
                     tracing::info!(
                         "app {} can store again (it could not for {:.1} s)",
@@ -1763,12 +1775,13 @@ impl Host {
                 }
                 Err(e) => {
                     let words = e.to_string();
-                    if f.last_try.as_deref() != Some(words.as_str()) && words != f.why {
+                    if f.logged.as_deref() != Some(words.as_str()) && words != f.why {
                         if matches!(e, StoreError::Lost { .. }) {
                             tracing::error!("app {}: {words}", app.config.name);
                         } else {
                             tracing::warn!("app {} still cannot store: {words}", app.config.name);
                         }
+                        f.logged = Some(words.clone());
                     }
                     f.last_try = Some(words);
                     f.backoff = (f.backoff * 2).min(RETRY_MAX);
@@ -1862,6 +1875,7 @@ impl Host {
                     store_records: (app.head_known || self.stores.app(i as AppIndex).is_some())
                         .then(|| head.saturating_sub(1)),
                     turns_failed: app.turns_failed,
+                    reopen_tries: app.reopen_tries,
                     queue_depth,
                     failed: app.failure.as_ref().map(Failure::words),
                     failed_database: app.failure.as_ref().is_some_and(|f| f.database),

@@ -162,6 +162,8 @@ pub struct AppFigures {
     /// until known: a closed store, or on a fleet's store before this node's first commit of the app).
     pub store_records: Option<u64>,
     pub turns_failed: u64,
+    /// Tries to reopen the app's store after it could not store (a store in SQLite; 0 on a fleet's database).
+    pub reopen_tries: u64,
     /// Records offered to the app and not yet stored (what its inner outlets' sources hold beyond it).
     pub queue_depth: u64,
     /// Why the app cannot store now, if it cannot.

@@ -634,7 +634,7 @@ fn render_apps(out: &mut String, s: &Snapshot, wall_ms: i64) {
     }
     // One line per app for each of these families.
     type Figure = fn(&AppFigures) -> u64;
-    let per_app: [(&str, &str, &str, Figure); 10] = [
+    let per_app: [(&str, &str, &str, Figure); 11] = [
         (
             "pure_app_can_store",
             "gauge",
@@ -646,6 +646,13 @@ fn render_apps(out: &mut String, s: &Snapshot, wall_ms: i64) {
             "counter",
             "Turns of the app whose transaction failed and rolled back (nothing of them acked).",
             |a| a.turns_failed,
+        ),
+        (
+            "pure_app_store_reopen_tries_total",
+            "counter",
+            "Tries to reopen the app's store after it could not store (0.25 s apart, doubling to 10 s): growing while \
+             pure_app_can_store is 0 says the node is still trying.",
+            |a| a.reopen_tries,
         ),
         (
             "pure_app_queue_depth",

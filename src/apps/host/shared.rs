@@ -574,8 +574,9 @@ impl Host {
             }
             Some(f) => {
                 f.database = database;
-                if f.last_try.as_deref() != Some(words.as_str()) && words != f.why {
+                if f.logged.as_deref() != Some(words.as_str()) && words != f.why {
                     tracing::warn!("app {} still cannot store: {words}", a.config.name);
+                    f.logged = Some(words.clone());
                 }
                 f.last_try = Some(words);
                 f.backoff = (f.backoff * 2).min(RETRY_MAX);
