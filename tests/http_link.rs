@@ -309,7 +309,7 @@ fn each_request_gets_the_ack_of_its_own_records_when_the_later_one_is_answered_f
 }
 
 /// `--no-http-links` switches links over HTTP off (protocol.md 10, docs/operations.md): `POST /link` is 404 and
-/// says why, `/healthz` is still served on --http-port, and links over UDP work as ever.
+/// says why (whatever the body, a malformed one too), `/healthz` is still served on --http-port, and links over UDP work as ever.
 #[test]
 fn no_http_links_answers_post_link_404_and_keeps_health_and_udp() {
     let dir = tempfile::tempdir().unwrap();
@@ -332,6 +332,17 @@ fn no_http_links_answers_post_link_404_and_keeps_health_and_udp() {
     let mut http = Client::connect(node.http);
     let r = http.post_link(&packets);
     assert_eq!(r.status, 404);
+    assert!(r.text().contains("--no-http-links"), "{}", r.text());
+    // A body that is not framed packets is 404 too, not 400: the node takes no links over HTTP at all.
+    let r = http
+        .request(
+            "POST",
+            "/link",
+            &[("Content-Type", "application/x-pure-link")],
+            b"\xff\xff\x01",
+        )
+        .unwrap();
+    assert_eq!(r.status, 404, "{}", r.text());
     assert!(r.text().contains("--no-http-links"), "{}", r.text());
     assert_eq!(http.get("/healthz").status, 200);
     let (ok, out) = node.send(&key, &["u1".into()], "60");

@@ -88,6 +88,12 @@ fn a_port_in_use_names_the_port_and_its_flag_and_the_os_error_once() {
         "{err}"
     );
     assert_eq!(err.matches("os error").count(), 1, "said once: {err}");
+    // The key was made before the socket was bound, and is kept: the start says so on its way out.
+    assert!(
+        err.contains("made a new node key")
+            && err.contains("it is kept, and the next start uses it"),
+        "{err}"
+    );
     let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = tcp.local_addr().unwrap().port().to_string();
     let err = node_refuses(&dir.path().join("state2"), &["--http-port", &port]);
@@ -390,6 +396,10 @@ fn a_senders_file_that_is_not_a_file_or_is_too_big_is_refused_at_once_by_the_nod
         );
         assert!(t.contains(words), "{t}");
     }
+    assert!(
+        !state.join("node.key").exists(),
+        "a start refused for its senders file makes no node key"
+    );
 }
 
 #[test]
@@ -737,6 +747,14 @@ fn a_bad_flag_of_the_node_exits_78_and_help_exits_0() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let out = output_within(Command::new(bin()).args(["--log", "debug", "records", "--frm", "1"]));
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    // Positions start at 1; `--from 0` was once taken as 1 without a word.
+    let out = output_within(Command::new(bin()).args(["records", "--from", "0"]));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("positions start at 1: use --from 1"),
+        "{}",
+        text(&out)
+    );
     let out = output_within(Command::new(bin()).args(["--log", "warnings"]));
     let err = text(&out);
     assert!(

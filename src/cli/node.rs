@@ -285,6 +285,10 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         eprint!("\r\x1b[K");
     }
     let mut ready = ready.context("the node did not start")?;
+    // Said now, not with the ready lines: the key is kept even if a step below (a port in use) stops this start.
+    if ready.key_created {
+        println!("made a new node key: {}", key_file.display());
+    }
     let metrics_addr = args
         .metrics_listen
         .unwrap_or_else(|| super::default_metrics_listen(args.http_port));
@@ -370,9 +374,6 @@ pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
         .with_device_search(census.search())
         .spawn(ready.stats.clone(), inbox)
         .context("the node did not start")?;
-    if ready.key_created {
-        println!("made a new node key: {}", key_file.display());
-    }
     println!("public key: {}", ready.public_key());
     println!("link:       udp {}", ready.local_addr());
     if args.no_http_links {

@@ -48,7 +48,7 @@ pub struct RecordsArgs {
     /// Start at this position of the app's log (1: everything), and list in store order (by position) rather than
     /// by source and sequence. With --json each line has its `pos`, so a consumer that stopped resumes with
     /// --from LAST+1.
-    #[arg(long, value_name = "POS")]
+    #[arg(long, value_name = "POS", value_parser = position)]
     pub from: Option<u64>,
     /// Read the fleet's database instead of the state directory's files: the nodes' --store URL,
     /// `postgres://USER@HOST[:PORT]/DATABASE` (docs/scale-out.md). Positions are the app's across every node.
@@ -111,6 +111,17 @@ pub fn run(args: &RecordsArgs) -> anyhow::Result<()> {
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.downcast_ref::<std::io::Error>()
         .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+}
+
+/// `--from`'s value: a position, and positions start at 1 (0 was once taken as 1 without a word).
+fn position(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(0) => Err("positions start at 1: use --from 1 for everything stored".to_string()),
+        Ok(pos) => Ok(pos),
+        Err(_) => Err(format!(
+            "`{text}` is not a position: a whole number from 1 (--from 1 for everything stored)"
+        )),
+    }
 }
 
 /// Lines written to `out` from inside a store's reading, which can only be told to stop: the first write error is
@@ -202,7 +213,7 @@ fn follow_store(
     state: &std::path::Path,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let mut next = args.from.map(|p| p.max(1));
+    let mut next = args.from;
     loop {
         let lost = match reader.app(app) {
             Ok(s) => follow(&s, app, args, &mut next, out),

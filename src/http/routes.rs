@@ -300,17 +300,41 @@ pub(super) async fn handle(
     }
 }
 
+/// `POST /link` on a node started with `--no-http-links`: 404 whatever the body (protocol.md 10), said after the
+/// body was read, since closing on an unread body would reset the connection and could lose the answer. A body
+/// too large or too slow to read is not waited for: the answer then closes the connection.
+async fn no_http_links(
+    req: Request<Incoming>,
+    deadline: tokio::time::Instant,
+    max: usize,
+) -> Answer {
+    let read = req.body().size_hint().lower() <= max as u64
+        && matches!(
+            tokio::time::timeout_at(deadline, Limited::new(req.into_body(), max).collect()).await,
+            Ok(Ok(_))
+        );
+    let refused = text(
+        StatusCode::NOT_FOUND,
+        "this node does not take links over HTTP (it runs with --no-http-links): send over UDP to its \
+         --link-port\n",
+    );
+    if read { refused } else { closing(refused) }
+}
+
 /// `POST /link`: read and check the body, hand its packets to the receive loop, answer what they earned. One
 /// deadline covers reading the body and waiting for the loop's answer (which comes after its commit).
 async fn link(req: Request<Incoming>, peer: SocketAddr, shared: &Shared) -> Answer {
     let limits = &shared.limits;
     let c = &shared.counters;
+    let deadline = tokio::time::Instant::now() + limits.request_deadline;
+    let max = limits.max_link_body;
+    let Some(inbox) = &shared.links else {
+        return no_http_links(req, deadline, max).await;
+    };
     let order = req
         .headers()
         .get(super::order::HEADER)
         .and_then(|v| super::order::parse(v.as_bytes()));
-    let deadline = tokio::time::Instant::now() + limits.request_deadline;
-    let max = limits.max_link_body;
     let too_large = || {
         bump(&c.link_too_large);
         closing(text(
@@ -350,15 +374,6 @@ async fn link(req: Request<Incoming>, peer: SocketAddr, shared: &Shared) -> Answ
             bump(&c.link_bad_request);
             return text(StatusCode::BAD_REQUEST, format!("{e}\n"));
         }
-    };
-    // Refused only now, after the body was read: closing on an unread body would reset the connection and could
-    // lose the answer.
-    let Some(inbox) = &shared.links else {
-        return text(
-            StatusCode::NOT_FOUND,
-            "this node does not take links over HTTP (it runs with --no-http-links): send over UDP to its \
-             --link-port\n",
-        );
     };
     bump(&c.link_requests);
     if packets.is_empty() {

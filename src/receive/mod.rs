@@ -311,10 +311,7 @@ impl ReadyNode {
     pub fn prepare(settings: NodeSettings) -> Result<Self, NodeError> {
         create_private_dir(&settings.state_dir)?;
         let lock = StateLock::acquire(&settings.state_dir)?;
-        let (identity, key_created, state_identity) = check_state(&settings)?;
-        // Which stores the last run closed cleanly; taken now, so that this run leaves the file only if it ends
-        // cleanly too (docs/durability.md, "A damaged store is never served").
-        let clean_stop = state::CleanStop::take(&settings.state_dir)?;
+        // The senders file before the key: a start refused for a bad senders file makes no key.
         let (senders, senders_source) = match &settings.senders_file {
             Some(path) => {
                 let (list, how) = senders::load_indexed(path, &settings.state_dir)?;
@@ -338,6 +335,11 @@ impl ReadyNode {
                 "none (no senders file given)".to_string(),
             ),
         };
+        let (identity, key_created, state_identity) = check_state(&settings)?;
+        let mut made_key = MadeKey(key_created.then(|| settings.key_file.clone()));
+        // Which stores the last run closed cleanly; taken now, so that this run leaves the file only if it ends
+        // cleanly too (docs/durability.md, "A damaged store is never served").
+        let clean_stop = state::CleanStop::take(&settings.state_dir)?;
         let own = settings.apps.check_own_key(identity.public());
         if !own.is_empty() {
             let path = settings
@@ -432,6 +434,8 @@ impl ReadyNode {
             };
             (Some(sending), outbox)
         };
+        // Ready: the node says it made its key among the lines it prints once started.
+        made_key.0 = None;
         let stats = Arc::new(LiveStats::default());
         *stats
             .allow_list
@@ -1323,6 +1327,21 @@ impl ReadyNode {
 /// Loads the node's key (or makes one) once the state directory has been compared with its identity file: a state
 /// that looks like it lost data is refused unless `accept_lost_state` ([`state::judge`]). Returns the key, whether
 /// it was made, and the identity the state now has (written by [`record_apps`]).
+/// A node key made by a start that then failed: said on the way out, since the ready lines that would have said
+/// it are not printed, and the key is kept (the next start uses it; senders must list its public key).
+struct MadeKey(Option<PathBuf>);
+
+impl Drop for MadeKey {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0 {
+            tracing::warn!(
+                "made a new node key {} before the start failed: it is kept, and the next start uses it",
+                path.display()
+            );
+        }
+    }
+}
+
 fn check_state(
     settings: &NodeSettings,
 ) -> Result<(crypto::Identity, bool, state::Identity), NodeError> {
