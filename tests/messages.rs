@@ -1030,3 +1030,43 @@ fn a_state_the_node_cannot_make_or_a_store_that_is_not_a_database_is_found_by_ch
         );
     }
 }
+
+/// An outside audit: `send --timeout 1e20` (or `inf`) panicked converting it to a duration; `NaN` waited for ever;
+/// and a timeout shorter than reading the input once (`1e-9`) gave up before the first line was read, said
+/// "standard input was empty" and exited 0 with nothing stored.
+#[test]
+fn send_timeouts_out_of_range_are_refused_and_a_tiny_one_never_says_the_input_was_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, _) = keygen(dir.path(), "dev");
+    let (_, node_key) = keygen(dir.path(), "node");
+    let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to = silent.local_addr().unwrap().to_string();
+    let send = |timeout: &str| {
+        use std::io::Write;
+        let mut child = Command::new(bin())
+            .args(["send", "--key", key.to_str().unwrap(), "--node", &node_key])
+            .args(["--to", &to, &format!("--timeout={timeout}")])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A refused flag ends the command before it reads: the pipe may be closed already.
+        let _ = child.stdin.take().unwrap().write_all(b"1\n2\n3\n4\n5\n");
+        child.wait_with_output().unwrap()
+    };
+    for bad in ["1e20", "inf", "NaN", "-1"] {
+        let out = send(bad);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(2), "--timeout {bad}: {t}");
+        assert!(t.contains("is not a number of seconds"), "{t}");
+    }
+    let out = send("1e-9");
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("gave up: 5 of 5 records not acknowledged"),
+        "{t}"
+    );
+    assert!(!t.contains("empty"), "{t}");
+}

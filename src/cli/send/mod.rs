@@ -56,7 +56,7 @@ pub struct SendArgs {
     pub app: String,
     /// Give up (exit 1, saying how many records were not acknowledged) when the node acknowledges nothing for
     /// this many seconds while records wait. 0 waits for ever.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0, value_parser = seconds)]
     pub timeout: f64,
     /// Also receive this app's downlink records (docs/downlink.md) and print each on standard output, its bytes
     /// and a newline, once and in order. Everything else this command says then goes to standard error. A record
@@ -88,7 +88,8 @@ pub struct SendArgs {
         long,
         value_name = "SECONDS",
         default_value_t = 10.0,
-        requires = "listen"
+        requires = "listen",
+        value_parser = seconds
     )]
     pub ask_every: f64,
     /// With --listen, offer the node version 1.2 of downlink (docs/downlink.md, "Large downlink: version 1.2"):
@@ -122,10 +123,21 @@ fn parse_stay(text: &str) -> Result<Stay, String> {
     if text == "forever" {
         return Ok(Stay::Forever);
     }
-    match text.parse::<f64>() {
-        Ok(s) if s.is_finite() && s >= 0.0 => Ok(Stay::For(Duration::from_secs_f64(s))),
-        _ => Err(format!(
+    match seconds(text) {
+        Ok(s) => Ok(Stay::For(Duration::from_secs_f64(s))),
+        Err(_) => Err(format!(
             "{text:?} is not a number of seconds (e.g. 30) or `forever`"
+        )),
+    }
+}
+
+/// A number of seconds a flag may hold: finite, not negative, and at most what a `Duration` holds (about 585
+/// billion years; more once made the command panic).
+fn seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s >= 0.0 && Duration::try_from_secs_f64(s).is_ok() => Ok(s),
+        _ => Err(format!(
+            "{text:?} is not a number of seconds: from 0 up to about 1.8e19 (e.g. 30)"
         )),
     }
 }
@@ -226,7 +238,10 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
             // command stays awake for pushes: then it keeps asking until the node is back.
             last_progress = Instant::now();
         }
+        // Only while records wait: a timeout shorter than reading the input once gave up before a line was read,
+        // and said the input was empty.
         if let Some(limit) = no_progress_limit
+            && waiting
             && last_progress.elapsed() >= limit
         {
             break;
