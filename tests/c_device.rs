@@ -176,6 +176,23 @@ fn a_c_program_delivers_through_its_flash_outbox_and_takes_downlink_once() {
     assert_eq!(seqs, (4..4 + 48).collect::<Vec<_>>());
     let got: Vec<u8> = fourth.downs.iter().flat_map(|d| d.1.bytes()).collect();
     assert!(got == image, "the pieces do not reassemble the file");
+
+    // The flash wiped (a chip erase when reflashing, or a new board given the key): a new outbox counts from 1
+    // until the node tells where the numbering stands, and its records then follow the 170 the node holds. They
+    // once went as 1..=5, which the node took for records it had: dropped, while the device was told "stored".
+    std::fs::remove_file(&flash).unwrap();
+    let fifth = run(5, 0, 0);
+    assert_eq!(fifth.first, 1, "counted from 1 before the node answers");
+    assert_eq!(fifth.stored.last(), Some(&175), "{:?}", fifth.stored);
+    let stored = ops_util::records(&state);
+    let seqs: Vec<u64> = stored.iter().map(|r| r.1).collect();
+    assert_eq!(seqs, (1..=175).collect::<Vec<_>>());
+    let newest: Vec<&str> = stored[170..].iter().map(|r| r.2.as_str()).collect();
+    assert_eq!(newest, ["c-1", "c-2", "c-3", "c-4", "c-5"]);
+    // Its next start numbers from what the node told.
+    let sixth = run(1, 0, 0);
+    assert_eq!(sixth.queued, [176]);
+    assert_eq!(ops_util::records(&state).len(), 176);
 }
 
 /// An outside audit: a record larger than a flash page takes, and a failed flash program, both came back as

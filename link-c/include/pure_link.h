@@ -25,9 +25,15 @@ extern "C" {
 
 /* Errors: every function that can fail returns PL_OK or one of these. */
 #define PL_OK 0
-#define PL_ERR_ARG (-1)       /* a null pointer, an app name that is not 1-32 of a-z 0-9 _ -, or no such app */
-#define PL_ERR_FLASH (-2)     /* a flash callback returned non-zero (pl_queue: the record was not kept; queue it again) */
-#define PL_ERR_FULL (-3)      /* the outbox has no room: queue again once the node has stored records */
+#define PL_ERR_ARG (-1)       /* a null pointer, or an app name that is not 1-32 of a-z 0-9 _ - (an app the node
+                                 does not have is refused by the node: PL_EVENT_REFUSED, then PL_ERR_REFUSED) */
+#define PL_ERR_FLASH (-2)     /* a flash callback returned non-zero (pl_queue: the record was not kept; queue it
+                                 again). A program that returned non-zero is read back: a record whose entry is
+                                 whole in flash anyway (a driver that wrote it, then failed a verify or timed
+                                 out) is kept, and pl_queue returns PL_OK */
+#define PL_ERR_FULL (-3)      /* the outbox has no room: queue again once the node has stored records. Room is
+                                 the flash's pages, and at most 64 records unstored, whatever the flash size
+                                 (the library's RAM holds where each lies: docs/devices.md, "C") */
 #define PL_ERR_TOO_LARGE (-4) /* the record does not fit in one datagram: see pl_max_record */
 #define PL_ERR_REFUSED (-5)   /* the node refused the app (not listed for this device, or no such app) */
 #define PL_ERR_KEY (-6)       /* the node's public key is not a usable key */
@@ -79,7 +85,9 @@ typedef struct pl_device {
 /*
  * Opens a device: its outbox in `flash` (formatted on first use, else read back), a new run counted in flash
  * (its id hashes the count with the key and `entropy`: give a hardware random number where there is one), and
- * its flow to `app`, numbering on from the outbox. `secret` is the device's 32-byte X25519 secret key
+ * its flow to `app`, numbering on from the outbox. A new outbox (new flash, or flash wiped, with a key the node
+ * may know from an earlier outbox) asks the node first where the numbering stands, and its records follow what the
+ * node holds from the key (docs/devices.md, "A new outbox"). `secret` is the device's 32-byte X25519 secret key
  * (`pure-serve keygen`), `node_public` the node's 32-byte public key. `max_datagram` is the largest datagram the
  * carrier takes (0: 1200; at least 96, at most 1472); pl_poll_transmit's buffer must hold it.
  * Costs two X25519 scalar multiplications, the public key and the shared secret (tens of milliseconds each on a
@@ -160,7 +168,8 @@ int pl_state(pl_device *dev, uint8_t out[PL_STATE_LEN]);
 /* The downlink heard sequence kept in flash: the last one pl_set_heard or pl_set_heard_with kept (0 before any). */
 uint64_t pl_heard(pl_device *dev);
 
-/* The sequence the next record queued gets. */
+/* The sequence the next record queued gets. On a new outbox, until the node's first answer, numbers count from 1
+ * and then move to follow what the node holds from the key (PL_EVENT_STORED says the node's numbers). */
 uint64_t pl_next_seq(pl_device *dev);
 
 /* Records queued and not yet stored by the node. */

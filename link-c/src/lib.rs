@@ -19,7 +19,7 @@ use pure_link::buf::SliceOut;
 use pure_link::crypto::Identity;
 use pure_link::outbox::{Flash, FlashError, Outbox, OutboxError, STATE_LEN};
 use pure_link::queue::RecordQueue;
-use pure_link::sender::{AppName, Event, FlowStart, Sender, SenderConfig, SenderError};
+use pure_link::sender::{AppName, Event, Sender, SenderConfig, SenderError};
 use pure_link::time::Millis;
 use pure_link::wire::RecordFormat;
 
@@ -257,7 +257,8 @@ pub unsafe extern "C" fn pl_open(
         Ok(id) => id,
         Err(e) => return outbox_error(e),
     };
-    let first = outbox.first_seq();
+    // A new outbox asks the node where its numbering stands (Outbox::numbered).
+    let start = outbox.flow_start();
     let mut config =
         SenderConfig::with_run_id(Identity::from_secret_bytes(secret), node_public, run_id);
     if max_datagram != 0 {
@@ -267,7 +268,7 @@ pub unsafe extern "C" fn pl_open(
         Ok(s) => s,
         Err(e) => return sender_error(e),
     };
-    if let Err(e) = sender.open_flow_with(name, FlowStart::At(first), RecordFormat::Plain, outbox) {
+    if let Err(e) = sender.open_flow_with(name, start, RecordFormat::Plain, outbox) {
         return sender_error(e);
     }
     // SAFETY: `dev` is writable for a `pl_device`, which is large and aligned enough for a `Device` (asserted).

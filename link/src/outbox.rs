@@ -89,6 +89,12 @@ const MAGIC_V1: [u8; 4] = *b"PLO1";
 /// A page's header: magic, generation (u32), next sequence, heard sequence, runs (u64 each), the program's state
 /// (16 bytes), CRC-32 of the 52 bytes before it; then 4 bytes of 0xFF. Little-endian.
 const HEADER_LEN: usize = 56;
+/// Where a page's header has its flags byte: 0xFF, or [`UNNUMBERED`]. Past the CRC, as the 0xFF a first
+/// version's reader skips: such a reader takes every page as numbered.
+const FLAGS_AT: usize = 52;
+/// The flags byte of a page opened before the node told the outbox where its numbering stands: the records in it
+/// are counted from 1, and the entry that renumbers them follows (docs/devices.md, "A new outbox").
+const UNNUMBERED: u8 = 0xFE;
 /// A first version's page header: as above without the program's state; its CRC covers 32 bytes, 40 in all.
 const HEADER_LEN_V1: usize = 40;
 /// The program's state kept with the downlink heard sequence ([`Outbox::set_heard_with`]).
@@ -128,8 +134,16 @@ struct Stored {
 pub struct Outbox<F: Flash, const RECORDS: usize> {
     flash: F,
     records: heapless::Deque<Stored, RECORDS>,
-    /// The sequence of the oldest record queued (or of the next one when none is).
+    /// The sequence of the oldest record queued (or of the next one when none is); counted from 1 until the node
+    /// has told where the numbering stands (`numbered`).
     first: u64,
+    /// The node has told this outbox where its numbering stands: its flow's first answer was kept (a renumbering
+    /// entry, even from 1 to 1; an acknowledgement), or the oldest page was opened after it was ([`UNNUMBERED`]
+    /// not in its header). A new outbox is not numbered, so its
+    /// flow starts with a probe and its records follow what the node holds from this key (a wiped outbox or a new
+    /// board with the same key would otherwise number from 1 again, and the node would drop its new records as
+    /// ones it has, telling the device they are stored: docs/protocol.md 7.2).
+    numbered: bool,
     heard: u64,
     /// The program's state, kept in the same write as the heard sequence it goes with.
     state: [u8; STATE_LEN],
@@ -160,6 +174,8 @@ struct Header {
     heard: u64,
     runs: u64,
     state: [u8; STATE_LEN],
+    /// Whether the node had told the numbering when the page was opened ([`UNNUMBERED`]).
+    numbered: bool,
     /// Where the page's entries start: [`HEADER_LEN`], or [`HEADER_LEN_V1`] in a first version's page.
     len: usize,
 }
@@ -175,16 +191,20 @@ impl Header {
         h[32..48].copy_from_slice(&self.state);
         let crc = CRC.checksum(&h[..48]);
         h[48..52].copy_from_slice(&crc.to_le_bytes());
+        if !self.numbered {
+            h[FLAGS_AT] = UNNUMBERED;
+        }
         h
     }
     /// A header of either version (the first 40 bytes are all a first version's header has).
     fn decode(h: &[u8; HEADER_LEN]) -> Option<Self> {
         let word = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().unwrap_or([0; 8]));
         let crc_at = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().unwrap_or([0; 4]));
-        let (state, len) = if h[..4] == MAGIC && CRC.checksum(&h[..48]) == crc_at(48) {
-            (h[32..48].try_into().unwrap_or([0; STATE_LEN]), HEADER_LEN)
+        let (state, numbered, len) = if h[..4] == MAGIC && CRC.checksum(&h[..48]) == crc_at(48) {
+            let state = h[32..48].try_into().unwrap_or([0; STATE_LEN]);
+            (state, h[FLAGS_AT] != UNNUMBERED, HEADER_LEN)
         } else if h[..4] == MAGIC_V1 && CRC.checksum(&h[..32]) == crc_at(32) {
-            ([0; STATE_LEN], HEADER_LEN_V1)
+            ([0; STATE_LEN], true, HEADER_LEN_V1)
         } else {
             return None;
         };
@@ -194,6 +214,7 @@ impl Header {
             heard: word(16),
             runs: word(24),
             state,
+            numbered,
             len,
         })
     }
@@ -276,6 +297,7 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
             flash,
             records: heapless::Deque::new(),
             first: 1,
+            numbered: false,
             heard: 0,
             state: [0; STATE_LEN],
             runs: 0,
@@ -344,6 +366,9 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
         if page == self.tail {
             // Records queued when this page was opened lay in pages since erased: all acknowledged.
             self.first = h.next;
+            // Pages opened before the node told the numbering count from 1, and the entry that says it lies in a
+            // later page (pages are freed oldest first): it is replayed after them.
+            self.numbered = h.numbered;
         }
         self.heard = self.heard.max(h.heard);
         // The program's state: the last one written, in the ring's order (it goes with the largest heard).
@@ -438,6 +463,7 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
     }
 
     fn apply_acked(&mut self, through: u64) {
+        self.numbered = true;
         if through >= self.first {
             let n = (through - self.first + 1).min(self.records.len() as u64) as usize;
             for _ in 0..n {
@@ -448,6 +474,7 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
     }
 
     fn apply_renumbered(&mut self, from: u64, to: u64) {
+        self.numbered = true;
         // The records queued now are those from `from` on, or a suffix of them (the rest were acknowledged since).
         if self.first >= from {
             self.first = to.saturating_add(self.first - from);
@@ -465,6 +492,7 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
         let header = Header {
             generation: self.head_gen.wrapping_add(1),
             next: self.next_seq(),
+            numbered: self.numbered,
             heard: self.heard,
             runs: self.runs,
             state: self.state,
@@ -485,6 +513,26 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
             .program(page, offset, data)
             .inspect_err(|_| self.stats.flash_failures += 1)?;
         Ok(())
+    }
+
+    /// Programs an entry's header, the moment the entry is there. A program the driver says failed is read back:
+    /// if the header is in flash whole (a driver that wrote it and then failed a verify or timed out), the entry
+    /// is there and will be found at the next start, so it is taken as written; a record it holds reported not
+    /// kept and queued again would be stored twice.
+    fn commit_entry(
+        &mut self,
+        page: u16,
+        at: usize,
+        eh: &[u8; ENTRY_HEADER],
+    ) -> Result<(), OutboxError> {
+        let Err(e) = self.program(page, at, eh) else {
+            return Ok(());
+        };
+        let mut back = [0u8; ENTRY_HEADER];
+        match self.flash.read(page, at, &mut back) {
+            Ok(()) if back == *eh => Ok(()),
+            _ => Err(e),
+        }
     }
 
     /// Makes room at the head for an entry of `len` bytes (header included), opening the next page if needed.
@@ -539,7 +587,7 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
         let r = self.program(page, at + ENTRY_HEADER, &payload[..align(len)]);
         let r = r.and_then(|()| {
             let eh = entry_header(kind, &payload[..len]);
-            self.program(page, at, &eh)
+            self.commit_entry(page, at, &eh)
         });
         if r.is_err() {
             self.head_closed = true;
@@ -563,9 +611,26 @@ impl<F: Flash, const RECORDS: usize> Outbox<F, RECORDS> {
     }
 
     /// The sequence of the oldest record queued, or of the next one when none is: where the sender's flow
-    /// starts after a restart ([`crate::sender::FlowStart::At`]).
+    /// starts after a restart ([`crate::sender::FlowStart::At`]). Counted from 1 until the node has told where
+    /// the numbering stands ([`Outbox::numbered`]).
     pub fn first_seq(&self) -> u64 {
         self.first
+    }
+
+    /// Whether the node has told this outbox where its numbering stands. Until it has (a new outbox: new flash, or
+    /// flash wiped, with a key the node may know), the flow starts with a probe ([`Outbox::flow_start`]), and the
+    /// node's answer renumbers what was queued meanwhile to follow what it holds.
+    pub fn numbered(&self) -> bool {
+        self.numbered
+    }
+
+    /// How the outbox's flow starts: at [`Outbox::first_seq`] once [`Outbox::numbered`], else with a probe.
+    pub fn flow_start(&self) -> crate::sender::FlowStart {
+        if self.numbered {
+            crate::sender::FlowStart::At(self.first)
+        } else {
+            crate::sender::FlowStart::Probe
+        }
     }
 
     /// The largest record this outbox takes: an entry (its 8-byte header and the record, in whole 8-byte units) fits
@@ -809,7 +874,7 @@ impl<F: Flash, const RECORDS: usize> RecordQueue for Outbox<F, RECORDS> {
             crc[3],
         ];
         // The header last: until it is programmed, the entry is not there.
-        if !ok || self.program(page, at, &eh).is_err() {
+        if !ok || self.commit_entry(page, at, &eh).is_err() {
             self.stats.flash_failures += u64::from(!ok);
             self.head_closed = true;
             return Err(QueueFull);
@@ -841,17 +906,27 @@ impl<F: Flash, const RECORDS: usize> RecordQueue for Outbox<F, RECORDS> {
         if renumbered {
             let from = self.first;
             self.first = through + 1;
-            if from != self.first && self.mark(KIND_RENUMBERED, &[from, through + 1]).is_err() {
-                self.stats.marks_lost += 1;
-                self.stuck = true;
+            // The first answer of a new outbox's flow is kept even when it changes no number: it is what says the
+            // numbering is the node's from now on.
+            if from != self.first || !self.numbered {
+                if self.mark(KIND_RENUMBERED, &[from, through + 1]).is_ok() {
+                    self.numbered = true;
+                } else {
+                    self.stats.marks_lost += 1;
+                    self.stuck = true;
+                }
             }
         } else {
             // The records acknowledged were released already (`release`, `clear`); past every record (the node
             // is ahead), the numbering follows the node.
             self.first = self.first.max(through + 1);
-            if through > self.kept_through && self.mark(KIND_ACKED, &[through]).is_err() {
-                // Sent again after a restart, and taken by the node as duplicates.
-                self.stats.marks_lost += 1;
+            if through > self.kept_through {
+                if self.mark(KIND_ACKED, &[through]).is_ok() {
+                    self.numbered = true;
+                } else {
+                    // Sent again after a restart, and taken by the node as duplicates.
+                    self.stats.marks_lost += 1;
+                }
             }
         }
         self.kept_through = through;
@@ -1021,6 +1096,93 @@ mod tests {
             run,
             "a new run, a new id"
         );
+    }
+
+    /// A driver that programs an entry's header and then reports a failure (a verify or a timeout after the
+    /// write): the record is in flash and will be found at the next start, so `queue` says it is kept. Told it
+    /// was not, the program would queue it again, and both would be stored.
+    #[test]
+    fn a_header_the_driver_wrote_and_then_said_failed_is_taken_as_written() {
+        struct SaysFailed {
+            flash: SimFlash,
+            /// Programs from now on that write and then return an error.
+            lie_in: Cell<u32>,
+        }
+        impl Flash for SaysFailed {
+            fn page_size(&self) -> usize {
+                self.flash.page_size()
+            }
+            fn pages(&self) -> u16 {
+                self.flash.pages()
+            }
+            fn read(&self, page: u16, offset: usize, buf: &mut [u8]) -> Result<(), FlashError> {
+                self.flash.read(page, offset, buf)
+            }
+            fn program(&mut self, page: u16, offset: usize, data: &[u8]) -> Result<(), FlashError> {
+                self.flash.program(page, offset, data)?;
+                let n = self.lie_in.get();
+                self.lie_in.set(n.wrapping_sub(1));
+                if n == 0 { Err(FlashError) } else { Ok(()) }
+            }
+            fn erase(&mut self, page: u16) -> Result<(), FlashError> {
+                self.flash.erase(page)
+            }
+        }
+        let flash = SaysFailed {
+            flash: SimFlash::new(512, 4),
+            lie_in: Cell::new(u32::MAX),
+        };
+        let mut o = Outbox::<_, 64>::open(flash).unwrap();
+        o.push_slice(&record(1, 40)).unwrap();
+        // The next record: 5 units of payload, then its header, whose program says it failed.
+        o.flash.lie_in.set(5);
+        o.push_slice(&record(2, 40)).unwrap();
+        o.push_slice(&record(3, 40)).unwrap();
+        let o = Outbox::<_, 64>::open(o.flash.flash.clone()).unwrap();
+        assert_eq!(
+            queued(&o),
+            [record(1, 40), record(2, 40), record(3, 40)],
+            "each once"
+        );
+    }
+
+    /// A new outbox (new flash, or flash wiped, with a key the node may know) does not know where its numbering
+    /// stands: its flow starts with a probe, through restarts, until the node's first answer is kept; the records
+    /// queued meanwhile then follow what the node holds, also once the pages opened before are freed.
+    #[test]
+    fn a_new_outbox_probes_until_the_nodes_first_answer_is_kept() {
+        use crate::sender::FlowStart;
+        let mut o = Box4::open(SimFlash::new(512, 4)).unwrap();
+        assert_eq!(o.flow_start(), FlowStart::Probe);
+        // 9 records of 48 bytes a page: pages 0 and 1 full, 2 in page 2, all before the node answered.
+        for id in 0..20 {
+            o.push_slice(&record(id, 40)).unwrap();
+        }
+        let o = Box4::open(o.flash().clone()).unwrap();
+        assert_eq!(
+            (o.flow_start(), o.first_seq(), o.len()),
+            (FlowStart::Probe, 1, 20)
+        );
+        // The node holds 170 from this key: what is queued is numbered from 171.
+        let mut o = Box4::open(o.flash().clone()).unwrap();
+        o.acked(170, true);
+        let mut o = Box4::open(o.flash().clone()).unwrap();
+        assert_eq!((o.flow_start(), o.next_seq()), (FlowStart::At(171), 191));
+        // The node stores the first 12: page 0 is freed, and page 1 (opened before the answer) is the oldest.
+        o.release(12);
+        o.acked(182, false);
+        let o = Box4::open(o.flash().clone()).unwrap();
+        assert_eq!((o.flow_start(), o.next_seq()), (FlowStart::At(183), 191));
+        assert_eq!(
+            queued(&o),
+            (12..20).map(|id| record(id, 40)).collect::<Vec<_>>()
+        );
+        // A node that holds nothing from the key answers 0: kept too, though no number moves.
+        let mut o = Box4::open(SimFlash::new(512, 4)).unwrap();
+        o.push_slice(&record(1, 40)).unwrap();
+        o.acked(0, true);
+        let o = Box4::open(o.flash().clone()).unwrap();
+        assert_eq!(o.flow_start(), FlowStart::At(1));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 use pure_link::buf::SliceOut;
 use pure_link::crypto::Identity;
 use pure_link::outbox::{Flash, FlashError, Outbox};
-use pure_link::sender::{FlowStart, Sender, SenderConfig};
+use pure_link::sender::{Sender, SenderConfig};
 use pure_link::time::Millis;
 use pure_link::wire::RecordFormat;
 
@@ -124,12 +124,12 @@ fn main() -> ! {
     let run_id = outbox
         .new_run(&secret, &entropy)
         .unwrap_or_else(|_| halt(2));
-    let first = outbox.first_seq();
+    let start = outbox.flow_start();
     let mut s = Sender::<Millis, Outbox<RamFlash, RECORDS>, 1, 1, 8>::new(
         SenderConfig::with_run_id(Identity::from_secret_bytes(secret), node, run_id),
     )
     .unwrap_or_else(|_| halt(3));
-    s.open_flow_with("main", FlowStart::At(first), RecordFormat::Plain, outbox)
+    s.open_flow_with("main", start, RecordFormat::Plain, outbox)
         .unwrap_or_else(|_| halt(4));
     s.queue("main", b"21.5C").unwrap_or_else(|_| halt(5));
 

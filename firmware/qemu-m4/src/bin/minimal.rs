@@ -17,7 +17,7 @@ use cortex_m_rt::entry;
 use pure_link::buf::SliceOut;
 use pure_link::crypto::Identity;
 use pure_link::outbox::{Flash, FlashError, Outbox};
-use pure_link::sender::{FlowStart, Sender, SenderConfig};
+use pure_link::sender::{Sender, SenderConfig};
 use pure_link::time::Millis;
 use pure_link::wire::RecordFormat;
 use pure_qemu_m4::board::{self, exit, stack, Board};
@@ -73,13 +73,14 @@ fn main() -> ! {
         .new_run(&secret, &[0u8; 8])
         .unwrap_or_else(|_| exit(4));
     let first = outbox.first_seq();
+    let start = outbox.flow_start();
     let mut s = DeviceSender::new(SenderConfig::with_run_id(
         Identity::from_secret_bytes(secret),
         node,
         run_id,
     ))
     .unwrap_or_else(|_| exit(3));
-    s.open_flow_with("main", FlowStart::At(first), RecordFormat::Plain, outbox)
+    s.open_flow_with("main", start, RecordFormat::Plain, outbox)
         .unwrap_or_else(|_| exit(3));
     s.queue("main", b"21.5C").unwrap_or_else(|_| exit(4));
     let mut buf = [0u8; DATAGRAM];

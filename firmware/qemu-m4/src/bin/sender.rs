@@ -26,7 +26,7 @@ use pure_link::buf::SliceOut;
 use pure_link::crypto::Identity;
 use pure_link::outbox::{Outbox, OutboxError};
 use pure_link::queue::RecordQueue;
-use pure_link::sender::{Event, FlowStart, Sender, SenderConfig};
+use pure_link::sender::{Event, Sender, SenderConfig};
 use pure_link::time::Millis;
 use pure_link::wire::RecordFormat;
 use pure_qemu_m4::board::{exit, host, now_ms, stack, Board};
@@ -84,6 +84,8 @@ fn main() -> ! {
         .new_run(&cfg.key, &[])
         .unwrap_or_else(|e| outbox_err(e, Some(&outbox)));
     let first = outbox.first_seq();
+    // A new outbox asks the node where its numbering stands (docs/devices.md, "A new outbox").
+    let start = outbox.flow_start();
     let heard = outbox.heard();
     println!("boot: {}", outbox.runs());
     println!("run id: {:016x}", run_id);
@@ -99,7 +101,7 @@ fn main() -> ! {
         });
     let app = cfg.app;
     let opened = sender
-        .open_flow_with(app, FlowStart::At(first), RecordFormat::Plain, outbox)
+        .open_flow_with(app, start, RecordFormat::Plain, outbox)
         .and_then(|()| sender.listen(app, heard));
     if let Err(e) = opened {
         println!("error: sender: {}", e);
