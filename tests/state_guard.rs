@@ -259,3 +259,44 @@ fn a_damaged_store_is_never_served_and_says_what_it_lost_and_the_way_back() {
     let (ok, said) = node.send(&key, &["again".to_string()], "30");
     assert!(ok, "{said}");
 }
+
+/// An outside audit: after a kill of the node, a `records --follow` still reading its store kept the app from
+/// storing at the next start (the whole read of the store waited for it to close, saying "after a disk fault").
+/// With no fault of the disk seen, the check reads beside it, and the app stores at once.
+#[test]
+fn a_follower_left_reading_does_not_keep_the_app_from_storing_after_a_kill() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (key, public) = keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    std::fs::write(&senders, format!("dev {public}\n")).unwrap();
+    let args = ["--senders", senders.to_str().unwrap()];
+    let node = NodeProcess::start(&state, &args, None);
+    let (ok, said) = node.send(&key, &["a1".to_string(), "a2".to_string()], "60");
+    assert!(ok, "{said}");
+    let mut follower = Command::new(bin())
+        .args(["records", "--follow", "--from", "1", "--state"])
+        .arg(&state)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(follower.stdout.take().unwrap()).lines();
+    for _ in 0..2 {
+        lines.next().unwrap().unwrap();
+    }
+    // SIGKILL (the drop): no clean stop, so the next start reads the store whole.
+    drop(node);
+    let node = NodeProcess::start(&state, &args, None);
+    let (ok, said) = node.send(&key, &["b1".to_string()], "20");
+    let log = node.stderr_text();
+    assert!(ok, "{said}\n{log}");
+    assert!(log.contains("checked beside it"), "{log}");
+    assert!(!log.contains("cannot store"), "{log}");
+    // The follower read on through all of it, and prints the new record.
+    let next = lines.next().unwrap().unwrap();
+    assert!(next.contains("b1"), "{next}");
+    follower.kill().unwrap();
+    follower.wait().unwrap();
+}

@@ -294,7 +294,7 @@ fn closed_for_now(
 }
 
 /// Why a store is checked whole at start.
-const UNCLEAN: &str = "the last run of the node did not end cleanly";
+use store::check::UNCLEAN;
 
 /// Opens an app's store whose last run did not end cleanly once it has been read whole and found sound: at once
 /// if it is small (a damaged one is refused, and the node does not start), else on a `pure-check` thread while the

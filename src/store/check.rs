@@ -29,6 +29,10 @@ use super::{AppStore, StoreError, disk, forget_cached_pages};
 /// VM, one or two on an SD card: research/036).
 pub const SYNC_CHECK_MAX: u64 = 64 << 20;
 
+/// Why a store is checked whole at a start after a run that did not end cleanly (a kill, a crash, a power cut),
+/// with no fault of the disk seen: such a check may read beside another process that has the store open.
+pub const UNCLEAN: &str = "the last run of the node did not end cleanly";
+
 /// How often a long check says how far it is.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
@@ -104,9 +108,20 @@ fn read_back(path: &Path, wanted: Wanted, progress: &Arc<CheckProgress>) -> Resu
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             ) =>
         {
-            return Err(StoreError::CheckBusy {
-                path: path.to_path_buf(),
-            });
+            // After a kill or a crash, with no fault of the disk seen, nothing the kernel holds of the store is in
+            // doubt: a reader another process has open (`pure-serve records --follow`) is read beside, through the
+            // wal-index they share, rather than waited for. After a fault of the disk, the wal-index is rebuilt from
+            // the disk in this process alone, and the check waits for the other process to close the store.
+            if wanted.whole != Some(UNCLEAN) {
+                return Err(StoreError::CheckBusy {
+                    path: path.to_path_buf(),
+                });
+            }
+            tracing::info!(
+                "store {}: another process has it open (a `pure-serve records`?): checked beside it",
+                path.display()
+            );
+            AppStore::open_read_with(path, false)?
         }
         Err(StoreError::Sqlite { source, .. }) if wanted.whole.is_some() && is_damage(&source) => {
             return Err(StoreError::Damaged {
