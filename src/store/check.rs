@@ -41,6 +41,9 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 pub struct CheckProgress {
     pub read: AtomicU64,
     pub total: AtomicU64,
+    /// The store was read whole and found sound (what came after, opening it for writing, may still have failed:
+    /// a full disk). It need not be read whole again for the same fault.
+    pub sound: std::sync::atomic::AtomicBool,
 }
 
 impl CheckProgress {
@@ -83,7 +86,9 @@ pub fn reopen_checked(
     if exists && (wanted.acked_head > 1 || wanted.whole.is_some()) {
         forget_cached_pages(path)?;
         match read_back(path, wanted, progress) {
-            Ok(()) => {}
+            Ok(()) => progress
+                .sound
+                .store(wanted.whole.is_some(), Ordering::Relaxed),
             Err(e @ StoreError::Damaged { .. }) if wanted.accept_lost => {
                 let aside = move_aside(path)?;
                 tracing::error!(

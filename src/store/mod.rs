@@ -1999,7 +1999,18 @@ impl Stores {
                 closed.never = Some(Never::Other(e.to_string()));
                 return Err(e);
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                // Read whole and sound, then not opened (no room on a full disk): the next try checks it against
+                // the acks alone, not by reading it all again at every try.
+                if running
+                    .progress
+                    .sound
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    closed.whole = None;
+                }
+                return Err(e);
+            }
         };
         // What was read whole need not be again (a full disk's next fault is checked against the acks alone).
         closed.whole = None;
