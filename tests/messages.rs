@@ -1070,3 +1070,67 @@ fn send_timeouts_out_of_range_are_refused_and_a_tiny_one_never_says_the_input_wa
     );
     assert!(!t.contains("empty"), "{t}");
 }
+
+/// An outside audit: a store its node's user may not write (`chmod 444`) was served: `ready`, `/healthz` 200, and
+/// the first record failed with SQLite's "attempt to write a readonly database", no fix named. It is said at
+/// start, on `/healthz`, with the fix, and the app stores once the file may be written, without a restart.
+#[test]
+fn a_store_the_nodes_user_may_not_write_is_said_at_start_with_the_fix() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = exe_for_nobody(root, dir.path());
+    let state = dir.path().join("state");
+    let start = || {
+        let free = TcpListener::bind("127.0.0.1:0").unwrap();
+        let http = free.local_addr().unwrap();
+        drop(free);
+        let mut cmd = Command::new(&exe);
+        cmd.arg("--state").arg(&state);
+        cmd.args(["--bind", "127.0.0.1", "--link-port", "0", "--http-port"])
+            .arg(http.port().to_string())
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        if root {
+            cmd.uid(65534).gid(65534);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        for line in out.lines() {
+            if line.unwrap() == "ready" {
+                break;
+            }
+        }
+        (child, http)
+    };
+    std::fs::create_dir(&state).unwrap();
+    if root {
+        std::os::unix::fs::chown(&state, Some(65534), Some(65534)).unwrap();
+    }
+    let (mut node, _) = start();
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(node.id() as i32, libc::SIGTERM) };
+    assert!(node.wait().unwrap().success());
+    let store = state.join("apps/main.sqlite");
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let (mut node, http) = start();
+    let (code, body) = ops_util::http_get(http, "/healthz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("cannot be written by the node's user") && body.contains("chmod u+w"),
+        "{body}"
+    );
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while ops_util::http_get(http, "/healthz").0 != 200 {
+        assert!(std::time::Instant::now() < deadline, "never stored again");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    node.kill().unwrap();
+    node.wait().unwrap();
+}

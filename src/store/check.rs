@@ -83,6 +83,15 @@ pub fn reopen_checked(
     progress: &Arc<CheckProgress>,
 ) -> Result<AppStore, StoreError> {
     let exists = path.exists();
+    if exists && !writable(path) {
+        // Said here: read with this user's rights, such a store fails its check as "disk I/O error".
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        return Err(StoreError::NotWritable {
+            path: path.to_path_buf(),
+            uid,
+        });
+    }
     if exists && (wanted.acked_head > 1 || wanted.whole.is_some()) {
         forget_cached_pages(path)?;
         match read_back(path, wanted, progress) {
@@ -101,6 +110,17 @@ pub fn reopen_checked(
         }
     }
     AppStore::open(path)
+}
+
+/// Whether this process's user may write the file (its effective rights), asked without opening it: closing a
+/// descriptor of a store would drop the locks SQLite holds on it in this process.
+fn writable(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return true;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path; faccessat only reads it.
+    unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) == 0 }
 }
 
 /// Reads the store back from the disk and checks it as `wanted` says.

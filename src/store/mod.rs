@@ -90,6 +90,11 @@ pub enum StoreError {
     )]
     ReadOnly { path: PathBuf },
     #[error(
+        "store {path} cannot be written by the node's user (uid {uid}): give that user the file and its directory \
+         (`chown`) or write permission on them (`chmod u+w`); the app stores again without a restart"
+    )]
+    NotWritable { path: PathBuf, uid: u32 },
+    #[error(
         "a write or sync of {path} failed earlier; it is not trusted again until it is reopened"
     )]
     FailedEarlier { path: PathBuf },
@@ -655,6 +660,16 @@ impl AppStore {
             forget_cached_pages(path)?;
         }
         let mut conn = Connection::open(path).map_err(sql)?;
+        // SQLite opens a file this user may not write read-only, without a word: said here, not at the first
+        // record's commit ("attempt to write a readonly database").
+        if conn.is_readonly("main").map_err(sql)? {
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::geteuid() };
+            return Err(StoreError::NotWritable {
+                path: path.to_path_buf(),
+                uid,
+            });
+        }
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(sql)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
