@@ -285,8 +285,25 @@ impl CleanStop {
             Ok(text) => String::from_utf8_lossy(&text)
                 .lines()
                 .filter_map(|l| l.trim().strip_prefix("app "))
-                .map(|a| a.trim().to_string())
-                .filter(|a| !a.is_empty())
+                .filter_map(|l| {
+                    let mut words = l.split_whitespace();
+                    let app = words.next()?.to_string();
+                    let said: Vec<&str> = words.collect();
+                    match (said.as_slice(), fingerprint(dir, &app)) {
+                        // Written by a node before stores were fingerprinted: trusted as it says.
+                        ([], _) => Some(app),
+                        (&[bytes, time], Some(now)) if format!("{bytes} {time}") == now => Some(app),
+                        (_, now) => {
+                            tracing::warn!(
+                                "store {} was {} since the node's last clean stop: it is read whole before it is \
+                                 served",
+                                crate::store::app_store_path(dir, &app).display(),
+                                if now.is_some() { "changed" } else { "removed" }
+                            );
+                            None
+                        }
+                    }
+                })
                 .collect(),
             Err(crate::files::FileError::Read { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
@@ -317,10 +334,24 @@ impl CleanStop {
     pub fn write(dir: &Path, apps: &BTreeSet<String>) -> Result<(), StateError> {
         let mut text = String::from(CLEAN_STOP_HEADER);
         for a in apps {
-            text.push_str(&format!("app {a}\n"));
+            // Each store's size and time of change as the stop left them: a store changed while the node was
+            // stopped (damaged, replaced by hand, put back from a backup) is read whole at the next start.
+            match fingerprint(dir, a) {
+                Some(f) => text.push_str(&format!("app {a} {f}\n")),
+                None => continue,
+            }
         }
         write_whole(dir, CLEAN_STOP_FILE, &text)
     }
+}
+
+/// An app's store file as `STATE/clean-stop` says it: its size in bytes and its time of last change in
+/// nanoseconds since the Unix epoch, or `None` when it cannot be looked at.
+fn fingerprint(dir: &Path, app: &str) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(crate::store::app_store_path(dir, app)).ok()?;
+    let ns = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
+    Some(format!("{} {ns}", m.len()))
 }
 
 /// What is on disk at start, for [`judge`].
