@@ -747,6 +747,22 @@ fn a_bad_flag_of_the_node_exits_78_and_help_exits_0() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let out = output_within(Command::new(bin()).args(["--log", "debug", "records", "--frm", "1"]));
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    // `senders` on a directory with no stores (a wrong --state) says so, as `records` does, not every sender
+    // "never" heard from, exit 0.
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("senders");
+    std::fs::write(&list, "dev dD99cLJyvmdDIHy5yp01Io6HkkUfpvSvwJAyxAd+ahk=\n").unwrap();
+    let out = output_within(
+        Command::new(bin())
+            .args(["senders", "--senders", list.to_str().unwrap(), "--state"])
+            .arg(dir.path().join("nowhere")),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("is that the node's --state directory?"),
+        "{}",
+        text(&out)
+    );
     // Positions start at 1; `--from 0` was once taken as 1 without a word.
     let out = output_within(Command::new(bin()).args(["records", "--from", "0"]));
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));

@@ -340,3 +340,57 @@ fn a_store_damaged_after_a_clean_stop_is_read_whole_and_refused() {
     );
     assert!(err.contains("is damaged"), "{err}");
 }
+
+/// An outside audit: a cleanly stopped state copied to a read-only mount (a backup, docs/operations.md) could not
+/// be read: "unable to open database file", no reason. SQLite reads a WAL store through a `-shm` it makes beside
+/// it; with none there and none to be made, a store whose `-wal` is empty is read as the file holds it, and one
+/// with records in its `-wal` says to copy it where it can be read. Needs root, for the mount.
+#[test]
+fn a_cleanly_stopped_store_on_a_read_only_mount_is_read() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (key, public) = keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    std::fs::write(&senders, format!("dev {public}\n")).unwrap();
+    let mut node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    let (ok, said) = node.send(&key, &["a".to_string(), "b".to_string()], "60");
+    assert!(ok, "{said}");
+    node.signal(libc::SIGTERM);
+    assert_eq!(node.wait_exit(), Some(0));
+    drop(node);
+    // The copy: the store file alone (what a clean stop leaves whole).
+    let copy = dir.path().join("copy");
+    std::fs::create_dir_all(copy.join("apps")).unwrap();
+    std::fs::copy(
+        state.join("apps/main.sqlite"),
+        copy.join("apps/main.sqlite"),
+    )
+    .unwrap();
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let mount = |args: &[&str]| Command::new("mount").args(args).status().unwrap().success();
+    assert!(mount(&[
+        "--bind",
+        copy.to_str().unwrap(),
+        ro.to_str().unwrap()
+    ]));
+    let read = (|| {
+        if !mount(&["-o", "remount,ro,bind", ro.to_str().unwrap()]) {
+            return Err("remount read-only failed".to_string());
+        }
+        let whole = records_of_main(&ro);
+        // Records in a -wal beside it that cannot be read without a -shm: said, with the way.
+        std::fs::write(copy.join("apps/main.sqlite-wal"), b"frames").unwrap();
+        let with_wal = records_of_main(&ro);
+        Ok((whole, with_wal))
+    })();
+    assert!(Command::new("umount").arg(&ro).status().unwrap().success());
+    let (whole, with_wal) = read.unwrap();
+    assert_eq!(whole, Ok(2));
+    let err = with_wal.unwrap_err();
+    assert!(err.contains("copy the store with its -wal"), "{err}");
+}

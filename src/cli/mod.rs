@@ -167,8 +167,9 @@ pub enum Command {
         Order: without --from, each app's records by source name, then by sequence (each source's records\n\
         together); with --from POS (and with --follow), by position, the order the app stored them in, over all\n\
         sources. `--from 1` lists everything in store order.\n\n\
-        Exit status: 0; 78 when the fleet's database (--store) refuses the login, is not there, or may not be read\n\
-        (the message says the fix); 2 for a mistake in the flags; 1 otherwise.")]
+        Exit status: 0; 78 when the fleet's database (--store) refuses the login, is not there, or may not be read,\n\
+        or a store is not a database or is damaged (the message says the fix); 2 for a mistake in the flags; 1\n\
+        otherwise.")]
     Records(records::RecordsArgs),
     /// List the senders with when each last stored a record, the quietest first: which devices went quiet.
     #[command(after_help = "Examples:\n  \
@@ -189,7 +190,7 @@ pub enum Command {
         pure-serve check --apps /etc/pure-serve/apps.toml --senders /etc/pure-serve/senders\n\n\
         Prints `ok:` for each file that is fine, `warning:` for what is allowed but probably not meant (it does not\n\
         stop the node), and `problem: FILE:LINE: …` for each problem with how to fix it. Exit status: 0 when there\n\
-        is no problem, 1 otherwise. Nothing is written.")]
+        is no problem, 1 otherwise (2 for a mistake in the flags). Nothing is written.")]
     Check(CheckArgs),
 }
 

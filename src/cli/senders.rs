@@ -127,9 +127,11 @@ pub fn run(args: &SendersArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let reader = StoreReader::open(&args.store, &state, password.as_deref())?;
+    // No store at all is a wrong --state (or --store), said as `records` says it, not a list of senders "never"
+    // heard from.
     let apps = match &args.app {
         Some(a) => vec![a.clone()],
-        None => reader.apps()?.unwrap_or_default(),
+        None => reader.apps()?.map_err(anyhow::Error::msg)?,
     };
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -95,6 +95,12 @@ pub enum StoreError {
     )]
     NotWritable { path: PathBuf, uid: u32 },
     #[error(
+        "cannot read store {path} where it is: its directory may not be written (SQLite keeps there the -shm it \
+         reads a store through), and its -wal holds records not yet in the file: copy the store with its -wal to a \
+         directory this user may write, and read it there"
+    )]
+    UnreadableHere { path: PathBuf },
+    #[error(
         "a write or sync of {path} failed earlier; it is not trusted again until it is reopened"
     )]
     FailedEarlier { path: PathBuf },
@@ -990,12 +996,17 @@ impl AppStore {
                     source,
                 })?;
         }
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(|source| StoreError::Sqlite {
-                path: path.to_path_buf(),
-                source,
-            })?;
+        let version: Result<i64, _> = conn.pragma_query_value(None, "user_version", |r| r.get(0));
+        let (conn, version) = match version {
+            Err(source) if !alone && cannot_open(&source) => read_immutable(path, source)?,
+            version => (
+                conn,
+                version.map_err(|source| StoreError::Sqlite {
+                    path: path.to_path_buf(),
+                    source,
+                })?,
+            ),
+        };
         if version != LAYOUT_VERSION {
             return Err(StoreError::Layout {
                 path: path.to_path_buf(),
@@ -2066,6 +2077,50 @@ impl Stores {
         }
         Ok(committed)
     }
+}
+
+fn cannot_open(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::CannotOpen)
+}
+
+/// A store a reader cannot open where it lies: its directory may not be written (a backup on a read-only mount),
+/// so SQLite cannot make the `-shm` a WAL store is read through. With no `-wal` to read (or an empty one: after a
+/// clean stop the file alone holds every record) the file is read as it is, immutable; with one, the records in it
+/// would be missed, and the error says to copy the store with its `-wal`.
+fn read_immutable(path: &Path, source: rusqlite::Error) -> Result<(Connection, i64), StoreError> {
+    use std::os::unix::ffi::OsStrExt;
+    let wal_bytes = std::fs::metadata(disk::wal_path(path)).map_or(0, |m| m.len());
+    if wal_bytes > 0 {
+        tracing::debug!("{}: {source}", path.display());
+        return Err(StoreError::UnreadableHere {
+            path: path.to_path_buf(),
+        });
+    }
+    // A URI: the characters it gives a meaning to are escaped.
+    let mut uri = String::from("file:");
+    for &b in path.as_os_str().as_bytes() {
+        match b {
+            b'%' | b'?' | b'#' => uri.push_str(&format!("%{b:02X}")),
+            _ if b.is_ascii() => uri.push(b as char),
+            _ => uri.push_str(&format!("%{b:02X}")),
+        }
+    }
+    uri.push_str("?immutable=1");
+    let sql = |source| StoreError::Sqlite {
+        path: path.to_path_buf(),
+        source,
+    };
+    let conn = Connection::open_with_flags(
+        &uri,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+            | rusqlite::OpenFlags::SQLITE_OPEN_URI
+            | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sql)?;
+    let version = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(sql)?;
+    Ok((conn, version))
 }
 
 /// Drops what the page cache holds of a store's file and `-wal`, so that the next reading comes from the disk: a
