@@ -2298,6 +2298,23 @@ fn downlink_survives_node_and_device_restarts_and_replays_in_both_directions() {
     }
 }
 
+/// An outside audit: a push to an app paused for lag (an outlet behind its max_lag_records) was queued, and its
+/// device never got it: the node did not answer LISTEN for a paused app. Its downlink goes on while it takes no
+/// input (docs/downlink.md).
+#[test]
+fn an_app_paused_for_lag_still_hands_its_downlink_over() {
+    let mut sim = Sim::new(17, BAD, 1, FlowStart::Probe);
+    sim.node.set_app_paused(0, true);
+    let mut pushed = BTreeMap::new();
+    sim.push(0, 6, &mut pushed);
+    sim.devices[0].sender.listen("main", 0).unwrap();
+    // Not until idle: the device's probe of the app's uplink waits for the pause to end.
+    sim.run_for(Duration::from_secs(120));
+    sim.assert_handed_once(&pushed);
+    let waiting = sim.stores.app(0).unwrap().down_records("dev0").unwrap();
+    assert!(waiting.is_empty(), "deleted once taken: {waiting:?}");
+}
+
 #[test]
 fn a_sender_that_never_listens_is_sent_no_downlink() {
     let mut sim = Sim::new(9, CLEAN, 1, FlowStart::Probe);

@@ -957,8 +957,12 @@ impl Node {
     }
 
     /// Whether every app a session has sent to takes no input now (a session that has sent nothing yet is not).
+    /// A session that listens is opened all the same: its packets carry what its device took of the downlink, which
+    /// goes on while an app takes no input.
     fn gated(&self, session: &super::session_cache::Session) -> bool {
-        !session.flows.is_empty() && session.flows.iter().all(|f| self.app_gated(f.app))
+        !session.flows.is_empty()
+            && session.flows.iter().all(|f| self.app_gated(f.app))
+            && session.down.as_ref().is_none_or(|d| d.flows.is_empty())
     }
 
     fn sweep_interval(&self) -> Duration {
@@ -1211,7 +1215,11 @@ impl Node {
                 continue;
             }
             let Some(app) = app else { continue };
-            if self.apps[app as usize].paused {
+            // An app paused for lag (an outlet behind its max_lag_records) takes no input, but its downlink goes on:
+            // what a device takes adds nothing for the outlets to forward. One whose store cannot commit could not
+            // delete what a device has taken: its devices ask again once it stores.
+            let a = &self.apps[app as usize];
+            if a.paused && a.cannot_store {
                 continue;
             }
             self.counters.listens += 1;

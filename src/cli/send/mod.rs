@@ -399,12 +399,25 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
                 args.timeout,
                 not_stored_reason(crate::proto::wire::NOT_STORED_STORE_FAILING)
             ),
-            (None, None) => format!(
-                "never answered in {:.1} s (is it running there, with this key in its senders file, and is --node \
-                 its public key? Or does app {} take no input now, an outlet behind its max_lag_records? The node's \
-                 status page and pure_app_paused say so)",
-                args.timeout, args.app
-            ),
+            (None, None) => {
+                // With no record sent, what was asked is the downlink of --listen's app, served while it takes no
+                // input, not while its store cannot commit.
+                let app_hint = match (&args.listen, lines) {
+                    (Some(listen), 0) => format!(
+                        "Or can app {listen} not store now? The node's /healthz and pure_app_can_store say so"
+                    ),
+                    _ => format!(
+                        "Or does app {} take no input now, an outlet behind its max_lag_records? The node's status \
+                         page and pure_app_paused say so",
+                        args.app
+                    ),
+                };
+                format!(
+                    "never answered in {:.1} s (is it running there, with this key in its senders file, and is \
+                     --node its public key? {app_hint})",
+                    args.timeout
+                )
+            }
             (None, Some(_)) => format!("answered nothing for {:.1} s", args.timeout),
         };
         bail!("gave up: {what}the node at {to} {why}");
