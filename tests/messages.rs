@@ -781,6 +781,55 @@ fn a_bad_flag_of_the_node_exits_78_and_help_exits_0() {
     );
 }
 
+/// An outside audit: a push while the node was starting (its senders file still being read, its push socket not
+/// yet bound) said the node "serves no push socket … started with --push-socket none", exit 69, and the operator
+/// went looking at flags. A push to a node that started moments ago and will serve that socket waits for it.
+#[test]
+fn a_push_while_the_node_starts_waits_for_its_socket() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let senders = dir.path().join("senders");
+    // Long enough to read that the push comes before the socket (a few tenths of a second).
+    let mut list = std::io::BufWriter::new(std::fs::File::create(&senders).unwrap());
+    for i in 0..300_000u32 {
+        let key: [u8; 32] =
+            std::array::from_fn(|k| (i.wrapping_mul(2_654_435_761) >> (k % 4 * 8)) as u8 ^ k as u8);
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(key);
+        writeln!(list, "d{i} {b64}").unwrap();
+    }
+    drop(list);
+    let mut node = Command::new(bin())
+        .arg("--state")
+        .arg(&state)
+        .args(["--senders", senders.to_str().unwrap()])
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--link-port",
+            "0",
+            "--http-port",
+            "0",
+        ])
+        .args(["--metrics-listen", "127.0.0.1:0"])
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The lock is taken first: the push finds a node there, starting.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !state.join("lock").exists() {
+        assert!(std::time::Instant::now() < deadline, "no lock");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let (code, said) = ops_util::push(&state, "main", "d7", b"hello\n");
+    node.kill().unwrap();
+    node.wait().unwrap();
+    assert_eq!(code, 0, "{said}");
+}
+
 /// Issue 37, "small things seen": `push` to a node running with `--push-socket none` said "no node answers … start
 /// the node". A node holds the state directory, so it says that node serves no push socket and what to do; exit
 /// 69, nothing sent. With no node there, it still says to start one.

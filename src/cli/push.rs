@@ -60,6 +60,49 @@ pub struct PushArgs {
     pub socket: Option<PathBuf>,
 }
 
+/// How long ago the process `pid` started, in seconds, if that is less than [`STARTING_AGE`] (from /proc: its
+/// start time in clock ticks since boot, against the time since boot).
+fn starting(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).ok()?;
+    // The fields after the command's name, which is in parentheses and may hold anything.
+    let after = &stat[stat.rfind(')')? + 2..];
+    let start_ticks: f64 = after.split(' ').nth(19)?.parse().ok()?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let age = uptime - start_ticks / ticks.max(1.0);
+    (age < STARTING_AGE).then_some(age.max(0.0))
+}
+
+/// Whether the node `pid` was started to serve its push socket at `path`: without `--push-socket` (its state
+/// directory's push.sock, the one asked for here), or with `--push-socket` naming it.
+fn will_serve(pid: &str, path: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{}/cmdline", pid.trim())) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let given = args.iter().enumerate().find_map(|(i, a)| {
+        if *a == b"--push-socket" {
+            Some(args.get(i + 1).copied().unwrap_or_default())
+        } else {
+            a.strip_prefix(b"--push-socket=")
+        }
+    });
+    match given {
+        None => true,
+        Some(value) => {
+            use std::os::unix::ffi::OsStrExt;
+            let named = Path::new(std::ffi::OsStr::from_bytes(value));
+            named == path || (named.is_relative() && path.ends_with(named))
+        }
+    }
+}
+
 /// Exit statuses (sysexits.h), as docs/downlink.md lists them.
 pub const EXIT_REFUSED: i32 = 65;
 pub const EXIT_NO_SUCH: i32 = 67;
@@ -322,6 +365,7 @@ pub fn run(args: &PushArgs) -> anyhow::Result<()> {
     // An empty input is posted all the same: the node checks the app and the sender, so a typo is found now.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
+        .enable_time()
         .build()
         .context("cannot start the push")?;
     let target = format!("/push?app={}&to={}", encode(&args.app), encode(to));
@@ -420,6 +464,7 @@ fn push_file(args: &PushArgs, file: &Path, path: &Path) -> anyhow::Result<()> {
     );
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
+        .enable_time()
         .build()
         .context("cannot start the push")?;
     let (status, answer) = runtime.block_on(post(path, &target, body))?;
@@ -450,6 +495,7 @@ fn push_many(args: &PushArgs, path: &Path) -> anyhow::Result<()> {
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
+        .enable_time()
         .build()
         .context("cannot start the push")?;
     let target = if args.to_all {
@@ -573,10 +619,36 @@ fn tell_outcomes(
     .into())
 }
 
+/// How long a push waits for the socket of a node that started moments ago (it binds it once its senders file is
+/// read and its stores are open), and how young a node counts as starting.
+const STARTING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+const STARTING_AGE: f64 = 60.0;
+
 async fn post(path: &Path, target: &str, body: Vec<u8>) -> anyhow::Result<(u16, Bytes)> {
-    let stream = tokio::net::UnixStream::connect(path)
-        .await
-        .map_err(|e| PushError::connect(path, &e))?;
+    let began = std::time::Instant::now();
+    let stream = loop {
+        match tokio::net::UnixStream::connect(path).await {
+            Ok(stream) => break stream,
+            Err(e) => match PushError::connect(path, &e) {
+                PushError::NoSocket { pid, .. }
+                    if let Some(age) = starting(&pid)
+                        && will_serve(&pid, path) =>
+                {
+                    if began.elapsed() < STARTING_WAIT {
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                    return Err(PushError::TryAgain(format!(
+                        "the node (pid {pid}) started {age:.0} s ago and does not serve {} yet (it reads its \
+                         senders file and opens its stores first): push again in a moment",
+                        path.display()
+                    ))
+                    .into());
+                }
+                other => return Err(other.into()),
+            },
+        }
+    };
     let progress = Arc::new(Progress::new(body.len() as u64));
     let watched = Watched {
         stream,
