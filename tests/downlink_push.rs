@@ -1229,4 +1229,10 @@ fn a_push_to_all_queues_the_records_for_every_sender_the_app_accepts_and_passes_
     // No record is refused before anything is pushed.
     let (status, body) = post_raw(&state.join("push.sock"), "/push-all?app=main", b"");
     assert_eq!(status, 400, "{body}");
+    // An app the node does not have: said once, exit 67 as for one push (an outside audit saw one not_found line
+    // per sender, exit 65).
+    let out = ops_util::push_command(&state, &["--to-all", "--app", "nope"], b"cfg=1\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(67), "{out:?}");
+    assert_eq!(err.matches("no app \"nope\"").count(), 1, "{err}");
 }

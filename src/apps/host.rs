@@ -1112,7 +1112,7 @@ impl Host {
         } = request;
         let Some(i) = self.apps.iter().position(|a| a.config.name == app) else {
             let names: Vec<&str> = self.apps.iter().map(|a| a.config.name.as_str()).collect();
-            let _ = answer.send(PushAnswer::NotFound(format!(
+            let _ = answer.send(PushAnswer::NoSuchApp(format!(
                 "this node has no app {app:?} (its apps: {}): name one of them",
                 names.join(", ")
             )));

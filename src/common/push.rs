@@ -169,8 +169,11 @@ pub enum PushAnswer {
         why: String,
         expired: u64,
     },
-    /// No such app, or no such sender for it.
+    /// No such sender for the app.
     NotFound(String),
+    /// The node has no such app (answered as [`PushAnswer::NotFound`]; a push to many whose every line names it is
+    /// answered 404 whole, as one push is).
+    NoSuchApp(String),
     /// The sender is listed but the app does not accept it (answered as [`PushAnswer::NotFound`]; a push to every
     /// sender an app accepts passes over it).
     NotAccepted(String),
@@ -623,7 +626,9 @@ pub fn answer_json(app: &str, to: &str, a: PushAnswer) -> (u16, serde_json::Valu
                 serde_json::json!({ "error": why, "refused": bound.word(), "expired": expired }),
             )
         }
-        PushAnswer::NotFound(why) | PushAnswer::NotAccepted(why) => error_json(404, why),
+        PushAnswer::NotFound(why) | PushAnswer::NoSuchApp(why) | PushAnswer::NotAccepted(why) => {
+            error_json(404, why)
+        }
         PushAnswer::Unavailable(why) => error_json(503, why),
         PushAnswer::MaybeQueued(why) => maybe_queued_json(why),
     }

@@ -53,7 +53,9 @@ fn outcome_word(a: &PushAnswer) -> &'static str {
     match a {
         PushAnswer::Queued { .. } | PushAnswer::Empty => "queued",
         PushAnswer::Refused { .. } => "refused",
-        PushAnswer::NotFound(_) | PushAnswer::NotAccepted(_) => "not_found",
+        PushAnswer::NotFound(_) | PushAnswer::NoSuchApp(_) | PushAnswer::NotAccepted(_) => {
+            "not_found"
+        }
         PushAnswer::Unavailable(_) => "unavailable",
         PushAnswer::MaybeQueued(_) => "maybe_queued",
     }
@@ -71,6 +73,9 @@ struct Tally {
     expired: u64,
     /// A push of a file: its bytes, its pieces and their size.
     file: Option<(u64, u64, u64)>,
+    /// Lines answered that the node has no such app, and what it said.
+    no_app: u64,
+    no_app_why: Option<String>,
 }
 
 impl Tally {
@@ -101,6 +106,11 @@ impl Tally {
                 self.passed_over += 1;
                 return;
             }
+            PushAnswer::NoSuchApp(why) => {
+                self.no_app += 1;
+                self.no_app_why.get_or_insert_with(|| why.clone());
+                Some(why)
+            }
             PushAnswer::NotFound(why)
             | PushAnswer::NotAccepted(why)
             | PushAnswer::Unavailable(why)
@@ -110,6 +120,20 @@ impl Tally {
     }
 
     fn into_answer(self, app: &str, cut: Option<String>) -> Answer {
+        // A push to every sender of an app the node does not have: said once, as for one push (404), not once a
+        // sender. (A push of many lines says it of each line, as it says every line's outcome.)
+        if self.to_all
+            && self.lines > 0
+            && self.no_app == self.lines
+            && let Some(why) = self.no_app_why
+        {
+            let (_, value) = crate::common::push::error_json(404, why);
+            return answer(
+                StatusCode::NOT_FOUND,
+                "application/json",
+                format!("{value}\n"),
+            );
+        }
         let queued = self.counts.get("queued").copied().unwrap_or(0);
         let listed = self.problems.len() as u64;
         let mut value = serde_json::json!({
