@@ -212,5 +212,5 @@ fn a_c_program_is_told_too_large_and_flash_failed_not_full() {
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(text.lines().count(), 15, "{text}");
+    assert_eq!(text.lines().count(), 16, "{text}");
 }

@@ -57,6 +57,7 @@ int main(void) {
     memset(flash_bytes, 0xFF, sizeof flash_bytes);
     memset(secret, 0x42, sizeof secret);
     memset(record, 'r', sizeof record);
+    expect("pl_open with datagrams of 95 bytes", pl_open(&dev, &flash, secret, node, "main", NULL, 0, 95), PL_ERR_ARG);
     expect("pl_open", pl_open(&dev, &flash, secret, node, "main", NULL, 0, 0), PL_OK);
     expect("pl_max_record", (long)pl_max_record(&dev), PAGE - 64);
     expect("a record of the page less 63", pl_queue(&dev, record, PAGE - 63), PL_ERR_TOO_LARGE);

@@ -88,8 +88,12 @@ typedef struct pl_device {
  * its flow to `app`, numbering on from the outbox. A new outbox (new flash, or flash wiped, with a key the node
  * may know from an earlier outbox) asks the node first where the numbering stands, and its records follow what the
  * node holds from the key (docs/devices.md, "A new outbox"). `secret` is the device's 32-byte X25519 secret key
- * (`pure-serve keygen`), `node_public` the node's 32-byte public key. `max_datagram` is the largest datagram the
- * carrier takes (0: 1200; at least 96, at most 1472); pl_poll_transmit's buffer must hold it.
+ * (`pure-serve keygen`), `node_public` the node's 32-byte public key: raw bytes, as `keygen --many` writes them
+ * (DEVICE.bin, DEVICE.h); a key printed or kept in base64 (`keygen --out`, the node's banner, `pure-serve pubkey`)
+ * is decoded first. A node that does not list the device's key, or a wrong `node_public`, answers nothing at all:
+ * no event comes (the node counts the packets as drops=unknown_key or auth). `max_datagram` is the largest datagram the
+ * carrier takes (0: 1200; at least 96, at most 1472, else PL_ERR_ARG); pl_poll_transmit's buffer must hold it (a
+ * smaller one is given nothing: pl_poll_transmit returns 0 while records wait).
  * Costs two X25519 scalar multiplications, the public key and the shared secret (tens of milliseconds each on a
  * Cortex-M4). PL_ERR_FULL: no room left in flash for the new run's count (docs/devices.md, "Writing").
  */

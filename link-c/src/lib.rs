@@ -22,6 +22,7 @@ use pure_link::queue::RecordQueue;
 use pure_link::sender::{AppName, Event, Sender, SenderConfig, SenderError};
 use pure_link::time::Millis;
 use pure_link::wire::RecordFormat;
+use pure_link::wire::{MAX_DATAGRAM, MIN_SENDER_DATAGRAM};
 
 /// Records the outbox holds unacknowledged at most (6 bytes of RAM each).
 const RECORDS: usize = 64;
@@ -241,6 +242,10 @@ pub unsafe extern "C" fn pl_open(
         unsafe { slice::from_raw_parts(entropy, entropy_len) }
     };
     if flash.read.is_none() || flash.program.is_none() || flash.erase.is_none() {
+        return PL_ERR_ARG;
+    }
+    // Outside the range the header gives, it was once taken in silence (clamped): a carrier's size mistaken.
+    if max_datagram != 0 && !(MIN_SENDER_DATAGRAM..=MAX_DATAGRAM).contains(&max_datagram) {
         return PL_ERR_ARG;
     }
     let Ok(name) = core::str::from_utf8(app) else {
