@@ -1862,6 +1862,35 @@ fn suggest_name(name: &str) -> String {
     if s.is_empty() { "main".into() } else { s }
 }
 
+/// TOML's "duplicate key", said of what is given twice: the table whose header is on the line at `at` (and where
+/// it was first), or the key there. `None` when the line says neither.
+fn duplicate(text: &str, at: usize) -> Option<(String, String)> {
+    let start = text.get(..at)?.rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].lines().next()?.trim();
+    let number = |offset: usize| text[..offset].matches('\n').count() + 1;
+    if line.starts_with('[') && !line.starts_with("[[") {
+        let header = &line[..=line.find(']')?];
+        let first = text[..start]
+            .lines()
+            .position(|l| l.trim().starts_with(header))
+            .map(|i| i + 1)?;
+        return Some((
+            format!("table {header} is given twice (first at line {first})"),
+            format!("put its keys under one {header}"),
+        ));
+    }
+    let key = line.split('=').next()?.trim();
+    (!key.is_empty()).then(|| {
+        (
+            format!(
+                "key `{key}` is given twice in its table (line {})",
+                number(at)
+            ),
+            "keep one".to_string(),
+        )
+    })
+}
+
 /// Parses what can be parsed and collects every problem; the config holds what parsed well enough to cross-check.
 fn parse_all(path: &Path, text: &str) -> (AppsConfig, Vec<Problem>) {
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -1881,6 +1910,12 @@ fn parse_all(path: &Path, text: &str) -> (AppsConfig, Vec<Problem>) {
         // there. Syntax first, all of it; the rest at the next check.
         for e in &errors {
             let what = e.message().trim().trim_end_matches('.').to_string();
+            if what == "duplicate key"
+                && let Some((what, fix)) = e.span().and_then(|span| duplicate(text, span.start))
+            {
+                walk.problem(e.span(), At { app: None, key: "" }, what, &fix);
+                continue;
+            }
             walk.problem(
                 e.span(),
                 At { app: None, key: "" },
@@ -2289,8 +2324,16 @@ mod tests {
         );
         assert_eq!(p[0].line, Some(2), "{p:#?}");
         assert!(p.iter().any(|p| p.line == Some(4)), "{p:#?}");
-        let dup = one("[apps.a]\n[apps.a]\n");
-        assert!(dup.starts_with("apps.toml:2: TOML syntax: "), "{dup}");
+        let dup = one("[apps.a]\n[apps.b]\n\n[apps.a]\n");
+        assert_eq!(
+            dup,
+            "apps.toml:4: table [apps.a] is given twice (first at line 1); put its keys under one [apps.a]"
+        );
+        let dup = one("[apps.a]\nturn_records = 5\nturn_records = 6\n");
+        assert!(
+            dup.starts_with("apps.toml:3: key `turn_records` is given twice in its table"),
+            "{dup}"
+        );
     }
 
     #[test]
