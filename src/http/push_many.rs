@@ -69,7 +69,9 @@ struct Tally {
     passed_over: u64,
     lines: u64,
     counts: std::collections::BTreeMap<&'static str, u64>,
-    problems: Vec<serde_json::Value>,
+    /// The lines not queued with the lowest numbers, at most [`PROBLEMS_LISTED`]: a line found malformed is noted
+    /// at once and one refused when its batch is answered, so they come out of order.
+    problems: std::collections::BinaryHeap<ByLine>,
     expired: u64,
     /// A push of a file: its bytes, its pieces and their size.
     file: Option<(u64, u64, u64)>,
@@ -81,10 +83,18 @@ struct Tally {
 impl Tally {
     fn note(&mut self, line: u64, to: &str, outcome: &'static str, why: Option<String>) {
         *self.counts.entry(outcome).or_default() += 1;
-        if outcome != "queued" && self.problems.len() < PROBLEMS_LISTED {
-            self.problems.push(serde_json::json!({
-                "line": line, "to": to, "outcome": outcome, "error": why,
-            }));
+        if outcome == "queued"
+            || self.problems.len() >= PROBLEMS_LISTED
+                && self.problems.peek().is_some_and(|last| last.0 < line)
+        {
+            return;
+        }
+        self.problems.push(ByLine(
+            line,
+            serde_json::json!({ "line": line, "to": to, "outcome": outcome, "error": why }),
+        ));
+        if self.problems.len() > PROBLEMS_LISTED {
+            self.problems.pop();
         }
     }
 
@@ -136,6 +146,12 @@ impl Tally {
         }
         let queued = self.counts.get("queued").copied().unwrap_or(0);
         let listed = self.problems.len() as u64;
+        let problems: Vec<serde_json::Value> = self
+            .problems
+            .into_sorted_vec()
+            .into_iter()
+            .map(|p| p.1)
+            .collect();
         let mut value = serde_json::json!({
             "app": app,
             "lines": self.lines,
@@ -143,7 +159,7 @@ impl Tally {
             "not_queued": self.lines - queued,
             "outcomes": self.counts,
             "expired": self.expired,
-            "problems": self.problems,
+            "problems": problems,
             "problems_left_out": self.lines - queued - listed,
             "cut": cut,
         });
@@ -156,6 +172,26 @@ impl Tally {
             value["piece_size"] = piece_size.into();
         }
         answer(StatusCode::OK, "application/json", format!("{value}\n"))
+    }
+}
+
+/// A line not queued, ordered by its number alone (the largest first out of the heap).
+struct ByLine(u64, serde_json::Value);
+
+impl PartialEq for ByLine {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+impl Eq for ByLine {}
+impl PartialOrd for ByLine {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for ByLine {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&other.0)
     }
 }
 
