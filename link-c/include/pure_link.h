@@ -84,7 +84,8 @@ typedef struct pl_device {
 
 /*
  * Opens a device: its outbox in `flash` (formatted on first use, else read back), a new run counted in flash
- * (its id hashes the count with the key and `entropy`: give a hardware random number where there is one), and
+ * (its id hashes the count with the key and `entropy`: give a hardware random number where there is one; without
+ * one, a device whose flash is wiped repeats its first run ids and needs a new key: docs/devices.md), and
  * its flow to `app`, numbering on from the outbox. A new outbox (new flash, or flash wiped, with a key the node
  * may know from an earlier outbox) asks the node first where the numbering stands, and its records follow what the
  * node holds from the key (docs/devices.md, "A new outbox"). `secret` is the device's 32-byte X25519 secret key

@@ -166,6 +166,15 @@ impl PushError {
 
     /// Connecting to `path` failed with `e`: nothing was sent.
     fn connect(path: &Path, e: &std::io::Error) -> Self {
+        if e.raw_os_error() == Some(libc::EPROTOTYPE) {
+            // A datagram socket where a stream socket was asked for: the node's push datagram socket.
+            return PushError::NoNode {
+                path: path.to_path_buf(),
+                why: "it is a datagram socket: the node's push datagram socket (--push-datagrams) takes a push a \
+                      datagram, not this command; give the node's push socket (push.sock in its state directory)"
+                    .to_string(),
+            };
+        }
         if e.kind() == std::io::ErrorKind::PermissionDenied {
             PushError::NotPermitted {
                 path: path.to_path_buf(),
@@ -630,6 +639,13 @@ async fn post(path: &Path, target: &str, body: Vec<u8>) -> anyhow::Result<(u16, 
         match tokio::net::UnixStream::connect(path).await {
             Ok(stream) => break stream,
             Err(e) => match PushError::connect(path, &e) {
+                // A lock held with no pid in it yet: the node took it a moment ago and is writing its pid.
+                PushError::NoSocket { pid, .. }
+                    if pid.is_empty() && began.elapsed() < STARTING_WAIT =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    continue;
+                }
                 PushError::NoSocket { pid, .. }
                     if let Some(age) = starting(&pid)
                         && will_serve(&pid, path) =>
