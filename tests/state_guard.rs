@@ -147,6 +147,48 @@ fn zero_pages(file: &Path, from: u64, pages: u64) {
     f.sync_all().unwrap();
 }
 
+/// A state with a device's records stored by a node that was then stopped cleanly (SIGTERM), for the tests of
+/// what a later start or reader finds.
+struct StoppedCleanly {
+    dir: tempfile::TempDir,
+    state: std::path::PathBuf,
+    key: std::path::PathBuf,
+    senders: String,
+}
+
+impl StoppedCleanly {
+    fn new(records: &[String]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let (key, public) = keygen(dir.path(), "dev");
+        let senders = dir.path().join("senders");
+        std::fs::write(&senders, format!("dev {public}\n")).unwrap();
+        let senders = senders.to_str().unwrap().to_string();
+        let mut node = NodeProcess::start(&state, &["--senders", &senders], None);
+        let (ok, said) = node.send(&key, records, "60");
+        assert!(ok, "{said}");
+        node.signal(libc::SIGTERM);
+        assert_eq!(node.wait_exit(), Some(0));
+        StoppedCleanly {
+            dir,
+            state,
+            key,
+            senders,
+        }
+    }
+
+    fn args(&self) -> [&str; 2] {
+        ["--senders", &self.senders]
+    }
+}
+
+/// 3,000 records of about 200 bytes: a store of several hundred pages.
+fn many_records() -> Vec<String> {
+    (1..=3000)
+        .map(|i| format!("r{i} {}", "x".repeat(200)))
+        .collect()
+}
+
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + ops_util::DEADLINE;
     while !done() {
@@ -157,23 +199,10 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 
 #[test]
 fn a_damaged_store_is_never_served_and_says_what_it_lost_and_the_way_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let (key, public) = keygen(dir.path(), "dev");
-    let senders = dir.path().join("senders");
-    std::fs::write(&senders, format!("dev {public}\n")).unwrap();
-    let args = ["--senders", senders.to_str().unwrap()];
-    let records: Vec<String> = (1..=3000)
-        .map(|i| format!("r{i} {}", "x".repeat(200)))
-        .collect();
-
     // A clean stop names the store in STATE/clean-stop: the next start does not read it whole.
-    let mut node = NodeProcess::start(&state, &args, None);
-    let (ok, said) = node.send(&key, &records, "60");
-    assert!(ok, "{said}");
-    node.signal(libc::SIGTERM);
-    assert_eq!(node.wait_exit(), Some(0));
-    drop(node);
+    let stopped = StoppedCleanly::new(&many_records());
+    let (state, key, args) = (&stopped.state, &stopped.key, stopped.args());
+    let senders = Path::new(&stopped.senders);
     let marker = state.join("clean-stop");
     let named = std::fs::read_to_string(&marker).unwrap();
     assert!(
@@ -316,23 +345,9 @@ fn a_follower_left_reading_does_not_keep_the_app_from_storing_after_a_kill() {
 /// store's size and time of change: a store changed since is read whole, and refused when damaged.
 #[test]
 fn a_store_damaged_after_a_clean_stop_is_read_whole_and_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let (key, public) = keygen(dir.path(), "dev");
-    let senders = dir.path().join("senders");
-    std::fs::write(&senders, format!("dev {public}\n")).unwrap();
-    let args = ["--senders", senders.to_str().unwrap()];
-    let records: Vec<String> = (1..=3000)
-        .map(|i| format!("r{i} {}", "x".repeat(200)))
-        .collect();
-    let mut node = NodeProcess::start(&state, &args, None);
-    let (ok, said) = node.send(&key, &records, "60");
-    assert!(ok, "{said}");
-    node.signal(libc::SIGTERM);
-    assert_eq!(node.wait_exit(), Some(0));
-    drop(node);
-    zero_pages(&state.join("apps/main.sqlite"), 40, 10);
-    let out = run_refused(&state, &args);
+    let stopped = StoppedCleanly::new(&many_records());
+    zero_pages(&stopped.state.join("apps/main.sqlite"), 40, 10);
+    let out = run_refused(&stopped.state, &stopped.args());
     let err = stderr(&out);
     assert!(
         err.contains("changed since the node's last clean stop"),
@@ -351,17 +366,8 @@ fn a_cleanly_stopped_store_on_a_read_only_mount_is_read() {
     if unsafe { libc::geteuid() } != 0 {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let (key, public) = keygen(dir.path(), "dev");
-    let senders = dir.path().join("senders");
-    std::fs::write(&senders, format!("dev {public}\n")).unwrap();
-    let mut node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
-    let (ok, said) = node.send(&key, &["a".to_string(), "b".to_string()], "60");
-    assert!(ok, "{said}");
-    node.signal(libc::SIGTERM);
-    assert_eq!(node.wait_exit(), Some(0));
-    drop(node);
+    let stopped = StoppedCleanly::new(&["a".to_string(), "b".to_string()]);
+    let (dir, state) = (&stopped.dir, &stopped.state);
     // The copy: the store file alone (what a clean stop leaves whole).
     let copy = dir.path().join("copy");
     std::fs::create_dir_all(copy.join("apps")).unwrap();
