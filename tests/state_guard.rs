@@ -201,7 +201,7 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 fn a_damaged_store_is_never_served_and_says_what_it_lost_and_the_way_back() {
     // A clean stop names the store in STATE/clean-stop: the next start does not read it whole.
     let stopped = StoppedCleanly::new(&many_records());
-    let (state, key, args) = (&stopped.state, &stopped.key, stopped.args());
+    let (state, key, args) = (stopped.state.clone(), stopped.key.clone(), stopped.args());
     let senders = Path::new(&stopped.senders);
     let marker = state.join("clean-stop");
     let named = std::fs::read_to_string(&marker).unwrap();
@@ -367,7 +367,7 @@ fn a_cleanly_stopped_store_on_a_read_only_mount_is_read() {
         return;
     }
     let stopped = StoppedCleanly::new(&["a".to_string(), "b".to_string()]);
-    let (dir, state) = (&stopped.dir, &stopped.state);
+    let (dir, state) = (&stopped.dir, stopped.state.clone());
     // The copy: the store file alone (what a clean stop leaves whole).
     let copy = dir.path().join("copy");
     std::fs::create_dir_all(copy.join("apps")).unwrap();
