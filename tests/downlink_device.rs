@@ -174,6 +174,8 @@ fn send_listen_prints_each_pushed_record_once_in_order_and_its_heard_file_carrie
         err.contains("the node refused app nope (no such app on the node); nothing was printed"),
         "{err}"
     );
+    // Said once: not also "printed 0 downlink records of app nope" before it.
+    assert!(!err.contains("printed 0"), "{err}");
 }
 
 #[test]

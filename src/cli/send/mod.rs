@@ -344,7 +344,13 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
             println!("{text}");
         }
     };
-    if let Some(d) = &downlink {
+    // Not when the node refused the app listened on before anything was printed: the refusal below says so once.
+    if let Some(d) = &downlink
+        && !(d.printed == 0
+            && refused
+                .as_ref()
+                .is_some_and(|(app, _)| Some(app) == args.listen.as_ref()))
+    {
         eprintln!("{}", d.summary());
     }
     let stored = first_seq.map_or(0, |f| (through + 1).saturating_sub(f));
