@@ -1867,7 +1867,6 @@ fn suggest_name(name: &str) -> String {
 fn duplicate(text: &str, at: usize) -> Option<(String, String)> {
     let start = text.get(..at)?.rfind('\n').map_or(0, |i| i + 1);
     let line = text[start..].lines().next()?.trim();
-    let number = |offset: usize| text[..offset].matches('\n').count() + 1;
     if line.starts_with('[') && !line.starts_with("[[") {
         let header = &line[..=line.find(']')?];
         let first = text[..start]
@@ -1884,7 +1883,7 @@ fn duplicate(text: &str, at: usize) -> Option<(String, String)> {
         (
             format!(
                 "key `{key}` is given twice in its table (line {})",
-                number(at)
+                text[..at].matches('\n').count() + 1
             ),
             "keep one".to_string(),
         )

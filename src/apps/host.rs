@@ -42,6 +42,7 @@ use crate::outlets::{Outlet, Target};
 use crate::proto::node::{AppAccept, HostedApp, Node};
 use crate::proto::turn::{AppIndex, Committed};
 use crate::proto::wire::{Forwarded, RecordFormat};
+use crate::store::check::UNCLEAN;
 use crate::store::downlink::{self, DownPush, PushOutcome};
 use crate::store::engine::TurnStore;
 use crate::store::sync::{SyncFiles, Synced, Syncer};
@@ -292,9 +293,6 @@ fn closed_for_now(
     };
     Ok(Some(why))
 }
-
-/// Why a store is checked whole at start.
-use store::check::UNCLEAN;
 
 /// Opens an app's store whose last run did not end cleanly once it has been read whole and found sound: at once
 /// if it is small (a damaged one is refused, and the node does not start), else on a `pure-check` thread while the

@@ -85,12 +85,7 @@ pub fn reopen_checked(
     let exists = path.exists();
     if exists && !writable(path) {
         // Said here: read with this user's rights, such a store fails its check as "disk I/O error".
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::geteuid() };
-        return Err(StoreError::NotWritable {
-            path: path.to_path_buf(),
-            uid,
-        });
+        return Err(StoreError::not_writable(path));
     }
     if exists && (wanted.acked_head > 1 || wanted.whole.is_some()) {
         forget_cached_pages(path)?;

@@ -669,12 +669,7 @@ impl AppStore {
         // SQLite opens a file this user may not write read-only, without a word: said here, not at the first
         // record's commit ("attempt to write a readonly database").
         if conn.is_readonly("main").map_err(sql)? {
-            // SAFETY: geteuid has no preconditions and cannot fail.
-            let uid = unsafe { libc::geteuid() };
-            return Err(StoreError::NotWritable {
-                path: path.to_path_buf(),
-                uid,
-            });
+            return Err(StoreError::not_writable(path));
         }
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(sql)?;
@@ -1723,6 +1718,16 @@ pub struct StoreStart {
 }
 
 impl StoreError {
+    /// [`StoreError::NotWritable`] for this process's user.
+    pub(crate) fn not_writable(path: &Path) -> Self {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        StoreError::NotWritable {
+            path: path.to_path_buf(),
+            uid,
+        }
+    }
+
     /// Whether this failure means the disk under the store may have lost a write it had taken: a failed sync (of
     /// the `-wal`, or of the file in a checkpoint), a checkpoint that does not read back, a filesystem gone
     /// read-only. No store on that disk is then used again while the node runs (docs/durability.md, "On a failing
