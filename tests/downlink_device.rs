@@ -613,3 +613,47 @@ fn a_file_of_256_kib_reaches_a_device_of_version_1_2_which_sends_a_small_part_of
     );
     eprintln!("1.2: sent {sent} bytes for {received}; 1.1: sent {sent_11} bytes for {received_11}");
 }
+
+#[test]
+fn a_staying_device_command_whose_reader_went_away_stops_without_waiting_for_a_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let (device, senders) = setup(dir.path());
+    let state = dir.path().join("state");
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    push(&state, "kitchen-1", b"first\n");
+    // `send --listen --stay forever | head -1`: the reader takes one line and goes.
+    let mut child = device
+        .command(&node, &["--stay", "forever"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "first\n");
+    drop(stdout);
+    // Nothing more is pushed: the command learns of it without writing.
+    let deadline = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("send --stay forever went on waiting after its reader had gone");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("standard output's reader is gone")
+            && err.contains("printed 1 downlink record of app main; heard 1"),
+        "{err}"
+    );
+    assert_eq!(device.kept(), 1, "what was printed is kept as heard");
+}

@@ -225,6 +225,15 @@ pub fn run(args: &SendArgs) -> anyhow::Result<()> {
             if no_downlink || link.sender().is_idle() && d.stay_over(Instant::now()) {
                 break;
             }
+            // Staying, nothing is written to standard output until a record comes: a reader that went away
+            // (`send --listen --stay forever | head -1`) would otherwise keep the command waiting until the next.
+            if d.staying() && d.exec.is_none() && stdout_reader_gone() {
+                bail!(
+                    "standard output's reader is gone (its pipe was closed) while staying for downlink records: \
+                     stopped; {}, and the node keeps what comes next for the next run",
+                    d.summary()
+                );
+            }
             d.ask_if_due(&mut link, Instant::now());
         }
         let staying = downlink.as_ref().is_some_and(|d| d.staying());
@@ -624,6 +633,19 @@ fn run_handler(cmd: &str, app: &str, seq: u64, payload: &[u8]) -> anyhow::Result
         );
     }
     Ok(())
+}
+
+/// Whether standard output is a pipe or socket whose reader has gone: the kernel reports it as an error or hang-up
+/// on the writing end without anything being written.
+fn stdout_reader_gone() -> bool {
+    let mut fd = libc::pollfd {
+        fd: 1,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one pollfd this function owns, no wait.
+    let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+    ready == 1 && fd.revents & (libc::POLLERR | libc::POLLHUP) != 0
 }
 
 /// Whether standard output is /dev/null: where the program's standard library put it if it was closed at start,
