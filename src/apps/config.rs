@@ -88,6 +88,9 @@ pub struct AppConfig {
     pub downlink: crate::store::downlink::DownLimits,
     /// Line of its `[apps.NAME]` header, for messages; `None` when it does not come from a file.
     pub line: Option<usize>,
+    /// Lines of its `accept` and `forwarders` values, for the warnings about the names they list.
+    pub accept_line: Option<usize>,
+    pub forwarders_line: Option<usize>,
 }
 
 /// Which senders an app takes records from.
@@ -399,6 +402,8 @@ impl AppsConfig {
                 outlets: Vec::new(),
                 downlink: Default::default(),
                 line: None,
+                accept_line: None,
+                forwarders_line: None,
             }],
             path: None,
         }
@@ -455,7 +460,7 @@ impl AppsConfig {
             for name in app.forwarders.iter().filter(|n| !is_sender(n)) {
                 out.push(
                     Problem {
-                        line: app.line,
+                        line: app.forwarders_line.or(app.line),
                         app: Some(app.name.clone()),
                         key: Some("forwarders".into()),
                         what: format!("sender {name} is not in the senders file"),
@@ -472,7 +477,7 @@ impl AppsConfig {
             for name in names.iter().filter(|n| !is_sender(n)) {
                 out.push(
                     Problem {
-                        line: app.line,
+                        line: app.accept_line.or(app.line),
                         app: Some(app.name.clone()),
                         key: Some("accept".into()),
                         what: format!("sender {name} is not in the senders file"),
@@ -485,7 +490,7 @@ impl AppsConfig {
             if names.is_empty() && !fed.contains(app.name.as_str()) {
                 out.push(
                     Problem {
-                        line: app.line,
+                        line: app.accept_line.or(app.line),
                         app: Some(app.name.clone()),
                         key: Some("accept".into()),
                         what: "takes no senders and no outlet of kind \"app\" names it, so it never gets a record"
@@ -960,19 +965,21 @@ impl Walk {
             outlets: Vec::new(),
             downlink: Default::default(),
             line: Some(line),
+            accept_line: None,
+            forwarders_line: None,
         };
-        // Line of the `forwarders` value: each forwarder must also be accepted, which is known after the loop.
-        let mut forwarders_at = None;
         for (k, v) in in_file_order(table) {
             match k.get_ref().as_ref() {
                 "accept" => {
                     if let Some(a) = self.accept(v, at("accept")) {
+                        app.accept_line = Some(self.lines.of(v.span().start));
                         app.accept = a;
                     }
                 }
                 "forwarders" => {
                     if let Some(f) = self.forwarders(v, at("forwarders")) {
-                        forwarders_at = Some(self.lines.of(v.span().start));
+                        // Each forwarder must also be accepted, which is known after the loop.
+                        app.forwarders_line = Some(self.lines.of(v.span().start));
                         app.forwarders = f;
                     }
                 }
@@ -1092,7 +1099,7 @@ impl Walk {
         }
         for f in app.forwarders.iter().filter(|f| !app.accept.allows(f)) {
             self.problem_on(
-                forwarders_at,
+                app.forwarders_line,
                 at("forwarders"),
                 format!(
                     "lists {f}, which accept does not: the node refuses its frames (REFUSE reason 2) before it \
@@ -2852,7 +2859,7 @@ mod tests {
     }
 
     #[test]
-    fn warnings_for_unknown_senders_and_unfed_apps() {
+    fn warnings_for_unknown_senders_and_unfed_apps_at_the_lines_of_their_keys() {
         let c = parse(
             "[apps.a]\naccept = [\"hall\", \"attic\"]\n[apps.b]\naccept = []\n\
              [apps.c]\nforwarders = [\"hall\", \"edge-9\"]\n",
@@ -2862,18 +2869,18 @@ mod tests {
         assert_eq!(w.len(), 3, "{w:#?}");
         assert!(
             w[2].contains(
-                "apps.toml:5: app c, key forwarders: sender edge-9 is not in the senders file; it cannot forward"
+                "apps.toml:6: app c, key forwarders: sender edge-9 is not in the senders file; it cannot forward"
             ),
             "{w:#?}"
         );
         assert!(
             w[0].contains(
-                "apps.toml:1: app a, key accept: sender attic is not in the senders file"
+                "apps.toml:2: app a, key accept: sender attic is not in the senders file"
             ),
             "{w:#?}"
         );
         assert!(
-            w[1].contains("app b, key accept: takes no senders and no outlet"),
+            w[1].contains("apps.toml:4: app b, key accept: takes no senders and no outlet"),
             "{w:#?}"
         );
     }
