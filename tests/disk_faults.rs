@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ops_util::{DEADLINE, NodeProcess, NotifySocket, bin, field, finish_send, keygen, records};
+use ops_util::{
+    DEADLINE, NodeProcess, NotifySocket, bin, field, finish_send, keygen, output_within, records,
+};
 
 /// A filesystem mounted for one test; unmounted when dropped (after the nodes on it are gone).
 struct SmallFs {
@@ -596,4 +598,64 @@ fn the_wal_index_the_node_allocated_stays_whole_while_readers_come_and_go() {
         assert_eq!(records(&state).len() as u64, 50 * round);
         assert_eq!(std::fs::metadata(&shm).unwrap().len(), allocated);
     }
+}
+
+/// An app a reload adds while the disk is full gets its store from a retry once there is room: that store is
+/// recorded in `STATE/identity` then, so a restart that finds it gone refuses to start (an outside audit saw the
+/// node start and the device's acknowledged records silently replaced, the identity naming the app only at the
+/// next start).
+#[test]
+fn a_store_made_by_a_retry_after_a_full_disk_is_recorded_so_its_loss_is_noticed() {
+    let Some(fs) = SmallFs::tmpfs(8 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, senders) = device(dir.path());
+    let apps = dir.path().join("apps.toml");
+    std::fs::write(&apps, "[apps.main]\naccept = \"all\"\n").unwrap();
+    let state = fs.path().join("state");
+    let args = [
+        "--senders",
+        senders.to_str().unwrap(),
+        "--apps",
+        apps.to_str().unwrap(),
+    ];
+    let mut node = NodeProcess::start(&state, &args, None);
+    fs.fill();
+    std::fs::write(
+        &apps,
+        "[apps.main]\naccept = \"all\"\n[apps.extra]\naccept = \"all\"\n",
+    )
+    .unwrap();
+    node.signal(libc::SIGHUP);
+    wait_unhealthy(&node, "app extra cannot store");
+    let identity = state.join("identity");
+    assert!(
+        !std::fs::read_to_string(&identity)
+            .unwrap()
+            .contains("app extra")
+    );
+    fs.free();
+    wait_until("app extra to store", || node.http_get("/healthz").0 == 200);
+    let text = std::fs::read_to_string(&identity).unwrap();
+    assert!(text.contains("app extra"), "{text}");
+    node.child.kill().unwrap();
+    node.child.wait().unwrap();
+    drop(node);
+    for entry in std::fs::read_dir(state.join("apps")).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("extra.")
+        {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let out = output_within(&mut ops_util::node_command(&state, &args, None));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("looks like it lost data"), "{err}");
+    assert!(err.contains("extra"), "{err}");
 }

@@ -454,6 +454,8 @@ pub struct Host {
     due_answers: pushes::DueAnswers,
     /// How the stores' last run ended, for stores opened later (an app a reload adds).
     start: StoreStart,
+    /// Stores opened again by a retry so far ([`Host::stores_reopened`]).
+    stores_reopened: u64,
 }
 
 /// How the host hands records to its link, wire and webhook outlets. The daemon always feeds [`FeedMode::Chunks`];
@@ -563,6 +565,13 @@ impl Host {
         Ok((host, changes))
     }
 
+    /// How many times a retry has opened a failed app's store again. A store an app could not make at its start or
+    /// its reload (a full disk) is made by such a retry: the receive loop then records the app in `STATE/identity`
+    /// before the turn's acks, or a later start could not tell that store's loss from a new app.
+    pub fn stores_reopened(&self) -> u64 {
+        self.stores_reopened
+    }
+
     /// The apps whose stores are open, by name (a closed one may have no file yet).
     pub fn open_app_names(&self) -> Vec<String> {
         self.apps
@@ -611,6 +620,7 @@ impl Host {
             turn_pushes: Vec::new(),
             due_answers: pushes::DueAnswers::default(),
             start: StoreStart::default(),
+            stores_reopened: 0,
         };
         let mut changes = OutletChanges::default();
         for app in &config.apps {
@@ -1761,6 +1771,7 @@ impl Host {
                         now.saturating_duration_since(f.since).as_secs_f64()
                     );
                     app.failure = None;
+                    self.stores_reopened += 1;
                     // The reopened store was read from the disk and its probe synced: what it holds is durable.
                     self.durable[i] = self.stores.app(i as AppIndex).map_or(1, AppStore::head);
                     node.set_app_paused(i as AppIndex, app.lag_paused);

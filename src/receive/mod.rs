@@ -222,6 +222,8 @@ pub struct ReadyNode {
     _lock: StateLock,
     /// What `STATE/identity` says (kept current as apps are added).
     state_identity: state::Identity,
+    /// The host's [`Host::stores_reopened`] when the identity was last brought up to date.
+    stores_reopened_seen: u64,
     /// Batched reads of the socket, and the kernel's drop count for it.
     rx: batch::BatchReceiver,
     /// Kernel drops already counted into the node core.
@@ -469,6 +471,7 @@ impl ReadyNode {
             link_requests: links::LinkRequests::default(),
             _lock: lock,
             state_identity,
+            stores_reopened_seen: 0,
             rx,
             kernel_drops_counted: 0,
             udp_out: Vec::new(),
@@ -822,11 +825,31 @@ impl ReadyNode {
     fn turn(&mut self) -> Result<bool, NodeError> {
         let started = Instant::now();
         let report = self.host.turn(&mut self.node, started);
+        if self.host.stores_reopened() != self.stores_reopened_seen {
+            // A retry may have made a store the app never had (a full disk at its start): recorded before any ack
+            // of this turn, which comes only after its sync.
+            self.stores_reopened_seen = self.host.stores_reopened();
+            self.record_open_apps();
+        }
         self.commit_time += started.elapsed();
         // Every link request fed whole so far is in this turn or an earlier one.
         self.link_requests.taken(self.host.last_seq());
         self.after_finish();
         Ok(report.more)
+    }
+
+    /// Adds the apps whose stores are open to `STATE/identity` (written only when that changes).
+    fn record_open_apps(&mut self) {
+        match record_apps(
+            &self.settings.state_dir,
+            self.state_identity.clone(),
+            &self.host.open_app_names(),
+        ) {
+            Ok(id) => self.state_identity = id,
+            Err(e) => {
+                tracing::warn!("{e}; a restart cannot tell if the new apps' stores go missing")
+            }
+        }
     }
 
     /// Finishes the turns whose sync is done, and sends what they earned.
@@ -1027,16 +1050,7 @@ impl ReadyNode {
                 }
                 self.apply_outlet_changes(done.outlets);
                 self.settings.apps = new;
-                match record_apps(
-                    &self.settings.state_dir,
-                    self.state_identity.clone(),
-                    &self.host.open_app_names(),
-                ) {
-                    Ok(id) => self.state_identity = id,
-                    Err(e) => tracing::warn!(
-                        "{e}; a restart cannot tell if the new apps' stores go missing"
-                    ),
-                }
+                self.record_open_apps();
                 self.publish();
             }
             Err(e) => {
