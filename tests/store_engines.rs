@@ -1253,6 +1253,64 @@ fn outlet_leases_are_held_by_one_node_at_a_time_and_taken_over_once_expired() {
     assert!(held.is_empty(), "{held:?}");
 }
 
+/// A fleet keeps outlets' starts by name, but a link or wire renamed into a far flow a row has takes that row's
+/// start (docs/scale-out.md, "Where an outlet starts"): a start taken anew would number the far flow a second way,
+/// and the far node would take the new records for ones it has (an outside audit lost records that way on one
+/// node, re-pointing a link of `from = "next"` away and back).
+#[test]
+fn a_fleet_outlet_renamed_into_a_known_far_flow_keeps_its_start() {
+    use pure_serve::store::OutletStart;
+    use pure_serve::store::engine::OutboxConn as _;
+    use pure_serve::store::postgres::leases::LeaseConn;
+    let Some(cluster) =
+        pg_util::PgCluster::start("a_fleet_outlet_renamed_into_a_known_far_flow_keeps_its_start")
+    else {
+        return;
+    };
+    drop(pg_engine(&cluster)); // makes the tables and registers apps a and b
+    let set_head = |head: i64| {
+        pg_util::sql(&cluster.conninfo(), async |c| {
+            c.execute("UPDATE apps SET head = $1 WHERE name = 'b'", &[&head])
+                .await
+                .unwrap();
+        })
+    };
+    let conn = LeaseConn::open(&cluster.url(), None, "n1").unwrap();
+    let link = |name: &str, far: &str| OutletStart {
+        name: name.into(),
+        kind: "link".into(),
+        target: format!("127.0.0.1:9 KEY {far}"),
+        flow: Some(format!("KEY {far}")),
+        start: 0, // from = "next"
+    };
+    set_head(6);
+    assert_eq!(conn.start_of("b", &link("o", "x")).unwrap().start, 6);
+    set_head(11);
+    assert_eq!(
+        conn.start_of("b", &link("o", "x")).unwrap().start,
+        6,
+        "its own row"
+    );
+    assert_eq!(
+        conn.start_of("b", &link("renamed", "x")).unwrap().start,
+        6,
+        "renamed into x's far flow: x's start"
+    );
+    assert_eq!(
+        conn.start_of("b", &link("other", "y")).unwrap().start,
+        11,
+        "a new far flow: the head then"
+    );
+    let hook = OutletStart {
+        name: "hook".into(),
+        kind: "webhook".into(),
+        target: "http://127.0.0.1:9/".into(),
+        flow: None,
+        start: 0,
+    };
+    assert_eq!(conn.start_of("b", &hook).unwrap().start, 11, "no far flow");
+}
+
 /// The classic trap of a shared outbox (docs/scale-out.md, "The order of an app's records"): a feed that reads on
 /// "from the end of what it read" while two nodes commit to one app must never skip a position that becomes
 /// visible after a larger one. A reader follows the app as two engines commit, in chunks of varying size from

@@ -2234,6 +2234,77 @@ mod tests {
         assert_eq!(acked(&host, "later"), (5, 5), "a restart keeps its start");
     }
 
+    /// A link of `from = "next"` moved to another far app and then back numbers the first far flow as its far node
+    /// does: with the start it had there, not the head at the move back (an outside audit: the far node took
+    /// positions 11.. as sequences 1.. it already had, acknowledged them, and they were lost).
+    #[test]
+    fn a_link_moved_to_another_far_app_and_back_keeps_the_first_flows_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let wake = Arc::new(Wake::new().unwrap());
+        let key = crate::keys::encode_key(&[7u8; 32]);
+        let link_to = |far: &str| {
+            AppsConfig::parse(
+                Path::new("apps.toml"),
+                &format!(
+                    "[apps.main]\n[apps.main.outlets.o]\nkind = \"link\"\nto = \"127.0.0.1:9\"\n\
+                     node_key = \"{key}\"\napp = \"{far}\"\nfrom = \"next\"\n"
+                ),
+            )
+            .unwrap()
+        };
+        let base = |config: &AppsConfig, records: &[&str], first_seq: u64| {
+            let (mut host, _) =
+                Host::open(dir.path(), config, wake.clone(), &StoreStart::default()).unwrap();
+            let base = host.apps[0].outlets[0].outlet.base();
+            let store = host.stores.app_mut(0).unwrap();
+            store_records(store, first_seq, records, &[]);
+            store.sync().unwrap();
+            base
+        };
+        store_records_first(&dir, &wake);
+        assert_eq!(
+            base(&link_to("x"), &["6", "7"], 6),
+            5,
+            "from the head: position 6"
+        );
+        assert_eq!(
+            base(&link_to("y"), &["8", "9"], 8),
+            7,
+            "a new far flow: the head then"
+        );
+        assert_eq!(
+            base(&link_to("x"), &[], 10),
+            5,
+            "back to x: x's start, as its far node numbers it"
+        );
+        assert_eq!(base(&link_to("y"), &[], 10), 7, "and y's");
+        // The start of x, which no outlet sends to now, is kept under a name no outlet can have.
+        let store = AppStore::open(&store::app_store_path(dir.path(), "main")).unwrap();
+        let (starts, _) = store.outlet_starts().unwrap();
+        assert!(
+            starts
+                .iter()
+                .any(|s| s.name.starts_with(store::FAR_FLOW_KEPT)
+                    && s.flow.as_deref().is_some_and(|f| f.ends_with(" x"))
+                    && s.start == 6),
+            "{starts:?}"
+        );
+    }
+
+    /// Five records in app `main`, stored before any outlet.
+    fn store_records_first(dir: &tempfile::TempDir, wake: &Arc<Wake>) {
+        let (mut host, _) = Host::open(
+            dir.path(),
+            &next_webhooks(&[]),
+            wake.clone(),
+            &StoreStart::default(),
+        )
+        .unwrap();
+        let store = host.stores.app_mut(0).unwrap();
+        store_records(store, 1, &["1", "2", "3", "4", "5"], &[]);
+        store.sync().unwrap();
+    }
+
     /// An outlet first applied with `from = "next"` while its app's store is closed is fed nothing until its
     /// start is kept; once the store is open it keeps the start it decided (the store's head), and a restart makes
     /// it with that start. A different start found in the store then is not overwritten: the outlet stays unfed

@@ -387,10 +387,10 @@ fn renamed_outlets(dir: &Path, apps: &AppsConfig) -> Vec<String> {
         let Ok((known, _)) = store.outlet_starts() else {
             continue;
         };
-        for old in known
-            .iter()
-            .filter(|k| !app.outlets.iter().any(|o| o.name == k.name))
-        {
+        for old in known.iter().filter(|k| {
+            !k.name.starts_with(crate::store::FAR_FLOW_KEPT)
+                && !app.outlets.iter().any(|o| o.name == k.name)
+        }) {
             for new in app.outlets.iter().filter(|o| {
                 let (kind, target) = o.kind.target();
                 !known.iter().any(|k| k.name == o.name) && kind == old.kind && target == old.target

@@ -333,6 +333,10 @@ INSERT INTO outlet_starts VALUES ('', '', '', NULL, 1);
 /// The name of the row of a store whose outlets were applied by a node that kept no starts.
 const LEGACY_OUTLETS: &str = "";
 
+/// The start of a link's or wire's far flow that no outlet sends to now is kept under this prefix and the flow
+/// (docs/store.md): outlets' names are `[a-z0-9_-]`, so none can have it.
+pub const FAR_FLOW_KEPT: &str = "(far flow) ";
+
 /// Where an outlet started, as the store keeps it: its name, kind and target ([`crate::apps::config::OutletKind::target`]),
 /// the far flow of a link or wire, and the first position it sends (docs/apps.md, `from`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1362,12 +1366,25 @@ impl AppStore {
         };
         let tx = self.conn.transaction().map_err(&sql)?;
         {
+            // An outlet moved to another far flow leaves the start of the flow it sent to under a name no outlet
+            // can have, so that an outlet sent there again (moved back, or added under any name) numbers that flow
+            // as its far node already does, not from a new start (an outside audit lost records that way).
+            let mut keep = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO outlet_starts (name, kind, target, flow, start)
+                     SELECT ?2 || o.flow, o.kind, o.target, o.flow, o.start FROM outlet_starts o
+                     WHERE o.name = ?1 AND o.flow IS NOT NULL AND o.flow IS NOT ?3
+                       AND NOT EXISTS (SELECT 1 FROM outlet_starts k WHERE k.flow = o.flow AND k.name <> ?1)",
+                )
+                .map_err(&sql)?;
             let mut put = tx
                 .prepare_cached(
                     "INSERT OR REPLACE INTO outlet_starts (name, kind, target, flow, start) VALUES (?1, ?2, ?3, ?4, ?5)",
                 )
                 .map_err(&sql)?;
             for o in starts {
+                keep.execute(params![o.name, FAR_FLOW_KEPT, o.flow])
+                    .map_err(&sql)?;
                 put.execute(params![o.name, o.kind, o.target, o.flow, o.start as i64])
                     .map_err(&sql)?;
             }

@@ -39,9 +39,14 @@ const RELEASE: &str = "UPDATE outlets o SET holder = NULL, lease_until = NULL, a
      FROM unnest($2::text[], $3::text[], $4::bigint[]) AS u(app, name, acked), apps a \
      WHERE a.name = u.app AND o.app = a.id AND o.name = u.name AND o.holder = $1";
 
-/// An outlet's start, kept by the first node that takes its lease; `$6` NULL means the app's head now.
+/// An outlet's start, kept by the first node that takes its lease; `$6` NULL means the app's head now. A link or
+/// wire into a far flow a row already has (an outlet renamed, or put back after a rename) takes that row's start,
+/// since its far node numbers the flow by it: a new start would number it a second way, and the far node would take
+/// new records for ones it has and drop them.
 const KEEP_START: &str = "INSERT INTO outlet_starts (app, name, kind, target, flow, start) \
-     SELECT a.id, $2, $3, $4, $5, COALESCE($6::bigint, a.head) FROM apps a WHERE a.name = $1 \
+     SELECT a.id, $2, $3, $4, $5, COALESCE((SELECT k.start FROM outlet_starts k \
+         WHERE k.app = a.id AND k.flow = $5::text ORDER BY k.name LIMIT 1), $6::bigint, a.head) \
+     FROM apps a WHERE a.name = $1 \
      ON CONFLICT (app, name) DO NOTHING";
 
 const READ_START: &str = "SELECT s.kind, s.target, s.flow, s.start FROM outlet_starts s \
