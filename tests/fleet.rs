@@ -1123,6 +1123,87 @@ fn a_webhooks_driving_node_sigkilled_mid_delivery_is_taken_over_from_the_acknowl
     assert_exactly_once(&cluster, total, &[0, first]);
 }
 
+/// A reload that changes a fleet's webhook (its batch size) makes it again on the node that holds its lease, which
+/// goes on from what the receiver acknowledged, not from position 0: the lease is held all along, so no taking of
+/// it says where the far side stands (an outside audit saw a fleet's webhook send its whole store again, 1.67 M
+/// records, after its url was changed and put back).
+#[test]
+fn a_fleets_webhook_changed_by_a_reload_sends_nothing_its_receiver_acknowledged_again() {
+    let Some(cluster) = pg_util::PgCluster::start(
+        "a_fleets_webhook_changed_by_a_reload_sends_nothing_its_receiver_acknowledged_again",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, node_public, device_key, senders) = keys_with_public(dir.path());
+    let ca_dir = dir.path().join("ca");
+    std::fs::create_dir_all(&ca_dir).unwrap();
+    let ca = http_util::test_ca(&ca_dir);
+    let server =
+        outlet_util::HookServer::start(&ca.cert_file, &ca.key_file, |_| outlet_util::Answer::Ok);
+    let apps = dir.path().join("fleet.toml");
+    let file = |batch: u32, path: &str| {
+        format!(
+            "[apps.main]\n[apps.main.outlets.hook]\nkind = \"webhook\"\nurl = \"https://localhost:{}/{path}\"\n\
+             ca_file = \"{}\"\nbatch_records = {batch}\n",
+            server.port(),
+            ca.ca_file.display()
+        )
+    };
+    // The app and its webhook are added by a reload, as the audit did.
+    std::fs::write(&apps, "[apps.other]\n").unwrap();
+    let extra = ["--apps", apps.to_str().unwrap()];
+    let nodes = two_nodes(dir.path(), &cluster.url(), &node_key, &senders, &extra);
+    std::fs::write(&apps, format!("[apps.other]\n{}", file(100, "ingest"))).unwrap();
+    for node in nodes.iter().flatten() {
+        node.signal(libc::SIGHUP);
+    }
+    for node in nodes.iter().flatten() {
+        outlet_util::wait_until("the app added", || {
+            node.stderr_text().contains("app main added")
+        });
+    }
+    let link = nodes[0].as_ref().unwrap().link;
+    send_all(None, &device_key, &node_public, link, 500);
+    outlet_util::wait_until("the first records at the receiver", || {
+        outlet_util::hooked(&server).0.len() >= 500
+    });
+    // Its batch size changed; then its url changed (which a fleet refuses to drive: the database keeps its start
+    // for the other url) and put back.
+    for (k, (batch, path)) in [(50, "ingest"), (50, "elsewhere"), (50, "ingest")]
+        .into_iter()
+        .enumerate()
+    {
+        std::fs::write(&apps, format!("[apps.other]\n{}", file(batch, path))).unwrap();
+        for node in nodes.iter().flatten() {
+            node.signal(libc::SIGHUP);
+        }
+        for node in nodes.iter().flatten() {
+            outlet_util::wait_until("the reload", || {
+                node.stderr_text().matches("outlet hook changed").count() > k
+            });
+        }
+    }
+    send_all(None, &device_key, &node_public, link, 200);
+    // In position order: what the new outlet sent again would come before these.
+    outlet_util::wait_until("every record at the receiver", || {
+        outlet_util::hooked(&server).0.len() >= 700
+    });
+    let (got, again) = outlet_util::hooked(&server);
+    for node in nodes.iter().flatten() {
+        eprintln!(
+            "DEBUG {}",
+            node.stderr_text()
+                .lines()
+                .filter(|l| l.contains("hook"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    assert_eq!(got.len(), 700);
+    assert_eq!(again, 0, "records sent again after their 2xx");
+}
+
 /// A far node of its own (SQLite) whose app `far` takes the fleet's records as forwarded: its state directory,
 /// its arguments and its public key.
 fn far_node(dir: &Path, fleet_public: &str) -> (std::path::PathBuf, Vec<String>, String) {

@@ -117,6 +117,14 @@ impl Leases {
         self.fleet_acked.get(outlet).copied()
     }
 
+    /// The most this node knows `outlet`'s far side acknowledged: the database's last answer, or what this node's
+    /// driver reported while it held the lease (written with the next renewal). Where an outlet made again while
+    /// its lease stays held (a reload changed it) starts from: no taking of the lease says it.
+    pub fn known_acked(&self, outlet: &OutletKey) -> u64 {
+        let fleet = self.fleet_acked.get(outlet).copied().unwrap_or(0);
+        fleet.max(self.held.get(outlet).copied().unwrap_or(0))
+    }
+
     /// The driver's outlet reports what its far side acknowledged: written with the next renewal.
     pub fn progress(&mut self, outlet: &OutletKey, acked: u64) {
         if let Some(a) = self.held.get_mut(outlet) {

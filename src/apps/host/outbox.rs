@@ -595,6 +595,7 @@ impl Driver {
             let o = &e.f.outlet;
             o.reset();
             o.know_acked(o.base());
+            o.know_acked(self.leases.known_acked(&e.f.key));
             o.set_status("starting");
             self.settings
                 .sending
