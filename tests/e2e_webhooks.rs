@@ -676,16 +676,6 @@ fn a_webhook_changed_by_a_reload_sends_nothing_its_receiver_acknowledged_again()
             *times.entry(r["pos"].as_u64().unwrap()).or_default() += 1;
         }
     }
-    for req in server.requests() {
-        let v = req.json();
-        let r = v["records"].as_array().unwrap();
-        eprintln!(
-            "BATCH {:?} {}-{}",
-            req.answer == Answer::Ok,
-            r[0]["pos"],
-            r[r.len() - 1]["pos"]
-        );
-    }
     let twice: Vec<u64> = times
         .iter()
         .filter(|(_, n)| **n > 1)

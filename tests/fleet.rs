@@ -1190,16 +1190,6 @@ fn a_fleets_webhook_changed_by_a_reload_sends_nothing_its_receiver_acknowledged_
         outlet_util::hooked(&server).0.len() >= 700
     });
     let (got, again) = outlet_util::hooked(&server);
-    for node in nodes.iter().flatten() {
-        eprintln!(
-            "DEBUG {}",
-            node.stderr_text()
-                .lines()
-                .filter(|l| l.contains("hook"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-    }
     assert_eq!(got.len(), 700);
     assert_eq!(again, 0, "records sent again after their 2xx");
 }
