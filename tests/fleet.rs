@@ -432,6 +432,37 @@ fn a_node_whose_database_stops_says_so_acks_nothing_and_stores_again_when_it_is_
     assert_eq!(push_on(&node, &["after".to_string()]), 1..=1);
 }
 
+/// A node no sender sends to learns that its database stopped all the same: `/healthz`, a balancer's question, says
+/// 503 naming the database (an outside audit saw two idle nodes answer 200 "ok" for 40 s on a stopped database),
+/// and 200 again once it is back.
+#[test]
+fn an_idle_node_whose_database_stops_says_so_on_its_health_page() {
+    let Some(cluster) =
+        pg_util::PgCluster::start("an_idle_node_whose_database_stops_says_so_on_its_health_page")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (node_key, _device_key, senders) = setup(dir.path());
+    let node = start_node(dir.path(), "a", &cluster.url(), &node_key, &senders, &[]);
+    assert_eq!(node.http_get("/healthz").0, 200);
+    cluster.kill();
+    let mut body = String::new();
+    outlet_util::wait_until("/healthz to say 503", || {
+        let (code, b) = node.http_get("/healthz");
+        body = b;
+        code == 503
+    });
+    assert!(
+        body.contains("app main cannot store") && body.contains("database"),
+        "{body}"
+    );
+    cluster.start_server();
+    outlet_util::wait_until("/healthz to say 200 again", || {
+        node.http_get("/healthz").0 == 200
+    });
+}
+
 /// `pure-serve send --listen main --heard-file HEARD` of the fleet's device to `node`, with `extra` arguments.
 fn listen_command(device_key: &Path, heard: &Path, node: &NodeProcess, extra: &[&str]) -> Command {
     let mut cmd = Command::new(bin());

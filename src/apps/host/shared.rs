@@ -52,6 +52,11 @@ use crate::store::engine::{AppTurn, DownNotice, OwnedPiece, TurnOutcome, TurnSto
 use crate::store::lease::OutletKey;
 use crate::store::{self, Applied, StoreError};
 
+/// How long a node on a fleet's store goes without an outcome before it probes the database with an empty turn
+/// (each app that stores), so that `/healthz` says within about a second and [`STORE_SILENT`] that the database is
+/// out of reach even when no sender sends. A probe is one round trip per app.
+const IDLE_PROBE: Duration = Duration::from_secs(1);
+
 /// How long the database may leave a turn handed to it without an outcome (saying nothing else meanwhile) before
 /// the host takes it as out of reach: its apps stop taking input, their senders are told NOT_STORED at once, and
 /// `/healthz` says 503 ([`Host::notice_silence`]). Without it a database cut off by a firewall that drops packets
@@ -348,6 +353,24 @@ impl Host {
                     ..AppTurn::default()
                 });
             }
+        }
+        if parts.is_empty()
+            && self.unsynced.is_empty()
+            && now.saturating_duration_since(self.shared_heard) >= IDLE_PROBE
+        {
+            // An idle node hears of its database only through turns: without these probes `/healthz` said ok, and a
+            // balancer kept sending it senders, for as long as none sent (an outside audit: 40 s on a stopped
+            // database). Each app that stores is probed as a failed one is; a failure stops it, a silence stops
+            // every app (STORE_SILENT).
+            for (i, app) in self.apps.iter().enumerate() {
+                if app.failure.is_none() {
+                    parts.push(AppTurn {
+                        app: i as AppIndex,
+                        ..AppTurn::default()
+                    });
+                }
+            }
+            self.shared_heard = now;
         }
         let seq = self.next_seq;
         self.next_seq += 1;
