@@ -159,6 +159,23 @@ impl SmallFs {
         r == 0
     }
 
+    /// What ext4 does on a disk error when mounted `errors=remount-ro`: from here on it refuses every write
+    /// (EROFS). Returns whether the kernel did it.
+    fn trigger_fs_error(&self) -> bool {
+        let Ok(out) = Command::new("findmnt")
+            .args(["-n", "-o", "SOURCE"])
+            .arg(self.path())
+            .output()
+        else {
+            return false;
+        };
+        let source = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let Some(device) = source.rsplit('/').next().filter(|d| !d.is_empty()) else {
+            return false;
+        };
+        std::fs::write(format!("/sys/fs/ext4/{device}/trigger_fs_error"), "1").is_ok()
+    }
+
     fn remount(&self, options: &str) -> bool {
         Command::new("mount")
             .args(["-o", options])
@@ -658,4 +675,57 @@ fn a_store_made_by_a_retry_after_a_full_disk_is_recorded_so_its_loss_is_noticed(
     assert_eq!(out.status.code(), Some(78), "{err}");
     assert!(err.contains("looks like it lost data"), "{err}");
     assert!(err.contains("extra"), "{err}");
+}
+
+/// A filesystem the kernel made read-only stops every app whose store is on it, not only the app whose commit found
+/// it (docs/durability.md, "On a failing disk"), and says so (an outside audit saw the other app say it could store
+/// for as long as nothing was sent to it, and only "disk I/O error" for the first).
+#[test]
+fn a_filesystem_gone_read_only_stops_every_app_on_it() {
+    let image = tempfile::tempdir().unwrap();
+    let Some(fs) = SmallFs::ext4_1k_at(
+        32 << 20,
+        image.path().join("fs.img"),
+        "loop,errors=remount-ro",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (key, senders) = device(dir.path());
+    let apps = dir.path().join("apps.toml");
+    std::fs::write(&apps, "[apps.main]\n[apps.other]\n").unwrap();
+    let state = fs.path().join("state");
+    let node = NodeProcess::start(
+        &state,
+        &[
+            "--senders",
+            senders.to_str().unwrap(),
+            "--apps",
+            apps.to_str().unwrap(),
+        ],
+        None,
+    );
+    let (ok, text) = node.send(&key, &batch("a", 100), "60");
+    assert!(ok, "{text}");
+    // While records flow, as the audit did: a commit then writes new blocks of the `-wal`, which the filesystem
+    // refuses (EROFS; SQLite says only "disk I/O error").
+    let sending = node.spawn_send(&key, &batch("b", 50_000), "3");
+    wait_until("records to flow", || {
+        node.metric("pure_records_stored_total{app=\"main\"}")
+            .is_some_and(|n| n > 200.0)
+    });
+    if !fs.trigger_fs_error() {
+        eprintln!("skipped: cannot trigger an ext4 error (/sys/fs/ext4/DEV/trigger_fs_error)");
+        return;
+    }
+    let (ok, text) = finish_send(sending);
+    if ok {
+        // All of it was stored before the error: what comes next finds it.
+        let (ok, text) = node.send(&key, &batch("c", 3000), "3");
+        assert!(!ok, "{text}");
+    }
+    let body = wait_unhealthy(&node, "app other cannot store");
+    assert!(body.contains("app main cannot store"), "{body}");
+    assert!(!body.contains("disk I/O error"), "{body}");
+    assert_eq!(node.metric("pure_app_can_store{app=\"other\"}"), Some(0.0));
 }

@@ -1048,6 +1048,16 @@ impl Host {
         // Every app had its turn at the pushes; none is left, but none is lost either.
         self.turn_pushes.extend(waiting_pushes);
         for (app, e) in failed_commits {
+            // A commit refused by a filesystem the kernel made read-only (after a disk error) says only "disk I/O
+            // error" or "readonly database": it is the disk's fault, for every store on it, not this app's.
+            let e = match self.stores.path(app) {
+                Some(path) if !e.lost_a_write() && store::filesystem_read_only(path) => {
+                    Arc::new(StoreError::ReadOnly {
+                        path: path.to_path_buf(),
+                    })
+                }
+                _ => e,
+            };
             if e.lost_a_write() {
                 // The commit or its checkpoint found the disk failing: as a failed sync (every store on it).
                 self.disk_fault(app, &e, node, now);

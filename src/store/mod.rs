@@ -2145,6 +2145,28 @@ fn read_immutable(path: &Path, source: rusqlite::Error) -> Result<(Connection, i
     Ok((conn, version))
 }
 
+/// Whether the filesystem holding `path` refuses writes as read-only now (a path that cannot be looked at: no).
+/// Asked only after a commit failed. ext4 after a disk error with `errors=remount-ro` ("emergency_ro" on newer
+/// kernels) answers every write EROFS while `statvfs` may still say it is writable, so a file made beside the store
+/// (and removed at once) tells when `statvfs` does not.
+pub fn filesystem_read_only(path: &Path) -> bool {
+    if std::fs::File::open(path).is_ok_and(|f| sync::is_read_only(&f)) {
+        return true;
+    }
+    let probe = path.with_extension("write-probe");
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            false
+        }
+        Err(e) => e.raw_os_error() == Some(libc::EROFS),
+    }
+}
+
 /// Drops what the page cache holds of a store's file and `-wal`, so that the next reading comes from the disk: a
 /// page whose write-back failed stays in the cache, clean, and a reading of it would show data the disk does not
 /// have. Dirty pages are written first (a sync that is not trusted: it only makes them droppable; its failure
