@@ -714,11 +714,12 @@ fn a_filesystem_gone_read_only_stops_every_app_on_it() {
         node.metric("pure_records_stored_total{app=\"main\"}")
             .is_some_and(|n| n > 200.0)
     });
-    if !fs.trigger_fs_error() {
+    let triggered = fs.trigger_fs_error();
+    let (ok, _) = finish_send(sending);
+    if !triggered {
         eprintln!("skipped: cannot trigger an ext4 error (/sys/fs/ext4/DEV/trigger_fs_error)");
         return;
     }
-    let (ok, text) = finish_send(sending);
     if ok {
         // All of it was stored before the error: what comes next finds it.
         let (ok, text) = node.send(&key, &batch("c", 3000), "3");
