@@ -951,14 +951,27 @@ pub fn stamp_of(meta: &std::fs::Metadata) -> SourceStamp {
 fn index_stamp(path: &Path) -> Option<SourceStamp> {
     use std::os::unix::fs::FileExt;
     let mut header = [0u8; crate::proto::allow_list::HEADER_LEN];
-    File::open(path).ok()?.read_exact_at(&mut header, 0).ok()?;
+    open_index(path)?.read_exact_at(&mut header, 0).ok()?;
     AllowList::header_stamp(&header)
+}
+
+/// Opens an index file if it is a regular one. Without O_NONBLOCK an index that is a FIFO blocked the node's start
+/// for ever, before `ready` and deaf to SIGTERM (an outside audit); anything but a regular file is an index that
+/// fails its checks, and is rebuilt from the senders file (renamed over it).
+fn open_index(path: &Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .ok()?;
+    file.metadata().ok()?.is_file().then_some(file)
 }
 
 /// Maps `STATE/senders.idx` read-only. The file is only ever replaced whole by rename (never written in place), so
 /// a mapping stays valid for as long as it is held, even across a reload that replaces the file.
 fn map_index(path: &Path) -> Option<AllowList> {
-    map_file(&File::open(path).ok()?)
+    map_file(&open_index(path)?)
 }
 
 /// Maps an index file read-only and checks it: `STATE/senders.idx`, or the new index just written and not yet

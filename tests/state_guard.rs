@@ -400,3 +400,43 @@ fn a_cleanly_stopped_store_on_a_read_only_mount_is_read() {
     let err = with_wal.unwrap_err();
     assert!(err.contains("copy the store with its -wal"), "{err}");
 }
+
+/// A `STATE/lock` that is a FIFO is refused at once, naming it, rather than started on (a lock naming no one) or
+/// read by a second node for ever, deaf to SIGTERM; a `STATE/senders.idx` that is one is an index that fails its
+/// checks, rebuilt, not a start blocked before `ready` (an outside audit found both hangs).
+#[test]
+fn state_files_that_are_fifos_neither_block_a_start_nor_are_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    ops_util::mkfifo(&state.join("lock"));
+    let mut cmd = Command::new(bin());
+    cmd.arg("--state")
+        .arg(&state)
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--link-port",
+            "0",
+            "--http-port",
+            "0",
+        ])
+        .env_remove("NOTIFY_SOCKET");
+    let out = ops_util::output_within(&mut cmd);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("lock") && err.contains("is a FIFO"), "{err}");
+
+    std::fs::remove_file(state.join("lock")).unwrap();
+    let node = NodeProcess::start(&state, &[], None);
+    drop(node);
+    let index = state.join("senders.idx");
+    let _ = std::fs::remove_file(&index);
+    ops_util::mkfifo(&index);
+    let (_, public) = keygen(dir.path(), "dev");
+    let senders = dir.path().join("senders");
+    std::fs::write(&senders, format!("dev {public}\n")).unwrap();
+    let node = NodeProcess::start(&state, &["--senders", senders.to_str().unwrap()], None);
+    assert_eq!(node.http_get("/healthz").0, 200);
+    assert!(std::fs::metadata(&index).unwrap().is_file(), "rebuilt");
+}

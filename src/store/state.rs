@@ -87,14 +87,31 @@ impl StateLock {
             path: path.clone(),
             source,
         };
+        // A lock that is not a regular file is refused before it is opened, and after (a FIFO swapped in between
+        // opens at once with O_NONBLOCK): a second node reading a FIFO's "pid" blocked for ever, deaf to SIGTERM
+        // (an outside audit), and the first one started with a lock that named no one.
+        if let Err(e) = crate::files::open(&path, &crate::files::STATE_LOCK)
+            && !matches!(&e, crate::files::FileError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+        {
+            return Err(e.into());
+        }
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .mode(0o644)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
             .open(&path)
             .map_err(lock_err)?;
+        if !file.metadata().map_err(lock_err)?.is_file() {
+            return Err(crate::files::open(&path, &crate::files::STATE_LOCK)
+                .err()
+                .map_or_else(
+                    || lock_err(std::io::Error::other("not a regular file")),
+                    StateError::from,
+                ));
+        }
         // SAFETY: flock on a descriptor we own; it has no memory effects.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let e = std::io::Error::last_os_error();
