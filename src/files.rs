@@ -150,6 +150,28 @@ pub const STORE_PASSWORD: FileSpec = FileSpec {
     fix: None,
 };
 
+/// Whether a write failed for the disk (full, over quota, an I/O error, read-only) rather than for anything the
+/// configuration says: a start that fails so is worth trying again once the disk is fixed, so it is not EX_CONFIG
+/// (systemd restarts the unit).
+pub fn disk_refused(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull
+            | io::ErrorKind::QuotaExceeded
+            | io::ErrorKind::ReadOnlyFilesystem
+    ) || e.raw_os_error() == Some(libc::EIO)
+}
+
+/// The fix for a write the disk refused, after its error; nothing for other errors (their words say it).
+pub fn write_fix(e: &io::Error) -> &'static str {
+    if disk_refused(e) {
+        "; free space on its filesystem (or fix the disk: `dmesg` says why); the node starts once it can write \
+         there (under systemd it is restarted)"
+    } else {
+        ""
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum FileError {
     /// The OS refused to open or read it (missing, no permission, an I/O error): its error, said once.

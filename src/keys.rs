@@ -32,7 +32,10 @@ pub enum KeyError {
         "key file {path} is readable by others (mode {mode:o}); a private key must be private: run `chmod 600 {path}`"
     )]
     TooOpen { path: PathBuf, mode: u32 },
-    #[error("cannot write key file {path}: {source}")]
+    #[error(
+        "cannot write key file {path}: {source}{}",
+        crate::files::write_fix(source)
+    )]
     Write {
         path: PathBuf,
         source: std::io::Error,

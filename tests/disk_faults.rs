@@ -730,3 +730,19 @@ fn a_filesystem_gone_read_only_stops_every_app_on_it() {
     assert!(!body.contains("disk I/O error"), "{body}");
     assert_eq!(node.metric("pure_app_can_store{app=\"other\"}"), Some(0.0));
 }
+
+/// A first start on a full disk cannot write the node's key: exit 1, which systemd restarts (the disk may be freed),
+/// not 78, which it does not, and the message says what to do (an outside audit: 78, and no fix given).
+#[test]
+fn a_first_start_on_a_full_disk_exits_to_be_restarted_and_says_so() {
+    let Some(fs) = SmallFs::tmpfs(1 << 20) else {
+        return;
+    };
+    fs.fill();
+    let state = fs.path().join("state");
+    let mut cmd = ops_util::node_command(&state, &[], None);
+    let out = output_within(&mut cmd);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("free space on its filesystem"), "{err}");
+}

@@ -109,6 +109,13 @@ impl NodeError {
     /// (`cli::EXIT_CONFIG`).
     pub fn is_configuration(&self) -> bool {
         match self {
+            // A disk that refused a write (full, failing) at the start: tried again once it is fixed.
+            NodeError::Key(crate::keys::KeyError::Write { source, .. })
+            | NodeError::State(StateError::Write { source, .. })
+                if crate::files::disk_refused(source) =>
+            {
+                false
+            }
             NodeError::Key(_)
             | NodeError::Senders(_)
             | NodeError::State(_)

@@ -50,7 +50,7 @@ pub enum StateError {
     /// `STATE/identity` that is not a regular file, too big, or unreadable (crate::files).
     #[error(transparent)]
     Read(#[from] crate::files::FileError),
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}: {source}{}", crate::files::write_fix(source))]
     Write {
         path: PathBuf,
         source: std::io::Error,
