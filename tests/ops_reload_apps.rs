@@ -93,6 +93,15 @@ fn apps_reload_adds_apps_changes_accept_lists_and_refuses_bad_files() {
     reload(&node, &notify);
     let log = wait_for_log(&node, "no longer in the file");
     assert!(log.contains("app copy"), "{log}");
+    // Not all of the file is in force: a reload refused in part, said once (it was said twice, and counted as
+    // applied whole).
+    assert_eq!(
+        node.stderr_text().matches("no longer in the file").count(),
+        1,
+        "{}",
+        node.stderr_text()
+    );
+    assert_eq!(node.metric("pure_reloads_failed_total"), Some(2.0));
     let (ok, out) = node.send(&key, &batch("refused"), "10");
     assert!(!ok, "{out}");
     assert!(out.contains("refused"), "{out}");

@@ -1047,13 +1047,33 @@ impl ReadyNode {
         match self.host.reload(&new, &mut self.node) {
             Ok(done) => {
                 for line in &plan.lines {
-                    tracing::info!("reload: {line}");
+                    // An app gone from the file is not removed (its line says so): what the operator asked is not
+                    // all in force, so it is a warning, said once.
+                    let not_done = plan
+                        .needs_restart
+                        .iter()
+                        .any(|n| line.starts_with(&format!("app {n} is no longer in the file")));
+                    if not_done {
+                        tracing::warn!("reload: {line}");
+                    } else {
+                        tracing::info!("reload: {line}");
+                    }
                 }
                 for line in &plan.warnings {
                     tracing::warn!("reload: {line}");
                 }
-                for line in &done.needs_restart {
-                    tracing::warn!("reload: {line}");
+                if !done.needs_restart.is_empty() {
+                    // Counted and shown as a reload refused in part (`pure_reloads_failed_total`), until a reload
+                    // whose file is all in force.
+                    self.apps_refused(format!(
+                        "last reload of the apps file applied in part: {} no longer in the file, running until a \
+                         restart",
+                        plan.needs_restart
+                            .iter()
+                            .map(|n| format!("app {n}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
                 }
                 self.apply_outlet_changes(done.outlets);
                 self.settings.apps = new;
