@@ -32,7 +32,14 @@ fn main() {
         Ok(cli) => cli,
         Err(e) => {
             let status = cli::usage_exit_status(&e, &args);
-            let _ = e.print();
+            if e.use_stderr() && journal::stderr_is_journal() {
+                // Under systemd a bad flag (a drop-in's ExecStart=) is why the unit failed: filed as an error, so
+                // `journalctl -p warning` shows it like every other reason the node gives.
+                let text = e.render().to_string();
+                eprint!("{}", journal::with_priority(&tracing::Level::ERROR, &text));
+            } else {
+                let _ = e.print();
+            }
             std::process::exit(status);
         }
     };
@@ -40,9 +47,14 @@ fn main() {
         Some(level) => match log_filter(level) {
             Ok(f) => f,
             Err(e) => {
-                eprintln!(
-                    "pure-serve: --log {level:?} is not a log level or filter ({e}); try --log debug"
+                let text = format!(
+                    "pure-serve: --log {level:?} is not a log level or filter ({e}); try --log debug\n"
                 );
+                if journal::stderr_is_journal() {
+                    eprint!("{}", journal::with_priority(&tracing::Level::ERROR, &text));
+                } else {
+                    eprint!("{text}");
+                }
                 // A flag of the node is its configuration (cli::usage_exit_status).
                 std::process::exit(if cli.command.is_none() {
                     cli::EXIT_CONFIG

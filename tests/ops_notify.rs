@@ -262,3 +262,33 @@ fn a_bad_configuration_exits_78_and_a_port_in_use_exits_1() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("is in use"), "{err}");
 }
+
+/// A bad flag under systemd (a drop-in's `ExecStart=`) is filed as an error too, every line of it: it is why the
+/// unit failed, and `journalctl -p warning` must show it (an outside audit found clap's message without a priority).
+#[test]
+fn a_bad_flag_under_the_journal_is_filed_as_an_error() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    for args in [&["--link-port", "seventy"][..], &["--log", "warnings"][..]] {
+        let log = dir.path().join("stderr");
+        let file = std::fs::File::create(&log).unwrap();
+        let m = file.metadata().unwrap();
+        let status = std::process::Command::new(bin())
+            .arg("--state")
+            .arg(dir.path().join("state"))
+            .args(args)
+            .env("JOURNAL_STREAM", format!("{}:{}", m.dev(), m.ino()))
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(78), "{args:?}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(!text.trim().is_empty());
+        assert!(
+            text.lines().all(|l| l.is_empty() || l.starts_with("<3>")),
+            "{args:?}: {text}"
+        );
+    }
+}
