@@ -2283,7 +2283,7 @@ mod tests {
             store.sync().unwrap();
             base
         };
-        store_records_first(&dir, &wake);
+        drop(host_with_five_records(&dir, &wake));
         assert_eq!(
             base(&link_to("x"), &["6", "7"], 6),
             5,
@@ -2313,8 +2313,8 @@ mod tests {
         );
     }
 
-    /// Five records in app `main`, stored before any outlet.
-    fn store_records_first(dir: &tempfile::TempDir, wake: &Arc<Wake>) {
+    /// A host of app `main` with five records stored and synced, before any outlet.
+    fn host_with_five_records(dir: &tempfile::TempDir, wake: &Arc<Wake>) -> Host {
         let (mut host, _) = Host::open(
             dir.path(),
             &next_webhooks(&[]),
@@ -2325,6 +2325,7 @@ mod tests {
         let store = host.stores.app_mut(0).unwrap();
         store_records(store, 1, &["1", "2", "3", "4", "5"], &[]);
         store.sync().unwrap();
+        host
     }
 
     /// An outlet first applied with `from = "next"` while its app's store is closed is fed nothing until its
@@ -2335,16 +2336,7 @@ mod tests {
     fn an_outlet_whose_start_cannot_be_kept_is_fed_nothing_until_it_is() {
         let dir = tempfile::tempdir().unwrap();
         let wake = Arc::new(Wake::new().unwrap());
-        let (mut host, _) = Host::open(
-            dir.path(),
-            &next_webhooks(&[]),
-            wake.clone(),
-            &StoreStart::default(),
-        )
-        .unwrap();
-        let store = host.stores.app_mut(0).unwrap();
-        store_records(store, 1, &["1", "2", "3", "4", "5"], &[]);
-        store.sync().unwrap();
+        let mut host = host_with_five_records(&dir, &wake);
         host.stores.close_failed(0, 6, None);
         assert!(host.stores.app(0).is_none(), "the store is closed");
 
