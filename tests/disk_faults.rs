@@ -582,6 +582,12 @@ fn write_back_failing_under_a_running_node_acks_nothing_after_and_keeps_what_was
     );
     assert!(body.contains("Input/output error"), "{body}");
     assert_eq!(node.metric("pure_app_can_store{app=\"main\"}"), Some(0.0));
+    // Counted as stored: what was acknowledged, not the commits whose sync failed (an outside audit saw them
+    // counted).
+    assert_eq!(
+        node.metric("pure_records_stored_total{app=\"main\"}"),
+        Some(a.len() as f64)
+    );
     assert!(alive(&mut node), "{}", node.stderr_text());
     assert!(!node.stderr_text().contains("panicked"));
     node.signal(libc::SIGTERM);

@@ -197,7 +197,7 @@ pub fn render(
         &mut out,
         "pure_records_stored_total",
         "counter",
-        "Records committed to an app's store (each exactly once).",
+        "Records committed to an app's store and made durable (each exactly once; a commit whose sync failed is not counted).",
     );
     if !s.app_figures.is_empty() {
         for a in &s.app_figures {

@@ -479,7 +479,6 @@ impl Host {
                         node.set_app_paused(app, a.lag_paused);
                         node.set_app_cannot_store(app, false);
                     }
-                    a.stored += applied.stored;
                     a.down_delivered += applied.down.delivered;
                     a.down_expired += applied.down.expired;
                     if let Some(w) = applied.down.waiting {
@@ -500,6 +499,7 @@ impl Host {
                         outcome,
                         new_chunks: Vec::new(),
                         head: applied.head.max(self.durable[i]),
+                        stored: applied.stored,
                     });
                 }
                 Err(e) => self.shared_failed(app, &e, node, now),
