@@ -392,8 +392,15 @@ impl StoreChoice {
                     .is_some_and(|k| k.eq_ignore_ascii_case("password"))
             })
         {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    _ => kv.to_string(),
+                })
+                .collect();
             return Err(StoreChoiceError::PasswordInUrl {
-                given: format!("{}?***", shown_briefly(&redact(before))),
+                given: shown_briefly(&format!("{}?{}", redact(before), query.join("&"))),
             }
             .to_string());
         }
@@ -488,7 +495,6 @@ impl StoreChoice {
     }
 }
 
-/// The URL with the password of its user info replaced by `***`, so an error never repeats it.
 /// The longest `--store` URL taken: far above any real one, and a bound on what a message may echo.
 const MAX_STORE_URL: usize = 2048;
 
@@ -501,6 +507,8 @@ fn shown_briefly(value: &str) -> String {
     }
 }
 
+/// The URL with the password of its user info replaced by `***`, so an error never repeats it; a URL whose user
+/// info has no password is shown as it is (an outside audit saw `pure:***@` for a URL that had none).
 fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
@@ -508,10 +516,10 @@ fn redact(url: &str) -> String {
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{host}{tail}")
-        }
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_string(),
+        },
         None => url.to_string(),
     }
 }
@@ -540,6 +548,11 @@ mod tests {
             !e.contains("hunter2") && e.contains("holds a password"),
             "{e}"
         );
+        assert!(
+            e.contains("postgres://pure@db/fleet?sslmode=disable&password=***"),
+            "only the password is hidden: {e}"
+        );
+        assert_eq!(redact("mysql://pure@db:5/fleet"), "mysql://pure@db:5/fleet");
         let e =
             StoreChoice::parse(&format!("postgres://pure@db/{}", "x".repeat(5000))).unwrap_err();
         assert!(e.len() < 200, "{e}");
