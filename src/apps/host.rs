@@ -1051,10 +1051,14 @@ impl Host {
         // Every app had its turn at the pushes; none is left, but none is lost either.
         self.turn_pushes.extend(waiting_pushes);
         for (app, e) in failed_commits {
-            // A commit refused by a filesystem the kernel made read-only (after a disk error) says only "disk I/O
-            // error" or "readonly database": it is the disk's fault, for every store on it, not this app's.
+            // A commit (or its checkpoint) refused by a filesystem the kernel made read-only (after a disk error)
+            // says only "disk I/O error" or "readonly database": it is the disk's fault, for every store on it, and
+            // the message says what the operator must do.
             let e = match self.stores.path(app) {
-                Some(path) if !e.lost_a_write() && store::filesystem_read_only(path) => {
+                Some(path)
+                    if !matches!(*e, StoreError::ReadOnly { .. })
+                        && store::filesystem_read_only(path) =>
+                {
                     Arc::new(StoreError::ReadOnly {
                         path: path.to_path_buf(),
                     })
